@@ -1,0 +1,29 @@
+# The README's commands. Each installs what is missing, then configures and builds through the presets.
+PRESET ?= release
+BUILD := build/$(PRESET)
+
+.PHONY: all deps configure build demo test bench clean
+all: build
+
+deps:
+	@./cmake/install_deps.sh
+
+$(BUILD)/build.ninja: CMakeLists.txt CMakePresets.json | deps
+	cmake --preset $(PRESET)
+
+configure: deps $(BUILD)/build.ninja
+
+build: configure
+	cmake --build --preset $(PRESET)
+
+demo: build
+	./$(BUILD)/examples/01_ulysses_inproc
+
+test: build
+	ctest --preset $(PRESET)
+
+bench: build
+	./$(BUILD)/bench/attention_cpu --json $(BUILD)/attention_cpu.json
+
+clean:
+	rm -rf build

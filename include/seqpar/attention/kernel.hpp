@@ -1,0 +1,35 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+
+#include "seqpar/core/attention_shape.hpp"
+#include "seqpar/core/attn_slice.hpp"
+#include "seqpar/core/tensor.hpp"
+
+namespace seqpar::attention {
+
+/// Opt-in tag of attention kernels.
+struct kernel_tag {};
+
+/// An attention kernel computes, for a list of slices with disjoint query ranges:
+///   forward:  O, LSE of every query row (rows in no slice get O = 0, LSE = -inf);
+///   backward: dQ, dK, dV *accumulated* (+=) from dO, given the final O and LSE, so that partial
+///             results over several key blocks (ring steps, GQA groups) add up without extra buffers.
+/// Scratch memory comes from the caller: `workspace_bytes` sizes it, the calls never allocate.
+template <class K>
+concept AttentionKernel =
+    std::derived_from<typename K::kernel_category, kernel_tag> &&
+    requires(K& k, const AttentionShape& shape, ThdView<const typename K::value_type> in,
+             ThdView<typename K::value_type> out, LseView<typename K::accum_type> lse,
+             LseView<const typename K::accum_type> lse_in, std::span<const AttnSlice> slices,
+             std::span<std::byte> workspace, std::int64_t rows) {
+      { k.workspace_bytes(shape, rows, rows) } -> std::convertible_to<std::size_t>;
+      k.forward(shape, in, in, in, slices, out, lse, workspace);
+      k.backward(shape, in, in, in, in, lse_in, in, slices, out, out, out, workspace);
+    };
+
+}  // namespace seqpar::attention

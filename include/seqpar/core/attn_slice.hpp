@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <ostream>
+#include <span>
+#include <vector>
+
+#include "seqpar/core/error.hpp"
+#include "seqpar/core/range.hpp"
+
+namespace seqpar {
+
+enum class MaskKind : std::uint8_t {
+  kFull,           ///< every key of k_range is visible to every query of q_range
+  kCausal,         ///< key kj visible to query qi iff kj <= qi + causal_offset
+  kSlidingWindow,  ///< causal, and additionally kj > qi + causal_offset - window
+};
+
+/// Mask of one slice, in slice-relative coordinates (qi = i - q_range.begin, kj = j - k_range.begin).
+/// `causal_offset` is the explicit alignment of the diagonal: a query block that sits `a` tokens
+/// after the start of its keys has causal_offset = a. Shifting both ranges by the same amount (global
+/// indices -> local buffer rows) keeps the mask, which is why it is expressed relative to the ranges.
+struct Mask {
+  MaskKind kind = MaskKind::kCausal;
+  std::int64_t causal_offset = 0;
+  std::int64_t window = 0;  ///< only for kSlidingWindow: number of visible keys ending at the diagonal, >= 1
+
+  [[nodiscard]] static constexpr Mask full() noexcept { return {MaskKind::kFull, 0, 0}; }
+  [[nodiscard]] static constexpr Mask causal(std::int64_t offset = 0) noexcept { return {MaskKind::kCausal, offset, 0}; }
+  [[nodiscard]] static constexpr Mask sliding_window(std::int64_t window, std::int64_t offset = 0) noexcept {
+    return {MaskKind::kSlidingWindow, offset, window};
+  }
+  friend constexpr bool operator==(const Mask&, const Mask&) = default;
+
+  /// Visible keys of query row qi, as a slice-relative range clipped to [0, k_len).
+  [[nodiscard]] constexpr Range visible_keys(std::int64_t qi, std::int64_t k_len) const noexcept {
+    if (kind == MaskKind::kFull) return {0, k_len};
+    const std::int64_t hi = std::clamp<std::int64_t>(qi + causal_offset + 1, 0, k_len);
+    const std::int64_t lo = kind == MaskKind::kSlidingWindow
+                                ? std::clamp<std::int64_t>(qi + causal_offset + 1 - window, 0, hi)
+                                : 0;
+    return {lo, hi};
+  }
+};
+
+/// The unit of attention work: queries q_range attend to keys k_range under mask.
+/// Within one kernel call the q_ranges of all slices are disjoint; a query row that needs keys from
+/// several places is covered by several calls whose partial results are merged (attention/merge.hpp).
+struct AttnSlice {
+  Range q_range;
+  Range k_range;
+  Mask mask;
+
+  /// Number of visible (query, key) pairs: the unit of compute (FLOPs = 4 * d * Hq * area).
+  [[nodiscard]] constexpr std::int64_t area() const noexcept {
+    if (mask.kind == MaskKind::kFull) return q_range.size() * k_range.size();
+    std::int64_t total = 0;
+    for (std::int64_t qi = 0; qi < q_range.size(); ++qi) total += mask.visible_keys(qi, k_range.size()).size();
+    return total;
+  }
+  friend constexpr bool operator==(const AttnSlice&, const AttnSlice&) = default;
+};
+
+inline std::ostream& operator<<(std::ostream& os, const AttnSlice& s) {
+  return os << "{q " << s.q_range << ", k " << s.k_range << ", mask " << static_cast<int>(s.mask.kind) << '/'
+            << s.mask.causal_offset << '/' << s.mask.window << '}';
+}
+
+[[nodiscard]] inline std::int64_t total_area(std::span<const AttnSlice> slices) noexcept {
+  std::int64_t total = 0;
+  for (const auto& s : slices) total += s.area();
+  return total;
+}
+
+/// Checks a slice list against buffers of q_rows and k_rows tokens: ranges in bounds, masks well
+/// formed, q_ranges pairwise disjoint. Throws std::invalid_argument naming the slice.
+inline void validate_slices(std::span<const AttnSlice> slices, std::int64_t q_rows, std::int64_t k_rows,
+                            const char* where) {
+  std::vector<Range> qs;
+  qs.reserve(slices.size());
+  for (std::size_t i = 0; i < slices.size(); ++i) {
+    const AttnSlice& s = slices[i];
+    const auto name = "slices[" + std::to_string(i) + "]";
+    detail::require(s.q_range.begin >= 0 && s.q_range.end <= q_rows && s.q_range.begin <= s.q_range.end, where,
+                    name + ".q_range", s.q_range, "out of the query buffer of " + std::to_string(q_rows) + " rows");
+    detail::require(s.k_range.begin >= 0 && s.k_range.end <= k_rows && s.k_range.begin <= s.k_range.end, where,
+                    name + ".k_range", s.k_range, "out of the key buffer of " + std::to_string(k_rows) + " rows");
+    detail::require(s.mask.kind != MaskKind::kSlidingWindow || s.mask.window >= 1, where, name + ".mask.window",
+                    s.mask.window, "a sliding window needs at least one key");
+    if (!s.q_range.empty()) qs.push_back(s.q_range);
+  }
+  std::sort(qs.begin(), qs.end(), [](Range a, Range b) { return a.begin < b.begin; });
+  for (std::size_t i = 1; i < qs.size(); ++i)
+    detail::require(qs[i].begin >= qs[i - 1].end, where, "slices", qs[i],
+                    "query ranges of one call must be disjoint (merge partial results instead)");
+}
+
+}  // namespace seqpar

@@ -1,0 +1,104 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "seqpar/core/attn_slice.hpp"
+#include "seqpar/core/error.hpp"
+#include "seqpar/core/range.hpp"
+
+namespace seqpar {
+
+/// One packed document: its global token range and the sequence it belongs to.
+struct Document {
+  Range tokens;
+  int sequence = 0;
+};
+
+/// B packed sequences, each a list of document lengths (>= 1 token each). Tokens are laid out THD:
+/// sequence 0's documents, then sequence 1's, ... `cu_seqlens` has one entry per document boundary
+/// (FlashAttention varlen convention: cu_seqlens[0] = 0, cu_seqlens.back() = total tokens).
+/// Attention never crosses a document boundary (document-causal) unless a full mask is asked for.
+/// No length has to be divisible by anything.
+class DocumentBatch {
+ public:
+  DocumentBatch() = default;
+
+  /// `sequences[b]` lists the document lengths of sequence b.
+  explicit DocumentBatch(const std::vector<std::vector<std::int64_t>>& sequences) {
+    detail::require(!sequences.empty(), "DocumentBatch", "sequences.size()", 0, "need at least one sequence");
+    cu_seqlens_.push_back(0);
+    sequence_offsets_.push_back(0);
+    for (std::size_t b = 0; b < sequences.size(); ++b) {
+      const auto& docs = sequences[b];
+      detail::require(!docs.empty(), "DocumentBatch", "sequences[" + std::to_string(b) + "].size()", 0,
+                      "a sequence needs at least one document");
+      for (std::size_t i = 0; i < docs.size(); ++i) {
+        const std::int64_t len = docs[i];
+        const auto name = "sequences[" + std::to_string(b) + "][" + std::to_string(i) + "]";
+        detail::require(len >= 1, "DocumentBatch", name, len, "document lengths must be >= 1");
+        detail::require(len <= kMaxTokens - total_, "DocumentBatch", name, len,
+                        "total token count would overflow (limit " + std::to_string(kMaxTokens) + ")");
+        documents_.push_back({{total_, total_ + len}, static_cast<int>(b)});
+        total_ += len;
+        cu_seqlens_.push_back(total_);
+      }
+      sequence_offsets_.push_back(total_);
+    }
+  }
+
+  /// One sequence of the given document lengths.
+  [[nodiscard]] static DocumentBatch single(const std::vector<std::int64_t>& doc_lengths) {
+    return DocumentBatch({doc_lengths});
+  }
+
+  [[nodiscard]] int num_sequences() const noexcept { return static_cast<int>(sequence_offsets_.size()) - 1; }
+  [[nodiscard]] std::int64_t total_tokens() const noexcept { return total_; }
+  [[nodiscard]] std::span<const Document> documents() const noexcept { return documents_; }
+  [[nodiscard]] std::span<const std::int64_t> cu_seqlens() const noexcept { return cu_seqlens_; }
+  [[nodiscard]] Range sequence(int b) const noexcept { return {sequence_offsets_[b], sequence_offsets_[b + 1]}; }
+
+  /// Documents of sequence b, as a sub-span of documents().
+  [[nodiscard]] std::span<const Document> documents_of(int b) const noexcept {
+    std::size_t first = 0;
+    while (first < documents_.size() && documents_[first].sequence < b) ++first;
+    std::size_t last = first;
+    while (last < documents_.size() && documents_[last].sequence == b) ++last;
+    return std::span<const Document>(documents_).subspan(first, last - first);
+  }
+
+  /// Document-causal attention of the whole batch as slices (one causal slice per document).
+  [[nodiscard]] std::vector<AttnSlice> document_causal_slices() const {
+    std::vector<AttnSlice> out;
+    out.reserve(documents_.size());
+    for (const auto& d : documents_) out.push_back({d.tokens, d.tokens, Mask::causal(0)});
+    return out;
+  }
+
+  /// Sum over documents of s(s+1)/2: the visible (query, key) pairs of document-causal attention.
+  [[nodiscard]] std::int64_t causal_area() const noexcept {
+    std::int64_t a = 0;
+    for (const auto& d : documents_) a += d.tokens.size() * (d.tokens.size() + 1) / 2;
+    return a;
+  }
+
+  friend bool operator==(const DocumentBatch& a, const DocumentBatch& b) {
+    return a.cu_seqlens_ == b.cu_seqlens_ && a.sequence_offsets_ == b.sequence_offsets_;
+  }
+
+  /// Largest token count accepted: keeps token*heads*dim products of realistic shapes inside int64.
+  static constexpr std::int64_t kMaxTokens = std::int64_t{1} << 40;
+
+ private:
+  std::vector<Document> documents_;
+  std::vector<std::int64_t> cu_seqlens_;
+  std::vector<std::int64_t> sequence_offsets_;
+  std::int64_t total_ = 0;
+};
+
+}  // namespace seqpar

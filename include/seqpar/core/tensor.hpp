@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "seqpar/core/error.hpp"
+
+namespace seqpar {
+
+/// Non-owning THD view: element (t, h, d) at data[t * token_stride + h * head_stride + d].
+/// The head_dim axis is contiguous (stride 1) so kernels can vectorise along it.
+template <class T>
+struct ThdView {
+  T* data = nullptr;
+  std::int64_t tokens = 0;
+  int heads = 0;
+  int head_dim = 0;
+  std::int64_t token_stride = 0;
+  std::int64_t head_stride = 0;
+
+  /// Dense (tokens, heads, head_dim) view.
+  [[nodiscard]] static ThdView dense(T* data, std::int64_t tokens, int heads, int head_dim) noexcept {
+    return {data, tokens, heads, head_dim, std::int64_t{heads} * head_dim, head_dim};
+  }
+  [[nodiscard]] T* row(std::int64_t t, int h) const noexcept { return data + t * token_stride + h * head_stride; }
+  [[nodiscard]] T& operator()(std::int64_t t, int h, int d) const noexcept { return row(t, h)[d]; }
+
+  /// Rows [first, first + count) of the token axis.
+  [[nodiscard]] ThdView tokens_slice(std::int64_t first, std::int64_t count) const noexcept {
+    return {data + first * token_stride, count, heads, head_dim, token_stride, head_stride};
+  }
+  /// Heads [first, first + count): a strided view that copies nothing.
+  [[nodiscard]] ThdView heads_slice(int first, int count) const noexcept {
+    return {data + first * head_stride, tokens, count, head_dim, token_stride, head_stride};
+  }
+  operator ThdView<const T>() const noexcept  // NOLINT: views convert to const views implicitly
+    requires(!std::is_const_v<T>)
+  {
+    return {data, tokens, heads, head_dim, token_stride, head_stride};
+  }
+};
+
+/// Non-owning (heads, tokens) view of log-sum-exp values: element (h, t) at data[h * head_stride + t].
+template <class T>
+struct LseView {
+  T* data = nullptr;
+  int heads = 0;
+  std::int64_t tokens = 0;
+  std::int64_t head_stride = 0;
+
+  [[nodiscard]] static LseView dense(T* data, int heads, std::int64_t tokens) noexcept {
+    return {data, heads, tokens, tokens};
+  }
+  [[nodiscard]] T& operator()(int h, std::int64_t t) const noexcept { return data[h * head_stride + t]; }
+  [[nodiscard]] LseView tokens_slice(std::int64_t first, std::int64_t count) const noexcept {
+    return {data + first, heads, count, head_stride};
+  }
+  operator LseView<const T>() const noexcept  // NOLINT
+    requires(!std::is_const_v<T>)
+  {
+    return {data, heads, tokens, head_stride};
+  }
+};
+
+/// Owning dense THD tensor, for tests, examples and benchmarks (the library's hot path never owns).
+template <class T>
+struct ThdTensor {
+  std::vector<T> storage;
+  std::int64_t tokens = 0;
+  int heads = 0;
+  int head_dim = 0;
+
+  ThdTensor() = default;
+  ThdTensor(std::int64_t tokens_, int heads_, int head_dim_)
+      : storage(static_cast<std::size_t>(tokens_) * static_cast<std::size_t>(heads_) *
+                static_cast<std::size_t>(head_dim_)),
+        tokens(tokens_),
+        heads(heads_),
+        head_dim(head_dim_) {}
+  [[nodiscard]] ThdView<T> view() noexcept { return ThdView<T>::dense(storage.data(), tokens, heads, head_dim); }
+  [[nodiscard]] ThdView<const T> view() const noexcept {
+    return ThdView<const T>::dense(storage.data(), tokens, heads, head_dim);
+  }
+};
+
+/// Owning dense (heads, tokens) LSE buffer.
+template <class T>
+struct LseTensor {
+  std::vector<T> storage;
+  int heads = 0;
+  std::int64_t tokens = 0;
+
+  LseTensor() = default;
+  LseTensor(int heads_, std::int64_t tokens_)
+      : storage(static_cast<std::size_t>(heads_) * static_cast<std::size_t>(tokens_)), heads(heads_), tokens(tokens_) {}
+  [[nodiscard]] LseView<T> view() noexcept { return LseView<T>::dense(storage.data(), heads, tokens); }
+  [[nodiscard]] LseView<const T> view() const noexcept {
+    return LseView<const T>::dense(storage.data(), heads, tokens);
+  }
+};
+
+namespace detail {
+
+template <class T>
+void check_view(const ThdView<T>& v, const char* where, const char* name, std::int64_t tokens, int heads,
+                int head_dim) {
+  const std::string n(name);
+  require(v.tokens == tokens, where, n + ".tokens", v.tokens, "expected " + std::to_string(tokens));
+  require(v.heads == heads, where, n + ".heads", v.heads, "expected " + std::to_string(heads));
+  require(v.head_dim == head_dim, where, n + ".head_dim", v.head_dim, "expected " + std::to_string(head_dim));
+  require(v.tokens == 0 || v.data != nullptr, where, n + ".data", "null", "non-empty view without storage");
+  require(v.token_stride >= 0 && v.head_stride >= 0, where, n + ".token_stride", v.token_stride,
+          "strides must be non-negative");
+}
+
+template <class T>
+void check_view(const LseView<T>& v, const char* where, const char* name, int heads, std::int64_t tokens) {
+  const std::string n(name);
+  require(v.heads == heads, where, n + ".heads", v.heads, "expected " + std::to_string(heads));
+  require(v.tokens == tokens, where, n + ".tokens", v.tokens, "expected " + std::to_string(tokens));
+  require(v.tokens == 0 || v.data != nullptr, where, n + ".data", "null", "non-empty view without storage");
+}
+
+}  // namespace detail
+}  // namespace seqpar

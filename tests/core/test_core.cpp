@@ -1,0 +1,105 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <doctest/doctest.h>
+
+#include <seqpar/seqpar.hpp>
+
+#include <stdexcept>
+#include <string>
+
+using namespace seqpar;
+
+namespace {
+// Runs f and returns the std::invalid_argument message (empty if nothing was thrown).
+template <class F>
+std::string invalid_message(F&& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return {};
+}
+}  // namespace
+
+TEST_SUITE("core") {
+  TEST_CASE("DocumentBatch lays documents out THD with cu_seqlens") {
+    const DocumentBatch b({{3, 1, 4}, {7}});
+    CHECK(b.num_sequences() == 2);
+    CHECK(b.total_tokens() == 15);
+    const std::vector<std::int64_t> cu(b.cu_seqlens().begin(), b.cu_seqlens().end());
+    CHECK(cu == std::vector<std::int64_t>{0, 3, 4, 8, 15});
+    CHECK(b.sequence(1) == Range{8, 15});
+    CHECK(b.documents_of(0).size() == 3);
+    CHECK(b.documents_of(1)[0].tokens == Range{8, 15});
+    CHECK(b.causal_area() == 6 + 1 + 10 + 28);
+    CHECK(total_area(b.document_causal_slices()) == b.causal_area());
+  }
+
+  TEST_CASE("DocumentBatch rejects bad lengths naming the argument and value") {
+    CHECK(invalid_message([] { DocumentBatch({{3, 0, 4}}); }).find("sequences[0][1] = 0") != std::string::npos);
+    CHECK(invalid_message([] { DocumentBatch({{3}, {-2}}); }).find("sequences[1][0] = -2") != std::string::npos);
+    CHECK(invalid_message([] { DocumentBatch({{3}, {}}); }).find("sequences[1].size()") != std::string::npos);
+    CHECK(invalid_message([] { DocumentBatch(std::vector<std::vector<std::int64_t>>{}); }).find("sequences") !=
+          std::string::npos);
+    const std::int64_t huge = DocumentBatch::kMaxTokens;
+    CHECK(invalid_message([&] { DocumentBatch({{huge, huge}}); }).find("overflow") != std::string::npos);
+  }
+
+  TEST_CASE("AttentionShape validation") {
+    CHECK_NOTHROW(AttentionShape{32, 8, 128}.validate());
+    CHECK(invalid_message([] { AttentionShape{6, 4, 64}.validate(); }).find("heads_q = 6") != std::string::npos);
+    CHECK(invalid_message([] { AttentionShape{0, 1, 64}.validate(); }).find("heads_q = 0") != std::string::npos);
+    CHECK(invalid_message([] { AttentionShape{4, 4, -1}.validate(); }).find("head_dim = -1") != std::string::npos);
+    CHECK(invalid_message([] { AttentionShape{4, 4, 8, -1.0}.validate(); }).find("softmax_scale") !=
+          std::string::npos);
+    CHECK(AttentionShape{4, 2, 16}.scale() == doctest::Approx(0.25));
+    CHECK(AttentionShape{4, 2, 16}.group_size() == 2);
+  }
+
+  TEST_CASE("Topology") {
+    const Topology t{8, 4};
+    CHECK(t.num_nodes() == 2);
+    CHECK(t.same_node(0, 3));
+    CHECK_FALSE(t.same_node(3, 4));
+    CHECK(Topology{6, 4}.num_nodes() == 2);
+    CHECK(invalid_message([] { Topology{0, 1}.validate(); }).find("world_size = 0") != std::string::npos);
+    CHECK(invalid_message([] { Topology{4, -1}.validate(); }).find("ranks_per_node = -1") != std::string::npos);
+  }
+
+  TEST_CASE("Mask visible keys: causal with alignment, sliding window, full") {
+    // A query block 5 tokens after the start of its keys: row 0 sees keys 0..5.
+    const Mask causal = Mask::causal(5);
+    CHECK(causal.visible_keys(0, 100) == Range{0, 6});
+    CHECK(causal.visible_keys(2, 7) == Range{0, 7});
+    CHECK(Mask::causal(-3).visible_keys(1, 10).empty());  // fully masked row
+    CHECK(Mask::sliding_window(3).visible_keys(5, 10) == Range{3, 6});
+    CHECK(Mask::full().visible_keys(0, 9) == Range{0, 9});
+    const AttnSlice s{{0, 4}, {0, 4}, Mask::causal(0)};
+    CHECK(s.area() == 10);
+    CHECK(AttnSlice{{0, 4}, {0, 6}, Mask::full()}.area() == 24);
+  }
+
+  TEST_CASE("validate_slices rejects out-of-range and overlapping slices") {
+    const std::vector<AttnSlice> overlap{{{0, 4}, {0, 4}, Mask::causal()}, {{3, 6}, {0, 6}, Mask::causal()}};
+    CHECK(invalid_message([&] { validate_slices(overlap, 10, 10, "t"); }).find("disjoint") != std::string::npos);
+    const std::vector<AttnSlice> oob{{{0, 4}, {0, 12}, Mask::full()}};
+    CHECK(invalid_message([&] { validate_slices(oob, 10, 10, "t"); }).find("slices[0].k_range") !=
+          std::string::npos);
+    const std::vector<AttnSlice> win{{{0, 4}, {0, 4}, Mask::sliding_window(0)}};
+    CHECK(invalid_message([&] { validate_slices(win, 10, 10, "t"); }).find("window") != std::string::npos);
+  }
+
+  TEST_CASE("Tensor views: strides, head slices, extent checks") {
+    ThdTensor<float> t(5, 4, 3);
+    auto v = t.view();
+    v(2, 3, 1) = 7.0f;
+    CHECK(t.storage[static_cast<std::size_t>(2 * 12 + 3 * 3 + 1)] == 7.0f);
+    auto h = v.heads_slice(2, 2);
+    CHECK(h(2, 1, 1) == 7.0f);
+    CHECK(h.heads == 2);
+    CHECK(invalid_message([&] { detail::check_view(v, "t", "q", 5, 4, 4); }).find("q.head_dim = 3") !=
+          std::string::npos);
+    CHECK(invalid_message([&] { detail::check_view(v, "t", "k", 6, 4, 3); }).find("k.tokens = 5") !=
+          std::string::npos);
+  }
+}

@@ -1,0 +1,20 @@
+// A user's program: include the umbrella header, run a tiny reference attention, check it.
+#include <seqpar/seqpar.hpp>
+
+#include <cmath>
+#include <cstdio>
+
+int main() {
+  const auto batch = seqpar::DocumentBatch::single({3, 2});
+  const seqpar::AttentionShape shape{2, 1, 4};
+  seqpar::ThdTensor<double> q(batch.total_tokens(), 2, 4), k(batch.total_tokens(), 1, 4), v(batch.total_tokens(), 1, 4),
+      o(batch.total_tokens(), 2, 4);
+  for (std::size_t i = 0; i < v.storage.size(); ++i) v.storage[i] = 1.0;
+  seqpar::LseTensor<double> lse(2, batch.total_tokens());
+  const auto slices = batch.document_causal_slices();
+  seqpar::attention::Reference<double>{}.forward(shape, q.view(), k.view(), v.view(), slices, o.view(), lse.view());
+  // q = 0: uniform weights over the visible keys, so O = 1 and LSE = log(#keys) for every row.
+  const bool ok = std::abs(o.storage[0] - 1.0) < 1e-12 && std::abs(lse.storage[2] - std::log(3.0)) < 1e-12;
+  std::printf("%s\n", ok ? "consumer OK" : "consumer FAILED");
+  return ok ? 0 : 1;
+}

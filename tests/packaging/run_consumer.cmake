@@ -1,0 +1,16 @@
+# Installs seqpar into a scratch prefix, then configures, builds and runs a consumer project that
+# finds it with find_package(seqpar CONFIG): the way users consume the library.
+file(REMOVE_RECURSE ${WORK_DIR})
+set(prefix ${WORK_DIR}/prefix)
+foreach(step
+    "${CMAKE_COMMAND};-S;${SOURCE_DIR};-B;${WORK_DIR}/seqpar;-G;${GENERATOR};-DCMAKE_CXX_COMPILER=${CXX};-DSEQPAR_BUILD_TESTS=OFF;-DSEQPAR_BUILD_EXAMPLES=OFF;-DSEQPAR_BUILD_BENCH=OFF;-DSEQPAR_INSTALL=ON;-DCMAKE_INSTALL_PREFIX=${prefix}"
+    "${CMAKE_COMMAND};--install;${WORK_DIR}/seqpar"
+    "${CMAKE_COMMAND};-S;${SOURCE_DIR}/tests/packaging/consumer;-B;${WORK_DIR}/consumer;-G;${GENERATOR};-DCMAKE_CXX_COMPILER=${CXX};-DCMAKE_PREFIX_PATH=${prefix}"
+    "${CMAKE_COMMAND};--build;${WORK_DIR}/consumer"
+    "${WORK_DIR}/consumer/seqpar_consumer")
+  execute_process(COMMAND ${step} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "packaging step failed (${rc}): ${step}\n${out}\n${err}")
+  endif()
+endforeach()
+message(STATUS "consumer ran: ${out}")

@@ -1,0 +1,135 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "seqpar/core/attn_slice.hpp"
+#include "seqpar/core/document_batch.hpp"
+#include "seqpar/core/error.hpp"
+#include "seqpar/core/topology.hpp"
+
+namespace seqpar {
+
+/// max/mean ratios of a plan: 1.0 is perfect balance.
+struct Balance {
+  double token_imbalance = 1.0;    ///< max over ranks of owned tokens / mean
+  double compute_imbalance = 1.0;  ///< max over ranks of slice area / mean
+  std::int64_t max_tokens = 0;
+  std::int64_t max_area = 0;
+};
+
+/// Who owns which tokens, and what attention each rank's queries need.
+///  - owned[r]: ordered global token ranges; rank r's local buffers are their concatenation, in order.
+///  - slices[r]: rank r's attention work in *global* token indices; q_ranges lie inside owned[r],
+///    k_ranges anywhere (communicators turn them into local rows after moving KV).
+///  - groups: disjoint ordered rank lists that cover the world (BASP groups; one group of every rank
+///    otherwise). A group attends only to its own tokens; communicators run inside each group.
+struct ShardPlan {
+  Topology topology;
+  std::vector<std::vector<Range>> owned;
+  std::vector<std::vector<AttnSlice>> slices;
+  std::vector<std::vector<int>> groups;
+
+  [[nodiscard]] int world_size() const noexcept { return static_cast<int>(owned.size()); }
+
+  [[nodiscard]] std::int64_t local_tokens(int rank) const noexcept {
+    std::int64_t n = 0;
+    for (const Range& r : owned[static_cast<std::size_t>(rank)]) n += r.size();
+    return n;
+  }
+
+  /// The group rank belongs to (index into groups).
+  [[nodiscard]] int group_of(int rank) const noexcept {
+    for (std::size_t g = 0; g < groups.size(); ++g)
+      if (std::find(groups[g].begin(), groups[g].end(), rank) != groups[g].end()) return static_cast<int>(g);
+    return -1;
+  }
+
+  [[nodiscard]] Balance balance() const {
+    Balance b;
+    const auto n = static_cast<double>(owned.size());
+    double tok_sum = 0, area_sum = 0;
+    for (int r = 0; r < world_size(); ++r) {
+      const std::int64_t t = local_tokens(r);
+      const std::int64_t a = total_area(slices[static_cast<std::size_t>(r)]);
+      b.max_tokens = std::max(b.max_tokens, t);
+      b.max_area = std::max(b.max_area, a);
+      tok_sum += static_cast<double>(t);
+      area_sum += static_cast<double>(a);
+    }
+    b.token_imbalance = tok_sum > 0 ? static_cast<double>(b.max_tokens) / (tok_sum / n) : 1.0;
+    b.compute_imbalance = area_sum > 0 ? static_cast<double>(b.max_area) / (area_sum / n) : 1.0;
+    return b;
+  }
+
+  /// Checks the invariants every partitioner keeps; throws std::logic_error naming the broken one:
+  /// every token owned exactly once, groups a partition of the ranks, slices inside owned tokens, and
+  /// the slice areas adding up to the batch's document-causal area.
+  void check_invariants(const DocumentBatch& batch) const {
+    const auto fail = [](const std::string& what) { throw std::logic_error("ShardPlan: " + what); };
+    if (world_size() != topology.world_size || slices.size() != owned.size())
+      fail("owned/slices sized " + std::to_string(owned.size()) + "/" + std::to_string(slices.size()) +
+           " for world size " + std::to_string(topology.world_size));
+    std::vector<Range> all;
+    for (const auto& rs : owned)
+      for (const Range& r : rs)
+        if (!r.empty()) all.push_back(r);
+    std::sort(all.begin(), all.end(), [](Range a, Range b) { return a.begin < b.begin; });
+    std::int64_t next = 0;
+    for (const Range& r : all) {
+      if (r.begin != next) fail("token " + std::to_string(std::min(next, r.begin)) + " owned zero or two times");
+      next = r.end;
+    }
+    if (next != batch.total_tokens()) fail("tokens from " + std::to_string(next) + " are not owned");
+    std::vector<int> seen(static_cast<std::size_t>(world_size()), 0);
+    for (const auto& g : groups)
+      for (int r : g) {
+        if (r < 0 || r >= world_size()) fail("group member " + std::to_string(r) + " out of range");
+        ++seen[static_cast<std::size_t>(r)];
+      }
+    for (int r = 0; r < world_size(); ++r)
+      if (seen[static_cast<std::size_t>(r)] != 1) fail("rank " + std::to_string(r) + " is not in exactly one group");
+    std::int64_t area = 0;
+    for (int r = 0; r < world_size(); ++r)
+      for (const AttnSlice& s : slices[static_cast<std::size_t>(r)]) {
+        const auto& rs = owned[static_cast<std::size_t>(r)];
+        const bool inside = std::any_of(rs.begin(), rs.end(), [&](Range o) {
+          return s.q_range.begin >= o.begin && s.q_range.end <= o.end;
+        });
+        if (!inside) fail("rank " + std::to_string(r) + " has a slice whose queries it does not own");
+        area += s.area();
+      }
+    if (area != batch.causal_area())
+      fail("slice area " + std::to_string(area) + " != document-causal area " + std::to_string(batch.causal_area()));
+  }
+};
+
+namespace detail {
+
+/// Document-causal slices of the query tokens `owned` (global ranges): each piece of a document gets
+/// one causal slice over the document's prefix up to the piece's end, aligned at the piece's offset.
+[[nodiscard]] inline std::vector<AttnSlice> document_causal_slices_for(const std::vector<Range>& owned,
+                                                                       const DocumentBatch& batch) {
+  std::vector<AttnSlice> out;
+  const auto docs = batch.documents();
+  for (const Range& piece : owned) {
+    if (piece.empty()) continue;
+    // First document that ends after piece.begin.
+    auto it = std::upper_bound(docs.begin(), docs.end(), piece.begin,
+                               [](std::int64_t t, const Document& d) { return t < d.tokens.end; });
+    for (; it != docs.end() && it->tokens.begin < piece.end; ++it) {
+      const Range q = intersect(piece, it->tokens);
+      if (q.empty()) continue;
+      out.push_back({q, {it->tokens.begin, q.end}, Mask::causal(q.begin - it->tokens.begin)});
+    }
+  }
+  return out;
+}
+
+}  // namespace detail
+}  // namespace seqpar

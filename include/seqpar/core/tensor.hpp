@@ -60,6 +60,9 @@ struct LseView {
   [[nodiscard]] LseView tokens_slice(std::int64_t first, std::int64_t count) const noexcept {
     return {data + first, heads, count, head_stride};
   }
+  [[nodiscard]] LseView heads_slice(int first, int count) const noexcept {
+    return {data + first * head_stride, count, tokens, head_stride};
+  }
   operator LseView<const T>() const noexcept  // NOLINT
     requires(!std::is_const_v<T>)
   {

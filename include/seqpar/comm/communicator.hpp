@@ -1,0 +1,28 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+#include <concepts>
+
+#include "seqpar/comm/program.hpp"
+#include "seqpar/core/attention_shape.hpp"
+#include "seqpar/core/shard_plan.hpp"
+#include "seqpar/core/status.hpp"
+
+namespace seqpar::comm {
+
+/// Opt-in tag of communicators.
+struct communicator_tag {};
+
+/// A communicator compiles a plan into each rank's forward and backward programs: which pieces of
+/// which tensors move where, and which attention each rank computes on what it then holds. It never
+/// touches data: the executor runs the programs, the simulator replays them.
+template <class C>
+concept Communicator = std::derived_from<typename C::policy_category, communicator_tag> &&
+                       requires(const C& c, const ShardPlan& plan, const AttentionShape& shape, int rank) {
+                         typename C::Arguments;
+                         { c.can_implement(plan, shape) } -> std::same_as<Status>;
+                         { c.compile(plan, shape, rank) } -> std::same_as<CompiledAttention>;
+                       };
+
+}  // namespace seqpar::comm

@@ -150,6 +150,8 @@ class DistributedAttention {
     ShardPlan plan;
     comm::CompiledAttention program;
     AnyTransport* group = nullptr;
+    AnyTransport* inner = nullptr;  // hierarchical communicators: ranks of a node inside the group
+    AnyTransport* outer = nullptr;  // and the ranks at the same position of every node
   };
   static constexpr std::size_t kCacheEntries = 8;
   static constexpr std::size_t idx(comm::BufferId b) noexcept { return static_cast<std::size_t>(b); }
@@ -218,7 +220,8 @@ class DistributedAttention {
     const std::size_t need = Executor::workspace_bytes(program, kernel_);
     if (workspace_.size() < need) workspace_ = detail::AlignedBytes(need);  // only on a cache miss
     const std::uint64_t before = e.group->counters().bytes_sent;
-    Executor::run(program, *e.group, kernel_, b, workspace_.span());
+    Executor::run(program, typename Executor::template Levels<AnyTransport>{e.group, e.inner, e.outer}, kernel_, b,
+                  workspace_.span());
     last_bytes_sent_ = e.group->counters().bytes_sent - before;
   }
 

@@ -112,7 +112,6 @@ struct AllToAll {
     const auto base = [&] {
       Program p;
       p.rank = rank;
-      p.level_rank = me;
       p.head_dim = shape.head_dim;
       p.softmax_scale = shape.scale();
       p.local_tokens = plan.local_tokens(rank);
@@ -125,17 +124,17 @@ struct AllToAll {
     fwd.staging = {{BufferId::kQHeads, group_tokens, nq}, {BufferId::kKHeads, group_tokens, nkv},
                    {BufferId::kVHeads, group_tokens, nkv}, {BufferId::kOHeads, group_tokens, nq},
                    {BufferId::kLseHeads, group_tokens, nq}};
-    fwd.steps.push_back(ExchangeStep{Level::kGroup,
+    fwd.steps.push_back(ExchangeStep{Level::kGroup, me,
                                      {to_heads(BufferId::kQ, BufferId::kQHeads, false),
                                       to_heads(BufferId::kK, BufferId::kKHeads, true),
                                       to_heads(BufferId::kV, BufferId::kVHeads, true)}});
     ComputeStep c;
     c.q = BufferId::kQHeads, c.k = BufferId::kKHeads, c.v = BufferId::kVHeads;
     c.o = BufferId::kOHeads, c.lse = BufferId::kLseHeads;
-    c.slices = slices;
+    c.waves = {slices};
     c.head_groups = groups;
     fwd.steps.push_back(c);
-    fwd.steps.push_back(ExchangeStep{Level::kGroup,
+    fwd.steps.push_back(ExchangeStep{Level::kGroup, me,
                                      {to_seq(BufferId::kOHeads, BufferId::kO, false, false),
                                       to_seq(BufferId::kLseHeads, BufferId::kLse, false, false)}});
 
@@ -146,7 +145,7 @@ struct AllToAll {
                                            {BufferId::kDqHeads, group_tokens, nq},
                                            {BufferId::kDkHeads, group_tokens, nkv},
                                            {BufferId::kDvHeads, group_tokens, nkv}});
-    bwd.steps.push_back(ExchangeStep{Level::kGroup,
+    bwd.steps.push_back(ExchangeStep{Level::kGroup, me,
                                      {to_heads(BufferId::kQ, BufferId::kQHeads, false),
                                       to_heads(BufferId::kK, BufferId::kKHeads, true),
                                       to_heads(BufferId::kV, BufferId::kVHeads, true),
@@ -158,7 +157,7 @@ struct AllToAll {
     c.dout = BufferId::kDoutHeads, c.dq = BufferId::kDqHeads, c.dk = BufferId::kDkHeads, c.dv = BufferId::kDvHeads;
     bwd.steps.push_back(c);
     if (heads.kv_replicated) bwd.steps.push_back(ZeroStep{{BufferId::kDk, BufferId::kDv}});
-    bwd.steps.push_back(ExchangeStep{Level::kGroup,
+    bwd.steps.push_back(ExchangeStep{Level::kGroup, me,
                                      {to_seq(BufferId::kDqHeads, BufferId::kDq, false, false),
                                       to_seq(BufferId::kDkHeads, BufferId::kDk, true, heads.kv_replicated),
                                       to_seq(BufferId::kDvHeads, BufferId::kDv, true, heads.kv_replicated)}});

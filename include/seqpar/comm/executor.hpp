@@ -5,6 +5,7 @@
 #include <array>
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "seqpar/attention/kernel.hpp"
+#include "seqpar/attention/merge.hpp"
 #include "seqpar/comm/program.hpp"
 #include "seqpar/core/transport.hpp"
 
@@ -37,8 +39,13 @@ class Executor {
     return layout(program, kernel).total;
   }
 
+  /// The transport of each level (Level::kGroup, kInner, kOuter); levels a program does not use
+  /// may be null.
+  template <class Tr>
+  using Levels = std::array<Tr*, kNumLevels>;
+
   template <Transport Tr>
-  static void run(const Program& program, Tr& transport, Kernel& kernel, Buffers buffers,
+  static void run(const Program& program, Levels<Tr> transports, Kernel& kernel, Buffers buffers,
                   std::span<std::byte> workspace) {
     const Layout lay = layout(program, kernel);
     if (workspace.size() < lay.total)
@@ -56,13 +63,46 @@ class Executor {
     const auto pack_send = workspace.subspan(lay.send, lay.send_bytes);
     const auto pack_recv = workspace.subspan(lay.recv, lay.recv_bytes);
     const auto kernel_ws = workspace.subspan(lay.kernel, lay.kernel_bytes);
+    const auto level = [&](Level l) -> Tr& {
+      Tr* t = transports[static_cast<std::size_t>(l)];
+      if (t == nullptr) throw std::logic_error("comm::Executor: program uses a level without a transport");
+      return *t;
+    };
+    std::array<InFlight<Tr>, kNumSlots> slots;
     for (const Step& step : program.steps) {
-      if (const auto* ex = std::get_if<ExchangeStep>(&step))
-        exchange(*ex, program, transport, buffers, pack_send, pack_recv);
-      else if (const auto* z = std::get_if<ZeroStep>(&step))
+      if (const auto* ex = std::get_if<ExchangeStep>(&step)) {
+        exchange(*ex, program, level(ex->level), buffers, pack_send, pack_recv);
+      } else if (const auto* z = std::get_if<ZeroStep>(&step)) {
         zero(*z, buffers);
-      else
-        compute(std::get<ComputeStep>(step), program, kernel, buffers, kernel_ws);
+      } else if (const auto* c = std::get_if<ComputeStep>(&step)) {
+        compute(*c, program, kernel, buffers, kernel_ws);
+      } else if (const auto* post = std::get_if<PostStep>(&step)) {
+        const auto s = static_cast<std::size_t>(post->slot);
+        InFlight<Tr>& f = slots[s];
+        f.step = post;
+        f.transport = &level(post->level);
+        std::byte* cursor = workspace.data() + lay.slot_send[s];
+        for (const Transfer& t : post->sends) {
+          std::byte* start = cursor;
+          for (const BufferPiece& bp : t.pieces) cursor = copy_piece<false>(buffers, bp.buffer, bp.piece, cursor, d, false);
+          f.requests.push_back(f.transport->isend(std::span<const std::byte>(start, cursor), t.peer, post->tag));
+        }
+        cursor = workspace.data() + lay.slot_recv[s];
+        for (const Transfer& t : post->recvs) {
+          std::size_t n = 0;
+          for (const BufferPiece& bp : t.pieces) n += piece_bytes(bp.piece, bp.buffer, d);
+          f.requests.push_back(f.transport->irecv(std::span<std::byte>(cursor, n), t.peer, post->tag));
+          cursor += n;
+        }
+      } else {
+        InFlight<Tr>& f = slots[static_cast<std::size_t>(std::get<WaitStep>(step).slot)];
+        for (auto& r : f.requests) f.transport->wait(r);
+        f.requests.clear();
+        std::byte* cursor = workspace.data() + lay.slot_recv[static_cast<std::size_t>(std::get<WaitStep>(step).slot)];
+        for (const Transfer& t : f.step->recvs)
+          for (const BufferPiece& bp : t.pieces)
+            cursor = copy_piece<true>(buffers, bp.buffer, bp.piece, cursor, d, f.step->accumulate);
+      }
     }
   }
 
@@ -74,9 +114,17 @@ class Executor {
     return is_lse(b) ? sizeof(accum_type) : sizeof(value_type);
   }
 
+  template <class Tr>
+  struct InFlight {
+    const PostStep* step = nullptr;
+    Tr* transport = nullptr;
+    std::vector<typename Tr::Request> requests;
+  };
+
   struct Layout {
     std::vector<std::size_t> staging;
     std::size_t send = 0, send_bytes = 0, recv = 0, recv_bytes = 0, kernel = 0, kernel_bytes = 0, total = 0;
+    std::array<std::size_t, kNumSlots> slot_send{}, slot_recv{}, slot_send_bytes{}, slot_recv_bytes{};
   };
 
   static std::size_t piece_bytes(const Piece& p, BufferId b, int d) noexcept {
@@ -103,6 +151,15 @@ class Executor {
         }
         lay.send_bytes = std::max(lay.send_bytes, s);
         lay.recv_bytes = std::max(lay.recv_bytes, r);
+      } else if (const auto* post = std::get_if<PostStep>(&step)) {
+        const auto slot = static_cast<std::size_t>(post->slot);
+        std::size_t sb = 0, rb = 0;
+        for (const Transfer& t : post->sends)
+          for (const BufferPiece& bp : t.pieces) sb += piece_bytes(bp.piece, bp.buffer, program.head_dim);
+        for (const Transfer& t : post->recvs)
+          for (const BufferPiece& bp : t.pieces) rb += piece_bytes(bp.piece, bp.buffer, program.head_dim);
+        lay.slot_send_bytes[slot] = std::max(lay.slot_send_bytes[slot], sb);
+        lay.slot_recv_bytes[slot] = std::max(lay.slot_recv_bytes[slot], rb);
       } else if (const auto* c = std::get_if<ComputeStep>(&step)) {
         const auto rows = [&](BufferId b) {
           if (is_caller_buffer(b)) return program.local_tokens;
@@ -122,6 +179,12 @@ class Executor {
     off += round_up(lay.recv_bytes);
     lay.kernel = off;
     off += round_up(lay.kernel_bytes);
+    for (int slot = 0; slot < kNumSlots; ++slot) {
+      lay.slot_send[static_cast<std::size_t>(slot)] = off;
+      off += round_up(lay.slot_send_bytes[static_cast<std::size_t>(slot)]);
+      lay.slot_recv[static_cast<std::size_t>(slot)] = off;
+      off += round_up(lay.slot_recv_bytes[static_cast<std::size_t>(slot)]);
+    }
     lay.total = off;
     return lay;
   }
@@ -213,14 +276,34 @@ class Executor {
       const int k0 = static_cast<int>(g.kv_heads.begin), nk = static_cast<int>(g.kv_heads.size());
       const AttentionShape shape{nq, nk, program.head_dim, program.softmax_scale};
       const auto thd = [&](BufferId id, int first, int n) { return b.thd[idx(id)].heads_slice(first, n); };
+      const auto q = thd(c.q, q0, nq), k = thd(c.k, k0, nk), v = thd(c.v, k0, nk), o = thd(c.o, q0, nq);
       const auto lse = b.lse[idx(c.lse)].heads_slice(q0, nq);
-      if (!c.backward) {
-        kernel.forward(shape, thd(c.q, q0, nq), thd(c.k, k0, nk), thd(c.v, k0, nk), c.slices, thd(c.o, q0, nq), lse,
-                       kernel_ws);
-      } else {
-        kernel.backward(shape, thd(c.q, q0, nq), thd(c.k, k0, nk), thd(c.v, k0, nk), thd(c.o, q0, nq),
-                        LseView<const accum_type>(lse), thd(c.dout, q0, nq), c.slices, thd(c.dq, q0, nq),
-                        thd(c.dk, k0, nk), thd(c.dv, k0, nk), kernel_ws);
+      if (c.backward) {
+        for (const auto& wave : c.waves)
+          kernel.backward(shape, q, k, v, o, LseView<const accum_type>(lse), thd(c.dout, q0, nq), wave,
+                          thd(c.dq, q0, nq), thd(c.dk, k0, nk), thd(c.dv, k0, nk), kernel_ws);
+        continue;
+      }
+      if (!c.merge && c.waves.empty()) {  // nothing visible: the defined empty result
+        for (std::int64_t t = 0; t < o.tokens; ++t)
+          for (int h = 0; h < nq; ++h) std::fill_n(o.row(t, h), o.head_dim, value_type(0));
+        for (int h = 0; h < nq; ++h) std::fill_n(&lse(h, 0), o.tokens, -std::numeric_limits<accum_type>::infinity());
+      }
+      for (std::size_t w = 0; w < c.waves.size(); ++w) {
+        if (w == 0 && !c.merge) {
+          kernel.forward(shape, q, k, v, c.waves[w], o, lse, kernel_ws);
+          continue;
+        }
+        // Partial result of this wave, then merged row range by row range (only the rows it covers).
+        const auto o_part = b.thd[idx(BufferId::kOPart)].heads_slice(0, nq);
+        const auto lse_part = b.lse[idx(BufferId::kLsePart)].heads_slice(0, nq);
+        kernel.forward(shape, q, k, v, c.waves[w], o_part, lse_part, kernel_ws);
+        for (const AttnSlice& s : c.waves[w]) {
+          const std::int64_t r0 = s.q_range.begin, n = s.q_range.size();
+          attention::merge_into(o.tokens_slice(r0, n), lse.tokens_slice(r0, n),
+                                ThdView<const value_type>(o_part.tokens_slice(r0, n)),
+                                LseView<const accum_type>(lse_part.tokens_slice(r0, n)));
+        }
       }
     }
   }

@@ -20,11 +20,16 @@ enum class BufferId : std::uint8_t {
   kQ, kK, kV, kO, kLse, kDout, kDq, kDk, kDv,                 // caller's views
   kQHeads, kKHeads, kVHeads, kOHeads, kLseHeads,              // head-sharded (Ulysses) staging
   kDoutHeads, kDqHeads, kDkHeads, kDvHeads,
+  kOPart, kLsePart,                                           // partial results merged into O, LSE
+  kKRing0, kVRing0, kKRing1, kVRing1,                         // KV received in ring steps (two slots)
+  kDkPart, kDvPart,                                           // dK, dV of a received KV block
   kCount
 };
 inline constexpr int kNumBuffers = static_cast<int>(BufferId::kCount);
 
-[[nodiscard]] constexpr bool is_lse(BufferId b) noexcept { return b == BufferId::kLse || b == BufferId::kLseHeads; }
+[[nodiscard]] constexpr bool is_lse(BufferId b) noexcept {
+  return b == BufferId::kLse || b == BufferId::kLseHeads || b == BufferId::kLsePart;
+}
 [[nodiscard]] constexpr bool is_caller_buffer(BufferId b) noexcept {
   return static_cast<int>(b) <= static_cast<int>(BufferId::kDv);
 }
@@ -60,11 +65,13 @@ struct Move {
 
 /// Communication level a step runs on: the plan's group (BASP group, or the world), later the
 /// inner (node) and outer (across nodes) levels of a hierarchical communicator.
-enum class Level : std::uint8_t { kGroup };
+enum class Level : std::uint8_t { kGroup, kInner, kOuter };
+inline constexpr int kNumLevels = 3;
 
 /// All moves of one step travel in one all_to_all_v over the level's transport.
 struct ExchangeStep {
   Level level = Level::kGroup;
+  int self = 0;  ///< this rank in the level's transport: its pieces are local copies, not traffic
   std::vector<Move> moves;
 };
 
@@ -80,22 +87,62 @@ struct HeadGroup {
   Range kv_heads;
 };
 
-/// Attention over local rows: forward writes o/lse, backward accumulates dq/dk/dv.
-struct ComputeStep {
-  bool backward = false;
-  BufferId q = BufferId::kQ, k = BufferId::kK, v = BufferId::kV, o = BufferId::kO, lse = BufferId::kLse;
-  BufferId dout = BufferId::kDout, dq = BufferId::kDq, dk = BufferId::kDk, dv = BufferId::kDv;
-  std::vector<AttnSlice> slices;  ///< local rows of q (and o, lse) x local rows of k, v
-  std::vector<HeadGroup> head_groups;
+/// A piece of a buffer, for point-to-point transfers that mix tensors.
+struct BufferPiece {
+  BufferId buffer{};
+  Piece piece;
 };
 
-using Step = std::variant<ExchangeStep, ZeroStep, ComputeStep>;
+/// One message of a point-to-point step: to or from `peer` (rank in the level's transport), made of
+/// pieces packed back to back in order.
+struct Transfer {
+  int peer = 0;
+  std::vector<BufferPiece> pieces;
+};
+
+/// Posts non-blocking sends (packed now) and receives (unpacked at the matching WaitStep) in a
+/// transfer slot, so that the compute steps between post and wait overlap the transfer (ring double
+/// buffering). With `accumulate`, received values are added to the destination pieces.
+struct PostStep {
+  Level level = Level::kGroup;
+  int slot = 0;
+  int tag = 0;
+  bool accumulate = false;
+  std::vector<Transfer> sends;
+  std::vector<Transfer> recvs;
+};
+
+/// Completes the transfers of a slot and unpacks what it received.
+struct WaitStep {
+  int slot = 0;
+};
+inline constexpr int kNumSlots = 4;
+
+/// Attention over local rows. Forward: `waves` are kernel calls whose slices have disjoint query rows;
+/// the first wave writes o/lse (or, with `merge`, every wave is merged into the o/lse already there,
+/// through the kOPart/kLsePart staging buffers); rows no wave covers are O = 0, LSE = -inf.
+/// Backward: every wave accumulates into dq/dk/dv.
+struct ComputeStep {
+  bool backward = false;
+  bool merge = false;
+  BufferId q = BufferId::kQ, k = BufferId::kK, v = BufferId::kV, o = BufferId::kO, lse = BufferId::kLse;
+  BufferId dout = BufferId::kDout, dq = BufferId::kDq, dk = BufferId::kDk, dv = BufferId::kDv;
+  std::vector<std::vector<AttnSlice>> waves;  ///< local rows of q (and o, lse) x local rows of k, v
+  std::vector<HeadGroup> head_groups;
+
+  [[nodiscard]] std::int64_t area() const noexcept {
+    std::int64_t a = 0;
+    for (const auto& w : waves) a += total_area(w);
+    return a;
+  }
+};
+
+using Step = std::variant<ExchangeStep, ZeroStep, ComputeStep, PostStep, WaitStep>;
 
 /// The per-rank list of steps a communicator compiles from a plan; run by `Executor`, or replayed by
 /// the simulator. Depends only on document lengths, plan and shape: compiled once per batch shape.
 struct Program {
   int rank = 0;            ///< rank in the world
-  int level_rank = 0;      ///< rank inside the group transport
   int head_dim = 0;
   double softmax_scale = 0;
   std::int64_t local_tokens = 0;
@@ -112,15 +159,20 @@ struct Program {
   /// LSE entries of `lse_bytes`: must equal what the transport counts.
   [[nodiscard]] std::uint64_t bytes_sent(std::size_t value_bytes, std::size_t lse_bytes) const {
     std::uint64_t total = 0;
-    for (const Step& step : steps)
+    const auto bytes = [&](BufferId b, const Piece& p) {
+      return static_cast<std::uint64_t>(p.elements(head_dim, is_lse(b))) * (is_lse(b) ? lse_bytes : value_bytes);
+    };
+    for (const Step& step : steps) {
+      if (const auto* post = std::get_if<PostStep>(&step))
+        for (const Transfer& t : post->sends)
+          for (const BufferPiece& bp : t.pieces) total += bytes(bp.buffer, bp.piece);
       if (const auto* ex = std::get_if<ExchangeStep>(&step))
         for (const Move& m : ex->moves)
           for (std::size_t peer = 0; peer < m.send.size(); ++peer) {
-            if (static_cast<int>(peer) == level_rank) continue;
-            for (const Piece& p : m.send[peer])
-              total += static_cast<std::uint64_t>(p.elements(head_dim, is_lse(m.src))) *
-                       (is_lse(m.src) ? lse_bytes : value_bytes);
+            if (static_cast<int>(peer) == ex->self) continue;
+            for (const Piece& p : m.send[peer]) total += bytes(m.src, p);
           }
+    }
     return total;
   }
 

@@ -1,0 +1,204 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "seqpar/comm/detail/row_map.hpp"
+#include "seqpar/comm/program.hpp"
+
+namespace seqpar::comm::detail {
+
+/// What a ring runs over: its members (ranks of one level's transport), the global tokens whose Q
+/// and KV each member holds (rows of its buffers, in order), the global slices of each member's
+/// queries, and the buffers and heads to use. Flat Ring fills it from the plan with the caller's
+/// buffers; Hierarchical fills it with the head-sharded buffers of its inner all-to-all.
+struct RingSpec {
+  Level level = Level::kGroup;
+  int me = 0;
+  std::vector<std::vector<Range>> tokens;
+  std::vector<std::vector<AttnSlice>> slices;
+  bool sharding_aware = false;
+  BufferId q = BufferId::kQ, k = BufferId::kK, v = BufferId::kV, o = BufferId::kO, lse = BufferId::kLse;
+  BufferId dout = BufferId::kDout, dq = BufferId::kDq, dk = BufferId::kDk, dv = BufferId::kDv;
+  int q_heads = 0, kv_heads = 0;
+  std::vector<HeadGroup> head_groups;
+  int tag_base = 0;
+
+  [[nodiscard]] int size() const noexcept { return static_cast<int>(tokens.size()); }
+};
+
+/// The ring's plan, step by step, as every member computes it: whose KV a member holds at step s and
+/// which global ranges of it, so that sender and receiver agree without talking.
+class RingSchedule {
+ public:
+  explicit RingSchedule(const RingSpec& spec) : spec_(spec), k_(spec.size()) {}
+
+  /// Member whose KV `member` receives at step s (1 <= s < size).
+  [[nodiscard]] int owner(int member, int s) const noexcept { return (member - s + k_) % k_; }
+
+  /// Global KV ranges `member` holds at step s (of owner(member, s)).
+  [[nodiscard]] std::vector<Range> received(int member, int s) const {
+    const int src = owner(member, s);
+    if (!spec_.sharding_aware) return nonempty(spec_.tokens[static_cast<std::size_t>(src)]);
+    return keys_needed(spec_.slices[static_cast<std::size_t>(member)], spec_.tokens[static_cast<std::size_t>(src)]);
+  }
+
+  /// Slices `member` computes at step s (0: its own KV), in its local rows.
+  [[nodiscard]] std::vector<AttnSlice> slices(int member, int s) const {
+    const auto& mine = spec_.tokens[static_cast<std::size_t>(member)];
+    const RowMap q_map = RowMap::concat(mine);
+    const RowMap k_map = RowMap::concat(s == 0 ? mine : received(member, s));
+    return localize(spec_.slices[static_cast<std::size_t>(member)], q_map, k_map);
+  }
+
+  [[nodiscard]] std::int64_t rows(const std::vector<Range>& ranges) const noexcept {
+    std::int64_t n = 0;
+    for (const Range& r : ranges) n += r.size();
+    return n;
+  }
+
+ private:
+  static std::vector<Range> nonempty(const std::vector<Range>& v) {
+    std::vector<Range> out;
+    for (const Range& r : v)
+      if (!r.empty()) out.push_back(r);
+    return out;
+  }
+  const RingSpec& spec_;
+  int k_;
+};
+
+inline constexpr BufferId kRingK[2] = {BufferId::kKRing0, BufferId::kKRing1};
+inline constexpr BufferId kRingV[2] = {BufferId::kVRing0, BufferId::kVRing1};
+
+/// Staging buffers a ring needs on member `spec.me`.
+inline void add_ring_staging(Program& p, const RingSpec& spec, bool backward) {
+  const RingSchedule sched(spec);
+  std::int64_t block = 0;
+  for (int s = 1; s < spec.size(); ++s) block = std::max(block, sched.rows(sched.received(spec.me, s)));
+  const std::int64_t mine = sched.rows(spec.tokens[static_cast<std::size_t>(spec.me)]);
+  for (int slot = 0; slot < 2; ++slot) {
+    p.staging.push_back({kRingK[slot], block, spec.kv_heads});
+    p.staging.push_back({kRingV[slot], block, spec.kv_heads});
+  }
+  if (!backward) {
+    p.staging.push_back({BufferId::kOPart, mine, spec.q_heads});
+    p.staging.push_back({BufferId::kLsePart, mine, spec.q_heads});
+  } else {
+    p.staging.push_back({BufferId::kDkPart, block, spec.kv_heads});
+    p.staging.push_back({BufferId::kDvPart, block, spec.kv_heads});
+  }
+}
+
+/// Pieces of K and V (heads [0, kv_heads)) covering `ranges`, located through `map` in buffers k, v.
+inline std::vector<BufferPiece> kv_pieces(const std::vector<Range>& ranges, const RowMap& map, BufferId k,
+                                          BufferId v, int kv_heads) {
+  std::vector<BufferPiece> out;
+  for (BufferId b : {k, v})
+    for (const Range& r : ranges) out.push_back({b, {map.to_local(r), {0, kv_heads}}});
+  return out;
+}
+
+/// The KV transfer of step s (post into slot s % 2): what spec.me receives, and what it sends.
+inline PostStep ring_kv_post(const RingSpec& spec, int s) {
+  const RingSchedule sched(spec);
+  const int k = spec.size(), me = spec.me;
+  const int slot = s % 2;
+  PostStep post{spec.level, slot, spec.tag_base + s, false, {}, {}};
+  // Receive: the ranges I hold at step s, back to back in the slot.
+  const std::vector<Range> in = sched.received(me, s);
+  if (!in.empty()) {
+    const int from = spec.sharding_aware ? sched.owner(me, s) : (me - 1 + k) % k;
+    post.recvs.push_back({from, kv_pieces(in, RowMap::concat(in), kRingK[slot], kRingV[slot], spec.kv_heads)});
+  }
+  // Send: sharding-aware, my own KV that owner-of-step-s' receiver needs; plain, what I held at s - 1.
+  if (spec.sharding_aware) {
+    const int to = (me + s) % k;
+    const std::vector<Range> out = sched.received(to, s);
+    if (!out.empty())
+      post.sends.push_back(
+          {to, kv_pieces(out, RowMap::concat(spec.tokens[static_cast<std::size_t>(me)]), spec.k, spec.v, spec.kv_heads)});
+  } else {
+    const int to = (me + 1) % k;
+    const std::vector<Range> out = sched.received(to, s);  // = what I held at s - 1
+    if (!out.empty()) {
+      if (s == 1)
+        post.sends.push_back({to, kv_pieces(out, RowMap::concat(out), spec.k, spec.v, spec.kv_heads)});
+      else
+        post.sends.push_back({to, kv_pieces(out, RowMap::concat(out), kRingK[(s - 1) % 2], kRingV[(s - 1) % 2],
+                                            spec.kv_heads)});
+    }
+  }
+  return post;
+}
+
+inline ComputeStep ring_compute(const RingSpec& spec, int s, bool backward) {
+  const RingSchedule sched(spec);
+  ComputeStep c;
+  c.backward = backward;
+  c.merge = s > 0;
+  c.q = spec.q, c.o = spec.o, c.lse = spec.lse, c.dout = spec.dout, c.dq = spec.dq;
+  c.k = s == 0 ? spec.k : kRingK[s % 2];
+  c.v = s == 0 ? spec.v : kRingV[s % 2];
+  c.dk = s == 0 ? spec.dk : BufferId::kDkPart;
+  c.dv = s == 0 ? spec.dv : BufferId::kDvPart;
+  c.waves = waves(sched.slices(spec.me, s));
+  c.head_groups = spec.head_groups;
+  return c;
+}
+
+/// Forward: local attention first (it writes O, LSE), then for each step the next transfer is posted
+/// before the current compute (double buffering); partial results merge into O, LSE in fp32.
+inline void append_ring_forward(Program& p, const RingSpec& spec) {
+  const int k = spec.size();
+  p.steps.push_back(ring_compute(spec, 0, false));
+  if (k > 1) p.steps.push_back(ring_kv_post(spec, 1));
+  for (int s = 1; s < k; ++s) {
+    p.steps.push_back(WaitStep{s % 2});
+    if (s + 1 < k) p.steps.push_back(ring_kv_post(spec, s + 1));
+    ComputeStep c = ring_compute(spec, s, false);
+    if (!c.waves.empty()) p.steps.push_back(std::move(c));
+  }
+}
+
+/// Backward: the same KV transfers; each received block's dK, dV go straight back to its owner, who
+/// adds them in step order (deterministic). dQ accumulates locally.
+inline void append_ring_backward(Program& p, const RingSpec& spec) {
+  const int k = spec.size(), me = spec.me;
+  const RingSchedule sched(spec);
+  p.steps.push_back(ZeroStep{{spec.dq, spec.dk, spec.dv}});
+  p.steps.push_back(ring_compute(spec, 0, true));
+  if (k > 1) p.steps.push_back(ring_kv_post(spec, 1));
+  std::vector<bool> return_pending(2, false);
+  for (int s = 1; s < k; ++s) {
+    p.steps.push_back(WaitStep{s % 2});
+    if (s + 1 < k) p.steps.push_back(ring_kv_post(spec, s + 1));
+    ComputeStep c = ring_compute(spec, s, true);
+    const int rslot = 2 + s % 2;
+    PostStep ret{spec.level, rslot, spec.tag_base + k + s, true, {}, {}};
+    if (!c.waves.empty()) {
+      p.steps.push_back(ZeroStep{{BufferId::kDkPart, BufferId::kDvPart}});
+      p.steps.push_back(std::move(c));
+      const std::vector<Range> in = sched.received(me, s);
+      ret.sends.push_back({sched.owner(me, s), kv_pieces(in, RowMap::concat(in), BufferId::kDkPart,
+                                                          BufferId::kDvPart, spec.kv_heads)});
+    }
+    // The member that held my KV at step s returns its gradient, if it computed on it.
+    const int holder = (me + s) % k;
+    if (!sched.slices(holder, s).empty()) {
+      const std::vector<Range> out = sched.received(holder, s);
+      ret.recvs.push_back({holder, kv_pieces(out, RowMap::concat(spec.tokens[static_cast<std::size_t>(me)]), spec.dk,
+                                             spec.dv, spec.kv_heads)});
+    }
+    if (return_pending[static_cast<std::size_t>(s % 2)]) p.steps.push_back(WaitStep{rslot});
+    return_pending[static_cast<std::size_t>(s % 2)] = true;
+    p.steps.push_back(std::move(ret));
+  }
+  // Remaining returns, in step order.
+  for (int s = std::max(1, k - 2); s < k; ++s)
+    if (return_pending[static_cast<std::size_t>(s % 2)]) p.steps.push_back(WaitStep{2 + s % 2});
+}
+
+}  // namespace seqpar::comm::detail

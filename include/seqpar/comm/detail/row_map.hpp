@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "seqpar/core/attn_slice.hpp"
+#include "seqpar/core/range.hpp"
+
+namespace seqpar::comm::detail {
+
+/// Where global tokens sit in a local buffer: the buffer holds `global[i]` at rows starting at
+/// `local[i]`, in order (a rank's owned ranges, or the KV pieces a ring step received).
+struct RowMap {
+  std::vector<Range> global;
+  std::vector<std::int64_t> local;
+  std::int64_t rows = 0;
+
+  /// Buffer made of `ranges` back to back.
+  [[nodiscard]] static RowMap concat(const std::vector<Range>& ranges) {
+    RowMap m;
+    for (const Range& r : ranges) {
+      if (r.empty()) continue;
+      m.global.push_back(r);
+      m.local.push_back(m.rows);
+      m.rows += r.size();
+    }
+    return m;
+  }
+  /// Local rows of a global range that lies inside one piece of the map.
+  [[nodiscard]] Range to_local(Range g) const {
+    for (std::size_t i = 0; i < global.size(); ++i)
+      if (g.begin >= global[i].begin && g.end <= global[i].end) return g.shifted(local[i] - global[i].begin);
+    return {0, 0};
+  }
+};
+
+/// Sorted, merged union of ranges.
+[[nodiscard]] inline std::vector<Range> merge_ranges(std::vector<Range> v) {
+  std::sort(v.begin(), v.end(), [](Range a, Range b) { return a.begin < b.begin; });
+  std::vector<Range> out;
+  for (const Range& r : v) {
+    if (r.empty()) continue;
+    if (!out.empty() && r.begin <= out.back().end) out.back().end = std::max(out.back().end, r.end);
+    else out.push_back(r);
+  }
+  return out;
+}
+
+/// The part of a global slice whose queries lie in `q` and keys in `k`, with the mask realigned to
+/// the new corners, trimmed of query rows that see no key; nullopt-like empty slice when nothing is
+/// visible.
+[[nodiscard]] inline AttnSlice clip_slice(const AttnSlice& s, Range q, Range k) {
+  q = intersect(s.q_range, q);
+  k = intersect(s.k_range, k);
+  if (q.empty() || k.empty()) return {};
+  Mask m = s.mask;
+  m.causal_offset += (q.begin - s.q_range.begin) - (k.begin - s.k_range.begin);
+  if (m.kind != MaskKind::kFull) {
+    // Rows qi with qi + offset < 0 see nothing: drop them.
+    const std::int64_t skip = std::max<std::int64_t>(0, -m.causal_offset);
+    if (skip >= q.size()) return {};
+    q.begin += skip;
+    m.causal_offset += skip;
+    // Keys past the last row's diagonal are never visible.
+    k.end = std::min(k.end, k.begin + (q.size() - 1) + m.causal_offset + 1);
+    if (m.kind == MaskKind::kSlidingWindow) {
+      // Keys before the first row's window are never visible.
+      const std::int64_t lo = std::max<std::int64_t>(0, m.causal_offset + 1 - m.window);
+      if (lo >= k.size()) return {};
+      k.begin += lo;
+      m.causal_offset -= lo;
+    }
+  }
+  if (k.empty()) return {};
+  return {q, k, m};
+}
+
+/// Global slices restricted to the queries of q_map and the keys of k_map, in local rows.
+[[nodiscard]] inline std::vector<AttnSlice> localize(const std::vector<AttnSlice>& global, const RowMap& q_map,
+                                                     const RowMap& k_map) {
+  std::vector<AttnSlice> out;
+  for (const AttnSlice& s : global)
+    for (std::size_t i = 0; i < q_map.global.size(); ++i)
+      for (std::size_t j = 0; j < k_map.global.size(); ++j) {
+        const AttnSlice c = clip_slice(s, q_map.global[i], k_map.global[j]);
+        if (c.q_range.empty()) continue;
+        out.push_back({c.q_range.shifted(q_map.local[i] - q_map.global[i].begin),
+                       c.k_range.shifted(k_map.local[j] - k_map.global[j].begin), c.mask});
+      }
+  return out;
+}
+
+/// Slices grouped into waves whose query ranges are disjoint (one kernel call each; the partial
+/// results of later waves are merged). Greedy in query order: the fewest waves for interval sets.
+[[nodiscard]] inline std::vector<std::vector<AttnSlice>> waves(std::vector<AttnSlice> slices) {
+  std::sort(slices.begin(), slices.end(), [](const AttnSlice& a, const AttnSlice& b) {
+    return a.q_range.begin != b.q_range.begin ? a.q_range.begin < b.q_range.begin : a.k_range.begin < b.k_range.begin;
+  });
+  std::vector<std::vector<AttnSlice>> out;
+  std::vector<std::int64_t> wave_end;
+  for (const AttnSlice& s : slices) {
+    std::size_t w = 0;
+    while (w < out.size() && wave_end[w] > s.q_range.begin) ++w;
+    if (w == out.size()) out.emplace_back(), wave_end.push_back(0);
+    out[w].push_back(s);
+    wave_end[w] = s.q_range.end;
+  }
+  return out;
+}
+
+/// The global key ranges that `slices` read inside `available`: for each available range in order,
+/// the sorted, merged keys read inside it (so every result lies inside one available range).
+[[nodiscard]] inline std::vector<Range> keys_needed(const std::vector<AttnSlice>& slices,
+                                                    const std::vector<Range>& available) {
+  std::vector<Range> out;
+  for (const Range& a : available) {
+    std::vector<Range> need;
+    for (const AttnSlice& s : slices) {
+      const AttnSlice c = clip_slice(s, s.q_range, a);
+      if (!c.q_range.empty()) need.push_back(c.k_range);
+    }
+    for (const Range& r : merge_ranges(std::move(need))) out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace seqpar::comm::detail

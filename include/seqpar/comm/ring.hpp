@@ -1,0 +1,80 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "seqpar/comm/communicator.hpp"
+#include "seqpar/comm/detail/head_split.hpp"
+#include "seqpar/comm/detail/ring_builder.hpp"
+
+namespace seqpar::comm {
+
+/// Ring attention (context parallelism): queries stay where the plan put them; KV blocks travel
+/// around the group in P-1 steps, each rank merging its partial (O, LSE) in fp32. The next transfer
+/// is posted before the current compute (double buffering), and steps whose slices are fully masked
+/// (other documents, the causal future) skip the compute.
+///
+/// `Arguments::sharding_aware` (HSAP's sequence-aware P2P, FlashCP's sharding-aware KV, MagiAttention's
+/// GroupCast): instead of forwarding whole blocks, at step s rank r sends rank r+s exactly the KV rows
+/// that r+s's slices read, and nothing when they read none; with packed documents most pairs of
+/// ranks then exchange nothing.
+///
+/// Volume per rank and layer (forward): plain, (P-1)/P of all of the group's K and V; sharding-aware,
+/// the KV its queries read from other ranks. Backward: the same KV again, and each received block's
+/// dK, dV straight back to the block's owner, who adds them in step order (deterministic).
+/// Memory: two KV slots of the largest block, plus a partial (O, LSE) of the local queries.
+/// Works with any partitioner, any head count (heads are not sharded).
+///
+/// @code
+/// using ZigzagRing = Strategy<partition::Zigzag, comm::Ring, schedule::Static>;
+/// ZigzagRing::Arguments args;  args.comm.sharding_aware = true;
+/// @endcode
+struct Ring {
+  using policy_category = communicator_tag;
+  struct Arguments {
+    bool sharding_aware = false;
+  };
+  Arguments args;
+
+  [[nodiscard]] Status can_implement(const ShardPlan&, const AttentionShape&) const { return Status::success(); }
+
+  [[nodiscard]] CompiledAttention compile(const ShardPlan& plan, const AttentionShape& shape, int rank) const {
+    shape.validate("comm::Ring");
+    const int gi = plan.group_of(rank);
+    seqpar::detail::require(gi >= 0, "comm::Ring::compile", "rank", rank, "is in no group of the plan");
+    const std::vector<int>& members = plan.groups[static_cast<std::size_t>(gi)];
+    detail::RingSpec spec;
+    spec.level = Level::kGroup;
+    spec.me = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
+    for (int m : members) {
+      spec.tokens.push_back(plan.owned[static_cast<std::size_t>(m)]);
+      spec.slices.push_back(plan.slices[static_cast<std::size_t>(m)]);
+    }
+    spec.sharding_aware = args.sharding_aware;
+    spec.q_heads = shape.heads_q;
+    spec.kv_heads = shape.heads_kv;
+    spec.head_groups = {HeadGroup{{0, shape.heads_q}, {0, shape.heads_kv}}};
+
+    const auto base = [&] {
+      Program p;
+      p.rank = rank;
+      p.head_dim = shape.head_dim;
+      p.softmax_scale = shape.scale();
+      p.local_tokens = plan.local_tokens(rank);
+      return p;
+    };
+    CompiledAttention out{base(), base()};
+    detail::add_ring_staging(out.forward, spec, false);
+    detail::append_ring_forward(out.forward, spec);
+    detail::add_ring_staging(out.backward, spec, true);
+    detail::append_ring_backward(out.backward, spec);
+    return out;
+  }
+};
+
+static_assert(Communicator<Ring>);
+
+}  // namespace seqpar::comm

@@ -2,6 +2,7 @@
 // seqpar: exact distributed attention over packed long-context batches.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <list>
@@ -189,6 +190,8 @@ class DistributedAttention {
     e.program = communicator.compile(e.plan, shape_, rank());
     scheduler.schedule(e.program);
     e.group = &group_transport(e.plan);
+    e.inner = level_transport(e.program.forward.splits[static_cast<std::size_t>(comm::Level::kInner)]);
+    e.outer = level_transport(e.program.forward.splits[static_cast<std::size_t>(comm::Level::kOuter)]);
     cache_.push_front(std::move(e));
     if (cache_.size() > kCacheEntries) cache_.pop_back();
     return cache_.front();
@@ -216,13 +219,31 @@ class DistributedAttention {
     return *it->second;
   }
 
+  // A communicator's inner/outer level as a split of the world (collective; cached per color/key).
+  AnyTransport* level_transport(const comm::Program::LevelSplit& split) {
+    if (split.color < 0) return nullptr;
+    const std::vector<int> signature{-2, split.color, split.key};
+    auto it = groups_.find(signature);
+    if (it == groups_.end())
+      it = groups_.emplace(signature, std::make_unique<AnyTransport>(world_.split(split.color, split.key))).first;
+    return it->second.get();
+  }
+
   void run(Entry& e, const comm::Program& program, typename Executor::Buffers& b) {
     const std::size_t need = Executor::workspace_bytes(program, kernel_);
     if (workspace_.size() < need) workspace_ = detail::AlignedBytes(need);  // only on a cache miss
-    const std::uint64_t before = e.group->counters().bytes_sent;
-    Executor::run(program, typename Executor::template Levels<AnyTransport>{e.group, e.inner, e.outer}, kernel_, b,
-                  workspace_.span());
-    last_bytes_sent_ = e.group->counters().bytes_sent - before;
+    const typename Executor::template Levels<AnyTransport> levels{e.group, e.inner, e.outer};
+    const auto sent = [&] {
+      std::uint64_t total = 0;
+      for (std::size_t i = 0; i < levels.size(); ++i)
+        if (levels[i] != nullptr && std::find(levels.begin(), levels.begin() + static_cast<std::ptrdiff_t>(i),
+                                              levels[i]) == levels.begin() + static_cast<std::ptrdiff_t>(i))
+          total += levels[i]->counters().bytes_sent;
+      return total;
+    };
+    const std::uint64_t before = sent();
+    Executor::run(program, levels, kernel_, b, workspace_.span());
+    last_bytes_sent_ = sent() - before;
   }
 
   AnyTransport world_;

@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "seqpar/comm/communicator.hpp"
+#include "seqpar/comm/detail/a2a_builder.hpp"
 #include "seqpar/comm/detail/head_split.hpp"
+#include "seqpar/comm/detail/row_map.hpp"
 
 namespace seqpar::comm {
 
@@ -47,121 +49,88 @@ struct AllToAll {
     const int gi = plan.group_of(rank);
     seqpar::detail::require(gi >= 0, "comm::AllToAll::compile", "rank", rank, "is in no group of the plan");
     const std::vector<int>& members = plan.groups[static_cast<std::size_t>(gi)];
-    const int k = static_cast<int>(members.size());
-    const int me = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
-    const detail::HeadAssignment heads = detail::assign_heads(shape, k);
-
-    // The group's tokens are contiguous (groups own whole sequences); the head-sharded buffers hold
-    // them in global order, so document slices stay contiguous whatever the partitioner did.
-    std::int64_t gb = std::numeric_limits<std::int64_t>::max(), ge = 0, count = 0;
-    for (int m : members)
-      for (const Range& r : plan.owned[static_cast<std::size_t>(m)])
-        if (!r.empty()) gb = std::min(gb, r.begin), ge = std::max(ge, r.end), count += r.size();
-    if (count == 0) gb = ge = 0;
-    if (ge - gb != count) throw std::logic_error("comm::AllToAll: group tokens are not contiguous");
-    const std::int64_t group_tokens = ge - gb;
-
-    // Local rows of each member's owned ranges, as pieces (rows only; heads filled in per move).
-    const auto rows_of = [&](int member_rank, bool local) {
-      std::vector<Range> rows;
-      std::int64_t off = 0;
-      for (const Range& r : plan.owned[static_cast<std::size_t>(member_rank)]) {
-        if (r.empty()) continue;
-        rows.push_back(local ? Range{off, off + r.size()} : r.shifted(-gb));
-        off += r.size();
-      }
-      return rows;
-    };
-    const std::vector<Range> my_local = rows_of(rank, true);
-    const Range my_q = heads.q[static_cast<std::size_t>(me)];
-    const Range my_kv = heads.kv[static_cast<std::size_t>(me)];
-
-    // seq -> heads: I send my local rows of peer p's heads; I receive p's rows of my heads.
-    const auto to_heads = [&](BufferId src, BufferId dst, bool kv) {
-      Move m{src, dst, false, {}, {}};
-      m.send.resize(static_cast<std::size_t>(k));
-      m.recv.resize(static_cast<std::size_t>(k));
-      const Range mine = kv ? my_kv : my_q;
-      for (int p = 0; p < k; ++p) {
-        const Range theirs = kv ? heads.kv[static_cast<std::size_t>(p)] : heads.q[static_cast<std::size_t>(p)];
-        if (!theirs.empty())
-          for (const Range& rows : my_local) m.send[static_cast<std::size_t>(p)].push_back({rows, theirs});
-        if (!mine.empty())
-          for (const Range& rows : rows_of(members[static_cast<std::size_t>(p)], false))
-            m.recv[static_cast<std::size_t>(p)].push_back({rows, {0, mine.size()}});
-      }
-      return m;
-    };
-    // heads -> seq: the mirror image.
-    const auto to_seq = [&](BufferId src, BufferId dst, bool kv, bool accumulate) {
-      Move there = to_heads(dst, src, kv);
-      Move back{src, dst, accumulate, std::move(there.recv), std::move(there.send)};
-      return back;
-    };
-
-    const int nq = static_cast<int>(my_q.size()), nkv = static_cast<int>(my_kv.size());
+    detail::A2ASpec spec;
+    spec.level = Level::kGroup;
+    spec.me = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
     std::vector<AttnSlice> slices;
-    for (int m : members)
-      for (const AttnSlice& s : plan.slices[static_cast<std::size_t>(m)])
-        slices.push_back({s.q_range.shifted(-gb), s.k_range.shifted(-gb), s.mask});
-    std::sort(slices.begin(), slices.end(), [](const AttnSlice& a, const AttnSlice& b) {
-      return a.q_range.begin < b.q_range.begin;
-    });
-    const auto groups = detail::head_groups(my_q, my_kv, shape.group_size());
+    for (int m : members) {
+      spec.tokens.push_back(plan.owned[static_cast<std::size_t>(m)]);
+      const auto& s = plan.slices[static_cast<std::size_t>(m)];
+      slices.insert(slices.end(), s.begin(), s.end());
+    }
+    spec.heads = detail::assign_heads(shape, spec.size());
 
-    const auto base = [&] {
-      Program p;
-      p.rank = rank;
-      p.head_dim = shape.head_dim;
-      p.softmax_scale = shape.scale();
-      p.local_tokens = plan.local_tokens(rank);
-      return p;
-    };
+    Program p;
+    p.rank = rank;
+    p.head_dim = shape.head_dim;
+    p.softmax_scale = shape.scale();
+    p.local_tokens = plan.local_tokens(rank);
+    CompiledAttention out{p, p};
+    // Every rank computes all of the group's queries for its heads, on whole documents.
+    const detail::RowMap map = detail::RowMap::concat(spec.gathered());
+    append_head_sharded(out, spec, detail::waves(detail::localize(slices, map, map)),
+                        [](Program&, ComputeStep c) { return std::vector<Step>{std::move(c)}; }, shape);
+    return out;
+  }
 
-    CompiledAttention out;
+  /// seq -> heads all-to-all, the head-sharded steps `middle` makes of a compute step, heads -> seq.
+  /// Shared with Hierarchical, whose middle is a ring across nodes.
+  template <class Middle>
+  static void append_head_sharded(CompiledAttention& out, const detail::A2ASpec& spec,
+                                  std::vector<std::vector<AttnSlice>> waves, Middle&& middle,
+                                  const AttentionShape& shape) {
+    const Range my_q = spec.heads.q[static_cast<std::size_t>(spec.me)];
+    const Range my_kv = spec.heads.kv[static_cast<std::size_t>(spec.me)];
+    const int nq = static_cast<int>(my_q.size()), nkv = static_cast<int>(my_kv.size());
+    std::int64_t rows = 0;
+    for (const Range& r : spec.gathered()) rows += r.size();
+    const auto lvl = spec.level;
+    const int self = spec.me;
+
     Program& fwd = out.forward;
-    fwd = base();
-    fwd.staging = {{BufferId::kQHeads, group_tokens, nq}, {BufferId::kKHeads, group_tokens, nkv},
-                   {BufferId::kVHeads, group_tokens, nkv}, {BufferId::kOHeads, group_tokens, nq},
-                   {BufferId::kLseHeads, group_tokens, nq}};
-    fwd.steps.push_back(ExchangeStep{Level::kGroup, me,
-                                     {to_heads(BufferId::kQ, BufferId::kQHeads, false),
-                                      to_heads(BufferId::kK, BufferId::kKHeads, true),
-                                      to_heads(BufferId::kV, BufferId::kVHeads, true)}});
+    fwd.staging.insert(fwd.staging.end(), {{BufferId::kQHeads, rows, nq}, {BufferId::kKHeads, rows, nkv},
+                                           {BufferId::kVHeads, rows, nkv}, {BufferId::kOHeads, rows, nq},
+                                           {BufferId::kLseHeads, rows, nq}});
+    fwd.steps.push_back(ExchangeStep{lvl, self,
+                                     {spec.to_heads(BufferId::kQ, BufferId::kQHeads, false),
+                                      spec.to_heads(BufferId::kK, BufferId::kKHeads, true),
+                                      spec.to_heads(BufferId::kV, BufferId::kVHeads, true)}});
     ComputeStep c;
     c.q = BufferId::kQHeads, c.k = BufferId::kKHeads, c.v = BufferId::kVHeads;
     c.o = BufferId::kOHeads, c.lse = BufferId::kLseHeads;
-    c.waves = {slices};
-    c.head_groups = groups;
-    fwd.steps.push_back(c);
-    fwd.steps.push_back(ExchangeStep{Level::kGroup, me,
-                                     {to_seq(BufferId::kOHeads, BufferId::kO, false, false),
-                                      to_seq(BufferId::kLseHeads, BufferId::kLse, false, false)}});
+    c.dout = BufferId::kDoutHeads, c.dq = BufferId::kDqHeads, c.dk = BufferId::kDkHeads, c.dv = BufferId::kDvHeads;
+    c.waves = std::move(waves);
+    c.head_groups = detail::head_groups(my_q, my_kv, shape.group_size());
+    if (c.waves.size() > 1) fwd.staging.insert(fwd.staging.end(), {{BufferId::kOPart, rows, nq}, {BufferId::kLsePart, rows, nq}});
+    for (Step& s : middle(fwd, c)) fwd.steps.push_back(std::move(s));
+    fwd.steps.push_back(ExchangeStep{lvl, self,
+                                     {spec.to_seq(BufferId::kOHeads, BufferId::kO, false, false),
+                                      spec.to_seq(BufferId::kLseHeads, BufferId::kLse, false, false)}});
 
     Program& bwd = out.backward;
-    bwd = base();
-    bwd.staging = fwd.staging;
-    bwd.staging.insert(bwd.staging.end(), {{BufferId::kDoutHeads, group_tokens, nq},
-                                           {BufferId::kDqHeads, group_tokens, nq},
-                                           {BufferId::kDkHeads, group_tokens, nkv},
-                                           {BufferId::kDvHeads, group_tokens, nkv}});
-    bwd.steps.push_back(ExchangeStep{Level::kGroup, me,
-                                     {to_heads(BufferId::kQ, BufferId::kQHeads, false),
-                                      to_heads(BufferId::kK, BufferId::kKHeads, true),
-                                      to_heads(BufferId::kV, BufferId::kVHeads, true),
-                                      to_heads(BufferId::kO, BufferId::kOHeads, false),
-                                      to_heads(BufferId::kDout, BufferId::kDoutHeads, false),
-                                      to_heads(BufferId::kLse, BufferId::kLseHeads, false)}});
-    bwd.steps.push_back(ZeroStep{{BufferId::kDqHeads, BufferId::kDkHeads, BufferId::kDvHeads}});
+    bwd.staging.insert(bwd.staging.end(),
+                       {{BufferId::kQHeads, rows, nq}, {BufferId::kKHeads, rows, nkv}, {BufferId::kVHeads, rows, nkv},
+                        {BufferId::kOHeads, rows, nq}, {BufferId::kLseHeads, rows, nq}, {BufferId::kDoutHeads, rows, nq},
+                        {BufferId::kDqHeads, rows, nq}, {BufferId::kDkHeads, rows, nkv},
+                        {BufferId::kDvHeads, rows, nkv}});
+    bwd.steps.push_back(ExchangeStep{lvl, self,
+                                     {spec.to_heads(BufferId::kQ, BufferId::kQHeads, false),
+                                      spec.to_heads(BufferId::kK, BufferId::kKHeads, true),
+                                      spec.to_heads(BufferId::kV, BufferId::kVHeads, true),
+                                      spec.to_heads(BufferId::kO, BufferId::kOHeads, false),
+                                      spec.to_heads(BufferId::kDout, BufferId::kDoutHeads, false),
+                                      spec.to_heads(BufferId::kLse, BufferId::kLseHeads, false)}});
     c.backward = true;
-    c.dout = BufferId::kDoutHeads, c.dq = BufferId::kDqHeads, c.dk = BufferId::kDkHeads, c.dv = BufferId::kDvHeads;
-    bwd.steps.push_back(c);
-    if (heads.kv_replicated) bwd.steps.push_back(ZeroStep{{BufferId::kDk, BufferId::kDv}});
-    bwd.steps.push_back(ExchangeStep{Level::kGroup, me,
-                                     {to_seq(BufferId::kDqHeads, BufferId::kDq, false, false),
-                                      to_seq(BufferId::kDkHeads, BufferId::kDk, true, heads.kv_replicated),
-                                      to_seq(BufferId::kDvHeads, BufferId::kDv, true, heads.kv_replicated)}});
-    return out;
+    std::vector<Step> middle_bwd = middle(bwd, c);
+    if (!middle_bwd.empty() && std::holds_alternative<ComputeStep>(middle_bwd.front()))
+      bwd.steps.push_back(ZeroStep{{BufferId::kDqHeads, BufferId::kDkHeads, BufferId::kDvHeads}});
+    for (Step& s : middle_bwd) bwd.steps.push_back(std::move(s));
+    const bool replicated = spec.heads.kv_replicated;
+    if (replicated) bwd.steps.push_back(ZeroStep{{BufferId::kDk, BufferId::kDv}});
+    bwd.steps.push_back(ExchangeStep{lvl, self,
+                                     {spec.to_seq(BufferId::kDqHeads, BufferId::kDq, false, false),
+                                      spec.to_seq(BufferId::kDkHeads, BufferId::kDk, true, replicated),
+                                      spec.to_seq(BufferId::kDvHeads, BufferId::kDv, true, replicated)}});
   }
 };
 

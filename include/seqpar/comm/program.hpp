@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <array>
 #include <cstdint>
 #include <string>
 #include <variant>
@@ -148,6 +149,13 @@ struct Program {
   std::int64_t local_tokens = 0;
   std::vector<BufferSpec> staging;
   std::vector<Step> steps;
+  /// Sub-communicators the inner and outer levels run on, as a split of the world: this rank's
+  /// color (-1: level unused) and key. Level::kGroup is the plan's group.
+  struct LevelSplit {
+    int color = -1;
+    int key = 0;
+  };
+  std::array<LevelSplit, kNumLevels> splits{};
 
   [[nodiscard]] const BufferSpec* staging_spec(BufferId id) const noexcept {
     for (const auto& s : staging)

@@ -19,10 +19,16 @@ struct RowMap {
   std::int64_t rows = 0;
 
   /// Buffer made of `ranges` back to back.
+  /// Pieces adjacent both globally and locally are coalesced, so a document never splits needlessly.
   [[nodiscard]] static RowMap concat(const std::vector<Range>& ranges) {
     RowMap m;
     for (const Range& r : ranges) {
       if (r.empty()) continue;
+      if (!m.global.empty() && m.global.back().end == r.begin) {
+        m.global.back().end = r.end;
+        m.rows += r.size();
+        continue;
+      }
       m.global.push_back(r);
       m.local.push_back(m.rows);
       m.rows += r.size();

@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+#include <vector>
+
+#include "seqpar/comm/detail/head_split.hpp"
+#include "seqpar/comm/detail/row_map.hpp"
+#include "seqpar/comm/program.hpp"
+
+namespace seqpar::comm::detail {
+
+/// A head <-> sequence all-to-all over one level: member i holds the tokens `tokens[i]` (rows of its
+/// sequence-sharded buffers, in order) and computes heads `heads.q[i]` / `heads.kv[i]`. The
+/// head-sharded buffers hold every member's tokens back to back in member order (`gathered()`).
+struct A2ASpec {
+  Level level = Level::kGroup;
+  int me = 0;
+  std::vector<std::vector<Range>> tokens;
+  HeadAssignment heads;
+
+  [[nodiscard]] int size() const noexcept { return static_cast<int>(tokens.size()); }
+
+  /// Global ranges of the head-sharded buffers' rows, in order.
+  [[nodiscard]] std::vector<Range> gathered() const {
+    std::vector<Range> all;
+    for (const auto& t : tokens)
+      for (const Range& r : t)
+        if (!r.empty()) all.push_back(r);
+    return all;
+  }
+
+  /// seq -> heads: I send my rows of peer p's heads; I receive p's rows of my heads, placed where
+  /// p's tokens sit in the gathered buffer.
+  [[nodiscard]] Move to_heads(BufferId src, BufferId dst, bool kv) const {
+    const auto n = static_cast<std::size_t>(size());
+    Move m{src, dst, false, std::vector<std::vector<Piece>>(n), std::vector<std::vector<Piece>>(n)};
+    const auto& assign = kv ? heads.kv : heads.q;
+    const Range mine = assign[static_cast<std::size_t>(me)];
+    const RowMap local = RowMap::concat(tokens[static_cast<std::size_t>(me)]);
+    std::int64_t row = 0;
+    for (std::size_t p = 0; p < n; ++p) {
+      if (!assign[p].empty())
+        for (std::size_t i = 0; i < local.global.size(); ++i)
+          m.send[p].push_back({{local.local[i], local.local[i] + local.global[i].size()}, assign[p]});
+      for (const Range& r : RowMap::concat(tokens[p]).global) {
+        if (!mine.empty()) m.recv[p].push_back({{row, row + r.size()}, {0, mine.size()}});
+        row += r.size();
+      }
+    }
+    return m;
+  }
+
+  /// heads -> seq: the mirror image; `accumulate` sums replicated KV heads' gradients in peer order.
+  [[nodiscard]] Move to_seq(BufferId src, BufferId dst, bool kv, bool accumulate) const {
+    Move there = to_heads(dst, src, kv);
+    return Move{src, dst, accumulate, std::move(there.recv), std::move(there.send)};
+  }
+};
+
+}  // namespace seqpar::comm::detail

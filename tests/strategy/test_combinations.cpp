@@ -1,0 +1,152 @@
+// SPDX-License-Identifier: Apache-2.0
+// Every partitioner x communicator combination, forward and backward against the fp64 reference
+// on the unsharded batch, on world sizes 1..8, micro-batches of 1..4 sequences of unequal length,
+// lognormal and long-tail document mixes, MHA and GQA. Combinations that can_implement refuses are
+// checked to be refused with a reason, and to throw before any communication.
+#include <doctest/doctest.h>
+
+#include <seqpar/seqpar.hpp>
+
+#include <random>
+#include <stdexcept>
+#include <string>
+
+#include "support/distributed_check.hpp"
+
+using namespace seqpar;
+
+namespace {
+
+// fp64 arithmetic everywhere: only summation order differs from the reference (~1e-15).
+constexpr double kFp64Tolerance = 1e-10;
+
+enum class Mix { kLognormal, kLongTail };
+
+// B sequences of unequal lengths; lognormal documents (median 9), or a long tail: one document of
+// most of the sequence plus short ones (lengths from 1 to the whole sequence).
+DocumentBatch make_batch(int sequences, Mix mix, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<std::int64_t>> seqs;
+  for (int b = 0; b < sequences; ++b) {
+    const std::int64_t tokens = 40 + 13 * b + static_cast<std::int64_t>(rng() % 17);
+    if (mix == Mix::kLognormal) {
+      seqs.push_back(test::lognormal_docs(tokens, 9.0, 1.0, rng));
+    } else {
+      const std::int64_t big = tokens - static_cast<std::int64_t>(rng() % 8);
+      std::vector<std::int64_t> docs{big};
+      for (std::int64_t left = tokens - big; left > 0;) {
+        const std::int64_t len = std::min<std::int64_t>(left, 1 + static_cast<std::int64_t>(rng() % 3));
+        docs.push_back(len);
+        left -= len;
+      }
+      std::shuffle(docs.begin(), docs.end(), rng);
+      seqs.push_back(docs);
+    }
+  }
+  return DocumentBatch(seqs);
+}
+
+template <class P, class C>
+void check_combination(const std::string& name, typename Strategy<P, C>::Arguments args = {}) {
+  using S = Strategy<P, C>;
+  int accepted = 0, refused = 0;
+  for (int world = 1; world <= 8; ++world) {
+    const int sequences = 1 + (world + static_cast<int>(name.size())) % 4;
+    const Mix mix = world % 2 == 0 ? Mix::kLognormal : Mix::kLongTail;
+    const AttentionShape shape = world % 3 == 0 ? AttentionShape{4, 4, 8} : AttentionShape{8, 2, 8};
+    const DocumentBatch batch = make_batch(sequences, mix, 1000u * static_cast<unsigned>(world) + 17u);
+    args.ranks_per_node = world >= 4 ? world / 2 : world;  // two "nodes" from 4 ranks up
+    INFO(name << ": world " << world << ", " << sequences << " sequences, " << batch.documents().size()
+              << " documents, heads " << shape.heads_q << ":" << shape.heads_kv);
+    const Status status = S::can_implement(args, batch, shape, Topology{world, args.ranks_per_node});
+    if (!status.ok) {
+      ++refused;
+      CHECK_FALSE(status.reason.empty());
+      CHECK_THROWS_AS((test::check_strategy<S, attention::Reference<double>>(batch, shape, world, args)),
+                      std::invalid_argument);
+      continue;
+    }
+    ++accepted;
+    const auto err = test::check_strategy<S, attention::Reference<double>>(batch, shape, world, args);
+    CHECK(err.o < kFp64Tolerance);
+    CHECK(err.lse < kFp64Tolerance);
+    CHECK(err.dq < kFp64Tolerance);
+    CHECK(err.dk < kFp64Tolerance);
+    CHECK(err.dv < kFp64Tolerance);
+    CHECK(err.bytes_match);
+  }
+  MESSAGE(name << ": " << accepted << " world sizes run, " << refused << " refused");
+  CHECK(accepted >= 4);  // a combination that refuses most worlds is not being tested
+}
+
+template <class P>
+void check_all_communicators(const std::string& name) {
+  check_combination<P, comm::AllToAll>((name + " x AllToAll"));
+  check_combination<P, comm::Ring>((name + " x Ring"));
+  typename Strategy<P, comm::Ring>::Arguments aware;
+  aware.comm.sharding_aware = true;
+  check_combination<P, comm::Ring>((name + " x Ring(sharding-aware)"), aware);
+  using Hier = comm::Hierarchical<comm::AllToAll, comm::Ring>;
+  check_combination<P, Hier>((name + " x Hierarchical"));
+  typename Strategy<P, Hier>::Arguments hier_aware;
+  hier_aware.comm.outer.sharding_aware = true;
+  check_combination<P, Hier>((name + " x Hierarchical(sharding-aware ring)"), hier_aware);
+}
+
+}  // namespace
+
+TEST_SUITE("strategy") {
+  TEST_CASE("Uniform x every communicator") { check_all_communicators<partition::Uniform>("Uniform"); }
+  TEST_CASE("Zigzag x every communicator") { check_all_communicators<partition::Zigzag>("Zigzag"); }
+  TEST_CASE("PerDoc x every communicator") { check_all_communicators<partition::PerDoc>("PerDoc"); }
+  TEST_CASE("WholeDoc x every communicator") { check_all_communicators<partition::WholeDoc>("WholeDoc"); }
+  TEST_CASE("Hybrid x every communicator") { check_all_communicators<partition::Hybrid>("Hybrid"); }
+  TEST_CASE("BatchAware<Uniform> x every communicator") {
+    check_all_communicators<partition::BatchAware<partition::Uniform>>("BatchAware<Uniform>");
+  }
+  TEST_CASE("BatchAware<PerDoc> x every communicator") {
+    check_all_communicators<partition::BatchAware<partition::PerDoc>>("BatchAware<PerDoc>");
+  }
+
+  TEST_CASE("refused combinations say why and throw before communicating") {
+    const DocumentBatch batch = DocumentBatch({{50, 3}});
+    // Ulysses over 8 ranks with 4 query heads: a head-sharded step with more ranks than heads.
+    using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
+    const Status s = Ulysses::can_implement({}, batch, {4, 4, 8}, Topology{8, 8});
+    CHECK_FALSE(s.ok);
+    CHECK(s.reason.find("heads_q = 4") != std::string::npos);
+    CHECK_THROWS_AS((test::check_strategy<Ulysses, attention::Reference<double>>(batch, {4, 4, 8}, 8)),
+                    std::invalid_argument);
+    // Hierarchical with an inner size that does not divide the group.
+    using Usp = Strategy<partition::Zigzag, comm::Hierarchical<comm::AllToAll, comm::Ring>>;
+    Usp::Arguments args;
+    args.comm.inner_size = 3;
+    const Status h = Usp::can_implement(args, batch, {8, 8, 8}, Topology{8, 4});
+    CHECK_FALSE(h.ok);
+    CHECK(h.reason.find("inner_size = 3") != std::string::npos);
+    // Whole-Doc with a document longer than a rank's token capacity.
+    using Whole = Strategy<partition::WholeDoc, comm::Ring>;
+    const Status w = Whole::can_implement({}, batch, {4, 4, 8}, Topology{4, 4});
+    CHECK_FALSE(w.ok);
+    CHECK_FALSE(w.reason.empty());
+  }
+
+  TEST_CASE("sharding-aware ring moves no more than the plain ring, and nothing for whole documents") {
+    std::mt19937 rng(5);
+    const DocumentBatch batch = DocumentBatch({test::lognormal_docs(120, 5.0, 0.5, rng)});
+    using Plain = Strategy<partition::Zigzag, comm::Ring>;
+    Plain::Arguments aware;
+    aware.comm.sharding_aware = true;
+    const auto plain = test::check_strategy<Plain, attention::Reference<double>>(batch, {4, 4, 8}, 4);
+    const auto smart = test::check_strategy<Plain, attention::Reference<double>>(batch, {4, 4, 8}, 4, aware);
+    CHECK(smart.bytes_forward < plain.bytes_forward);
+    CHECK(smart.max() < kFp64Tolerance);
+    using Whole = Strategy<partition::WholeDoc, comm::Ring>;
+    Whole::Arguments whole_aware;
+    whole_aware.comm.sharding_aware = true;
+    const auto whole = test::check_strategy<Whole, attention::Reference<double>>(batch, {4, 4, 8}, 4, whole_aware);
+    CHECK(whole.bytes_forward == 0);
+    CHECK(whole.bytes_backward == 0);
+    CHECK(whole.max() < kFp64Tolerance);
+  }
+}

@@ -98,11 +98,19 @@ Errors check_strategy(const DocumentBatch& batch, const AttentionShape& shape, i
     LseTensor<A> llse(shape.heads_q, local);
     attn.forward(batch, lq.view(), lk.view(), lv.view(), lo.view(), llse.view());
     const auto& prog = attn.program(batch);
-    const bool fwd_ok = attn.last_bytes_sent() == prog.forward.bytes_sent(sizeof(T), sizeof(A));
+    // Declared bytes (total and per destination) must equal what the transport counted.
+    const auto per_peer_total = [&](const comm::Program& p) {
+      std::uint64_t sum = 0;
+      for (std::uint64_t b : p.bytes_to(world, sizeof(T), sizeof(A))) sum += b;
+      return sum;
+    };
+    const bool fwd_ok = attn.last_bytes_sent() == prog.forward.bytes_sent(sizeof(T), sizeof(A)) &&
+                        per_peer_total(prog.forward) == attn.last_bytes_sent();
     const std::uint64_t fwd_bytes = attn.last_bytes_sent();
     attn.backward(batch, lq.view(), lk.view(), lv.view(), lo.view(), llse.view(), ldo.view(), ldq.view(),
                   ldk.view(), ldv.view());
-    const bool bwd_ok = attn.last_bytes_sent() == prog.backward.bytes_sent(sizeof(T), sizeof(A));
+    const bool bwd_ok = attn.last_bytes_sent() == prog.backward.bytes_sent(sizeof(T), sizeof(A)) &&
+                        per_peer_total(prog.backward) == attn.last_bytes_sent();
     std::lock_guard lock(mu);
     err.bytes_match = err.bytes_match && fwd_ok && bwd_ok;
     err.bytes_forward += fwd_bytes;

@@ -65,6 +65,7 @@ struct AllToAll {
     p.head_dim = shape.head_dim;
     p.softmax_scale = shape.scale();
     p.local_tokens = plan.local_tokens(rank);
+    p.level_members[static_cast<std::size_t>(Level::kGroup)] = members;
     CompiledAttention out{p, p};
     // Every rank computes all of the group's queries for its heads, on whole documents.
     const detail::RowMap map = detail::RowMap::concat(spec.gathered());

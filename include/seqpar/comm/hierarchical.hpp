@@ -113,6 +113,8 @@ struct Hierarchical {
     // World-unique colors: inner groups by their first rank (even), outer rings by theirs (odd).
     p.splits[static_cast<std::size_t>(Level::kInner)] = {2 * member(j, 0), i};
     p.splits[static_cast<std::size_t>(Level::kOuter)] = {2 * member(0, i) + 1, j};
+    for (int ii = 0; ii < inner; ++ii) p.level_members[static_cast<std::size_t>(Level::kInner)].push_back(member(j, ii));
+    for (int jj = 0; jj < outer; ++jj) p.level_members[static_cast<std::size_t>(Level::kOuter)].push_back(member(jj, i));
     CompiledAttention out{p, p};
     AllToAll::append_head_sharded(
         out, a2a, {},

@@ -156,6 +156,45 @@ struct Program {
     int key = 0;
   };
   std::array<LevelSplit, kNumLevels> splits{};
+  /// World ranks of each level's transport, by level rank (empty: level unused).
+  std::array<std::vector<int>, kNumLevels> level_members{};
+
+  /// Bytes this rank sends to each world rank (index), for link-class accounting (intra/inter node).
+  [[nodiscard]] std::vector<std::uint64_t> bytes_to(int world_size, std::size_t value_bytes,
+                                                    std::size_t lse_bytes) const {
+    std::vector<std::uint64_t> out(static_cast<std::size_t>(world_size), 0);
+    const auto bytes = [&](BufferId b, const Piece& p) {
+      return static_cast<std::uint64_t>(p.elements(head_dim, is_lse(b))) * (is_lse(b) ? lse_bytes : value_bytes);
+    };
+    const auto world = [&](Level l, int peer) {
+      return static_cast<std::size_t>(level_members[static_cast<std::size_t>(l)].at(static_cast<std::size_t>(peer)));
+    };
+    for (const Step& step : steps) {
+      if (const auto* post = std::get_if<PostStep>(&step))
+        for (const Transfer& t : post->sends)
+          for (const BufferPiece& bp : t.pieces) out[world(post->level, t.peer)] += bytes(bp.buffer, bp.piece);
+      if (const auto* ex = std::get_if<ExchangeStep>(&step))
+        for (const Move& m : ex->moves)
+          for (std::size_t peer = 0; peer < m.send.size(); ++peer) {
+            if (static_cast<int>(peer) == ex->self) continue;
+            for (const Piece& p : m.send[peer]) out[world(ex->level, static_cast<int>(peer))] += bytes(m.src, p);
+          }
+    }
+    return out;
+  }
+
+  /// Attention (query, key) pairs this rank computes, summed over its query heads: FLOPs are
+  /// 4 * head_dim * pairs forward, 2.5x that backward.
+  [[nodiscard]] std::int64_t head_pairs() const noexcept {
+    std::int64_t total = 0;
+    for (const Step& step : steps)
+      if (const auto* c = std::get_if<ComputeStep>(&step)) {
+        std::int64_t heads = 0;
+        for (const HeadGroup& g : c->head_groups) heads += g.q_heads.size();
+        total += c->area() * heads;
+      }
+    return total;
+  }
 
   [[nodiscard]] const BufferSpec* staging_spec(BufferId id) const noexcept {
     for (const auto& s : staging)

@@ -64,6 +64,7 @@ struct Ring {
       p.head_dim = shape.head_dim;
       p.softmax_scale = shape.scale();
       p.local_tokens = plan.local_tokens(rank);
+      p.level_members[static_cast<std::size_t>(Level::kGroup)] = members;
       return p;
     };
     CompiledAttention out{base(), base()};

@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "seqpar/partition/partitioner.hpp"
+#include "seqpar/partition/zigzag.hpp"
+
+namespace seqpar::partition {
+
+/// Per-document head-tail sharding (WLB-LLM's per-document context parallelism; Transformer Engine's
+/// THD layout cut per document): every document of length s is cut into 2P chunks of floor(s/2P)
+/// tokens and rank r owns chunks r and 2P-1-r of it. The s % 2P remainder tokens of each document
+/// are dealt one per rank round-robin with a single cursor that runs across all documents of the
+/// batch, so no padding is needed and documents shorter than 2P just give some ranks nothing.
+/// A rank's owned ranges are its pieces in global token order.
+///
+/// Balance: per-rank token counts differ by at most one (max = ceil(T/P)). Every document is split
+/// evenly across all ranks, so causal work is balanced for any document mix: the per-document spread
+/// between ranks is at most 4s + 4P pairs, hence compute imbalance <= 1 + 4P * sum_d(s_d + P) / A
+/// (A = the batch's causal area); for documents much longer than P this is close to 1.
+///
+/// Communication: every rank needs KV from every rank for every document. All-gather (WLB-LLM):
+/// (P-1)/P of all KV per rank; sharding-aware: rank r needs chunks 0..2P-1-r of each document only
+/// (2P-2-r received chunks), about 25% less. Short documents become tiny chunks (s/2P tokens) that
+/// waste kernel tiles; Hybrid keeps those whole on one rank instead.
+///
+/// @code
+/// auto plan = partition::PerDoc{}.plan(DocumentBatch::single({8, 3}), Topology{2, 2});
+/// // plan.owned[0] == {[0, 2), [6, 9), [10, 11)}, plan.owned[1] == {[2, 6), [9, 10)}
+/// @endcode
+struct PerDoc {
+  using policy_category = partitioner_tag;
+  struct Arguments {};
+  Arguments args;
+
+  [[nodiscard]] Status can_implement(const DocumentBatch&, const Topology& topo) const {
+    if (topo.world_size < 1) return Status::refuse("world_size must be >= 1");
+    if (topo.ranks_per_node < 1) return Status::refuse("ranks_per_node must be >= 1");
+    return Status::success();
+  }
+
+  [[nodiscard]] ShardPlan plan(const DocumentBatch& batch, const Topology& topo) const {
+    topo.validate("partition::PerDoc");
+    ShardPlan p;
+    p.topology = topo;
+    p.owned.resize(static_cast<std::size_t>(topo.world_size));
+    std::int64_t cursor = 0;
+    for (const Document& d : batch.documents()) detail::zigzag_cut(d.tokens, topo.world_size, cursor, p.owned);
+    detail::finish_single_group_plan(p, batch);
+    return p;
+  }
+};
+
+static_assert(Partitioner<PerDoc>);
+
+}  // namespace seqpar::partition

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <vector>
@@ -42,10 +44,15 @@ struct Errors {
   [[nodiscard]] double max() const { return std::max({o, lse, dq, dk, dv}); }
 };
 
-/// Runs StrategyT with Kernel on `world` in-process ranks and returns the errors against the reference.
-template <class StrategyT, class Kernel>
-Errors check_strategy(const DocumentBatch& batch, const AttentionShape& shape, int world,
-                      typename StrategyT::Arguments args = {}, Kernel kernel = {}, std::uint32_t seed = 7) {
+/// Makes a rank's DistributedAttention (any strategy) on its transport.
+template <class Kernel>
+using AttentionFactory = std::function<std::unique_ptr<detail::AttentionEngine<Kernel>>(backend::inproc::Transport&)>;
+
+/// Runs the attention `make` builds on `world` in-process ranks and returns the errors against the
+/// reference. Strategy-independent (instantiated once per kernel, which keeps the tests quick to build).
+template <class Kernel>
+Errors check_attention(const DocumentBatch& batch, const AttentionShape& shape, int world,
+                       const AttentionFactory<Kernel>& make, std::uint32_t seed) {
   using T = typename Kernel::value_type;
   using A = typename Kernel::accum_type;
   const std::int64_t n = batch.total_tokens();
@@ -71,8 +78,9 @@ Errors check_strategy(const DocumentBatch& batch, const AttentionShape& shape, i
   LseTensor<double> lse_got(shape.heads_q, n);
   Errors err;
   std::mutex mu;
-  backend::inproc::World(world).run([&](auto& transport) {
-    DistributedAttention<StrategyT, Kernel> attn(transport, shape, args, kernel);
+  backend::inproc::World(world).run([&](backend::inproc::Transport& transport) {
+    const std::unique_ptr<detail::AttentionEngine<Kernel>> owner = make(transport);
+    detail::AttentionEngine<Kernel>& attn = *owner;
     const auto& owned = attn.owned_ranges(batch);
     const std::int64_t local = attn.local_tokens(batch);
     // Local shards: the owned rows, in plan order.
@@ -139,6 +147,18 @@ Errors check_strategy(const DocumentBatch& batch, const AttentionShape& shape, i
   err.dk = rel(dk_got.storage, dk_ref.storage);
   err.dv = rel(dv_got.storage, dv_ref.storage);
   return err;
+}
+
+/// Runs StrategyT with Kernel on `world` in-process ranks and returns the errors against the reference.
+template <class StrategyT, class Kernel>
+Errors check_strategy(const DocumentBatch& batch, const AttentionShape& shape, int world,
+                      typename StrategyT::Arguments args = {}, Kernel kernel = {}, std::uint32_t seed = 7) {
+  return check_attention<Kernel>(
+      batch, shape, world,
+      [&](backend::inproc::Transport& t) -> std::unique_ptr<detail::AttentionEngine<Kernel>> {
+        return std::make_unique<DistributedAttention<StrategyT, Kernel>>(t, shape, args, kernel);
+      },
+      seed);
 }
 
 }  // namespace seqpar::test

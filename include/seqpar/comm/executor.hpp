@@ -15,6 +15,7 @@
 #include "seqpar/attention/kernel.hpp"
 #include "seqpar/attention/merge.hpp"
 #include "seqpar/comm/program.hpp"
+#include "seqpar/core/error.hpp"
 #include "seqpar/core/transport.hpp"
 
 namespace seqpar::comm {
@@ -69,7 +70,16 @@ class Executor {
       return *t;
     };
     std::array<InFlight<Tr>, kNumSlots> slots;
-    for (const Step& step : program.steps) {
+    for (std::size_t step_index = 0; step_index < program.steps.size(); ++step_index) {
+      const Step& step = program.steps[step_index];
+      // A failure names the step, so that this rank's error (and its peers' "rank R failed: ...")
+      // says where the program stopped.
+      const auto where = [&] {
+        static constexpr const char* kKinds[] = {"exchange", "zero", "compute", "post", "wait"};
+        return "rank " + std::to_string(program.rank) + ", step " + std::to_string(step_index + 1) + "/" +
+               std::to_string(program.steps.size()) + " (" + kKinds[step.index()] + "): ";
+      };
+      try {
       if (const auto* ex = std::get_if<ExchangeStep>(&step)) {
         exchange(*ex, program, level(ex->level), buffers, pack_send, pack_recv);
       } else if (const auto* z = std::get_if<ZeroStep>(&step)) {
@@ -102,6 +112,13 @@ class Executor {
         for (const Transfer& t : f.step->recvs)
           for (const BufferPiece& bp : t.pieces)
             cursor = copy_piece<true>(buffers, bp.buffer, bp.piece, cursor, d, f.step->accumulate);
+      }
+      } catch (const Error& e) {
+        throw Error(e.code(), where() + e.detail());
+      } catch (const std::invalid_argument&) {
+        throw;  // a bad argument names itself
+      } catch (const std::exception& e) {
+        throw Error(Errc::kStepFailed, where() + e.what());
       }
     }
   }

@@ -18,6 +18,7 @@ enum class Errc : int {
   kTransport = 3,      ///< the transport itself failed (MPI, NCCL, ...)
   kMismatch = 4,       ///< ranks disagree on batch, shape or strategy
   kProtocol = 5,       ///< a message of the wrong size or tag arrived
+  kStepFailed = 6,     ///< a step of a program (a kernel call, a copy) threw on this rank
 };
 
 namespace detail {
@@ -31,6 +32,7 @@ class SeqparCategory final : public std::error_category {
       case Errc::kTransport: return "transport failure";
       case Errc::kMismatch: return "ranks disagree";
       case Errc::kProtocol: return "protocol violation";
+      case Errc::kStepFailed: return "program step failed";
     }
     return "unknown seqpar error";
   }
@@ -43,11 +45,18 @@ class SeqparCategory final : public std::error_category {
 }
 
 /// Transport and coordination failures. Bad arguments are `std::invalid_argument` instead.
+/// what() is "<detail>: <category message>"; detail() is the part without the category message, for
+/// adding context when an error is passed on.
 class Error : public std::system_error {
  public:
-  Error(Errc code, const std::string& what) : std::system_error(static_cast<int>(code), error_category(), what) {}
-  Error(std::error_code code, const std::string& what) : std::system_error(code, what) {}
+  Error(Errc code, const std::string& what)
+      : std::system_error(static_cast<int>(code), error_category(), what), detail_(what) {}
+  Error(std::error_code code, const std::string& what) : std::system_error(code, what), detail_(what) {}
   [[nodiscard]] Errc errc() const noexcept { return static_cast<Errc>(code().value()); }
+  [[nodiscard]] const std::string& detail() const noexcept { return detail_; }
+
+ private:
+  std::string detail_;
 };
 
 namespace detail {

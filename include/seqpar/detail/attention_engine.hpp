@@ -1,0 +1,275 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "seqpar/attention/kernel.hpp"
+#include "seqpar/comm/executor.hpp"
+#include "seqpar/comm/program.hpp"
+#include "seqpar/core/aligned_bytes.hpp"
+#include "seqpar/core/any_transport.hpp"
+#include "seqpar/core/document_batch.hpp"
+#include "seqpar/core/error.hpp"
+#include "seqpar/core/shard_plan.hpp"
+
+namespace seqpar::detail {
+
+/// Everything of DistributedAttention that does not depend on the strategy: the plan/program cache,
+/// the level transports, input checks and the executor call. Instantiated once per kernel, however
+/// many strategies a program compiles in; the strategy contributes only `compile` (plan + programs).
+template <attention::AttentionKernel Kernel>
+class AttentionEngine {
+ public:
+  using value_type = typename Kernel::value_type;
+  using accum_type = typename Kernel::accum_type;
+  using Executor = comm::Executor<Kernel>;
+
+  AttentionEngine(const AttentionEngine&) = delete;
+  AttentionEngine& operator=(const AttentionEngine&) = delete;
+  virtual ~AttentionEngine() = default;
+
+  [[nodiscard]] const Topology& topology() const noexcept { return topology_; }
+  [[nodiscard]] const AttentionShape& shape() const noexcept { return shape_; }
+  [[nodiscard]] int rank() const { return world_.rank(); }
+
+  /// The plan of `batch` (cached).
+  [[nodiscard]] const ShardPlan& plan(const DocumentBatch& batch) { return entry(batch).plan; }
+  /// This rank's compiled programs for `batch` (cached).
+  [[nodiscard]] const comm::CompiledAttention& program(const DocumentBatch& batch) { return entry(batch).program; }
+  /// Global token ranges this rank's local rows hold, in order.
+  [[nodiscard]] const std::vector<Range>& owned_ranges(const DocumentBatch& batch) {
+    return plan(batch).owned[static_cast<std::size_t>(rank())];
+  }
+  [[nodiscard]] std::int64_t local_tokens(const DocumentBatch& batch) { return plan(batch).local_tokens(rank()); }
+  /// Bytes the transports counted for this rank during the last forward or backward call.
+  [[nodiscard]] std::uint64_t last_bytes_sent() const noexcept { return last_bytes_sent_; }
+
+  /// O and LSE of the rank's local queries. q: (local, Hq, d); k, v: (local, Hkv, d); o like q;
+  /// lse: (Hq, local).
+  void forward(const DocumentBatch& batch, ThdView<const value_type> q, ThdView<const value_type> k,
+               ThdView<const value_type> v, ThdView<value_type> o, LseView<accum_type> lse) {
+    agree(batch, 0);
+    Entry& e = entry(batch);
+    const std::int64_t n = e.plan.local_tokens(rank());
+    constexpr const char* where = "DistributedAttention::forward";
+    check_view(q, where, "q", n, shape_.heads_q, shape_.head_dim);
+    check_view(k, where, "k", n, shape_.heads_kv, shape_.head_dim);
+    check_view(v, where, "v", n, shape_.heads_kv, shape_.head_dim);
+    check_view(o, where, "o", n, shape_.heads_q, shape_.head_dim);
+    check_view(lse, where, "lse", shape_.heads_q, n);
+    typename Executor::Buffers b;
+    b.thd[idx(comm::BufferId::kQ)] = mut(q);
+    b.thd[idx(comm::BufferId::kK)] = mut(k);
+    b.thd[idx(comm::BufferId::kV)] = mut(v);
+    b.thd[idx(comm::BufferId::kO)] = o;
+    b.lse[idx(comm::BufferId::kLse)] = lse;
+    run(e, e.program.forward, b);
+  }
+
+  /// dQ, dK, dV of the rank's local tokens (overwritten), from the forward's O and LSE and dO.
+  void backward(const DocumentBatch& batch, ThdView<const value_type> q, ThdView<const value_type> k,
+                ThdView<const value_type> v, ThdView<const value_type> o, LseView<const accum_type> lse,
+                ThdView<const value_type> dout, ThdView<value_type> dq, ThdView<value_type> dk,
+                ThdView<value_type> dv) {
+    agree(batch, 1);
+    Entry& e = entry(batch);
+    const std::int64_t n = e.plan.local_tokens(rank());
+    constexpr const char* where = "DistributedAttention::backward";
+    check_view(q, where, "q", n, shape_.heads_q, shape_.head_dim);
+    check_view(k, where, "k", n, shape_.heads_kv, shape_.head_dim);
+    check_view(v, where, "v", n, shape_.heads_kv, shape_.head_dim);
+    check_view(o, where, "o", n, shape_.heads_q, shape_.head_dim);
+    check_view(lse, where, "lse", shape_.heads_q, n);
+    check_view(dout, where, "dout", n, shape_.heads_q, shape_.head_dim);
+    check_view(dq, where, "dq", n, shape_.heads_q, shape_.head_dim);
+    check_view(dk, where, "dk", n, shape_.heads_kv, shape_.head_dim);
+    check_view(dv, where, "dv", n, shape_.heads_kv, shape_.head_dim);
+    typename Executor::Buffers b;
+    b.thd[idx(comm::BufferId::kQ)] = mut(q);
+    b.thd[idx(comm::BufferId::kK)] = mut(k);
+    b.thd[idx(comm::BufferId::kV)] = mut(v);
+    b.thd[idx(comm::BufferId::kO)] = mut(o);
+    b.lse[idx(comm::BufferId::kLse)] = {const_cast<accum_type*>(lse.data), lse.heads, lse.tokens, lse.head_stride};
+    b.thd[idx(comm::BufferId::kDout)] = mut(dout);
+    b.thd[idx(comm::BufferId::kDq)] = dq;
+    b.thd[idx(comm::BufferId::kDk)] = dk;
+    b.thd[idx(comm::BufferId::kDv)] = dv;
+    run(e, e.program.backward, b);
+  }
+
+ protected:
+  /// Identifies the strategy type and its arguments' effect across ranks (ranks must agree on it).
+  [[nodiscard]] virtual std::uint64_t strategy_signature() const = 0;
+
+  /// The strategy's part: plan `batch` on topology() and compile this rank's programs. Throws
+  /// std::invalid_argument (naming the refusal) when the strategy cannot implement the batch.
+  virtual void compile(const DocumentBatch& batch, ShardPlan& plan, comm::CompiledAttention& program) const = 0;
+
+  template <Transport Tr>
+  AttentionEngine(Tr& transport, const AttentionShape& shape, int ranks_per_node, Kernel kernel)
+      : world_(transport), shape_(shape), kernel_(std::move(kernel)) {
+    shape_.validate("DistributedAttention");
+    require(ranks_per_node >= 0, "DistributedAttention", "args.ranks_per_node", ranks_per_node,
+            "must be >= 0 (0 = one node)");
+    topology_ = Topology{world_.size(), ranks_per_node == 0 ? world_.size() : ranks_per_node};
+  }
+
+ private:
+  /// What every rank is about to do, compared across ranks before any other communication.
+  struct CallSignature {
+    std::uint64_t batch = 0, strategy = 0;
+    std::int64_t tokens = 0, documents = 0;
+    std::int32_t heads_q = 0, heads_kv = 0, head_dim = 0, pass = 0;
+    double scale = 0;
+  };
+
+  static std::uint64_t fnv1a(std::uint64_t h, std::int64_t x) noexcept {
+    for (int i = 0; i < 8; ++i) h = (h ^ static_cast<std::uint64_t>((x >> (8 * i)) & 0xff)) * 1099511628211ull;
+    return h;
+  }
+
+  // A cheap all_gather of a few words: a rank that passes a different batch, shape or strategy makes
+  // every rank raise Errc::kMismatch naming the disagreement, instead of a hang or a wrong answer.
+  void agree(const DocumentBatch& batch, int pass) {
+    CallSignature mine;
+    for (std::int64_t x : key_of(batch)) mine.batch = fnv1a(mine.batch == 0 ? 14695981039346656037ull : mine.batch, x);
+    mine.strategy = strategy_signature();
+    mine.tokens = batch.total_tokens();
+    mine.documents = static_cast<std::int64_t>(batch.documents().size());
+    mine.heads_q = shape_.heads_q, mine.heads_kv = shape_.heads_kv, mine.head_dim = shape_.head_dim;
+    mine.pass = pass;
+    mine.scale = shape_.scale();
+    const auto n = static_cast<std::size_t>(world_.size());
+    signatures_.resize(n);
+    world_.all_gather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(signatures_)));
+    for (std::size_t r = 0; r < n; ++r) {
+      const CallSignature& other = signatures_[r];
+      const auto fail = [&](const char* what, auto a, auto b) {
+        throw Error(Errc::kMismatch, "DistributedAttention: rank " + std::to_string(r) + " and rank " +
+                                         std::to_string(rank()) + " disagree on " + what + ": " + std::to_string(a) +
+                                         " vs " + std::to_string(b));
+      };
+      if (other.pass != mine.pass) fail("the call (0 = forward, 1 = backward)", other.pass, mine.pass);
+      if (other.tokens != mine.tokens) fail("the batch's total tokens", other.tokens, mine.tokens);
+      if (other.documents != mine.documents) fail("the batch's document count", other.documents, mine.documents);
+      if (other.batch != mine.batch) fail("the batch's document lengths (hash)", other.batch, mine.batch);
+      if (other.heads_q != mine.heads_q) fail("shape.heads_q", other.heads_q, mine.heads_q);
+      if (other.heads_kv != mine.heads_kv) fail("shape.heads_kv", other.heads_kv, mine.heads_kv);
+      if (other.head_dim != mine.head_dim) fail("shape.head_dim", other.head_dim, mine.head_dim);
+      if (other.scale != mine.scale) fail("shape.softmax_scale", other.scale, mine.scale);
+      if (other.strategy != mine.strategy) fail("the strategy (type or ranks_per_node)", other.strategy, mine.strategy);
+    }
+  }
+
+  struct Entry {
+    std::vector<std::int64_t> key;
+    ShardPlan plan;
+    comm::CompiledAttention program;
+    AnyTransport* group = nullptr;
+    AnyTransport* inner = nullptr;  // hierarchical communicators: ranks of a node inside the group
+    AnyTransport* outer = nullptr;  // and the ranks at the same position of every node
+  };
+  static constexpr std::size_t kCacheEntries = 8;
+  static constexpr std::size_t idx(comm::BufferId b) noexcept { return static_cast<std::size_t>(b); }
+
+  // Sources are read, never written, by the programs; the executor's buffer table is uniform.
+  static ThdView<value_type> mut(ThdView<const value_type> v) noexcept {
+    return {const_cast<value_type*>(v.data), v.tokens, v.heads, v.head_dim, v.token_stride, v.head_stride};
+  }
+
+  static std::vector<std::int64_t> key_of(const DocumentBatch& batch) {
+    std::vector<std::int64_t> key(batch.cu_seqlens().begin(), batch.cu_seqlens().end());
+    key.push_back(-1);
+    for (int b = 0; b <= batch.num_sequences(); ++b) key.push_back(b < batch.num_sequences() ? batch.sequence(b).begin
+                                                                                              : batch.total_tokens());
+    return key;
+  }
+
+  Entry& entry(const DocumentBatch& batch) {
+    std::vector<std::int64_t> key = key_of(batch);
+    for (auto it = cache_.begin(); it != cache_.end(); ++it)
+      if (it->key == key) {
+        cache_.splice(cache_.begin(), cache_, it);  // most recently used first
+        return cache_.front();
+      }
+    Entry e;
+    e.key = std::move(key);
+    compile(batch, e.plan, e.program);
+    e.group = &group_transport(e.plan);
+    e.inner = level_transport(e.program.forward.splits[static_cast<std::size_t>(comm::Level::kInner)]);
+    e.outer = level_transport(e.program.forward.splits[static_cast<std::size_t>(comm::Level::kOuter)]);
+    cache_.push_front(std::move(e));
+    if (cache_.size() > kCacheEntries) cache_.pop_back();
+    return cache_.front();
+  }
+
+  // The plan's groups as sub-communicators, split once per distinct grouping (a collective call:
+  // every rank reaches it on the same batch).
+  AnyTransport& group_transport(const ShardPlan& plan) {
+    const int me = rank();
+    const int gi = plan.group_of(me);
+    const auto& members = plan.groups[static_cast<std::size_t>(gi)];
+    bool identity = static_cast<int>(members.size()) == world_.size();
+    for (std::size_t i = 0; identity && i < members.size(); ++i) identity = members[i] == static_cast<int>(i);
+    if (identity) return world_;
+    std::vector<int> signature;
+    for (const auto& g : plan.groups) {
+      signature.insert(signature.end(), g.begin(), g.end());
+      signature.push_back(-1);
+    }
+    auto it = groups_.find(signature);
+    if (it == groups_.end()) {
+      const int key = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
+      it = groups_.emplace(signature, std::make_unique<AnyTransport>(world_.split(gi, key))).first;
+    }
+    return *it->second;
+  }
+
+  // A communicator's inner/outer level as a split of the world (collective; cached per color/key).
+  AnyTransport* level_transport(const comm::Program::LevelSplit& split) {
+    if (split.color < 0) return nullptr;
+    const std::vector<int> signature{-2, split.color, split.key};
+    auto it = groups_.find(signature);
+    if (it == groups_.end())
+      it = groups_.emplace(signature, std::make_unique<AnyTransport>(world_.split(split.color, split.key))).first;
+    return it->second.get();
+  }
+
+  void run(Entry& e, const comm::Program& program, typename Executor::Buffers& b) {
+    const std::size_t need = Executor::workspace_bytes(program, kernel_);
+    if (workspace_.size() < need) workspace_ = AlignedBytes(need);  // only on a cache miss
+    const typename Executor::template Levels<AnyTransport> levels{e.group, e.inner, e.outer};
+    const auto sent = [&] {
+      std::uint64_t total = 0;
+      for (std::size_t i = 0; i < levels.size(); ++i)
+        if (levels[i] != nullptr && std::find(levels.begin(), levels.begin() + static_cast<std::ptrdiff_t>(i),
+                                              levels[i]) == levels.begin() + static_cast<std::ptrdiff_t>(i))
+          total += levels[i]->counters().bytes_sent;
+      return total;
+    };
+    const std::uint64_t before = sent();
+    Executor::run(program, levels, kernel_, b, workspace_.span());
+    last_bytes_sent_ = sent() - before;
+  }
+
+  AnyTransport world_;
+  AttentionShape shape_;
+  Kernel kernel_;
+  Topology topology_;
+  std::list<Entry> cache_;
+  std::map<std::vector<int>, std::unique_ptr<AnyTransport>> groups_;
+  AlignedBytes workspace_;
+  std::uint64_t last_bytes_sent_ = 0;
+  std::vector<CallSignature> signatures_;
+};
+
+}  // namespace seqpar::detail

@@ -6,12 +6,13 @@
 // all tokens, the CPU flash kernel runs, and O/LSE come back to the token owners. The result is
 // checked against the fp64 reference on sampled query rows (the full reference would take minutes).
 //   usage: 01_ulysses_inproc [--smoke] [--ranks N] [--tokens T] [--threads K]
-#include <seqpar/seqpar.hpp>
+#include "example_support.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <mutex>
 #include <random>
 #include <string>
@@ -25,24 +26,23 @@ int main(int argc, char** argv) {
   std::int64_t tokens = 16384;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--smoke") tokens = 2048;
-    else if (a == "--ranks" && i + 1 < argc) ranks = std::stoi(argv[++i]);
-    else if (a == "--tokens" && i + 1 < argc) tokens = std::stoll(argv[++i]);
-    else if (a == "--threads" && i + 1 < argc) kernel_threads = std::stoi(argv[++i]);
-    else { std::fprintf(stderr, "unknown argument %s\n", a.c_str()); return 2; }
+    if (a == "--smoke")
+      tokens = 2048;
+    else if (a == "--ranks" && i + 1 < argc)
+      ranks = std::stoi(argv[++i]);
+    else if (a == "--tokens" && i + 1 < argc)
+      tokens = std::stoll(argv[++i]);
+    else if (a == "--threads" && i + 1 < argc)
+      kernel_threads = std::stoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
+      return 2;
+    }
   }
 
   // The packed batch: lognormal document lengths (median 1K tokens), fixed seed.
   std::mt19937 rng(2026);
-  std::lognormal_distribution<double> doc_len(std::log(1024.0), 1.0);
-  std::vector<std::vector<std::int64_t>> sequences(2);
-  for (auto& docs : sequences)
-    for (std::int64_t left = tokens; left > 0;) {
-      const std::int64_t len = std::min<std::int64_t>(left, std::max<std::int64_t>(1, std::llround(doc_len(rng))));
-      docs.push_back(len);
-      left -= len;
-    }
-  const DocumentBatch batch(sequences);
+  const DocumentBatch batch(examples::lognormal_sequences(rng, 2, tokens, 1024.0));
   const AttentionShape shape{16, 4, 64};  // GQA 16:4, head_dim 64
   const std::int64_t n = batch.total_tokens();
 
@@ -53,10 +53,11 @@ int main(int argc, char** argv) {
   for (auto* t : {&q, &k, &v})
     for (auto& x : t->storage) x = normal(rng);
 
-  std::printf("seqpar 01: Ulysses on %d in-process ranks, %d sequences x %lld tokens, %zu documents, "
-              "heads %d:%d, d %d\n",
-              ranks, batch.num_sequences(), static_cast<long long>(tokens), batch.documents().size(), shape.heads_q,
-              shape.heads_kv, shape.head_dim);
+  std::printf(
+      "seqpar 01: Ulysses on %d in-process ranks, %d sequences x %lld tokens, %zu documents, "
+      "heads %d:%d, d %d\n",
+      ranks, batch.num_sequences(), static_cast<long long>(tokens), batch.documents().size(), shape.heads_q,
+      shape.heads_kv, shape.head_dim);
   std::printf("%6s %10s %14s %14s\n", "rank", "tokens", "bytes sent", "forward ms");
 
   std::mutex mu;
@@ -90,7 +91,8 @@ int main(int argc, char** argv) {
   rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
   for (std::int64_t row : rows)
     for (const Document& d : batch.documents())
-      if (d.tokens.contains(row)) sampled.push_back({{row, row + 1}, {d.tokens.begin, row + 1}, Mask::causal(row - d.tokens.begin)});
+      if (d.tokens.contains(row))
+        sampled.push_back({{row, row + 1}, {d.tokens.begin, row + 1}, Mask::causal(row - d.tokens.begin)});
   ThdTensor<double> qd(n, shape.heads_q, shape.head_dim), kd(n, shape.heads_kv, shape.head_dim),
       vd(n, shape.heads_kv, shape.head_dim), od(n, shape.heads_q, shape.head_dim);
   LseTensor<double> lsed(shape.heads_q, n);

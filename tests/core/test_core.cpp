@@ -1,7 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
 
-#include <seqpar/seqpar.hpp>
+#include <seqpar/core/attention_shape.hpp>
+#include <seqpar/core/attn_slice.hpp>
+#include <seqpar/core/document_batch.hpp>
+#include <seqpar/core/tensor.hpp>
+#include <seqpar/core/topology.hpp>
 
 #include <stdexcept>
 #include <string>

@@ -1,7 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
 
-#include <seqpar/seqpar.hpp>
+#include <seqpar/partition/batch_aware.hpp>
+#include <seqpar/partition/hybrid.hpp>
+#include <seqpar/partition/per_doc.hpp>
+#include <seqpar/partition/uniform.hpp>
+#include <seqpar/partition/whole_doc.hpp>
+#include <seqpar/partition/zigzag.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -35,8 +35,8 @@ class Reference {
                std::span<const AttnSlice> slices, ThdView<T> o, LseView<double> lse,
                std::span<std::byte> /*workspace*/ = {}) const {
     check(shape, q, k, v, slices, "Reference::forward");
-    detail::check_view(o, "Reference::forward", "o", q.tokens, shape.heads_q, shape.head_dim);
-    detail::check_view(lse, "Reference::forward", "lse", shape.heads_q, q.tokens);
+    seqpar::detail::check_view(o, "Reference::forward", "o", q.tokens, shape.heads_q, shape.head_dim);
+    seqpar::detail::check_view(lse, "Reference::forward", "lse", shape.heads_q, q.tokens);
     const int d = shape.head_dim;
     const double scale = shape.scale();
     for (int h = 0; h < shape.heads_q; ++h)
@@ -81,12 +81,12 @@ class Reference {
                 std::span<std::byte> /*workspace*/ = {}) const {
     constexpr const char* where = "Reference::backward";
     check(shape, q, k, v, slices, where);
-    detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
-    detail::check_view(dout, where, "dout", q.tokens, shape.heads_q, shape.head_dim);
-    detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
-    detail::check_view(dq, where, "dq", q.tokens, shape.heads_q, shape.head_dim);
-    detail::check_view(dk, where, "dk", k.tokens, shape.heads_kv, shape.head_dim);
-    detail::check_view(dv, where, "dv", k.tokens, shape.heads_kv, shape.head_dim);
+    seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
+    seqpar::detail::check_view(dout, where, "dout", q.tokens, shape.heads_q, shape.head_dim);
+    seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
+    seqpar::detail::check_view(dq, where, "dq", q.tokens, shape.heads_q, shape.head_dim);
+    seqpar::detail::check_view(dk, where, "dk", k.tokens, shape.heads_kv, shape.head_dim);
+    seqpar::detail::check_view(dv, where, "dv", k.tokens, shape.heads_kv, shape.head_dim);
     const int d = shape.head_dim;
     const double scale = shape.scale();
     std::vector<double> dqi(static_cast<std::size_t>(d));
@@ -124,9 +124,9 @@ class Reference {
   static void check(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
                     std::span<const AttnSlice> slices, const char* where) {
     shape.validate(where);
-    detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.head_dim);
-    detail::check_view(k, where, "k", k.tokens, shape.heads_kv, shape.head_dim);
-    detail::check_view(v, where, "v", k.tokens, shape.heads_kv, shape.head_dim);
+    seqpar::detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.head_dim);
+    seqpar::detail::check_view(k, where, "k", k.tokens, shape.heads_kv, shape.head_dim);
+    seqpar::detail::check_view(v, where, "v", k.tokens, shape.heads_kv, shape.head_dim);
     validate_slices(slices, q.tokens, k.tokens, where);
   }
 };

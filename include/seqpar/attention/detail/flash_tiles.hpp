@@ -1,0 +1,386 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+// Tile primitives of CpuFlash: a broadcast-FMA GEMM on packed buffers, the online-softmax row
+// update of the forward pass and the P / dS row step of the backward pass. Portable versions for
+// any floating type; AVX-512 (else AVX2+FMA) versions for float when the target has them.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+// GCC 12 reports -Wmaybe-uninitialized inside the AVX-512 intrinsics (their _mm512_undefined_ps(),
+// GCC PR105593, fixed in GCC 13); the diagnostic is located in the intrinsic headers, so silence it there.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+#include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif
+
+namespace seqpar::attention::detail {
+
+/// Keys per KV tile: one score row of a tile is four 16-float vectors.
+inline constexpr int kKeyTile = 64;
+/// Rows per register block of the micro-kernels.
+inline constexpr int kRowBlock = 6;
+
+/// C[i][j] (+)= sum_k A(i, k) * B[k * ldb + j] for i < m, j < n, k < kdim, where A(i, k) = a[i * ai + k * ak]
+/// (so A may be row-major or transposed). Portable version: the j loop vectorises.
+template <class V>
+inline void gemm_portable(int m, int n, int kdim, const V* a, std::int64_t ai, std::int64_t ak, const V* b,
+                          std::int64_t ldb, V* c, std::int64_t ldc, bool accumulate) noexcept {
+  for (int i = 0; i < m; ++i) {
+    V* ci = c + i * ldc;
+    if (!accumulate)
+      for (int j = 0; j < n; ++j) ci[j] = V(0);
+    for (int k = 0; k < kdim; ++k) {
+      const V aik = a[i * ai + k * ak];
+      const V* bk = b + k * ldb;
+      for (int j = 0; j < n; ++j) ci[j] += aik * bk[j];
+    }
+  }
+}
+
+/// Online-softmax update of one row of raw log2-domain scores s[0, kKeyTile) of which [lo, hi) are
+/// visible (lo < hi): s becomes P = exp2(s - m_new) (0 outside), m and l are updated; returns the
+/// factor alpha = exp2(m_old - m_new) by which the row's accumulated output must be rescaled.
+template <class V>
+inline V softmax_row_portable(V* s, int lo, int hi, V& m, V& l) noexcept {
+  V mx = -std::numeric_limits<V>::infinity();
+  for (int j = lo; j < hi; ++j) mx = std::max(mx, s[j]);
+  const V m_new = std::max(m, mx);
+  V sum = 0;
+  for (int j = 0; j < kKeyTile; ++j) {
+    const V p = (j >= lo && j < hi) ? std::exp2(s[j] - m_new) : V(0);
+    s[j] = p;
+    sum += p;
+  }
+  const V alpha = m == -std::numeric_limits<V>::infinity() ? V(0) : std::exp2(m - m_new);
+  l = l * alpha + sum;
+  m = m_new;
+  return alpha;
+}
+
+/// Backward row step: s (log2-domain scores) becomes P = exp2(s - lse2) on [lo, hi), 0 elsewhere;
+/// dp (dO . V^T) becomes dS = P * (dp - delta).
+template <class V>
+inline void backward_row_portable(V* s, V* dp, int lo, int hi, V lse2, V delta) noexcept {
+  for (int j = 0; j < kKeyTile; ++j) {
+    const V p = (j >= lo && j < hi) ? std::exp2(s[j] - lse2) : V(0);
+    s[j] = p;
+    dp[j] = p * (dp[j] - delta);
+  }
+}
+
+#if defined(__AVX512F__)
+
+#define SEQPAR_ALWAYS_INLINE inline __attribute__((always_inline))
+
+/// exp2 on 16 lanes: round-to-nearest split x = n + f, |f| <= 1/2, degree-6 Taylor polynomial of 2^f
+/// (relative error ~1.2e-7), then vscalefps by n. Inputs below -150 (including -inf) give 0.
+SEQPAR_ALWAYS_INLINE __m512 exp2_ps(__m512 x) noexcept {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+/// Lanes [lo, hi) of the four 16-lane vectors of a 64-key row.
+SEQPAR_ALWAYS_INLINE std::uint64_t key_mask(int lo, int hi) noexcept {
+  const std::uint64_t upto = hi >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << hi) - 1;
+  const std::uint64_t below = (std::uint64_t{1} << lo) - 1;
+  return upto & ~below;
+}
+
+template <int R, int NV>
+SEQPAR_ALWAYS_INLINE void gemm_block(int kdim, const float* a, std::int64_t ai, std::int64_t ak, const float* b,
+                                     std::int64_t ldb, float* c, std::int64_t ldc, __mmask16 tail,
+                                     bool accumulate) noexcept {
+  __m512 acc[R][NV];
+  for (int i = 0; i < R; ++i)
+    for (int v = 0; v < NV; ++v) {
+      if (!accumulate)
+        acc[i][v] = _mm512_setzero_ps();
+      else if (v + 1 < NV)
+        acc[i][v] = _mm512_loadu_ps(c + i * ldc + 16 * v);
+      else
+        acc[i][v] = _mm512_maskz_loadu_ps(tail, c + i * ldc + 16 * v);
+    }
+  for (int k = 0; k < kdim; ++k) {
+    const float* bk = b + k * ldb;
+    __m512 bv[NV];
+    for (int v = 0; v < NV; ++v)
+      bv[v] = v + 1 < NV ? _mm512_loadu_ps(bk + 16 * v) : _mm512_maskz_loadu_ps(tail, bk + 16 * v);
+    const float* ak_ptr = a + k * ak;
+    for (int i = 0; i < R; ++i) {
+      const __m512 x = _mm512_set1_ps(ak_ptr[i * ai]);
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(x, bv[v], acc[i][v]);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int v = 0; v < NV; ++v) {
+      if (v + 1 < NV)
+        _mm512_storeu_ps(c + i * ldc + 16 * v, acc[i][v]);
+      else
+        _mm512_mask_storeu_ps(c + i * ldc + 16 * v, tail, acc[i][v]);
+    }
+}
+
+using GemmBlockFn = void (*)(int, const float*, std::int64_t, std::int64_t, const float*, std::int64_t, float*,
+                             std::int64_t, __mmask16, bool) noexcept;
+
+template <int R>
+inline GemmBlockFn gemm_block_for(int nv) noexcept {
+  switch (nv) {
+    case 1: return &gemm_block<R, 1>;
+    case 2: return &gemm_block<R, 2>;
+    case 3: return &gemm_block<R, 3>;
+    default: return &gemm_block<R, 4>;
+  }
+}
+
+inline void gemm(int m, int n, int kdim, const float* a, std::int64_t ai, std::int64_t ak, const float* b,
+                 std::int64_t ldb, float* c, std::int64_t ldc, bool accumulate) noexcept {
+  for (int j0 = 0; j0 < n; j0 += 64) {
+    const int w = std::min(64, n - j0);
+    const int nv = (w + 15) / 16;
+    const __mmask16 tail = (w % 16) != 0 ? static_cast<__mmask16>((1u << (w % 16)) - 1u) : __mmask16(0xFFFF);
+    for (int i0 = 0; i0 < m; i0 += kRowBlock) {
+      const int r = std::min(kRowBlock, m - i0);
+      GemmBlockFn fn = nullptr;
+      switch (r) {
+        case 1: fn = gemm_block_for<1>(nv); break;
+        case 2: fn = gemm_block_for<2>(nv); break;
+        case 3: fn = gemm_block_for<3>(nv); break;
+        case 4: fn = gemm_block_for<4>(nv); break;
+        case 5: fn = gemm_block_for<5>(nv); break;
+        default: fn = gemm_block_for<6>(nv); break;
+      }
+      if (nv == 4 && r == kRowBlock && w == 64) {  // the hot case, inlined
+        gemm_block<6, 4>(kdim, a + i0 * ai, ai, ak, b + j0, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
+      } else {
+        fn(kdim, a + i0 * ai, ai, ak, b + j0, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
+      }
+    }
+  }
+}
+
+inline float softmax_row(float* s, int lo, int hi, float& m, float& l) noexcept {
+  const std::uint64_t mask = key_mask(lo, hi);
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 x[4];
+  __mmask16 km[4];
+  for (int v = 0; v < 4; ++v) {
+    km[v] = static_cast<__mmask16>(mask >> (16 * v));
+    x[v] = _mm512_mask_loadu_ps(ninf, km[v], s + 16 * v);
+  }
+  const __m512 mx4 = _mm512_max_ps(_mm512_max_ps(x[0], x[1]), _mm512_max_ps(x[2], x[3]));
+  const float m_new = std::max(m, _mm512_reduce_max_ps(mx4));
+  const __m512 mv = _mm512_set1_ps(m_new);
+  __m512 sum = _mm512_setzero_ps();
+  for (int v = 0; v < 4; ++v) {
+    const __m512 p = _mm512_maskz_mov_ps(km[v], exp2_ps(_mm512_sub_ps(x[v], mv)));
+    _mm512_storeu_ps(s + 16 * v, p);
+    sum = _mm512_add_ps(sum, p);
+  }
+  const float alpha = m == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp2(m - m_new);
+  l = l * alpha + _mm512_reduce_add_ps(sum);
+  m = m_new;
+  return alpha;
+}
+
+inline void backward_row(float* s, float* dp, int lo, int hi, float lse2, float delta) noexcept {
+  const std::uint64_t mask = key_mask(lo, hi);
+  const __m512 lv = _mm512_set1_ps(lse2);
+  const __m512 dv = _mm512_set1_ps(delta);
+  for (int v = 0; v < 4; ++v) {
+    const __mmask16 km = static_cast<__mmask16>(mask >> (16 * v));
+    const __m512 p = _mm512_maskz_mov_ps(km, exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), lv)));
+    _mm512_storeu_ps(s + 16 * v, p);
+    _mm512_storeu_ps(dp + 16 * v, _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dp + 16 * v), dv)));
+  }
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
+
+#define SEQPAR_ALWAYS_INLINE inline __attribute__((always_inline))
+
+/// exp2 on 8 lanes: x clamped to [-126, 127], split x = n + f with |f| <= 1/2, degree-6 Taylor polynomial of
+/// 2^f (relative error ~1.2e-7), times 2^n built in the exponent field. Masked lanes are zeroed by callers.
+SEQPAR_ALWAYS_INLINE __m256 exp2_ps(__m256 x) noexcept {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-126.0f)), _mm256_set1_ps(127.0f));
+  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(x, n);
+  __m256 p = _mm256_set1_ps(1.5403530393381606e-4f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076284772e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108664821580e-2f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650695910071e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/// Lane mask (all-ones lanes) for lanes [0, w) of an 8-lane vector.
+SEQPAR_ALWAYS_INLINE __m256i tail_mask8(int w) noexcept {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(w), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/// Lanes of vector v (keys 8v .. 8v+7) inside [lo, hi), as a float blend mask.
+SEQPAR_ALWAYS_INLINE __m256 key_mask8(int v, int lo, int hi) noexcept {
+  const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(8 * v), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i ge = _mm256_cmpgt_epi32(idx, _mm256_set1_epi32(lo - 1));
+  const __m256i lt = _mm256_cmpgt_epi32(_mm256_set1_epi32(hi), idx);
+  return _mm256_castsi256_ps(_mm256_and_si256(ge, lt));
+}
+
+template <int R, int NV>
+SEQPAR_ALWAYS_INLINE void gemm_block(int kdim, const float* a, std::int64_t ai, std::int64_t ak, const float* b,
+                                     std::int64_t ldb, float* c, std::int64_t ldc, __m256i tail,
+                                     bool accumulate) noexcept {
+  __m256 acc[R][NV];
+  for (int i = 0; i < R; ++i)
+    for (int v = 0; v < NV; ++v) {
+      if (!accumulate)
+        acc[i][v] = _mm256_setzero_ps();
+      else if (v + 1 < NV)
+        acc[i][v] = _mm256_loadu_ps(c + i * ldc + 8 * v);
+      else
+        acc[i][v] = _mm256_maskload_ps(c + i * ldc + 8 * v, tail);
+    }
+  for (int k = 0; k < kdim; ++k) {
+    const float* bk = b + k * ldb;
+    __m256 bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = v + 1 < NV ? _mm256_loadu_ps(bk + 8 * v) : _mm256_maskload_ps(bk + 8 * v, tail);
+    const float* ak_ptr = a + k * ak;
+    for (int i = 0; i < R; ++i) {
+      const __m256 x = _mm256_broadcast_ss(ak_ptr + i * ai);
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm256_fmadd_ps(x, bv[v], acc[i][v]);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int v = 0; v < NV; ++v) {
+      if (v + 1 < NV)
+        _mm256_storeu_ps(c + i * ldc + 8 * v, acc[i][v]);
+      else
+        _mm256_maskstore_ps(c + i * ldc + 8 * v, tail, acc[i][v]);
+    }
+}
+
+using GemmBlockFn = void (*)(int, const float*, std::int64_t, std::int64_t, const float*, std::int64_t, float*,
+                             std::int64_t, __m256i, bool) noexcept;
+
+template <int R>
+inline GemmBlockFn gemm_block_for(int nv) noexcept {
+  return nv == 1 ? &gemm_block<R, 1> : &gemm_block<R, 2>;
+}
+
+inline void gemm(int m, int n, int kdim, const float* a, std::int64_t ai, std::int64_t ak, const float* b,
+                 std::int64_t ldb, float* c, std::int64_t ldc, bool accumulate) noexcept {
+  for (int j0 = 0; j0 < n; j0 += 16) {
+    const int w = std::min(16, n - j0);
+    const int nv = (w + 7) / 8;
+    const __m256i tail = tail_mask8(w - 8 * (nv - 1));
+    for (int i0 = 0; i0 < m; i0 += kRowBlock) {
+      const int r = std::min(kRowBlock, m - i0);
+      if (nv == 2 && r == kRowBlock && w == 16) {  // the hot case, inlined
+        gemm_block<6, 2>(kdim, a + i0 * ai, ai, ak, b + j0, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
+        continue;
+      }
+      GemmBlockFn fn = nullptr;
+      switch (r) {
+        case 1: fn = gemm_block_for<1>(nv); break;
+        case 2: fn = gemm_block_for<2>(nv); break;
+        case 3: fn = gemm_block_for<3>(nv); break;
+        case 4: fn = gemm_block_for<4>(nv); break;
+        case 5: fn = gemm_block_for<5>(nv); break;
+        default: fn = gemm_block_for<6>(nv); break;
+      }
+      fn(kdim, a + i0 * ai, ai, ak, b + j0, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
+    }
+  }
+}
+
+SEQPAR_ALWAYS_INLINE float hmax8(__m256 v) noexcept {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_max_ss(x, _mm_shuffle_ps(x, x, 1));
+  return _mm_cvtss_f32(x);
+}
+SEQPAR_ALWAYS_INLINE float hsum8(__m256 v) noexcept {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
+  return _mm_cvtss_f32(x);
+}
+
+inline float softmax_row(float* s, int lo, int hi, float& m, float& l) noexcept {
+  const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  const bool dense = lo == 0 && hi == kKeyTile;
+  __m256 x[8], km[8];
+  __m256 mx = ninf;
+  for (int v = 0; v < 8; ++v) {
+    x[v] = _mm256_loadu_ps(s + 8 * v);
+    if (!dense) {
+      km[v] = key_mask8(v, lo, hi);
+      x[v] = _mm256_blendv_ps(ninf, x[v], km[v]);
+    }
+    mx = _mm256_max_ps(mx, x[v]);
+  }
+  const float m_new = std::max(m, hmax8(mx));
+  const __m256 mv = _mm256_set1_ps(m_new);
+  __m256 sum = _mm256_setzero_ps();
+  for (int v = 0; v < 8; ++v) {
+    __m256 p = exp2_ps(_mm256_sub_ps(x[v], mv));
+    if (!dense) p = _mm256_and_ps(p, km[v]);
+    _mm256_storeu_ps(s + 8 * v, p);
+    sum = _mm256_add_ps(sum, p);
+  }
+  const float alpha = m == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp2(m - m_new);
+  l = l * alpha + hsum8(sum);
+  m = m_new;
+  return alpha;
+}
+
+inline void backward_row(float* s, float* dp, int lo, int hi, float lse2, float delta) noexcept {
+  const __m256 lv = _mm256_set1_ps(lse2);
+  const __m256 dv = _mm256_set1_ps(delta);
+  for (int v = 0; v < 8; ++v) {
+    const __m256 p = _mm256_and_ps(key_mask8(v, lo, hi), exp2_ps(_mm256_sub_ps(_mm256_loadu_ps(s + 8 * v), lv)));
+    _mm256_storeu_ps(s + 8 * v, p);
+    _mm256_storeu_ps(dp + 8 * v, _mm256_mul_ps(p, _mm256_sub_ps(_mm256_loadu_ps(dp + 8 * v), dv)));
+  }
+}
+
+#endif  // __AVX512F__ / __AVX2__
+
+template <class V>
+inline void gemm(int m, int n, int kdim, const V* a, std::int64_t ai, std::int64_t ak, const V* b, std::int64_t ldb,
+                 V* c, std::int64_t ldc, bool accumulate) noexcept {
+  gemm_portable(m, n, kdim, a, ai, ak, b, ldb, c, ldc, accumulate);
+}
+template <class V>
+inline V softmax_row(V* s, int lo, int hi, V& m, V& l) noexcept {
+  return softmax_row_portable(s, lo, hi, m, l);
+}
+template <class V>
+inline void backward_row(V* s, V* dp, int lo, int hi, V lse2, V delta) noexcept {
+  backward_row_portable(s, dp, lo, hi, lse2, delta);
+}
+
+}  // namespace seqpar::attention::detail

@@ -1,0 +1,256 @@
+// SPDX-License-Identifier: Apache-2.0
+// CpuFlash<float|double> against the fp64 Reference, forward and backward, on every mask and layout.
+// Tolerances (max abs error relative to the output scale max|ref|, floor 1):
+//   double: 1e-10;  float: 1e-5 forward, 2e-5 backward (fp32 accumulation over up to 1111 keys / rows).
+#include <doctest/doctest.h>
+
+#include <seqpar/attention/cpu_flash.hpp>
+#include <seqpar/attention/reference.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+using namespace seqpar;
+
+namespace {
+
+template <class T>
+struct Tol;
+template <>
+struct Tol<double> {
+  static constexpr double fwd = 1e-10, bwd = 1e-10;
+};
+template <>
+struct Tol<float> {
+  static constexpr double fwd = 1e-5, bwd = 2e-5;
+};
+
+struct Case {
+  std::string name;
+  int hq = 2, hkv = 2, d = 64;
+  std::int64_t q_rows = 0, k_rows = 0;
+  std::vector<AttnSlice> slices;
+  bool strided = false;  // views are heads_slice of a wider tensor
+};
+
+/// (tokens, heads + pad, d) storage viewed as (tokens, heads, d) starting at head `pad / 2`.
+template <class T>
+struct Buf {
+  ThdTensor<T> t;
+  int pad = 0;
+  Buf(std::int64_t tokens, int heads, int d, bool strided) : t(tokens, heads + (strided ? 3 : 0), d), pad(strided ? 3 : 0) {}
+  ThdView<T> view() { return t.view().heads_slice(pad == 0 ? 0 : 1, t.heads - pad); }
+};
+
+template <class T>
+ThdTensor<double> to_double(ThdView<const T> v) {
+  ThdTensor<double> out(v.tokens, v.heads, v.head_dim);
+  for (std::int64_t t = 0; t < v.tokens; ++t)
+    for (int h = 0; h < v.heads; ++h)
+      for (int x = 0; x < v.head_dim; ++x) out.view()(t, h, x) = double(v(t, h, x));
+  return out;
+}
+
+template <class T>
+void fill_normal(ThdView<T> v, std::mt19937_64& rng) {
+  std::normal_distribution<double> dist(0.0, 1.0);
+  for (std::int64_t t = 0; t < v.tokens; ++t)
+    for (int h = 0; h < v.heads; ++h)
+      for (int x = 0; x < v.head_dim; ++x) v(t, h, x) = T(dist(rng));
+}
+
+template <class T>
+double max_abs(ThdView<const T> v) {
+  double m = 0;
+  for (std::int64_t t = 0; t < v.tokens; ++t)
+    for (int h = 0; h < v.heads; ++h)
+      for (int x = 0; x < v.head_dim; ++x) m = std::max(m, std::abs(double(v(t, h, x))));
+  return m;
+}
+
+/// max |a - b| / max(1, max|b|)
+template <class T>
+double rel_err(ThdView<const T> a, ThdView<const double> b) {
+  double e = 0;
+  for (std::int64_t t = 0; t < a.tokens; ++t)
+    for (int h = 0; h < a.heads; ++h)
+      for (int x = 0; x < a.head_dim; ++x) e = std::max(e, std::abs(double(a(t, h, x)) - b(t, h, x)));
+  return e / std::max(1.0, max_abs(b));
+}
+
+template <class T>
+void check_case(const Case& c, const attention::CpuFlashArguments& args) {
+  CAPTURE(c.name);
+  CAPTURE(args.threads);
+  CAPTURE(args.q_tile);
+  const AttentionShape shape{c.hq, c.hkv, c.d, 0.0};
+  std::mt19937_64 rng(1234);
+  Buf<T> q(c.q_rows, c.hq, c.d, c.strided), k(c.k_rows, c.hkv, c.d, c.strided), v(c.k_rows, c.hkv, c.d, c.strided),
+      dout(c.q_rows, c.hq, c.d, c.strided);
+  fill_normal(q.view(), rng);
+  fill_normal(k.view(), rng);
+  fill_normal(v.view(), rng);
+  fill_normal(dout.view(), rng);
+
+  // fp64 oracle on the same (T-representable) inputs
+  const auto qd = to_double<T>(q.view()), kd = to_double<T>(k.view()), vd = to_double<T>(v.view()),
+             dod = to_double<T>(dout.view());
+  ThdTensor<double> o_ref(c.q_rows, c.hq, c.d), dq_ref(c.q_rows, c.hq, c.d), dk_ref(c.k_rows, c.hkv, c.d),
+      dv_ref(c.k_rows, c.hkv, c.d);
+  LseTensor<double> lse_ref(c.hq, c.q_rows);
+  const attention::Reference<double> ref;
+  ref.forward(shape, qd.view(), kd.view(), vd.view(), c.slices, o_ref.view(), lse_ref.view());
+  ref.backward(shape, qd.view(), kd.view(), vd.view(), o_ref.view(), lse_ref.view(), dod.view(), c.slices,
+               dq_ref.view(), dk_ref.view(), dv_ref.view());
+
+  using Flash = attention::CpuFlash<T>;
+  using A = typename Flash::accum_type;
+  const Flash flash(args);
+  std::vector<std::byte> ws(flash.workspace_bytes(shape, c.q_rows, c.k_rows));
+  Buf<T> o(c.q_rows, c.hq, c.d, c.strided);
+  fill_normal(o.view(), rng);  // garbage: forward must overwrite every row
+  LseTensor<A> lse(c.hq, c.q_rows);
+  flash.forward(shape, q.view(), k.view(), v.view(), c.slices, o.view(), lse.view(), ws);
+  CHECK(rel_err<T>(o.view(), o_ref.view()) <= Tol<T>::fwd);
+  for (int h = 0; h < c.hq; ++h)
+    for (std::int64_t t = 0; t < c.q_rows; ++t) {
+      const double r = lse_ref.view()(h, t), got = double(lse.view()(h, t));
+      if (std::isinf(r)) {
+        REQUIRE(got == -std::numeric_limits<double>::infinity());
+      } else {
+        REQUIRE(std::abs(got - r) <= Tol<T>::fwd * std::max(1.0, std::abs(r)));
+      }
+    }
+
+  // backward accumulates: start from 0.5 and compare to ref + 0.5
+  Buf<T> dq(c.q_rows, c.hq, c.d, c.strided), dk(c.k_rows, c.hkv, c.d, c.strided), dv(c.k_rows, c.hkv, c.d, c.strided);
+  for (auto* b : {&dq, &dk, &dv}) std::fill(b->t.storage.begin(), b->t.storage.end(), T(0.5));
+  flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), c.slices, dq.view(),
+                 dk.view(), dv.view(), ws);
+  for (auto* r : {&dq_ref, &dk_ref, &dv_ref})
+    for (double& x : r->storage) x += 0.5;
+  CHECK(rel_err<T>(dq.view(), dq_ref.view()) <= Tol<T>::bwd);
+  CHECK(rel_err<T>(dk.view(), dk_ref.view()) <= Tol<T>::bwd);
+  CHECK(rel_err<T>(dv.view(), dv_ref.view()) <= Tol<T>::bwd);
+}
+
+std::vector<AttnSlice> self_slices(const std::vector<std::int64_t>& docs, Mask mask) {
+  std::vector<AttnSlice> s;
+  std::int64_t at = 0;
+  for (std::int64_t len : docs) {
+    s.push_back({{at, at + len}, {at, at + len}, mask});
+    at += len;
+  }
+  return s;
+}
+
+std::vector<Case> small_cases() {
+  std::vector<Case> cs;
+  const auto one = [](std::int64_t q, std::int64_t k, Mask m) { return std::vector<AttnSlice>{{{0, q}, {0, k}, m}}; };
+  cs.push_back({"len1 causal", 2, 2, 64, 1, 1, one(1, 1, Mask::causal()), false});
+  cs.push_back({"len1 full", 2, 1, 128, 1, 1, one(1, 1, Mask::full()), false});
+  cs.push_back({"len7 causal", 2, 2, 64, 7, 7, one(7, 7, Mask::causal()), false});
+  cs.push_back({"len7 full d40", 4, 1, 40, 7, 7, one(7, 7, Mask::full()), false});
+  cs.push_back({"full 37x53 d24", 2, 2, 24, 37, 53, one(37, 53, Mask::full()), false});
+  cs.push_back({"causal offset 16", 2, 1, 64, 37, 53, one(37, 53, Mask::causal(16)), false});
+  cs.push_back({"causal offset -5 (masked rows)", 2, 2, 64, 37, 53, one(37, 53, Mask::causal(-5)), false});
+  cs.push_back({"sliding w9 offset 16", 8, 2, 40, 70, 86, one(70, 86, Mask::sliding_window(9, 16)), false});
+  cs.push_back({"sliding w100 d128 GQA 4:1", 4, 1, 128, 130, 130, one(130, 130, Mask::sliding_window(100)), false});
+  cs.push_back({"GQA 8:2 causal d128", 8, 2, 128, 150, 150, one(150, 150, Mask::causal()), false});
+  cs.push_back({"document causal", 4, 2, 64, 111, 111, self_slices({1, 5, 1, 70, 33, 1}, Mask::causal()), false});
+  cs.push_back({"strided heads_slice", 4, 2, 40, 90, 90, self_slices({17, 73}, Mask::causal()), true});
+  {  // rows in no slice, and two query blocks sharing keys (zigzag-like)
+    Case c{"gaps and shared keys", 2, 1, 64, 80, 70, {}, false};
+    c.slices = {{{0, 20}, {0, 70}, Mask::causal(10)}, {{30, 60}, {10, 70}, Mask::causal(30)},
+                {{65, 78}, {5, 40}, Mask::full()}};
+    cs.push_back(c);
+  }
+  return cs;
+}
+
+}  // namespace
+
+TEST_SUITE("attention") {
+  TEST_CASE_TEMPLATE("CpuFlash matches Reference forward and backward on small shapes", T, float, double) {
+    for (const Case& c : small_cases()) {
+      check_case<T>(c, {1, 576, 192});
+      check_case<T>(c, {2, 12, 6});  // small tiles: many query tiles and blocks per slice
+    }
+  }
+
+  TEST_CASE_TEMPLATE("CpuFlash matches Reference at length 1111", T, float, double) {
+    Case causal{"1111 causal GQA 2:1", 2, 1, 64, 1111, 1111, {{{0, 1111}, {0, 1111}, Mask::causal()}}, false};
+    check_case<T>(causal, {2, 576, 192});
+    Case docs{"1111 document causal d40", 2, 2, 40, 1111, 1111,
+              self_slices({1, 300, 1, 500, 2, 307}, Mask::causal()), true};
+    check_case<T>(docs, {1, 96, 48});
+  }
+
+  TEST_CASE("CpuFlash is deterministic across runs and thread counts") {
+    const AttentionShape shape{4, 2, 64, 0.0};
+    const std::int64_t n = 300;
+    std::mt19937_64 rng(7);
+    ThdTensor<float> q(n, 4, 64), k(n, 2, 64), v(n, 2, 64), dout(n, 4, 64);
+    for (auto* t : {&q, &k, &v, &dout}) fill_normal(t->view(), rng);
+    const auto slices = self_slices({100, 200}, Mask::causal());
+    std::vector<std::vector<float>> results;
+    for (int threads : {1, 2, 2}) {
+      const attention::CpuFlash<float> flash({threads, 48, 24});
+      std::vector<std::byte> ws(flash.workspace_bytes(shape, n, n));
+      ThdTensor<float> o(n, 4, 64), dq(n, 4, 64), dk(n, 2, 64), dv(n, 2, 64);
+      LseTensor<float> lse(4, n);
+      flash.forward(shape, q.view(), k.view(), v.view(), slices, o.view(), lse.view(), ws);
+      flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), slices, dq.view(),
+                     dk.view(), dv.view(), ws);
+      std::vector<float> all;
+      for (auto* t : {&o, &dq, &dk, &dv}) all.insert(all.end(), t->storage.begin(), t->storage.end());
+      all.insert(all.end(), lse.storage.begin(), lse.storage.end());
+      results.push_back(all);
+    }
+    CHECK(results[0] == results[1]);
+    CHECK(results[1] == results[2]);
+  }
+
+  TEST_CASE("CpuFlash rejects bad input") {
+    const AttentionShape shape{4, 2, 32, 0.0};
+    const attention::CpuFlash<float> flash;
+    ThdTensor<float> q(10, 4, 32), k(12, 2, 32), v(12, 2, 32), o(10, 4, 32), dq(10, 4, 32), dk(12, 2, 32),
+        dv(12, 2, 32);
+    LseTensor<float> lse(4, 10);
+    std::vector<std::byte> ws(flash.workspace_bytes(shape, 10, 12));
+    const std::vector<AttnSlice> good{{{0, 10}, {0, 12}, Mask::causal(2)}};
+    CHECK_NOTHROW(flash.forward(shape, q.view(), k.view(), v.view(), good, o.view(), lse.view(), ws));
+
+    ThdTensor<float> o_bad(9, 4, 32);
+    CHECK_THROWS_AS(flash.forward(shape, q.view(), k.view(), v.view(), good, o_bad.view(), lse.view(), ws),
+                    std::invalid_argument);
+    ThdTensor<float> v_bad(12, 2, 16);
+    CHECK_THROWS_AS(flash.forward(shape, q.view(), k.view(), v_bad.view(), good, o.view(), lse.view(), ws),
+                    std::invalid_argument);
+    const std::vector<AttnSlice> overlap{{{0, 6}, {0, 12}, Mask::full()}, {{5, 10}, {0, 12}, Mask::full()}};
+    CHECK_THROWS_AS(flash.forward(shape, q.view(), k.view(), v.view(), overlap, o.view(), lse.view(), ws),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), o.view(), overlap,
+                                   dq.view(), dk.view(), dv.view(), ws),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), o.view(), good,
+                                   dq.view(), dq.view(), dv.view(), ws),
+                    std::invalid_argument);
+    const std::vector<AttnSlice> out_of_range{{{0, 10}, {0, 13}, Mask::full()}};
+    CHECK_THROWS_AS(flash.forward(shape, q.view(), k.view(), v.view(), out_of_range, o.view(), lse.view(), ws),
+                    std::invalid_argument);
+    std::vector<std::byte> small(ws.size() / 2);
+    CHECK_THROWS_AS(flash.forward(shape, q.view(), k.view(), v.view(), good, o.view(), lse.view(), small),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(attention::CpuFlash<float>({0, 576, 192}), std::invalid_argument);
+    const AttentionShape bad_gqa{3, 2, 32, 0.0};
+    CHECK_THROWS_AS(flash.forward(bad_gqa, q.view(), k.view(), v.view(), good, o.view(), lse.view(), ws),
+                    std::invalid_argument);
+  }
+}

@@ -24,6 +24,7 @@ test: build
 
 bench: build
 	./$(BUILD)/bench/attention_cpu --json $(BUILD)/attention_cpu.json
+	./$(BUILD)/bench/comm_volume --json $(BUILD)/comm_volume.json
 
 clean:
 	rm -rf build

@@ -1,0 +1,185 @@
+// SPDX-License-Identifier: Apache-2.0
+// Randomized checking of partitioners and program compilation, bounded in time.
+//
+// Draws random packed batches (1 to 4 sequences, lognormal / long-tail / tiny documents), world
+// sizes 1 to 12, ranks per node, head shapes and every partitioner x communicator policy, and checks
+// on the compiled programs of all ranks, without moving data:
+//  - the plan's invariants (every token owned exactly once, slices inside owned tokens, slice area =
+//    the batch's document-causal area);
+//  - can_implement either accepts, or refuses with a reason, never crashes;
+//  - compute coverage: over all ranks, (query, key) pairs x query heads computed = causal area x Hq
+//    (every pair of every head computed exactly once);
+//  - byte accounting: what rank r's exchange sends to p equals what p expects from r, and every
+//    point-to-point send has a receive of the same size on its peer (same level group and tag);
+//  - every compute step's slices are valid for its buffers (disjoint queries, in range).
+// Exits non-zero on the first violation, printing the seed that reproduces it.
+//   fuzz_plans [--seconds S] [--seed N]
+#include <seqpar/seqpar.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <variant>
+#include <vector>
+
+using namespace seqpar;
+
+namespace {
+
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+void expect(bool ok, const std::string& what) {
+  if (!ok) throw Failure(what);
+}
+
+DocumentBatch random_batch(std::mt19937& rng) {
+  const int sequences = 1 + static_cast<int>(rng() % 4);
+  const int kind = static_cast<int>(rng() % 3);
+  std::vector<std::vector<std::int64_t>> seqs;
+  for (int b = 0; b < sequences; ++b) {
+    const std::int64_t tokens = 1 + static_cast<std::int64_t>(rng() % 300);
+    std::vector<std::int64_t> docs;
+    std::lognormal_distribution<double> lognormal(std::log(kind == 2 ? 2.0 : 12.0), 1.0);
+    for (std::int64_t left = tokens; left > 0;) {
+      std::int64_t len = std::max<std::int64_t>(1, static_cast<std::int64_t>(lognormal(rng)));
+      if (kind == 1 && rng() % 5 == 0) len = left;  // long tail: a document to the end
+      len = std::min(len, left);
+      docs.push_back(len);
+      left -= len;
+    }
+    seqs.push_back(docs);
+  }
+  return DocumentBatch(seqs);
+}
+
+std::int64_t piece_elems(const comm::Piece& p) { return p.rows.size() * p.heads.size(); }
+
+template <class S>
+void check(const std::string& name, const DocumentBatch& batch, const AttentionShape& shape, int world,
+           typename S::Arguments args) {
+  const Topology topo{world, args.ranks_per_node};
+  const Status status = S::can_implement(args, batch, shape, topo);
+  if (!status.ok) {
+    expect(!status.reason.empty(), name + ": refused without a reason");
+    return;
+  }
+  const typename S::partitioner_type partitioner{args.partition};
+  const typename S::communicator_type communicator{args.comm};
+  const ShardPlan plan = partitioner.plan(batch, topo);
+  plan.check_invariants(batch);
+  std::vector<comm::CompiledAttention> programs;
+  for (int r = 0; r < world; ++r) programs.push_back(communicator.compile(plan, shape, r));
+  for (int pass = 0; pass < 2; ++pass) {
+    std::int64_t pairs = 0;
+    // (level members, tag, from, to) -> elements sent / expected
+    std::map<std::tuple<std::vector<int>, int, int, int>, std::int64_t> sent, expected;
+    std::vector<std::vector<const comm::ExchangeStep*>> exchanges(static_cast<std::size_t>(world));
+    for (int r = 0; r < world; ++r) {
+      const comm::Program& p = pass == 0 ? programs[static_cast<std::size_t>(r)].forward
+                                         : programs[static_cast<std::size_t>(r)].backward;
+      pairs += p.head_pairs();
+      for (const comm::Step& step : p.steps) {
+        if (const auto* c = std::get_if<comm::ComputeStep>(&step)) {
+          for (const auto& wave : c->waves) {
+            std::int64_t q_rows = 0, k_rows = 0;
+            for (const AttnSlice& s : wave) q_rows = std::max(q_rows, s.q_range.end), k_rows = std::max(k_rows, s.k_range.end);
+            validate_slices(wave, q_rows, k_rows, name.c_str());
+          }
+        } else if (const auto* post = std::get_if<comm::PostStep>(&step)) {
+          const auto& members = p.level_members[static_cast<std::size_t>(post->level)];
+          const int me = static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
+          for (const comm::Transfer& t : post->sends) {
+            std::int64_t n = 0;
+            for (const auto& bp : t.pieces) n += piece_elems(bp.piece);
+            sent[{members, post->tag, me, t.peer}] += n;
+          }
+          for (const comm::Transfer& t : post->recvs) {
+            std::int64_t n = 0;
+            for (const auto& bp : t.pieces) n += piece_elems(bp.piece);
+            expected[{members, post->tag, t.peer, me}] += n;
+          }
+        } else if (const auto* ex = std::get_if<comm::ExchangeStep>(&step)) {
+          exchanges[static_cast<std::size_t>(r)].push_back(ex);
+          const auto& members = p.level_members[static_cast<std::size_t>(ex->level)];
+          for (const comm::Move& m : ex->moves)
+            for (std::size_t peer = 0; peer < m.send.size(); ++peer) {
+              std::int64_t s = 0, e = 0;
+              for (const auto& piece : m.send[peer]) s += piece_elems(piece);
+              for (const auto& piece : m.recv[peer]) e += piece_elems(piece);
+              sent[{members, -1 - static_cast<int>(m.src), ex->self, static_cast<int>(peer)}] += s;
+              expected[{members, -1 - static_cast<int>(m.src), static_cast<int>(peer), ex->self}] += e;
+            }
+        }
+      }
+    }
+    expect(pairs == batch.causal_area() * shape.heads_q,
+           name + ": computed " + std::to_string(pairs) + " head-pairs, expected " +
+               std::to_string(batch.causal_area() * shape.heads_q) + (pass ? " (backward)" : " (forward)"));
+    expect(sent == expected, name + ": bytes sent and bytes expected differ between peers");
+  }
+}
+
+template <class P>
+void check_partitioner(const std::string& name, const DocumentBatch& batch, const AttentionShape& shape, int world,
+                       int rpn) {
+  using Hier = comm::Hierarchical<comm::AllToAll, comm::Ring>;
+  typename Strategy<P, comm::Ring>::Arguments ring;
+  ring.ranks_per_node = rpn;
+  check<Strategy<P, comm::AllToAll>>(name + " x AllToAll", batch, shape, world, {.ranks_per_node = rpn});
+  check<Strategy<P, comm::Ring>>(name + " x Ring", batch, shape, world, ring);
+  ring.comm.sharding_aware = true;
+  check<Strategy<P, comm::Ring>>(name + " x Ring(aware)", batch, shape, world, ring);
+  typename Strategy<P, Hier>::Arguments hier;
+  hier.ranks_per_node = rpn;
+  hier.comm.outer.sharding_aware = (world % 2) == 0;
+  check<Strategy<P, Hier>>(name + " x Hierarchical", batch, shape, world, hier);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double seconds = 10;
+  std::uint32_t seed = std::random_device{}();
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--seconds" && i + 1 < argc) seconds = std::stod(argv[++i]);
+    else if (a == "--seed" && i + 1 < argc) seed = static_cast<std::uint32_t>(std::stoul(argv[++i]));
+    else {
+      std::fprintf(stderr, "usage: %s [--seconds S] [--seed N]\n", argv[0]);
+      return 2;
+    }
+  }
+  const auto stop = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  long cases = 0;
+  for (std::uint32_t s = seed;; ++s) {
+    if (std::chrono::steady_clock::now() > stop) break;
+    std::mt19937 rng(s);
+    const DocumentBatch batch = random_batch(rng);
+    const int world = 1 + static_cast<int>(rng() % 12);
+    const int rpn = 1 + static_cast<int>(rng() % static_cast<std::uint32_t>(world));
+    const int hkv = 1 + static_cast<int>(rng() % 4);
+    const AttentionShape shape{hkv * (1 + static_cast<int>(rng() % 3)), hkv, 8};
+    try {
+      check_partitioner<partition::Uniform>("Uniform", batch, shape, world, rpn);
+      check_partitioner<partition::Zigzag>("Zigzag", batch, shape, world, rpn);
+      check_partitioner<partition::PerDoc>("PerDoc", batch, shape, world, rpn);
+      check_partitioner<partition::WholeDoc>("WholeDoc", batch, shape, world, rpn);
+      check_partitioner<partition::Hybrid>("Hybrid", batch, shape, world, rpn);
+      check_partitioner<partition::BatchAware<partition::Uniform>>("BatchAware<Uniform>", batch, shape, world, rpn);
+      check_partitioner<partition::BatchAware<partition::PerDoc>>("BatchAware<PerDoc>", batch, shape, world, rpn);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "FAILED at seed %u (world %d, %d per node, heads %d:%d, %zu documents): %s\n", s, world,
+                   rpn, shape.heads_q, shape.heads_kv, batch.documents().size(), e.what());
+      return 1;
+    }
+    ++cases;
+  }
+  std::printf("fuzz_plans: %ld random batches x 7 partitioners x 4 communicators checked in %.0f s (seeds %u..%u)\n",
+              cases, seconds, seed, seed + static_cast<std::uint32_t>(cases));
+  return cases > 0 ? 0 : 1;
+}

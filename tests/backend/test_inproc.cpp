@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
 
+#include "support/expect_error.hpp"
+
 #include <seqpar/backend/inproc/world.hpp>
 
 #include <algorithm>
@@ -90,15 +92,7 @@ std::chrono::milliseconds expect_boom(World world, F&& fn) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
 }
 
-template <class F>
-std::string invalid_message(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return {};
-}
+using seqpar::test::invalid_message;
 
 }  // namespace
 

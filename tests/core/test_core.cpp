@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
 
+#include "support/expect_error.hpp"
+
 #include <seqpar/core/attention_shape.hpp>
 #include <seqpar/core/attn_slice.hpp>
 #include <seqpar/core/document_batch.hpp>
@@ -13,16 +15,7 @@
 using namespace seqpar;
 
 namespace {
-// Runs f and returns the std::invalid_argument message (empty if nothing was thrown).
-template <class F>
-std::string invalid_message(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return {};
-}
+using test::invalid_message;
 }  // namespace
 
 TEST_SUITE("core") {

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <doctest/doctest.h>
 
+#include "support/expect_error.hpp"
+
 #include <seqpar/partition/batch_aware.hpp>
 #include <seqpar/partition/hybrid.hpp>
 #include <seqpar/partition/per_doc.hpp>
@@ -211,15 +213,7 @@ double proxy_cost(const ShardPlan& p) {
   return worst;
 }
 
-template <class F>
-std::string invalid_message(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return {};
-}
+using test::invalid_message;
 
 bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
 

@@ -46,12 +46,11 @@ struct AllToAll {
 
   [[nodiscard]] CompiledAttention compile(const ShardPlan& plan, const AttentionShape& shape, int rank) const {
     shape.validate("comm::AllToAll");
-    const int gi = plan.group_of(rank);
-    seqpar::detail::require(gi >= 0, "comm::AllToAll::compile", "rank", rank, "is in no group of the plan");
-    const std::vector<int>& members = plan.groups[static_cast<std::size_t>(gi)];
+    const GroupPosition group = group_position(plan, rank, "comm::AllToAll::compile");
+    const std::vector<int>& members = group.members;
     detail::A2ASpec spec;
     spec.level = Level::kGroup;
-    spec.me = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
+    spec.me = group.me;
     std::vector<AttnSlice> slices;
     for (int m : members) {
       spec.tokens.push_back(plan.owned[static_cast<std::size_t>(m)]);

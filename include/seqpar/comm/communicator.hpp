@@ -2,7 +2,9 @@
 // seqpar: exact distributed attention over packed long-context batches.
 #pragma once
 
+#include <algorithm>
 #include <concepts>
+#include <vector>
 
 #include "seqpar/comm/program.hpp"
 #include "seqpar/core/attention_shape.hpp"
@@ -10,6 +12,19 @@
 #include "seqpar/core/status.hpp"
 
 namespace seqpar::comm {
+
+/// The plan group `rank` belongs to, and its position in it: where every communicator starts.
+struct GroupPosition {
+  const std::vector<int>& members;
+  int me = 0;
+};
+
+[[nodiscard]] inline GroupPosition group_position(const ShardPlan& plan, int rank, const char* where) {
+  const int gi = plan.group_of(rank);
+  seqpar::detail::require(gi >= 0, where, "rank", rank, "is in no group of the plan");
+  const std::vector<int>& members = plan.groups[static_cast<std::size_t>(gi)];
+  return {members, static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin())};
+}
 
 /// Opt-in tag of communicators.
 struct communicator_tag {};

@@ -64,14 +64,13 @@ struct Hierarchical {
 
   [[nodiscard]] CompiledAttention compile(const ShardPlan& plan, const AttentionShape& shape, int rank) const {
     shape.validate("comm::Hierarchical");
-    const int gi = plan.group_of(rank);
-    seqpar::detail::require(gi >= 0, "comm::Hierarchical::compile", "rank", rank, "is in no group of the plan");
-    const std::vector<int>& members = plan.groups[static_cast<std::size_t>(gi)];
+    const GroupPosition group = group_position(plan, rank, "comm::Hierarchical::compile");
+    const std::vector<int>& members = group.members;
     const int k = static_cast<int>(members.size());
     const int inner = inner_size_for(k, plan.topology, shape);
     seqpar::detail::require(inner > 0, "comm::Hierarchical::compile", "args.inner_size", args.inner_size,
                             "does not divide the group size " + std::to_string(k) + " (see can_implement)");
-    const int pos = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
+    const int pos = group.me;
     const int outer = k / inner, i = pos % inner, j = pos / inner;
     const auto member = [&](int jj, int ii) { return members[static_cast<std::size_t>(jj * inner + ii)]; };
 

@@ -43,12 +43,11 @@ struct Ring {
 
   [[nodiscard]] CompiledAttention compile(const ShardPlan& plan, const AttentionShape& shape, int rank) const {
     shape.validate("comm::Ring");
-    const int gi = plan.group_of(rank);
-    seqpar::detail::require(gi >= 0, "comm::Ring::compile", "rank", rank, "is in no group of the plan");
-    const std::vector<int>& members = plan.groups[static_cast<std::size_t>(gi)];
+    const GroupPosition group = group_position(plan, rank, "comm::Ring::compile");
+    const std::vector<int>& members = group.members;
     detail::RingSpec spec;
     spec.level = Level::kGroup;
-    spec.me = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
+    spec.me = group.me;
     for (int m : members) {
       spec.tokens.push_back(plan.owned[static_cast<std::size_t>(m)]);
       spec.slices.push_back(plan.slices[static_cast<std::size_t>(m)]);

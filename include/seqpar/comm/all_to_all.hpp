@@ -59,11 +59,7 @@ struct AllToAll {
     }
     spec.heads = detail::assign_heads(shape, spec.size());
 
-    Program p;
-    p.rank = rank;
-    p.head_dim = shape.head_dim;
-    p.softmax_scale = shape.scale();
-    p.local_tokens = plan.local_tokens(rank);
+    Program p = empty_program(plan, shape, rank);
     p.level_members[static_cast<std::size_t>(Level::kGroup)] = members;
     CompiledAttention out{p, p};
     // Every rank computes all of the group's queries for its heads, on whole documents.

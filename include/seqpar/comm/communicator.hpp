@@ -26,6 +26,16 @@ struct GroupPosition {
   return {members, static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin())};
 }
 
+/// A program with this rank's identity, shape and local token count filled in, no steps yet.
+[[nodiscard]] inline Program empty_program(const ShardPlan& plan, const AttentionShape& shape, int rank) {
+  Program p;
+  p.rank = rank;
+  p.head_dim = shape.head_dim;
+  p.softmax_scale = shape.scale();
+  p.local_tokens = plan.local_tokens(rank);
+  return p;
+}
+
 /// Opt-in tag of communicators.
 struct communicator_tag {};
 

@@ -104,11 +104,7 @@ struct Hierarchical {
     ring.kv_heads = static_cast<int>(my_kv.size());
     ring.head_groups = detail::head_groups(my_q, my_kv, shape.group_size());
 
-    Program p;
-    p.rank = rank;
-    p.head_dim = shape.head_dim;
-    p.softmax_scale = shape.scale();
-    p.local_tokens = plan.local_tokens(rank);
+    Program p = empty_program(plan, shape, rank);
     // World-unique colors: inner groups by their first rank (even), outer rings by theirs (odd).
     p.splits[static_cast<std::size_t>(Level::kInner)] = {2 * member(j, 0), i};
     p.splits[static_cast<std::size_t>(Level::kOuter)] = {2 * member(0, i) + 1, j};

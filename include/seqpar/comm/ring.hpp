@@ -58,11 +58,7 @@ struct Ring {
     spec.head_groups = {HeadGroup{{0, shape.heads_q}, {0, shape.heads_kv}}};
 
     const auto base = [&] {
-      Program p;
-      p.rank = rank;
-      p.head_dim = shape.head_dim;
-      p.softmax_scale = shape.scale();
-      p.local_tokens = plan.local_tokens(rank);
+      Program p = empty_program(plan, shape, rank);
       p.level_members[static_cast<std::size_t>(Level::kGroup)] = members;
       return p;
     };

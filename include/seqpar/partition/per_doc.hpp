@@ -37,9 +37,7 @@ struct PerDoc {
   Arguments args;
 
   [[nodiscard]] Status can_implement(const DocumentBatch&, const Topology& topo) const {
-    if (topo.world_size < 1) return Status::refuse("world_size must be >= 1");
-    if (topo.ranks_per_node < 1) return Status::refuse("ranks_per_node must be >= 1");
-    return Status::success();
+    return detail::topology_status(topo);
   }
 
   [[nodiscard]] ShardPlan plan(const DocumentBatch& batch, const Topology& topo) const {

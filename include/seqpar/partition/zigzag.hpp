@@ -11,6 +11,14 @@
 namespace seqpar::partition {
 namespace detail {
 
+/// The refusal every topology-only partitioner shares.
+[[nodiscard]] inline Status topology_status(const Topology& topo) {
+  if (topo.world_size < 1) return Status::refuse("world_size must be >= 1");
+  if (topo.ranks_per_node < 1) return Status::refuse("ranks_per_node must be >= 1");
+  return Status::success();
+}
+
+
 // Code in seqpar::partition that names `detail::x` must keep finding seqpar::detail's helpers
 // (document_causal_slices_for, require) now that this namespace exists: qualified lookup follows
 // this using-directive when a name is not declared here.
@@ -116,9 +124,7 @@ struct Zigzag {
   Arguments args;
 
   [[nodiscard]] Status can_implement(const DocumentBatch&, const Topology& topo) const {
-    if (topo.world_size < 1) return Status::refuse("world_size must be >= 1");
-    if (topo.ranks_per_node < 1) return Status::refuse("ranks_per_node must be >= 1");
-    return Status::success();
+    return detail::topology_status(topo);
   }
 
   [[nodiscard]] ShardPlan plan(const DocumentBatch& batch, const Topology& topo) const {

@@ -38,3 +38,4 @@
 #include "seqpar/strategy.hpp"
 #include "seqpar/comm/ring.hpp"
 #include "seqpar/comm/hierarchical.hpp"
+#include "seqpar/selected_attention.hpp"

@@ -10,6 +10,7 @@
 #include <seqpar/core/topology.hpp>
 
 #include <stdexcept>
+#include <random>
 #include <string>
 
 using namespace seqpar;
@@ -74,6 +75,22 @@ TEST_SUITE("core") {
     const AttnSlice s{{0, 4}, {0, 4}, Mask::causal(0)};
     CHECK(s.area() == 10);
     CHECK(AttnSlice{{0, 4}, {0, 6}, Mask::full()}.area() == 24);
+  }
+
+  TEST_CASE("AttnSlice::area (closed form) equals the row-by-row count of visible keys") {
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<int> len(0, 40), off(-50, 50), win(1, 30), kind(0, 2);
+    for (int trial = 0; trial < 20000; ++trial) {
+      const Mask m = kind(rng) == 0   ? Mask::full()
+                     : kind(rng) == 1 ? Mask::causal(off(rng))
+                                      : Mask::sliding_window(win(rng), off(rng));
+      const AttnSlice s{{3, 3 + len(rng)}, {5, 5 + len(rng)}, m};
+      std::int64_t rows = 0;
+      for (std::int64_t qi = 0; qi < s.q_range.size(); ++qi) rows += m.visible_keys(qi, s.k_range.size()).size();
+      REQUIRE(s.area() == rows);
+    }
+    // Large slices stay exact (the simulator sums areas of 1M-token batches).
+    CHECK(AttnSlice{{0, 1 << 20}, {0, 1 << 20}, Mask::causal()}.area() == (std::int64_t{1} << 20) * ((1 << 20) + 1) / 2);
   }
 
   TEST_CASE("validate_slices rejects out-of-range and overlapping slices") {

@@ -46,6 +46,16 @@ struct Mask {
   }
 };
 
+namespace detail {
+/// Sum over x in [a, b) of clamp(x, 0, k).
+[[nodiscard]] constexpr std::int64_t clamped_sum(std::int64_t a, std::int64_t b, std::int64_t k) noexcept {
+  const auto prefix = [k](std::int64_t n) {  // sum over x in [0, n) of min(x, k), n >= 0
+    return n <= k + 1 ? n * (n - 1) / 2 : k * (k + 1) / 2 + (n - k - 1) * k;
+  };
+  return prefix(std::max<std::int64_t>(b, 0)) - prefix(std::max<std::int64_t>(a, 0));
+}
+}  // namespace detail
+
 /// The unit of attention work: queries q_range attend to keys k_range under mask.
 /// Within one kernel call the q_ranges of all slices are disjoint; a query row that needs keys from
 /// several places is covered by several calls whose partial results are merged (attention/merge.hpp).
@@ -55,10 +65,16 @@ struct AttnSlice {
   Mask mask;
 
   /// Number of visible (query, key) pairs: the unit of compute (FLOPs = 4 * d * Hq * area).
+  /// Closed form, O(1): planners and the simulator call it for every slice of every rank.
   [[nodiscard]] constexpr std::int64_t area() const noexcept {
-    if (mask.kind == MaskKind::kFull) return q_range.size() * k_range.size();
-    std::int64_t total = 0;
-    for (std::int64_t qi = 0; qi < q_range.size(); ++qi) total += mask.visible_keys(qi, k_range.size()).size();
+    const std::int64_t q = q_range.size(), k = k_range.size();
+    if (q <= 0 || k <= 0) return 0;
+    if (mask.kind == MaskKind::kFull) return q * k;
+    // Row qi sees clamp(x, 0, k) keys with x = qi + offset + 1, minus clamp(x - window, 0, k) with a
+    // sliding window (visible_keys); both sums over a run of consecutive x have a closed form.
+    const std::int64_t x0 = mask.causal_offset + 1;
+    std::int64_t total = detail::clamped_sum(x0, x0 + q, k);
+    if (mask.kind == MaskKind::kSlidingWindow) total -= detail::clamped_sum(x0 - mask.window, x0 + q - mask.window, k);
     return total;
   }
   friend constexpr bool operator==(const AttnSlice&, const AttnSlice&) = default;

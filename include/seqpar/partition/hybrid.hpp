@@ -87,7 +87,8 @@ struct HybridReport {
 /// chunks across all ranks, balanced by construction but needing KV from every rank), the others stay
 /// whole and are LPT-packed by cost s(s+1)/2 + linear_weight*s onto the ranks on top of the Per-Doc
 /// load, within ceil(capacity_factor*T/P) tokens per rank (no KV traffic for them).
-/// tau is swept over 0 and the distinct document lengths (or fixed by `threshold`); each candidate
+/// tau is swept over 0 and the distinct document lengths (at most max_candidates of them, log-spaced;
+/// or fixed by `threshold`); each candidate
 /// plan is scored by `cost` (default: hybrid_proxy_cost with compute_weight per attention pair,
 /// comm_weight per received KV token (sharding-aware) and `overlap`), and among the candidates within
 /// (1 + tolerance) of the cheapest the largest tau wins (fewer split documents: less traffic, larger
@@ -120,6 +121,7 @@ struct Hybrid {
     double overlap = 0.5;                   ///< proxy: fraction of a rank's compute that hides its KV traffic
     double tolerance = 0.01;                ///< prefer the largest tau within (1 + tolerance) of the best cost
     std::optional<std::int64_t> threshold{};  ///< fixed tau (>= 0); empty = sweep
+    int max_candidates = 64;                ///< sweep at most this many thresholds (0 and log-spaced lengths)
     HybridCostFunction cost{};              ///< empty = hybrid_proxy_cost(compute_weight, comm_weight, overlap)
   };
   Arguments args;
@@ -151,6 +153,7 @@ struct Hybrid {
       for (const Document& d : batch.documents()) taus.push_back(d.tokens.size());
       std::sort(taus.begin(), taus.end());
       taus.erase(std::unique(taus.begin(), taus.end()), taus.end());
+      taus = thin_out(std::move(taus));
     }
     std::vector<std::pair<std::int64_t, double>> costed;  // feasible (tau, cost), ascending tau
     double lowest = std::numeric_limits<double>::infinity();
@@ -180,7 +183,27 @@ struct Hybrid {
     if (bad(args.overlap) || args.overlap > 1.0) return "overlap = " + std::to_string(args.overlap) + " must be in [0, 1]";
     if (bad(args.tolerance)) return "tolerance = " + std::to_string(args.tolerance) + " must be finite and >= 0";
     if (args.threshold && *args.threshold < 0) return "threshold = " + std::to_string(*args.threshold) + " must be >= 0";
+    if (args.max_candidates < 2) return "max_candidates = " + std::to_string(args.max_candidates) + " must be >= 2";
     return {};
+  }
+
+  // At most max_candidates thresholds: 0, the largest length, and lengths spaced evenly in log(length)
+  // between (each candidate plans the whole batch: a 1M-token batch has hundreds of distinct lengths).
+  [[nodiscard]] std::vector<std::int64_t> thin_out(std::vector<std::int64_t> taus) const {
+    if (static_cast<int>(taus.size()) <= args.max_candidates) return taus;
+    std::vector<std::int64_t> out{taus.front(), taus.back()};
+    const double lo = std::log(static_cast<double>(std::max<std::int64_t>(1, taus[1]))),
+                 hi = std::log(static_cast<double>(taus.back()));
+    const int slots = args.max_candidates - 2;
+    for (int i = 0; i < slots; ++i) {
+      const double target = std::exp(lo + (hi - lo) * i / std::max(1, slots - 1));
+      // The largest distinct length not above the target (thresholds between lengths plan the same).
+      auto it = std::upper_bound(taus.begin() + 1, taus.end(), static_cast<std::int64_t>(target));
+      out.push_back(*(it == taus.begin() + 1 ? it : it - 1));
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
   }
 
   // The plan for one threshold, or nothing when the whole documents do not fit the capacity.

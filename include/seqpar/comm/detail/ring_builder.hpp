@@ -149,12 +149,14 @@ inline ComputeStep ring_compute(const RingSpec& spec, int s, bool backward) {
   return c;
 }
 
-/// Forward: local attention first (it writes O, LSE), then for each step the next transfer is posted
-/// before the current compute (double buffering); partial results merge into O, LSE in fp32.
+/// Forward: the first transfer is posted, then local attention (it writes O, LSE) runs while it flies;
+/// for each later step the next transfer is posted before the current compute (double buffering);
+/// partial results merge into O, LSE in fp32. (Posting step 1 after the local compute left the first
+/// transfer exposed; the simulator showed it as one step of wait on every rank.)
 inline void append_ring_forward(Program& p, const RingSpec& spec) {
   const int k = spec.size();
-  p.steps.push_back(ring_compute(spec, 0, false));
   if (k > 1) p.steps.push_back(ring_kv_post(spec, 1));
+  p.steps.push_back(ring_compute(spec, 0, false));
   for (int s = 1; s < k; ++s) {
     p.steps.push_back(WaitStep{s % 2});
     if (s + 1 < k) p.steps.push_back(ring_kv_post(spec, s + 1));
@@ -169,8 +171,8 @@ inline void append_ring_backward(Program& p, const RingSpec& spec) {
   const int k = spec.size(), me = spec.me;
   const RingSchedule sched(spec);
   p.steps.push_back(ZeroStep{{spec.dq, spec.dk, spec.dv}});
+  if (k > 1) p.steps.push_back(ring_kv_post(spec, 1));  // sends read K, V only: overlaps the local step
   p.steps.push_back(ring_compute(spec, 0, true));
-  if (k > 1) p.steps.push_back(ring_kv_post(spec, 1));
   std::vector<bool> return_pending(2, false);
   for (int s = 1; s < k; ++s) {
     p.steps.push_back(WaitStep{s % 2});

@@ -84,18 +84,50 @@ struct RowMap {
   return {q, k, m};
 }
 
-/// Global slices restricted to the queries of q_map and the keys of k_map, in local rows.
+/// Finds which of a set of disjoint ranges overlap a query range, in O(log n + hits): plans with
+/// thousands of pieces per rank (Per-Doc cuts at large P) made the all-pairs scans quadratic.
+class DisjointRangeIndex {
+ public:
+  explicit DisjointRangeIndex(const std::vector<Range>& ranges) : ranges_(&ranges) {
+    for (std::size_t i = 0; i < ranges.size(); ++i)
+      if (!ranges[i].empty()) order_.push_back(i);
+    std::sort(order_.begin(), order_.end(), [&](std::size_t a, std::size_t b) { return ranges[a].begin < ranges[b].begin; });
+  }
+  /// Indices (ascending) of the non-empty ranges that overlap `r`.
+  void overlapping(Range r, std::vector<std::size_t>& out) const {
+    out.clear();
+    if (r.empty()) return;
+    const auto& rs = *ranges_;
+    // Disjoint and sorted by begin, so also sorted by end.
+    auto it = std::partition_point(order_.begin(), order_.end(), [&](std::size_t i) { return rs[i].end <= r.begin; });
+    for (; it != order_.end() && rs[*it].begin < r.end; ++it) out.push_back(*it);
+    std::sort(out.begin(), out.end());
+  }
+
+ private:
+  const std::vector<Range>* ranges_;
+  std::vector<std::size_t> order_;
+};
+
+/// Global slices restricted to the queries of q_map and the keys of k_map, in local rows. Output order:
+/// by slice, then q piece, then k piece (the order waves are formed in).
 [[nodiscard]] inline std::vector<AttnSlice> localize(const std::vector<AttnSlice>& global, const RowMap& q_map,
                                                      const RowMap& k_map) {
   std::vector<AttnSlice> out;
-  for (const AttnSlice& s : global)
-    for (std::size_t i = 0; i < q_map.global.size(); ++i)
-      for (std::size_t j = 0; j < k_map.global.size(); ++j) {
+  const DisjointRangeIndex q_index(q_map.global), k_index(k_map.global);
+  std::vector<std::size_t> qs, ks;
+  for (const AttnSlice& s : global) {
+    q_index.overlapping(s.q_range, qs);
+    if (qs.empty()) continue;
+    k_index.overlapping(s.k_range, ks);
+    for (std::size_t i : qs)
+      for (std::size_t j : ks) {
         const AttnSlice c = clip_slice(s, q_map.global[i], k_map.global[j]);
         if (c.q_range.empty()) continue;
         out.push_back({c.q_range.shifted(q_map.local[i] - q_map.global[i].begin),
                        c.k_range.shifted(k_map.local[j] - k_map.global[j].begin), c.mask});
       }
+  }
   return out;
 }
 
@@ -117,19 +149,23 @@ struct RowMap {
   return out;
 }
 
-/// The global key ranges that `slices` read inside `available`: for each available range in order,
-/// the sorted, merged keys read inside it (so every result lies inside one available range).
+/// The global key ranges that `slices` read inside `available` (disjoint ranges): for each available
+/// range in order, the sorted, merged keys read inside it (so every result lies inside one available range).
 [[nodiscard]] inline std::vector<Range> keys_needed(const std::vector<AttnSlice>& slices,
                                                     const std::vector<Range>& available) {
-  std::vector<Range> out;
-  for (const Range& a : available) {
-    std::vector<Range> need;
-    for (const AttnSlice& s : slices) {
-      const AttnSlice c = clip_slice(s, s.q_range, a);
-      if (!c.q_range.empty()) need.push_back(c.k_range);
+  std::vector<std::vector<Range>> need(available.size());
+  const DisjointRangeIndex index(available);
+  std::vector<std::size_t> hits;
+  for (const AttnSlice& s : slices) {
+    index.overlapping(s.k_range, hits);
+    for (std::size_t a : hits) {
+      const AttnSlice c = clip_slice(s, s.q_range, available[a]);
+      if (!c.q_range.empty()) need[a].push_back(c.k_range);
     }
-    for (const Range& r : merge_ranges(std::move(need))) out.push_back(r);
   }
+  std::vector<Range> out;
+  for (auto& n : need)
+    for (const Range& r : merge_ranges(std::move(n))) out.push_back(r);
   return out;
 }
 

@@ -1,0 +1,148 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "seqpar/comm/all_to_all.hpp"
+#include "seqpar/comm/hierarchical.hpp"
+#include "seqpar/comm/ring.hpp"
+#include "seqpar/cost/hybrid_cost.hpp"
+#include "seqpar/cost/model_shape.hpp"
+#include "seqpar/cost/predict.hpp"
+#include "seqpar/partition/batch_aware.hpp"
+#include "seqpar/partition/hybrid.hpp"
+#include "seqpar/partition/per_doc.hpp"
+#include "seqpar/partition/uniform.hpp"
+#include "seqpar/partition/whole_doc.hpp"
+#include "seqpar/partition/zigzag.hpp"
+#include "seqpar/strategy.hpp"
+
+namespace seqpar::cost {
+
+/// A strategy the planner can compile for any batch, by name: the type-erased face of Strategy<P, C, S>
+/// for tools that choose at run time (seqpar-plan, the replays).
+struct Candidate {
+  std::string name;
+  std::string description;  ///< the Strategy<...> it is
+  std::function<CompiledStrategy(const DocumentBatch&, const AttentionShape&, const Topology&)> compile;
+};
+
+/// Per-Doc cuts every document it splits into 2P pieces, and a ring over P ranks then runs ~4 slices per
+/// split document per rank per step: about 4 * D * P^2 slices in the compiled programs. Planning tools
+/// refuse a candidate above this many (measured ~200 bytes each with their pieces) instead of exhausting
+/// memory: at 256 ranks a 2M-token batch of 2K documents is ~160 M slices. A trainer compiles only its own
+/// rank's program (P times less) and is unaffected.
+inline constexpr double kMaxPlannedSlices = 1e7;
+
+[[nodiscard]] inline Status check_split_budget(double split_documents, int ranks) {
+  const double slices = 4.0 * split_documents * ranks * ranks;
+  if (slices <= kMaxPlannedSlices) return Status::success();
+  return Status::refuse("Per-Doc would cut " + std::to_string(static_cast<long long>(split_documents)) +
+                        " documents into " + std::to_string(2 * ranks) + " pieces each: ~" +
+                        std::to_string(static_cast<long long>(slices / 1e6)) +
+                        " M slices to plan across all ranks (budget " +
+                        std::to_string(static_cast<long long>(kMaxPlannedSlices / 1e6)) + " M); use fewer ranks per "
+                        "ring (Hierarchical, BatchAware) or longer documents");
+}
+
+/// A candidate for strategy S with fixed arguments.
+template <class S>
+[[nodiscard]] Candidate make_candidate(std::string name, std::string description, typename S::Arguments args = {}) {
+  return {std::move(name), std::move(description),
+          [args](const DocumentBatch& batch, const AttentionShape& shape, const Topology& topo) {
+            typename S::Arguments a = args;
+            a.ranks_per_node = topo.ranks_per_node;
+            return compile_all<S>(a, batch, shape, topo);
+          }};
+}
+
+/// Seconds of one layer's GEMMs (forward + backward, with recompute) per token of `model` on `hw`.
+[[nodiscard]] inline double layer_gemm_seconds_per_token(const HardwareProfile& hw, const ModelShape& model,
+                                                         bool checkpointing = true) {
+  return (checkpointing ? 4.0 : 3.0) * model.layer_gemm_flops_per_token() / hw.gemm_rate();
+}
+
+/// Every composition seqpar ships, with the arguments a user would start from. Hybrid placements are
+/// chosen with the cost model of `hardware` (hybrid_model_cost) when one is given, else with the proxy;
+/// with `model`, the placement also weighs the GEMM time of the tokens each rank owns (training).
+[[nodiscard]] inline std::vector<Candidate> standard_candidates(std::optional<HardwareProfile> hardware = std::nullopt,
+                                                                std::optional<ModelShape> model = std::nullopt) {
+  const double per_token = hardware && model ? layer_gemm_seconds_per_token(*hardware, *model) : 0.0;
+  using partition::BatchAware, partition::Hybrid, partition::PerDoc, partition::Uniform, partition::WholeDoc,
+      partition::Zigzag;
+  using comm::AllToAll, comm::Ring;
+  using Hier = comm::Hierarchical<AllToAll, Ring>;
+  std::vector<Candidate> c;
+  c.push_back(make_candidate<Strategy<Uniform, AllToAll>>("ulysses", "Strategy<Uniform, AllToAll> (DeepSpeed-Ulysses)"));
+  c.push_back(make_candidate<Strategy<Uniform, Ring>>("ring", "Strategy<Uniform, Ring> (ring attention)"));
+  c.push_back(make_candidate<Strategy<Zigzag, Ring>>("zigzag-ring", "Strategy<Zigzag, Ring> (Megatron/TE context parallel)"));
+  {
+    Strategy<Zigzag, Ring>::Arguments a;
+    a.comm.sharding_aware = true;
+    c.push_back(make_candidate<Strategy<Zigzag, Ring>>("zigzag-ring-aware", "Strategy<Zigzag, Ring{sharding_aware}>", a));
+  }
+  {
+    Strategy<PerDoc, Ring>::Arguments a;
+    a.comm.sharding_aware = true;
+    Candidate cand = make_candidate<Strategy<PerDoc, Ring>>("per-doc-aware", "Strategy<PerDoc, Ring{sharding_aware}> (FlashCP Per-Doc)", a);
+    cand.compile = [inner = std::move(cand.compile)](const DocumentBatch& batch, const AttentionShape& shape,
+                                                      const Topology& topo) {
+      CompiledStrategy out;
+      out.status = check_split_budget(static_cast<double>(batch.documents().size()), topo.world_size);
+      return out.status ? inner(batch, shape, topo) : out;
+    };
+    c.push_back(std::move(cand));
+  }
+  {
+    Strategy<WholeDoc, Ring>::Arguments a;
+    a.comm.sharding_aware = true;
+    c.push_back(make_candidate<Strategy<WholeDoc, Ring>>("whole-doc", "Strategy<WholeDoc, Ring{sharding_aware}> (FlashCP Whole-Doc)", a));
+  }
+  {
+    using S = Strategy<Hybrid, Ring>;
+    Candidate cand{"hybrid-aware", "Strategy<Hybrid, Ring{sharding_aware}> (FlashCP)", {}};
+    cand.compile = [hw = hardware, per_token](const DocumentBatch& batch, const AttentionShape& shape, const Topology& topo) {
+      S::Arguments a;
+      a.comm.sharding_aware = true;
+      a.ranks_per_node = topo.ranks_per_node;
+      if (hw) a.partition.cost = hybrid_model_cost(*hw, shape, per_token);
+      if (const Status st = S::can_implement(a, batch, shape, topo); st) {
+        const auto report = partition::Hybrid{a.partition}.plan_with_report(batch, topo);
+        if (Status budget = check_split_budget(report.per_doc_documents, topo.world_size); !budget) {
+          CompiledStrategy out;
+          out.status = std::move(budget);
+          return out;
+        }
+      }
+      return compile_all<S>(a, batch, shape, topo);
+    };
+    c.push_back(std::move(cand));
+  }
+  {
+    Strategy<Zigzag, Hier>::Arguments a;
+    a.comm.outer.sharding_aware = true;
+    c.push_back(make_candidate<Strategy<Zigzag, Hier>>(
+        "hierarchical", "Strategy<Zigzag, Hierarchical<AllToAll, Ring{sharding_aware}>> (USP / HSAP)", a));
+  }
+  c.push_back(make_candidate<Strategy<BatchAware<Uniform>, AllToAll>>("basp", "Strategy<BatchAware<Uniform>, AllToAll> (BASP)"));
+  {
+    using S = Strategy<BatchAware<Hybrid>, Hier>;
+    Candidate cand{"basp-hybrid-hierarchical",
+                   "Strategy<BatchAware<Hybrid>, Hierarchical<AllToAll, Ring{sharding_aware}>>", {}};
+    cand.compile = [hw = hardware, per_token](const DocumentBatch& batch, const AttentionShape& shape, const Topology& topo) {
+      S::Arguments a;
+      a.comm.outer.sharding_aware = true;
+      a.ranks_per_node = topo.ranks_per_node;
+      if (hw) a.partition.inner.cost = hybrid_model_cost(*hw, shape, per_token);
+      return compile_all<S>(a, batch, shape, topo);
+    };
+    c.push_back(std::move(cand));
+  }
+  return c;
+}
+
+}  // namespace seqpar::cost

@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+
+#include "seqpar/core/attn_slice.hpp"
+#include "seqpar/core/topology.hpp"
+#include "seqpar/cost/hardware.hpp"
+
+namespace seqpar::cost {
+
+/// FLOPs of attention over `head_pairs` (query, key) pairs summed over query heads: 4 * d per pair
+/// forward (QK^T and PV), 2.5x that backward (FlashAttention-2's convention, which recomputes P).
+[[nodiscard]] constexpr double attention_flops(double head_pairs, int head_dim, bool backward) noexcept {
+  return 4.0 * head_dim * head_pairs * (backward ? 2.5 : 1.0);
+}
+
+/// (query, key) slots the kernel computes for `s`: whole tile x tile blocks touched by visible pairs, plus
+/// `overhead` blocks per query block that sees any key (HardwareProfile::attention_tile). tile = 1 and
+/// overhead = 0 give exactly s.area().
+[[nodiscard]] inline double attention_slots(const AttnSlice& s, double tile, double overhead) noexcept {
+  const std::int64_t q = s.q_range.size(), k = s.k_range.size();
+  if (q <= 0 || k <= 0) return 0.0;
+  const auto t = static_cast<std::int64_t>(tile);
+  if (t <= 1) {
+    if (overhead == 0.0) return static_cast<double>(s.area());
+    // Rows that see at least one key: hi > lo in Mask::visible_keys.
+    const std::int64_t off = s.mask.causal_offset;
+    std::int64_t rows = q;
+    if (s.mask.kind != MaskKind::kFull) {
+      const std::int64_t first = std::clamp<std::int64_t>(-off, 0, q);
+      const std::int64_t last = s.mask.kind == MaskKind::kSlidingWindow
+                                    ? std::clamp<std::int64_t>(k + s.mask.window - off - 1, 0, q)
+                                    : q;
+      rows = std::max<std::int64_t>(0, last - first);
+    }
+    return static_cast<double>(s.area()) + overhead * static_cast<double>(rows);
+  }
+  const std::int64_t q_blocks = (q + t - 1) / t;
+  if (s.mask.kind == MaskKind::kFull) return static_cast<double>(q_blocks) * (static_cast<double>((k + t - 1) / t) + overhead) * tile * tile;
+  double blocks = 0;
+  for (std::int64_t b = 0; b < q_blocks; ++b) {
+    const std::int64_t r0 = b * t, r1 = std::min(q, r0 + t) - 1;
+    const std::int64_t hi = s.mask.visible_keys(r1, k).end;
+    const std::int64_t lo = s.mask.visible_keys(r0, k).begin;
+    if (hi <= lo) continue;  // the whole block is masked: kernels skip it
+    blocks += static_cast<double>((hi + t - 1) / t - lo / t) + overhead;
+  }
+  return blocks * tile * tile;
+}
+
+/// Seconds of one attention kernel call over `slices` for `heads` query heads, on one rank of `hw`:
+/// FLOPs of the tile slots the kernel computes (attention_slots) at the profile's rate.
+[[nodiscard]] inline double attention_seconds(const HardwareProfile& hw, std::span<const AttnSlice> slices, int heads,
+                                              int head_dim, bool backward) noexcept {
+  double s = 0.0;
+  for (const AttnSlice& slice : slices) {
+    const double slots = attention_slots(slice, hw.attention_tile, hw.attention_tile_overhead);
+    if (slots > 0)
+      s += attention_flops(slots * heads, head_dim, backward) /
+           hw.attention_rate(static_cast<double>(slice.q_range.size()), backward);
+  }
+  return s + hw.kernel_launch;
+}
+
+/// Roofline time of a GEMM-like operation: bound by compute or by moving `bytes` through HBM.
+[[nodiscard]] inline double gemm_seconds(const HardwareProfile& hw, double flops, double bytes) noexcept {
+  return std::max(flops / hw.gemm_rate(), bytes / hw.hbm_bandwidth);
+}
+
+/// A local copy of `bytes` (pack / unpack): read and write through HBM.
+[[nodiscard]] inline double copy_seconds(const HardwareProfile& hw, double bytes) noexcept {
+  return bytes > 0 ? 2.0 * bytes / hw.hbm_bandwidth : 0.0;
+}
+
+/// Bus bandwidth of a ring collective (all-gather, reduce-scatter) over `ranks` ranks of `topo`: NVLink
+/// inside one node; across nodes every ring crosses each node boundary once per NIC, so the node's NICs
+/// together bound it (nccl-tests: multi-node ring busbw ~ the node's NIC total, anchors-hw.md 1.3).
+[[nodiscard]] inline double ring_busbw(const HardwareProfile& hw, const Topology& topo, int ranks) noexcept {
+  const bool spans_nodes = ranks > topo.ranks_per_node;
+  return spans_nodes ? std::min(hw.intra.bandwidth, hw.nics_per_node * hw.inter.bandwidth) : hw.intra.bandwidth;
+}
+
+/// All-gather (or reduce-scatter) where every rank ends with (or starts from) `total_bytes` spread over
+/// `ranks`: base latency + (n-1) ring steps of hardware latency + (n-1)/n * total / busbw. Step latencies
+/// 0.6 us over NVLink and 2.7 us over the network are NCCL's tuning constants (src/graph/tuning.cc,
+/// anchors-hw.md 1.4).
+[[nodiscard]] inline double ring_collective_seconds(const HardwareProfile& hw, const Topology& topo, int ranks,
+                                                    double total_bytes) noexcept {
+  if (ranks <= 1 || total_bytes <= 0) return 0.0;
+  const bool spans_nodes = ranks > topo.ranks_per_node;
+  const double alpha = spans_nodes ? hw.inter.latency : hw.intra.latency;
+  return alpha + (ranks - 1) * (spans_nodes ? 2.7e-6 : 0.6e-6) + (ranks - 1.0) / ranks * total_bytes / ring_busbw(hw, topo, ranks);
+}
+
+}  // namespace seqpar::cost

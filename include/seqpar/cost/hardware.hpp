@@ -1,0 +1,185 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "seqpar/core/error.hpp"
+
+namespace seqpar::cost {
+
+/// One class of link in the alpha-beta model: a message of n bytes takes latency + n / bandwidth.
+struct LinkClass {
+  double bandwidth = 0.0;  ///< bytes/s, one direction, what NCCL (or the transport) achieves
+  double latency = 0.0;    ///< s per message (alpha)
+
+  [[nodiscard]] double time(double bytes) const noexcept { return bytes > 0 ? latency + bytes / bandwidth : 0.0; }
+};
+
+/// What the cost model knows of one accelerator (or CPU rank) and its node. Bandwidths are achievable
+/// figures (nccl-tests busbw, measured copies), peaks are datasheet dense figures scaled by efficiencies.
+struct HardwareProfile {
+  std::string name;
+  double peak_flops = 0.0;            ///< dense bf16 (CPU: fp32) FLOP/s of one rank
+  double gemm_efficiency = 0.5;       ///< achieved fraction of peak on large GEMMs (MFU-like)
+  double attention_efficiency = 0.6;  ///< achieved fraction of peak on long attention tiles
+  /// Short documents are slower per useful FLOP. Two effects, both in attention_seconds (costs.hpp):
+  ///  - tiling: the kernel computes whole attention_tile x attention_tile blocks (FA2/FA3: 128) and pays
+  ///    attention_tile_overhead extra key blocks per query block (load Q, rescale and write O); a slice is
+  ///    priced by the blocks it touches, so causal diagonals and chunks shorter than a tile waste work.
+  ///    Fitted to FA3 on H100 (anchors-hw.md 2): 512-token causal documents run at ~0.47x the rate of a
+  ///    16K causal sequence, which 128-blocks give with an overhead of ~1.9 blocks per query block.
+  ///  - a per-length factor L / (L + attention_half_length), L = the slice's query rows, for kernels
+  ///    measured rather than modelled (the CPU profile's fit); 0 for the GPU profiles.
+  double attention_tile = 1;
+  double attention_tile_overhead = 0;
+  double attention_half_length = 0;
+  /// Backward kernels reach this fraction of the forward's FLOP rate (FlashAttention counts 2.5x the
+  /// forward FLOPs for backward; FA3 on H100 runs backward at ~0.9x the forward rate, anchors-hw.md 2).
+  double attention_backward_factor = 0.9;
+  double kernel_launch = 5e-6;        ///< s added per attention kernel call
+  double hbm_bandwidth = 0.0;         ///< bytes/s, roofline memory bound
+  LinkClass intra;                    ///< rank to rank inside a node (NVLink / shared memory), per rank
+  LinkClass inter;                    ///< one NIC across nodes
+  int ranks_per_node = 8;             ///< GPUs per node
+  int nics_per_node = 8;              ///< inter-node bandwidth of a node = nics_per_node * inter.bandwidth
+  double memory_bytes = 0.0;          ///< per rank
+  int value_bytes = 2;                ///< bytes of one activation element (bf16 = 2, CPU fp32 = 4)
+  /// Processors a node's ranks share (CPU ranks as threads or processes on few cores); 0 = each rank has
+  /// its own device. With more ranks on a node than cores, compute is time-shared: each rank's kernels
+  /// take ranks_on_node / cores_per_node times longer.
+  int cores_per_node = 0;
+
+  /// FLOP rate on computed tile slots of a slice with `query_rows` rows (see attention_tile).
+  [[nodiscard]] double attention_rate(double query_rows, bool backward) const noexcept {
+    const double l = std::max(1.0, query_rows);
+    return peak_flops * attention_efficiency * (backward ? attention_backward_factor : 1.0) * l /
+           (l + attention_half_length);
+  }
+  [[nodiscard]] double gemm_rate() const noexcept { return peak_flops * gemm_efficiency; }
+  /// Ranks sharing one NIC.
+  [[nodiscard]] int ranks_per_nic() const noexcept { return std::max(1, ranks_per_node / std::max(1, nics_per_node)); }
+
+  void validate(const char* where = "HardwareProfile") const {
+    detail::require(peak_flops > 0 && std::isfinite(peak_flops), where, "peak_flops", peak_flops, "must be > 0");
+    detail::require(gemm_efficiency > 0 && gemm_efficiency <= 1, where, "gemm_efficiency", gemm_efficiency,
+                    "must be in (0, 1]");
+    detail::require(attention_efficiency > 0 && attention_efficiency <= 1, where, "attention_efficiency",
+                    attention_efficiency, "must be in (0, 1]");
+    detail::require(attention_tile >= 1, where, "attention_tile", attention_tile, "must be >= 1");
+    detail::require(attention_tile_overhead >= 0, where, "attention_tile_overhead", attention_tile_overhead, "must be >= 0");
+    detail::require(attention_half_length >= 0, where, "attention_half_length", attention_half_length, "must be >= 0");
+    detail::require(attention_backward_factor > 0 && attention_backward_factor <= 2, where, "attention_backward_factor",
+                    attention_backward_factor, "must be in (0, 2]");
+    detail::require(kernel_launch >= 0, where, "kernel_launch", kernel_launch, "must be >= 0");
+    detail::require(hbm_bandwidth > 0, where, "hbm_bandwidth", hbm_bandwidth, "must be > 0");
+    detail::require(intra.bandwidth > 0, where, "intra.bandwidth", intra.bandwidth, "must be > 0");
+    detail::require(inter.bandwidth > 0, where, "inter.bandwidth", inter.bandwidth, "must be > 0");
+    detail::require(intra.latency >= 0, where, "intra.latency", intra.latency, "must be >= 0");
+    detail::require(inter.latency >= 0, where, "inter.latency", inter.latency, "must be >= 0");
+    detail::require(ranks_per_node >= 1, where, "ranks_per_node", ranks_per_node, "must be >= 1");
+    detail::require(nics_per_node >= 1, where, "nics_per_node", nics_per_node, "must be >= 1");
+    detail::require(memory_bytes > 0, where, "memory_bytes", memory_bytes, "must be > 0");
+    detail::require(cores_per_node >= 0, where, "cores_per_node", cores_per_node, "must be >= 0");
+    detail::require(value_bytes == 2 || value_bytes == 4 || value_bytes == 8, where, "value_bytes", value_bytes,
+                    "must be 2, 4 or 8");
+  }
+};
+
+namespace profiles {
+
+inline constexpr double kGB = 1e9;
+inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+/// A100-SXM4-40GB, 2 nodes x 4 GPUs with one 400 Gb/s NIC per node: the BASP paper's cluster.
+/// Peak 312 TFLOP/s bf16 dense; NVLink 3 with NCCL ~230 GB/s busbw (nccl-tests#149); one NDR NIC ~48 GB/s
+/// achievable (nccl-tests#290), shared by the node's 4 GPUs; alpha 10 us intra (nccl-tests#123: 10-34 us
+/// small all_reduce; p2p ~3 us) and 20 us inter (nccl-tests#150); HBM2 1.555 TB/s; MFU 49% at 16K
+/// (llm-foundry, A100-40GB); FA2 ~70% of peak on long tiles (flash-attention#1059).
+[[nodiscard]] inline HardwareProfile a100_40gb() {
+  HardwareProfile p;
+  p.name = "a100-40gb";
+  p.peak_flops = 312e12;
+  p.gemm_efficiency = 0.49;
+  p.attention_efficiency = 0.65;
+  p.attention_tile = 128;
+  p.attention_tile_overhead = 1.9;
+  p.kernel_launch = 5e-6;
+  p.hbm_bandwidth = 1555 * kGB;
+  p.intra = {230 * kGB, 10e-6};
+  p.inter = {48 * kGB, 20e-6};
+  p.ranks_per_node = 4;
+  p.nics_per_node = 1;
+  p.memory_bytes = 40 * kGiB;
+  return p;
+}
+
+/// A800-SXM4-80GB (A100 with NVLink capped at 400 GB/s bidirectional = 200 GB/s per direction), 8 per node,
+/// one 400 Gb/s IB per node (the DPP paper's cluster; seeds digest). 312 TFLOP/s bf16; HBM2e 2.0 TB/s;
+/// MFU 52% (llm-foundry, A100-80GB at 16K).
+[[nodiscard]] inline HardwareProfile a800_80gb() {
+  HardwareProfile p = a100_40gb();
+  p.name = "a800-80gb";
+  p.gemm_efficiency = 0.52;
+  p.hbm_bandwidth = 2039 * kGB;
+  p.intra = {170 * kGB, 10e-6};  // 200 GB/s/dir link, ~85% NCCL efficiency
+  p.inter = {48 * kGB, 20e-6};
+  p.ranks_per_node = 8;
+  p.nics_per_node = 1;
+  p.memory_bytes = 80 * kGiB;
+  return p;
+}
+
+/// H100-SXM5-80GB, DGX/HGX: 8 per node, NVLink 4 (NCCL ~370 GB/s busbw, nccl-tests#212), one 400 Gb/s
+/// NDR NIC per GPU (~46-49 GB/s achievable, nccl-tests#319). 989 TFLOP/s bf16 dense; FA3 616 TFLOP/s
+/// on 16K causal, 292 on 512-token documents (efficiency 0.65 with 128-blocks gives 620 and 292); MFU ~40% (Llama 3: 38-43%); HBM3 3.35 TB/s; alpha 3 us p2p intra
+/// (nccl#1487), ~15 us inter.
+[[nodiscard]] inline HardwareProfile h100_sxm() {
+  HardwareProfile p;
+  p.name = "h100-sxm";
+  p.peak_flops = 989e12;
+  p.gemm_efficiency = 0.40;
+  p.attention_efficiency = 0.65;
+  p.attention_tile = 128;
+  p.attention_tile_overhead = 1.9;
+  p.kernel_launch = 5e-6;
+  p.hbm_bandwidth = 3350 * kGB;
+  p.intra = {370 * kGB, 3e-6};
+  p.inter = {46 * kGB, 15e-6};
+  p.ranks_per_node = 8;
+  p.nics_per_node = 8;
+  p.memory_bytes = 80 * kGiB;
+  return p;
+}
+
+/// H200-SXM-141GB: H100 compute (989 TFLOP/s bf16), HBM3e 4.8 TB/s, 141 GB, same NVLink 4 / NDR fabric.
+[[nodiscard]] inline HardwareProfile h200() {
+  HardwareProfile p = h100_sxm();
+  p.name = "h200";
+  p.hbm_bandwidth = 4800 * kGB;
+  p.memory_bytes = 141 * kGB;
+  return p;
+}
+
+[[nodiscard]] inline std::vector<std::string> names() { return {"a100-40gb", "a800-80gb", "h100-sxm", "h200"}; }
+
+/// The named profile (case-insensitive; "a100", "a800", "h100" accepted). Throws naming the name.
+[[nodiscard]] inline HardwareProfile by_name(std::string_view name) {
+  std::string n(name);
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (n == "a100-40gb" || n == "a100") return a100_40gb();
+  if (n == "a800-80gb" || n == "a800") return a800_80gb();
+  if (n == "h100-sxm" || n == "h100") return h100_sxm();
+  if (n == "h200") return h200();
+  std::string known;
+  for (const auto& k : names()) known += (known.empty() ? "" : ", ") + k;
+  detail::throw_invalid("cost::profiles::by_name", "name", std::string(name), "is not a known profile (" + known + ")");
+}
+
+}  // namespace profiles
+}  // namespace seqpar::cost

@@ -1,0 +1,483 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "seqpar/comm/program.hpp"
+#include "seqpar/core/attention_shape.hpp"
+#include "seqpar/core/error.hpp"
+#include "seqpar/core/topology.hpp"
+#include "seqpar/cost/costs.hpp"
+#include "seqpar/cost/hardware.hpp"
+#include "seqpar/cost/trace.hpp"
+
+namespace seqpar::cost {
+
+struct SimulationOptions {
+  HardwareProfile hardware;
+  int value_bytes = 0;  ///< bytes of a Q/K/V/O element on the wire; 0 = hardware.value_bytes
+  int lse_bytes = 4;
+  bool trace = false;        ///< keep per-rank events for a Chrome/Perfetto trace
+  int trace_max_ranks = 64;  ///< events are kept for ranks below this (traces of 1024 ranks are unreadable)
+};
+
+/// What one rank did during a replay. Times are seconds from the replay's time origin.
+struct RankTiming {
+  double start_s = 0, end_s = 0;
+  double compute_s = 0;        ///< attention kernels
+  double copy_s = 0;           ///< packing, unpacking, local copies, zero fills
+  double comm_s = 0;           ///< transfers this rank took part in, summed (link busy time)
+  double exposed_comm_s = 0;   ///< time blocked on a transfer or a collective (includes waiting for slower peers)
+  std::uint64_t bytes_intra = 0, bytes_inter = 0;  ///< sent, by link class
+  double staging_bytes = 0;    ///< the program's staging buffers
+};
+
+struct SimulationReport {
+  double time_s = 0;  ///< slowest rank's end - earliest start
+  std::vector<RankTiming> ranks;
+  Trace trace;
+
+  [[nodiscard]] double max_compute_s() const noexcept {
+    double m = 0;
+    for (const auto& r : ranks) m = std::max(m, r.compute_s);
+    return m;
+  }
+  /// max over ranks of compute / mean compute (1 = perfectly balanced).
+  [[nodiscard]] double compute_imbalance() const noexcept {
+    double sum = 0;
+    for (const auto& r : ranks) sum += r.compute_s;
+    return sum > 0 ? max_compute_s() * static_cast<double>(ranks.size()) / sum : 1.0;
+  }
+  [[nodiscard]] double max_exposed_comm_s() const noexcept {
+    double m = 0;
+    for (const auto& r : ranks) m = std::max(m, r.exposed_comm_s);
+    return m;
+  }
+  [[nodiscard]] std::uint64_t max_bytes_sent() const noexcept {
+    std::uint64_t m = 0;
+    for (const auto& r : ranks) m = std::max(m, r.bytes_intra + r.bytes_inter);
+    return m;
+  }
+};
+
+/// Replays compiled per-rank programs (one per world rank) on a hardware profile: attention kernels by
+/// FLOPs at the profile's efficiency for their tile length, point-to-point transfers and collectives by
+/// alpha-beta on the link class they cross (NVLink inside a node; a NIC shared by the node's ranks across
+/// nodes), copies through HBM. Each rank runs its steps in order, as the executor does: a transfer starts
+/// when both sides have posted it and overlaps whatever the ranks compute until the matching wait; a
+/// collective starts when its last member arrives. The programs are lowered once; `run` replays them from
+/// any per-rank start times (the step simulator replays one layer after another).
+/// Cost: O(total steps + transfers) per run; lowering is linear in the programs' pieces.
+class Replay {
+ public:
+  Replay(std::span<const comm::Program> programs, const Topology& topology, const AttentionShape& shape,
+         const SimulationOptions& options)
+      : topo_(topology), options_(options) {
+    constexpr const char* where = "cost::Replay";
+    topology.validate(where);
+    shape.validate(where);
+    options.hardware.validate(where);
+    detail::require(static_cast<int>(programs.size()) == topology.world_size, where, "programs.size()", programs.size(),
+                    "must equal topology.world_size = " + std::to_string(topology.world_size));
+    if (options_.value_bytes == 0) options_.value_bytes = options.hardware.value_bytes;
+    detail::require(options_.value_bytes > 0, where, "options.value_bytes", options_.value_bytes, "must be > 0");
+    for (int r = 0; r < topology.world_size; ++r)
+      detail::require(programs[static_cast<std::size_t>(r)].rank == r, where, "programs[r].rank",
+                      programs[static_cast<std::size_t>(r)].rank, "must equal r = " + std::to_string(r));
+    lower(programs, shape);
+  }
+
+  [[nodiscard]] int world_size() const noexcept { return topo_.world_size; }
+
+  /// Replays from `start` (seconds, per rank; empty = all zero).
+  [[nodiscard]] SimulationReport run(std::span<const double> start = {}) const {
+    const int n = topo_.world_size;
+    detail::require(start.empty() || static_cast<int>(start.size()) == n, "cost::Replay::run", "start.size()",
+                    start.size(), "must be 0 or the world size " + std::to_string(n));
+    constexpr double kUnposted = std::numeric_limits<double>::quiet_NaN();
+    std::vector<double> send_post(messages_.size(), kUnposted), recv_post(messages_.size(), kUnposted);
+    std::vector<int> arrived(instances_.size(), 0);
+    std::vector<double> arrival(instances_.size(), 0.0);
+    std::vector<std::size_t> pc(static_cast<std::size_t>(n), 0);
+    std::vector<char> at_collective(static_cast<std::size_t>(n), 0);
+    SimulationReport rep;
+    rep.ranks.resize(static_cast<std::size_t>(n));
+    rep.trace.topology = topo_;
+    std::vector<double> t(static_cast<std::size_t>(n), 0.0);
+    for (int r = 0; r < n; ++r) {
+      auto& rt = rep.ranks[static_cast<std::size_t>(r)];
+      t[static_cast<std::size_t>(r)] = rt.start_s = start.empty() ? 0.0 : start[static_cast<std::size_t>(r)];
+      rt.bytes_intra = ranks_[static_cast<std::size_t>(r)].bytes_intra;
+      rt.bytes_inter = ranks_[static_cast<std::size_t>(r)].bytes_inter;
+      rt.staging_bytes = ranks_[static_cast<std::size_t>(r)].staging_bytes;
+    }
+    const auto traced = [&](int r) { return options_.trace && r < options_.trace_max_ranks; };
+
+    // Advances rank r as far as it can go; returns whether it moved.
+    const auto advance = [&](int r) {
+      const auto ur = static_cast<std::size_t>(r);
+      const LoweredRank& lr = ranks_[ur];
+      RankTiming& rt = rep.ranks[ur];
+      double& now = t[ur];
+      bool moved = false;
+      while (pc[ur] < lr.ops.size()) {
+        const Op& op = lr.ops[pc[ur]];
+        switch (op.kind) {
+          case OpKind::kCompute:
+          case OpKind::kCopy:
+            if (traced(r) && op.seconds > 0)
+              rep.trace.events.push_back({r, 0, op.kind == OpKind::kCompute ? op.label : "copy", now, op.seconds, op.amount});
+            (op.kind == OpKind::kCompute ? rt.compute_s : rt.copy_s) += op.seconds;
+            now += op.seconds;
+            break;
+          case OpKind::kPost:
+            for (int i = op.begin; i < op.end; ++i) {
+              const int m = lr.msgs[static_cast<std::size_t>(i)];
+              (messages_[static_cast<std::size_t>(m)].src == r ? send_post : recv_post)[static_cast<std::size_t>(m)] = now;
+            }
+            break;
+          case OpKind::kWait: {
+            double done = now;
+            for (int i = op.begin; i < op.end; ++i) {
+              const auto m = static_cast<std::size_t>(lr.msgs[static_cast<std::size_t>(i)]);
+              if (std::isnan(send_post[m]) || std::isnan(recv_post[m])) return moved;  // peer has not posted yet
+              done = std::max(done, std::max(send_post[m], recv_post[m]) + messages_[m].duration);
+            }
+            for (int i = op.begin; i < op.end; ++i) {
+              const auto m = static_cast<std::size_t>(lr.msgs[static_cast<std::size_t>(i)]);
+              const Message& msg = messages_[m];
+              rt.comm_s += msg.duration;
+              if (traced(r) && msg.src == r)
+                rep.trace.events.push_back({r, 1, msg.inter ? "send (inter-node)" : "send",
+                                            std::max(send_post[m], recv_post[m]), msg.duration,
+                                            static_cast<double>(msg.bytes), msg.dst});
+            }
+            if (traced(r) && done > now) rep.trace.events.push_back({r, 0, "wait", now, done - now, 0});
+            rt.exposed_comm_s += done - now;
+            now = done;
+            break;
+          }
+          case OpKind::kCollective: {
+            const auto c = static_cast<std::size_t>(op.begin);
+            if (!at_collective[ur]) {
+              at_collective[ur] = 1;
+              arrival[c] = arrived[c] == 0 ? now : std::max(arrival[c], now);
+              ++arrived[c];
+            }
+            if (arrived[c] < instances_[c].members) return moved;
+            at_collective[ur] = 0;
+            const double end = arrival[c] + instances_[c].duration;
+            rt.comm_s += instances_[c].duration;
+            if (traced(r)) {
+              rep.trace.events.push_back({r, 1, "all_to_all", arrival[c], instances_[c].duration, op.amount});
+              if (end > now) rep.trace.events.push_back({r, 0, "wait", now, end - now, 0});
+            }
+            rt.exposed_comm_s += end - now;
+            now = end;
+            break;
+          }
+        }
+        ++pc[ur];
+        moved = true;
+      }
+      return moved;
+    };
+
+    int finished = 0;
+    std::vector<char> done(static_cast<std::size_t>(n), 0);
+    while (finished < n) {
+      bool progress = false;
+      for (int r = 0; r < n; ++r) {
+        if (done[static_cast<std::size_t>(r)]) continue;
+        progress = advance(r) || progress;
+        if (pc[static_cast<std::size_t>(r)] == ranks_[static_cast<std::size_t>(r)].ops.size()) {
+          done[static_cast<std::size_t>(r)] = 1;
+          ++finished;
+        }
+      }
+      if (!progress && finished < n) {
+        int stuck = 0;
+        while (done[static_cast<std::size_t>(stuck)]) ++stuck;
+        throw std::logic_error("cost::Replay: the programs deadlock (rank " + std::to_string(stuck) + " blocked at op " +
+                               std::to_string(pc[static_cast<std::size_t>(stuck)]) +
+                               "): their transfers or collectives do not match");
+      }
+    }
+    double first = std::numeric_limits<double>::infinity(), last = 0;
+    for (int r = 0; r < n; ++r) {
+      auto& rt = rep.ranks[static_cast<std::size_t>(r)];
+      rt.end_s = t[static_cast<std::size_t>(r)];
+      first = std::min(first, rt.start_s);
+      last = std::max(last, rt.end_s);
+    }
+    rep.time_s = last - first;
+    return rep;
+  }
+
+ private:
+  enum class OpKind : std::uint8_t { kCompute, kCopy, kPost, kWait, kCollective };
+  struct Op {
+    OpKind kind{};
+    double seconds = 0;  // compute, copy
+    int begin = 0, end = 0;  // post/wait: range of LoweredRank::msgs; collective: begin = instance
+    const char* label = "";
+    double amount = 0;  // trace argument: FLOPs or bytes
+  };
+  struct LoweredRank {
+    std::vector<Op> ops;
+    std::vector<int> msgs;
+    std::uint64_t bytes_intra = 0, bytes_inter = 0;
+    double staging_bytes = 0;
+  };
+  struct Message {
+    int src = 0, dst = 0;
+    std::uint64_t bytes = 0;
+    bool inter = false;
+    double duration = 0;
+  };
+  struct Instance {
+    int members = 0;
+    double duration = 0;
+  };
+
+  [[nodiscard]] int nic_of(int rank) const noexcept {
+    const int local = rank % topo_.ranks_per_node;
+    return topo_.node_of(rank) * options_.hardware.nics_per_node + local % options_.hardware.nics_per_node;
+  }
+  [[nodiscard]] double compute_share() const noexcept {
+    const HardwareProfile& hw = options_.hardware;
+    const int on_node = std::min(topo_.ranks_per_node, topo_.world_size);
+    return hw.cores_per_node > 0 ? std::max(1.0, static_cast<double>(on_node) / hw.cores_per_node) : 1.0;
+  }
+
+  void lower(std::span<const comm::Program> programs, const AttentionShape& shape) {
+    const HardwareProfile& hw = options_.hardware;
+    const int n = topo_.world_size;
+    const double vb = options_.value_bytes, lb = options_.lse_bytes;
+    const double share = compute_share();
+    ranks_.resize(static_cast<std::size_t>(n));
+
+    // Messages: the k-th send from a to b with (level, tag) meets the k-th receive at b from a with them.
+    struct PendingRecv {
+      int rank;
+      std::size_t slot_in_msgs;
+      std::uint64_t key;
+      int ordinal;
+    };
+    std::unordered_map<std::uint64_t, std::vector<int>> sends_by_key;
+    std::vector<PendingRecv> recvs;
+    const auto key_of = [n](int src, int dst, comm::Level level, int tag) {
+      return ((static_cast<std::uint64_t>(src) * static_cast<std::uint64_t>(n) + static_cast<std::uint64_t>(dst)) *
+                  comm::kNumLevels +
+              static_cast<std::uint64_t>(level)) *
+                 (std::uint64_t{1} << 24) +
+             static_cast<std::uint64_t>(tag);
+    };
+    std::unordered_map<std::uint64_t, int> recv_ordinal;
+    // Bytes through each NIC per (level, tag), for sharing: ring steps with the same tag run together.
+    std::unordered_map<std::uint64_t, double> nic_out, nic_in;
+    const auto nic_key = [](int nic, comm::Level level, int tag) {
+      return (static_cast<std::uint64_t>(nic) * comm::kNumLevels + static_cast<std::uint64_t>(level)) *
+                 (std::uint64_t{1} << 24) +
+             static_cast<std::uint64_t>(tag);
+    };
+    struct PostInfo {
+      comm::Level level;
+      int tag;
+      double intra_out;  // the sender's intra-node bytes in this post: its flows share its link
+    };
+    std::vector<PostInfo> message_post;
+
+    // Collectives: the k-th exchange of a rank on a level group meets the k-th of every member.
+    std::unordered_map<std::string, std::vector<int>> group_instances;
+    struct InstanceBytes {
+      std::unordered_map<int, double> intra_out, intra_in, nic_out, nic_in;
+      bool spans_nodes = false;
+      double bytes = 0;
+    };
+    std::vector<InstanceBytes> inst_bytes;
+
+    for (int r = 0; r < n; ++r) {
+      const comm::Program& p = programs[static_cast<std::size_t>(r)];
+      LoweredRank& lr = ranks_[static_cast<std::size_t>(r)];
+      const int d = p.head_dim;
+      for (const comm::BufferSpec& s : p.staging)
+        lr.staging_bytes += static_cast<double>(s.rows) * s.heads * (comm::is_lse(s.id) ? lb : vb * d);
+      const auto piece_bytes = [&](comm::BufferId b, const comm::Piece& pc) {
+        return static_cast<double>(pc.elements(d, comm::is_lse(b))) * (comm::is_lse(b) ? lb : vb);
+      };
+      const auto world_of = [&](comm::Level l, int peer) {
+        const auto& members = p.level_members[static_cast<std::size_t>(l)];
+        detail::require(peer >= 0 && static_cast<std::size_t>(peer) < members.size(), "cost::Replay", "peer", peer,
+                        "is not a member of the level of rank " + std::to_string(r));
+        return members[static_cast<std::size_t>(peer)];
+      };
+      std::array<std::pair<int, int>, comm::kNumSlots> slot_msgs{};  // msgs range of the slot's last post
+      std::array<double, comm::kNumSlots> slot_unpack{};             // bytes it receives (unpacked at the wait)
+      std::unordered_map<std::string, int> group_seen;
+      for (const comm::Step& step : p.steps) {
+        if (const auto* c = std::get_if<comm::ComputeStep>(&step)) {
+          double sec = 0, flops = 0, merged = 0;
+          for (const auto& wave : c->waves)
+            for (const comm::HeadGroup& g : c->head_groups) {
+              const int heads = static_cast<int>(g.q_heads.size());
+              sec += attention_seconds(hw, wave, heads, d, c->backward);
+              flops += attention_flops(static_cast<double>(total_area(wave)) * heads, d, c->backward);
+              if (c->merge)
+                for (const AttnSlice& s : wave) merged += static_cast<double>(s.q_range.size()) * heads * d * vb;
+            }
+          lr.ops.push_back({OpKind::kCompute, sec * share, 0, 0, c->backward ? "attention bwd" : "attention fwd", flops});
+          if (merged > 0) lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, 1.5 * merged), 0, 0, "merge", merged});
+        } else if (const auto* z = std::get_if<comm::ZeroStep>(&step)) {
+          double bytes = 0;
+          for (comm::BufferId b : z->buffers) {
+            if (const comm::BufferSpec* s = p.staging_spec(b)) bytes += static_cast<double>(s->rows) * s->heads * d * vb;
+            else bytes += static_cast<double>(p.local_tokens) * shape.heads_q * d * vb;  // caller gradient (upper bound)
+          }
+          lr.ops.push_back({OpKind::kCopy, 0.5 * copy_seconds(hw, bytes), 0, 0, "zero", bytes});
+        } else if (const auto* post = std::get_if<comm::PostStep>(&step)) {
+          const int begin = static_cast<int>(lr.msgs.size());
+          double packed = 0, intra_out = 0;
+          for (const comm::Transfer& tr : post->sends) {
+            const int dst = world_of(post->level, tr.peer);
+            double bytes = 0;
+            for (const comm::BufferPiece& bp : tr.pieces) bytes += piece_bytes(bp.buffer, bp.piece);
+            packed += bytes;
+            const bool inter = !topo_.same_node(r, dst);
+            (inter ? lr.bytes_inter : lr.bytes_intra) += static_cast<std::uint64_t>(bytes);
+            if (inter) {
+              nic_out[nic_key(nic_of(r), post->level, post->tag)] += bytes;
+              nic_in[nic_key(nic_of(dst), post->level, post->tag)] += bytes;
+            } else {
+              intra_out += bytes;
+            }
+            const int id = static_cast<int>(messages_.size());
+            messages_.push_back({r, dst, static_cast<std::uint64_t>(bytes), inter, 0.0});
+            message_post.push_back({post->level, post->tag, 0.0});
+            sends_by_key[key_of(r, dst, post->level, post->tag)].push_back(id);
+            lr.msgs.push_back(id);
+          }
+          for (std::size_t i = static_cast<std::size_t>(begin); i < lr.msgs.size(); ++i)
+            message_post[static_cast<std::size_t>(lr.msgs[i])].intra_out = intra_out;
+          double unpacked = 0;
+          for (const comm::Transfer& tr : post->recvs) {
+            const int src = world_of(post->level, tr.peer);
+            for (const comm::BufferPiece& bp : tr.pieces) unpacked += piece_bytes(bp.buffer, bp.piece);
+            const std::uint64_t key = key_of(src, r, post->level, post->tag);
+            recvs.push_back({r, lr.msgs.size(), key, recv_ordinal[key]++});
+            lr.msgs.push_back(-1);  // resolved below
+          }
+          if (packed > 0) lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, packed), 0, 0, "pack", packed});
+          lr.ops.push_back({OpKind::kPost, 0, begin, static_cast<int>(lr.msgs.size()), "post", packed});
+          slot_msgs[static_cast<std::size_t>(post->slot)] = {begin, static_cast<int>(lr.msgs.size())};
+          slot_unpack[static_cast<std::size_t>(post->slot)] = unpacked;
+        } else if (const auto* w = std::get_if<comm::WaitStep>(&step)) {
+          const auto [b, e] = slot_msgs[static_cast<std::size_t>(w->slot)];
+          lr.ops.push_back({OpKind::kWait, 0, b, e, "wait", 0});
+          const double unpacked = slot_unpack[static_cast<std::size_t>(w->slot)];
+          if (unpacked > 0) lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, unpacked), 0, 0, "unpack", unpacked});
+        } else if (const auto* ex = std::get_if<comm::ExchangeStep>(&step)) {
+          const auto& members = p.level_members[static_cast<std::size_t>(ex->level)];
+          std::string gkey = std::to_string(static_cast<int>(ex->level)) + ':';
+          for (int m : members) gkey += std::to_string(m) + ',';
+          const int ordinal = group_seen[gkey]++;
+          auto& list = group_instances[gkey];
+          if (static_cast<int>(list.size()) <= ordinal) {
+            list.push_back(static_cast<int>(instances_.size()));
+            instances_.push_back({static_cast<int>(members.size()), 0.0});
+            inst_bytes.emplace_back();
+          }
+          const int inst = list[static_cast<std::size_t>(ordinal)];
+          InstanceBytes& ib = inst_bytes[static_cast<std::size_t>(inst)];
+          double sent = 0, local = 0, received = 0;
+          for (const comm::Move& mv : ex->moves) {
+            for (std::size_t peer = 0; peer < mv.send.size(); ++peer) {
+              double bytes = 0;
+              for (const comm::Piece& pc : mv.send[peer]) bytes += piece_bytes(mv.src, pc);
+              if (static_cast<int>(peer) == ex->self) {
+                local += bytes;
+                continue;
+              }
+              const int dst = world_of(ex->level, static_cast<int>(peer));
+              sent += bytes;
+              if (!topo_.same_node(r, dst)) {
+                ib.spans_nodes = true;
+                ib.nic_out[nic_of(r)] += bytes;
+                ib.nic_in[nic_of(dst)] += bytes;
+                lr.bytes_inter += static_cast<std::uint64_t>(bytes);
+              } else {
+                ib.intra_out[r] += bytes;
+                ib.intra_in[dst] += bytes;
+                lr.bytes_intra += static_cast<std::uint64_t>(bytes);
+              }
+            }
+            for (std::size_t peer = 0; peer < mv.recv.size(); ++peer)
+              if (static_cast<int>(peer) != ex->self)
+                for (const comm::Piece& pc : mv.recv[peer]) received += piece_bytes(mv.dst, pc);
+          }
+          ib.bytes += sent;
+          if (sent + local > 0) lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, sent + local), 0, 0, "pack", sent + local});
+          lr.ops.push_back({OpKind::kCollective, 0, inst, 0, "all_to_all", sent});
+          if (received > 0) lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, received), 0, 0, "unpack", received});
+        }
+      }
+    }
+
+    // Pair receives with sends, then price every message on its link (flows of one post share the
+    // sender's NVLink; inter-node flows of one ring step share their NICs).
+    for (const PendingRecv& pr : recvs) {
+      auto it = sends_by_key.find(pr.key);
+      if (it == sends_by_key.end() || static_cast<int>(it->second.size()) <= pr.ordinal)
+        throw std::logic_error("cost::Replay: rank " + std::to_string(pr.rank) +
+                               " receives a message no rank sends: the programs do not match");
+      ranks_[static_cast<std::size_t>(pr.rank)].msgs[pr.slot_in_msgs] = it->second[static_cast<std::size_t>(pr.ordinal)];
+    }
+    for (const auto& [key, ids] : sends_by_key)
+      if (static_cast<int>(ids.size()) != recv_ordinal[key])
+        throw std::logic_error("cost::Replay: a message is sent and never received: the programs do not match");
+    for (std::size_t m = 0; m < messages_.size(); ++m) {
+      Message& msg = messages_[m];
+      const PostInfo& info = message_post[m];
+      if (msg.inter) {
+        const double through = std::max(nic_out[nic_key(nic_of(msg.src), info.level, info.tag)],
+                                        nic_in[nic_key(nic_of(msg.dst), info.level, info.tag)]);
+        msg.duration = hw.inter.latency + std::max(static_cast<double>(msg.bytes), through) / hw.inter.bandwidth;
+      } else {
+        msg.duration = hw.intra.latency + std::max(static_cast<double>(msg.bytes), info.intra_out) / hw.intra.bandwidth;
+      }
+    }
+    for (std::size_t i = 0; i < instances_.size(); ++i) {
+      const InstanceBytes& ib = inst_bytes[i];
+      double worst = 0;
+      for (const auto& [k, b] : ib.intra_out) worst = std::max(worst, b / hw.intra.bandwidth);
+      for (const auto& [k, b] : ib.intra_in) worst = std::max(worst, b / hw.intra.bandwidth);
+      for (const auto& [k, b] : ib.nic_out) worst = std::max(worst, b / hw.inter.bandwidth);
+      for (const auto& [k, b] : ib.nic_in) worst = std::max(worst, b / hw.inter.bandwidth);
+      instances_[i].duration = ib.bytes > 0 ? (ib.spans_nodes ? hw.inter.latency : hw.intra.latency) + worst : 0.0;
+    }
+  }
+
+  Topology topo_;
+  SimulationOptions options_;
+  std::vector<LoweredRank> ranks_;
+  std::vector<Message> messages_;
+  std::vector<Instance> instances_;
+};
+
+/// Replays `programs` (one per world rank) from time 0.
+[[nodiscard]] inline SimulationReport simulate(std::span<const comm::Program> programs, const Topology& topology,
+                                               const AttentionShape& shape, const SimulationOptions& options) {
+  return Replay(programs, topology, shape, options).run();
+}
+
+}  // namespace seqpar::cost

@@ -1,0 +1,113 @@
+// SPDX-License-Identifier: Apache-2.0
+// Training-step simulation, profiles and model shapes.
+#include <doctest/doctest.h>
+
+#include "support/expect_error.hpp"
+
+#include <seqpar/seqpar.hpp>
+#include <seqpar/cost/candidates.hpp>
+#include <seqpar/cost/model_shape.hpp>
+#include <seqpar/cost/step.hpp>
+
+#include <string>
+
+using namespace seqpar;
+using seqpar::test::invalid_message;
+
+TEST_SUITE("cost") {
+  TEST_CASE("profiles and models: named, valid, with the published parameter counts") {
+    for (const auto& name : cost::profiles::names()) CHECK_NOTHROW(cost::profiles::by_name(name).validate());
+    CHECK(cost::profiles::by_name("H100").name == "h100-sxm");
+    // Llama-3.1-8B has 8.03 B parameters; LLaMA-7B 6.7 B; Qwen1.5-1.8B 1.8 B (with untied embeddings).
+    CHECK(cost::models::llama31_8b().params() == doctest::Approx(8.03e9).epsilon(0.01));
+    CHECK(cost::models::llama_7b().params() == doctest::Approx(6.74e9).epsilon(0.01));
+    CHECK(cost::models::qwen15_1_8b().params() == doctest::Approx(1.84e9).epsilon(0.02));
+    for (const auto& m : cost::models::all()) CHECK_NOTHROW(m.validate());
+    CHECK(invalid_message([] { (void)cost::models::by_name("gpt-5"); }).find("gpt-5") != std::string::npos);
+  }
+
+  TEST_CASE("a training step: throughput, ZeRO-3, checkpointing and memory behave as the model says") {
+    const DocumentBatch batch({{8192, 4096, 4096}, {16384}});
+    const cost::ModelShape model = cost::models::llama32_1b();
+    const Topology topo{8, 4};
+    const auto c = cost::compile_all<Strategy<partition::Uniform, comm::AllToAll>>({}, batch, model.attention(), topo);
+    REQUIRE(c.status);
+    cost::SimulationOptions sim;
+    sim.hardware = cost::profiles::a100_40gb();
+    cost::TrainingOptions opt;
+    opt.model = model;
+    const auto base = cost::simulate_step(c, topo, opt, sim);
+    CHECK(base.step_s > 0);
+    CHECK(base.tokens_per_s * base.step_s == doctest::Approx(32768));
+    CHECK(base.zero_s > 0);
+    CHECK(base.error_bound_s == 0);
+    for (const auto& r : base.ranks) CHECK(r.bubble_s >= 0);
+
+    auto no_zero = opt;
+    no_zero.zero_ranks = 1;
+    const auto nz = cost::simulate_step(c, topo, no_zero, sim);
+    CHECK(nz.zero_s == 0);
+    CHECK(nz.max_peak_memory_bytes() > base.max_peak_memory_bytes());  // unsharded states
+
+    auto no_ckpt = opt;
+    no_ckpt.checkpointing = false;
+    const auto nc = cost::simulate_step(c, topo, no_ckpt, sim);
+    CHECK(nc.step_s < base.step_s);                                    // no recompute
+    CHECK(nc.max_peak_memory_bytes() > base.max_peak_memory_bytes());  // every layer's activations
+
+    auto two = opt;
+    two.micro_batches = 2;
+    const auto mb = cost::simulate_step(c, topo, two, sim);
+    CHECK(mb.step_s == doctest::Approx(2 * base.step_s).epsilon(0.05));
+
+    auto bad = opt;
+    bad.micro_batches = 0;
+    CHECK(invalid_message([&] { (void)cost::simulate_step(c, topo, bad, sim); }).find("micro_batches = 0") !=
+          std::string::npos);
+    auto wrong = opt;
+    wrong.model = cost::models::llama31_8b();  // head_dim 128, the programs were compiled for 64
+    CHECK(invalid_message([&] { (void)cost::simulate_step(c, topo, wrong, sim); }).find("head_dim") != std::string::npos);
+  }
+
+  TEST_CASE("BASP beats Ulysses across two A100 nodes, as in the BASP paper (direction)") {
+    const DocumentBatch batch({{16384}, {16384}});
+    const cost::ModelShape model = cost::models::llama31_8b();
+    const Topology topo{8, 4};
+    cost::SimulationOptions sim;
+    sim.hardware = cost::profiles::a100_40gb();
+    cost::TrainingOptions opt;
+    opt.model = model;
+    const auto ulysses = cost::compile_all<Strategy<partition::Uniform, comm::AllToAll>>({}, batch, model.attention(), topo);
+    Strategy<partition::BatchAware<partition::Uniform>, comm::AllToAll>::Arguments a;
+    a.ranks_per_node = 4;
+    const auto basp = cost::compile_all<Strategy<partition::BatchAware<partition::Uniform>, comm::AllToAll>>(
+        a, batch, model.attention(), topo);
+    const auto u = cost::simulate_step(ulysses, topo, opt, sim), b = cost::simulate_step(basp, topo, opt, sim);
+    CHECK(b.step_s < u.step_s);
+    CHECK(b.attention_comm_s < u.attention_comm_s / 2);
+    for (const auto& r : b.ranks) CHECK(r.bytes_inter == 0);
+  }
+
+  TEST_CASE("standard candidates all compile or refuse with a reason, and Hybrid's model cost is no worse than Per-Doc") {
+    const DocumentBatch batch({{9000, 300, 120, 2500, 700, 4000, 64, 1600}});
+    const AttentionShape shape{8, 2, 64, 0};
+    const Topology topo{8, 4};
+    const auto hw = cost::profiles::h100_sxm();
+    for (const auto& cand : cost::standard_candidates(hw, cost::models::llama32_1b())) {
+      CAPTURE(cand.name);
+      const auto c = cand.compile(batch, shape, topo);
+      if (!c.status) {
+        CHECK(!c.status.reason.empty());
+        continue;
+      }
+      CHECK(c.forward.size() == 8);
+    }
+    partition::Hybrid::Arguments ha;
+    ha.cost = cost::hybrid_model_cost(hw, shape);
+    const auto report = partition::Hybrid{ha}.plan_with_report(batch, topo);
+    partition::Hybrid::Arguments per_doc = ha;
+    per_doc.threshold = 0;
+    const auto pd = partition::Hybrid{per_doc}.plan_with_report(batch, topo);
+    CHECK(report.cost <= pd.cost * (1 + ha.tolerance));
+  }
+}

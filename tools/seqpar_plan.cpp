@@ -1,0 +1,868 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar-plan: which sequence-parallel strategy to run, as seqpar's cost model predicts it.
+//
+// For a hardware profile and a rank count, a model shape and a batch of document lengths, it compiles
+// every candidate strategy's per-rank programs (cost::standard_candidates), replays them on the profile
+// (a whole training step with cost::simulate_step, or one attention layer with --attention-only) and
+// prints, per strategy, the predicted time, the attention bytes per rank, the compute imbalance and the
+// peak memory. The pick is the fastest strategy that can run the batch and fits in memory.
+// `seqpar-plan --help` lists every option; the option table below is the single source of it.
+#include <seqpar/cost/candidates.hpp>
+#include <seqpar/cost/hardware.hpp>
+#include <seqpar/cost/model_shape.hpp>
+#include <seqpar/cost/predict.hpp>
+#include <seqpar/cost/profile_json.hpp>
+#include <seqpar/cost/step.hpp>
+#include <seqpar/cost/workloads.hpp>
+#include <seqpar/version.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <limits>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "support/json.hpp"
+
+namespace {
+
+using namespace seqpar;
+
+constexpr const char* kTool = "seqpar-plan";
+constexpr int kMaxRanks = 1 << 16;  // the replay keeps per-rank state; beyond this it is a typo
+
+/// A bad command line. main() prints it on one line, with a pointer to --help, and exits with 2.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] void usage_error(const std::string& what) {
+  throw UsageError(what);
+}
+
+std::string one_line(std::string s) {
+  std::replace_if(
+      s.begin(), s.end(), [](char c) { return c == '\n' || c == '\r'; }, ' ');
+  return s;
+}
+
+std::string join(const std::vector<std::string>& items, const char* sep = ", ") {
+  std::string out;
+  for (const std::string& s : items) out += (out.empty() ? "" : sep) + s;
+  return out;
+}
+
+std::vector<std::string> split(std::string_view text, char sep) {
+  std::vector<std::string> out;
+  for (std::size_t begin = 0;;) {
+    const std::size_t end = text.find(sep, begin);
+    out.emplace_back(text.substr(begin, end == std::string_view::npos ? std::string_view::npos : end - begin));
+    if (end == std::string_view::npos) return out;
+    begin = end + 1;
+  }
+}
+
+std::string_view trim(std::string_view s) {
+  const auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; };
+  while (!s.empty() && blank(s.front())) s.remove_prefix(1);
+  while (!s.empty() && blank(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+/// `text`, all of it, as an integer in [lo, hi]; otherwise a usage error that starts with `what`.
+template <class Int>
+Int parse_integer(const std::string& what, std::string_view text, Int lo, Int hi) {
+  Int v{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec == std::errc::invalid_argument || end != text.data() + text.size())
+    usage_error(what + ": '" + std::string(text) + "' is not " +
+                (std::is_signed_v<Int> ? "an integer" : "a non-negative integer"));
+  if (ec == std::errc::result_out_of_range || v < lo || v > hi)
+    usage_error(what + ": " + std::string(text) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                "]");
+  return v;
+}
+
+std::int64_t parse_length(const std::string& what, std::string_view text) {
+  return parse_integer<std::int64_t>(what, text, 1, DocumentBatch::kMaxTokens);
+}
+
+// ---- the command line --------------------------------------------------------------------------------
+
+struct Options {
+  std::optional<std::string> profile, profile_file;
+  std::optional<int> ranks, ranks_per_node;
+  std::optional<std::string> model;
+  bool attention_only = false;
+  std::optional<int> heads_q, heads_kv, head_dim;
+  std::optional<std::string> lengths, lengths_file, distribution;
+  std::optional<std::int64_t> tokens;
+  std::optional<std::uint64_t> seed;
+  std::optional<int> sequences;
+  std::optional<std::int64_t> sequence_tokens;
+  std::optional<std::string> strategies;
+  std::optional<int> zero, micro_batches;
+  bool no_checkpointing = false, no_zero_prefetch = false;
+  std::optional<std::string> trace, json;
+  std::optional<int> trace_ranks;
+  bool quiet = false, list = false, help = false, version = false;
+};
+
+/// One option: its spelling, the placeholder of its value (empty for a flag), its --help text, and what
+/// it does to Options. --help is printed from this table, so it cannot miss an option.
+struct OptionSpec {
+  const char* group;
+  const char* name;
+  const char* metavar;
+  const char* help;
+  std::function<void(Options&, const std::string& name, const std::string& value)> apply;
+};
+
+int as_int(const std::string& name, const std::string& v, int lo, int hi = std::numeric_limits<int>::max()) {
+  return parse_integer<int>(name, v, lo, hi);
+}
+
+const std::vector<OptionSpec>& option_table() {
+  using S = std::string;
+  static const std::vector<OptionSpec> table = {
+      {"Hardware and topology", "--profile", "NAME",
+       "named hardware profile (see the list below); sets the per-rank memory, the links and the default "
+       "--ranks-per-node",
+       [](Options& o, const S&, const S& v) { o.profile = v; }},
+      {"Hardware and topology", "--profile-file", "FILE",
+       "hardware profile as JSON (cost::load_profile: the flat object bench/calibrate writes)",
+       [](Options& o, const S&, const S& v) { o.profile_file = v; }},
+      {"Hardware and topology", "--ranks", "N", "number of ranks (GPUs) the batch is split over, 1..65536 (required)",
+       [](Options& o, const S& n, const S& v) { o.ranks = as_int(n, v, 1, kMaxRanks); }},
+      {"Hardware and topology", "--ranks-per-node", "N",
+       "ranks sharing a node's fast links (default: the profile's); the last node may be partly filled",
+       [](Options& o, const S& n, const S& v) { o.ranks_per_node = as_int(n, v, 1, kMaxRanks); }},
+
+      {"Model", "--model", "NAME",
+       "model whose training step is simulated (see the list below): layers, GEMMs, ZeRO-3, memory",
+       [](Options& o, const S&, const S& v) { o.model = v; }},
+      {"Model", "--attention-only", "",
+       "predict one attention layer's forward + backward instead of a training step; the shape comes from "
+       "--model or from --heads-q/--heads-kv/--head-dim",
+       [](Options& o, const S&, const S&) { o.attention_only = true; }},
+      {"Model", "--heads-q", "H", "query heads (with --attention-only and no --model)",
+       [](Options& o, const S& n, const S& v) { o.heads_q = as_int(n, v, 1); }},
+      {"Model", "--heads-kv", "H", "key/value heads, dividing --heads-q (with --attention-only and no --model)",
+       [](Options& o, const S& n, const S& v) { o.heads_kv = as_int(n, v, 1); }},
+      {"Model", "--head-dim", "D", "head dimension, 1..1024 (with --attention-only and no --model)",
+       [](Options& o, const S& n, const S& v) { o.head_dim = as_int(n, v, 1, 1024); }},
+
+      {"Documents (exactly one of --lengths, --lengths-file, --distribution)", "--lengths", "L,L,...",
+       "document lengths in tokens, comma-separated positive integers",
+       [](Options& o, const S&, const S& v) { o.lengths = v; }},
+      {"Documents (exactly one of --lengths, --lengths-file, --distribution)", "--lengths-file", "FILE",
+       "document lengths, one per line; '#' starts a comment, blank lines are skipped; '-' reads stdin",
+       [](Options& o, const S&, const S& v) { o.lengths_file = v; }},
+      {"Documents (exactly one of --lengths, --lengths-file, --distribution)", "--distribution", "NAME",
+       "draw the lengths from a named distribution (see the list below) until --tokens are reached",
+       [](Options& o, const S&, const S& v) { o.distribution = v; }},
+      {"Documents (exactly one of --lengths, --lengths-file, --distribution)", "--tokens", "T",
+       "total tokens drawn with --distribution (required with it)",
+       [](Options& o, const S& n, const S& v) { o.tokens = parse_length(n, v); }},
+      {"Documents (exactly one of --lengths, --lengths-file, --distribution)", "--seed", "S",
+       "seed of --distribution (default 0; the same seed gives the same lengths)",
+       [](Options& o, const S& n, const S& v) {
+         o.seed = parse_integer<std::uint64_t>(n, v, 0, std::numeric_limits<std::uint64_t>::max());
+       }},
+      {"Documents (exactly one of --lengths, --lengths-file, --distribution)", "--sequence-tokens", "S",
+       "pack the documents, in order, into sequences of S tokens (the last may be shorter); a document "
+       "crossing a boundary is cut in two, as a packing data loader cuts it (default: one sequence)",
+       [](Options& o, const S& n, const S& v) { o.sequence_tokens = parse_length(n, v); }},
+      {"Documents (exactly one of --lengths, --lengths-file, --distribution)", "--sequences", "B",
+       "pack into B sequences: --sequence-tokens ceil(total / B)",
+       [](Options& o, const S& n, const S& v) { o.sequences = as_int(n, v, 1, 1 << 20); }},
+
+      {"Strategies and training step", "--strategies", "A,B,...",
+       "candidates to compare, comma-separated names (default: all of the list below)",
+       [](Options& o, const S&, const S& v) { o.strategies = v; }},
+      {"Strategies and training step", "--zero", "N",
+       "ZeRO-3 over groups of N consecutive ranks; 0 = all ranks (default), 1 = no sharding",
+       [](Options& o, const S& n, const S& v) { o.zero = as_int(n, v, 0, kMaxRanks); }},
+      {"Strategies and training step", "--no-checkpointing", "",
+       "keep every layer's activations (default: full recompute of each layer in backward)",
+       [](Options& o, const S&, const S&) { o.no_checkpointing = true; }},
+      {"Strategies and training step", "--no-zero-prefetch", "",
+       "do not overlap the next layer's parameter all-gather with this layer's compute",
+       [](Options& o, const S&, const S&) { o.no_zero_prefetch = true; }},
+      {"Strategies and training step", "--micro-batches", "N",
+       "gradient-accumulation steps, each a forward + backward of the whole batch (default 1)",
+       [](Options& o, const S& n, const S& v) { o.micro_batches = as_int(n, v, 1, 1 << 16); }},
+
+      {"Output", "--trace", "FILE",
+       "write the picked strategy's simulated timeline as Chrome/Perfetto trace JSON (ui.perfetto.dev): "
+       "in a training step every layer's GEMMs and ZeRO-3 collectives, and the attention programs of one "
+       "layer's forward and backward",
+       [](Options& o, const S&, const S& v) { o.trace = v; }},
+      {"Output", "--trace-ranks", "N", "ranks kept in the trace: 0..N-1 (default 64)",
+       [](Options& o, const S& n, const S& v) { o.trace_ranks = as_int(n, v, 1, kMaxRanks); }},
+      {"Output", "--json", "FILE", "write the inputs and every candidate's figures as JSON",
+       [](Options& o, const S&, const S& v) { o.json = v; }},
+      {"Output", "--quiet", "", "print only the picked strategy's name (nothing when none is picked) and no progress",
+       [](Options& o, const S&, const S&) { o.quiet = true; }},
+      {"Output", "--list", "", "list the profiles, models, distributions and strategies, then exit",
+       [](Options& o, const S&, const S&) { o.list = true; }},
+      {"Output", "--version", "", "print the version and exit",
+       [](Options& o, const S&, const S&) { o.version = true; }},
+      {"Output", "--help", "", "this help (also -h)", [](Options& o, const S&, const S&) { o.help = true; }},
+  };
+  return table;
+}
+
+Options parse_command_line(int argc, char** argv) {
+  Options o;
+  std::set<std::string> seen;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::optional<std::string> attached;  // --name=value
+    if (arg == "-h") {
+      arg = "--help";
+    } else if (arg.starts_with("--")) {
+      if (const auto eq = arg.find('='); eq != std::string::npos) {
+        attached = arg.substr(eq + 1);
+        arg.resize(eq);
+      }
+    } else if (arg.starts_with("-")) {
+      usage_error("unknown option '" + arg + "'");
+    } else {
+      usage_error("unexpected argument '" + arg + "'");
+    }
+    const auto& table = option_table();
+    const auto spec = std::find_if(table.begin(), table.end(), [&](const OptionSpec& s) { return arg == s.name; });
+    if (spec == table.end()) usage_error("unknown option '" + arg + "'");
+    if (!seen.insert(arg).second) usage_error(arg + " is given twice");
+    std::string value;
+    if (*spec->metavar != '\0') {
+      if (attached) {
+        value = *attached;
+      } else if (i + 1 < argc && !std::string_view(argv[i + 1]).starts_with("--")) {
+        value = argv[++i];
+      } else {
+        usage_error(arg + " needs a value (" + spec->metavar + ")");
+      }
+      if (value.empty()) usage_error(arg + ": the value is empty");
+    } else if (attached) {
+      usage_error(arg + " takes no value");
+    }
+    spec->apply(o, arg, value);
+  }
+  return o;
+}
+
+constexpr std::size_t kHelpIndent = 26, kHelpWidth = 100;
+
+/// `left` padded to `indent` columns, then `text` wrapped at kHelpWidth with continuation lines indented.
+std::string wrap(std::string left, const std::string& text, std::size_t indent) {
+  left.resize(std::max(left.size(), indent), ' ');
+  std::string out, line = left;
+  for (const std::string& word : split(text, ' ')) {
+    if (line.size() > indent && line.size() + 1 + word.size() > kHelpWidth) {
+      out += line + "\n";
+      line = std::string(indent, ' ');
+    }
+    line += (line.size() > indent ? " " : "") + word;
+  }
+  return out + line + "\n";
+}
+
+void print_help(std::FILE* out) {
+  std::fprintf(out,
+               "usage: %s (--profile NAME | --profile-file FILE) --ranks N\n"
+               "                   (--model NAME | --attention-only (--model NAME | --heads-q H --heads-kv H "
+               "--head-dim D))\n"
+               "                   (--lengths L,L,... | --lengths-file FILE | --distribution NAME --tokens T) "
+               "[options]\n\n"
+               "Predicts with seqpar's cost model what each sequence-parallel strategy costs on a machine, for a\n"
+               "model and a batch of packed documents. Every candidate's per-rank programs are compiled and\n"
+               "replayed on the hardware profile: a whole training step (forward, recompute, backward and\n"
+               "optimizer of every layer, ZeRO-3 collectives), or with --attention-only one attention layer's\n"
+               "forward + backward. The pick (*) is the fastest strategy that can run the batch and fits in the\n"
+               "profile's memory per rank.\n",
+               kTool);
+  const char* group = "";
+  for (const OptionSpec& s : option_table()) {
+    if (std::string_view(group) != s.group) {
+      group = s.group;
+      std::fprintf(out, "\n%s:\n", group);
+    }
+    std::string left = std::string("  ") + s.name + (*s.metavar ? std::string(" ") + s.metavar : "");
+    if (left.size() + 1 >= kHelpIndent) {
+      std::fprintf(out, "%s\n", left.c_str());
+      left.clear();
+    }
+    std::fprintf(out, "%s", wrap(left, s.help, kHelpIndent).c_str());
+  }
+  std::vector<std::string> models, strategies;
+  for (const cost::ModelShape& m : cost::models::all()) models.push_back(m.name);
+  for (const cost::Candidate& c : cost::standard_candidates()) strategies.push_back(c.name);
+  std::fprintf(out, "\nNames (--list shows them with details):\n%s%s%s%s",
+               wrap("  profiles", join(cost::profiles::names()), 17).c_str(),
+               wrap("  models", join(models), 17).c_str(),
+               wrap("  distributions", join(cost::workloads::distribution_names()), 17).c_str(),
+               wrap("  strategies", join(strategies), 17).c_str());
+  std::fprintf(out,
+               "\nOutput: one row per strategy, the pick marked '*':\n"
+               "  step ms        predicted training step (--attention-only: 'fwd+bwd ms', one attention layer)\n"
+               "  tokens/s       tokens of the batch x micro-batches per second of step (training step only)\n"
+               "  intra/inter    attention bytes a rank sends inside its node / to other nodes, MiB, max over\n"
+               "                 ranks (in the whole step, or in the layer's forward + backward)\n"
+               "  imbalance      max / mean over ranks of compute time (GEMMs and attention kernels)\n"
+               "  peak GiB       peak memory of the most loaded rank, '!' when over the profile's memory\n"
+               "                 (--attention-only: Q, K, V, O, dO, dQ, dK, dV, LSE of its tokens + staging)\n"
+               "  exposed ms     max over ranks of the time a rank is blocked on communication (attention\n"
+               "                 transfers, and in a training step ZeRO-3 collectives compute does not hide)\n"
+               "Strategies that cannot run the batch are listed with the reason. On a terminal, stderr shows\n"
+               "progress while the candidates are simulated.\n"
+               "\nExit status: 0 a strategy was picked; 1 none can run or fits in memory, or a file could not be\n"
+               "written; 2 bad arguments (a one-line message on stderr).\n"
+               "\nExamples:\n"
+               "  %s --profile h100-sxm --ranks 16 --model llama-3.1-8b --distribution pile --tokens 262144 \\\n"
+               "              --sequences 2 --seed 7 --json plan.json --trace pick.json\n"
+               "  %s --profile a100-40gb --ranks 8 --attention-only --heads-q 32 --heads-kv 8 --head-dim 128 \\\n"
+               "              --lengths 32768,16384,8192,8192,4096\n",
+               kTool, kTool);
+}
+
+void print_list() {
+  std::printf("profiles:\n");
+  for (const std::string& name : cost::profiles::names()) {
+    const cost::HardwareProfile p = cost::profiles::by_name(name);
+    std::printf("  %-12s %4.0f TFLOP/s, %5.1f GiB, %d per node, intra %.0f GB/s, inter %.0f GB/s x %d NICs/node\n",
+                p.name.c_str(), p.peak_flops / 1e12, p.memory_bytes / cost::profiles::kGiB, p.ranks_per_node,
+                p.intra.bandwidth / 1e9, p.inter.bandwidth / 1e9, p.nics_per_node);
+  }
+  std::printf("models:\n");
+  for (const cost::ModelShape& m : cost::models::all())
+    std::printf("  %-14s %5.2fB params, %2d layers, hidden %5d, heads %2d:%2d x %3d, ffn %5d, vocab %d\n",
+                m.name.c_str(), m.params() / 1e9, m.layers, m.hidden, m.heads_q, m.heads_kv, m.head_dim, m.ffn,
+                m.vocab);
+  std::printf("distributions:\n  %s\n", join(cost::workloads::distribution_names()).c_str());
+  std::printf("strategies:\n");
+  for (const cost::Candidate& c : cost::standard_candidates())
+    std::printf("  %-26s %s\n", c.name.c_str(), c.description.c_str());
+}
+
+// ---- from options to a problem -----------------------------------------------------------------------
+
+/// Everything a candidate is evaluated on, checked.
+struct Problem {
+  cost::HardwareProfile hardware;
+  Topology topology;
+  std::optional<cost::ModelShape> model;  ///< empty with --attention-only and explicit heads
+  bool attention_only = false;
+  AttentionShape shape;
+  DocumentBatch batch;
+  std::int64_t longest_document = 0;
+  std::int64_t documents = 0;  ///< before packing (packing cuts documents that cross a sequence boundary)
+  std::string lengths_source;
+  cost::TrainingOptions training;
+  std::vector<cost::Candidate> candidates;
+};
+
+std::vector<std::int64_t> lengths_from_list(const std::string& list) {
+  std::vector<std::int64_t> out;
+  const std::vector<std::string> items = split(list, ',');
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const std::string_view item = trim(items[i]);
+    if (item.empty()) usage_error("--lengths: item " + std::to_string(i + 1) + " is empty");
+    out.push_back(parse_length("--lengths: item " + std::to_string(i + 1), item));
+  }
+  return out;
+}
+
+std::vector<std::int64_t> lengths_from_stream(std::istream& in, const std::string& path) {
+  std::vector<std::int64_t> out;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    std::string_view text(line);
+    if (const auto hash = text.find('#'); hash != std::string_view::npos) text = text.substr(0, hash);
+    text = trim(text);
+    if (text.empty()) continue;
+    out.push_back(parse_length("--lengths-file " + path + ":" + std::to_string(number), text));
+  }
+  if (in.bad()) usage_error("--lengths-file: cannot read '" + path + "'");
+  if (out.empty()) usage_error("--lengths-file: '" + path + "' holds no lengths");
+  return out;
+}
+
+std::vector<std::int64_t> lengths_from_file(const std::string& path) {
+  if (path == "-") return lengths_from_stream(std::cin, "-");
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) usage_error("--lengths-file: '" + path + "' is a directory");
+  std::ifstream in(path);
+  if (!in) usage_error("--lengths-file: cannot open '" + path + "'");
+  return lengths_from_stream(in, path);
+}
+
+/// Concatenates the documents and cuts the stream into sequences of `sequence_tokens` (a document crossing
+/// a boundary is cut in two), as a packing data loader does.
+std::vector<std::vector<std::int64_t>> pack(const std::vector<std::int64_t>& lengths, std::int64_t sequence_tokens) {
+  std::vector<std::vector<std::int64_t>> sequences(1);
+  std::int64_t room = sequence_tokens;
+  for (std::int64_t left : lengths) {
+    while (left > 0) {
+      if (room == 0) {
+        sequences.emplace_back();
+        room = sequence_tokens;
+      }
+      const std::int64_t take = std::min(left, room);
+      sequences.back().push_back(take);
+      room -= take;
+      left -= take;
+    }
+  }
+  return sequences;
+}
+
+Problem make_problem(const Options& o) {
+  Problem p;
+  // Hardware and topology.
+  if (o.profile && o.profile_file) usage_error("--profile and --profile-file exclude each other");
+  if (!o.profile && !o.profile_file) usage_error("no hardware: give --profile NAME or --profile-file FILE");
+  p.hardware = o.profile ? cost::profiles::by_name(*o.profile) : cost::load_profile(*o.profile_file);
+  if (!o.ranks) usage_error("--ranks N is required");
+  p.topology = {*o.ranks, o.ranks_per_node.value_or(p.hardware.ranks_per_node)};
+  p.hardware.ranks_per_node = p.topology.ranks_per_node;
+  p.topology.validate("seqpar-plan");
+  p.hardware.validate("seqpar-plan: profile");
+
+  // Model and attention shape.
+  p.attention_only = o.attention_only;
+  const bool heads = o.heads_q || o.heads_kv || o.head_dim;
+  if (heads && !o.attention_only) usage_error("--heads-q/--heads-kv/--head-dim need --attention-only");
+  if (heads && o.model) usage_error("--heads-q/--heads-kv/--head-dim exclude --model (the model fixes its heads)");
+  if (o.model) {
+    p.model = cost::models::by_name(*o.model);
+    p.shape = p.model->attention();
+  } else if (o.attention_only) {
+    if (!o.heads_q || !o.heads_kv || !o.head_dim)
+      usage_error("--attention-only without --model needs --heads-q, --heads-kv and --head-dim");
+    p.shape = AttentionShape{*o.heads_q, *o.heads_kv, *o.head_dim, 0.0};
+  } else {
+    usage_error("no model: give --model NAME, or --attention-only with --heads-q/--heads-kv/--head-dim");
+  }
+  p.shape.validate("seqpar-plan");
+
+  // Training options: only a training step has them.
+  if (o.attention_only) {
+    for (const auto& [given, name] :
+         {std::pair{o.zero.has_value(), "--zero"}, std::pair{o.micro_batches.has_value(), "--micro-batches"},
+          std::pair{o.no_checkpointing, "--no-checkpointing"}, std::pair{o.no_zero_prefetch, "--no-zero-prefetch"}})
+      if (given) usage_error(std::string(name) + " applies to a training step, not to --attention-only");
+  } else {
+    p.training.model = *p.model;
+    p.training.zero_ranks = o.zero.value_or(0);
+    if (p.training.zero_ranks > p.topology.world_size)
+      usage_error("--zero " + std::to_string(p.training.zero_ranks) + " is more than --ranks " +
+                  std::to_string(p.topology.world_size));
+    p.training.checkpointing = !o.no_checkpointing;
+    p.training.zero_prefetch = !o.no_zero_prefetch;
+    p.training.micro_batches = o.micro_batches.value_or(1);
+  }
+
+  // Documents.
+  const int sources = static_cast<int>(o.lengths.has_value()) + static_cast<int>(o.lengths_file.has_value()) +
+                      static_cast<int>(o.distribution.has_value());
+  if (sources == 0) usage_error("no documents: give --lengths, --lengths-file or --distribution");
+  if (sources > 1) usage_error("--lengths, --lengths-file and --distribution exclude each other");
+  if (!o.distribution && (o.tokens || o.seed)) usage_error("--tokens and --seed go with --distribution");
+  std::vector<std::int64_t> lengths;
+  if (o.lengths) {
+    lengths = lengths_from_list(*o.lengths);
+    p.lengths_source = "--lengths";
+  } else if (o.lengths_file) {
+    lengths = lengths_from_file(*o.lengths_file);
+    p.lengths_source = *o.lengths_file;
+  } else {
+    if (!o.tokens) usage_error("--distribution needs --tokens T");
+    lengths = cost::workloads::sample_lengths(*o.distribution, *o.tokens, o.seed.value_or(0));
+    p.lengths_source = *o.distribution + " (seed " + std::to_string(o.seed.value_or(0)) + ")";
+  }
+  std::int64_t total = 0;
+  for (std::int64_t len : lengths) {
+    if (len > DocumentBatch::kMaxTokens - total)
+      usage_error("the documents hold more than " + std::to_string(DocumentBatch::kMaxTokens) + " tokens");
+    total += len;
+    p.longest_document = std::max(p.longest_document, len);
+  }
+  if (o.sequences && o.sequence_tokens) usage_error("--sequences and --sequence-tokens exclude each other");
+  if (o.sequences && *o.sequences > total)
+    usage_error("--sequences " + std::to_string(*o.sequences) + " is more than the " + std::to_string(total) +
+                " tokens");
+  const std::int64_t sequence_tokens = o.sequence_tokens ? *o.sequence_tokens
+                                       : o.sequences     ? (total + *o.sequences - 1) / *o.sequences
+                                                         : total;
+  p.batch = DocumentBatch(pack(lengths, sequence_tokens));
+  p.documents = static_cast<std::int64_t>(lengths.size());
+
+  // Candidates.
+  p.candidates = cost::standard_candidates(p.hardware);
+  if (o.strategies) {
+    std::vector<cost::Candidate> chosen;
+    std::vector<std::string> known;
+    for (const cost::Candidate& c : p.candidates) known.push_back(c.name);
+    for (const std::string& item : split(*o.strategies, ',')) {
+      const std::string name(trim(item));
+      if (name.empty()) usage_error("--strategies: an empty name");
+      const auto it = std::find_if(p.candidates.begin(), p.candidates.end(),
+                                   [&](const cost::Candidate& c) { return c.name == name; });
+      if (it == p.candidates.end()) usage_error("--strategies: '" + name + "' is not a strategy (" + join(known) + ")");
+      if (std::any_of(chosen.begin(), chosen.end(), [&](const cost::Candidate& c) { return c.name == name; }))
+        usage_error("--strategies: '" + name + "' is listed twice");
+      chosen.push_back(*it);
+    }
+    p.candidates = std::move(chosen);
+  }
+  if (o.trace_ranks && !o.trace) usage_error("--trace-ranks goes with --trace");
+  // An output path whose folder is missing is a typo: say so now, not after a long simulation.
+  for (const auto& [path, option] : {std::pair{o.json, "--json"}, std::pair{o.trace, "--trace"}}) {
+    if (!path) continue;
+    const std::filesystem::path folder = std::filesystem::path(*path).parent_path();
+    std::error_code ec;
+    if (!folder.empty() && !std::filesystem::is_directory(folder, ec))
+      usage_error(std::string(option) + ": '" + folder.string() + "' is not a folder");
+  }
+  return p;
+}
+
+// ---- evaluation --------------------------------------------------------------------------------------
+
+struct Row {
+  enum class State { kOk, kRefused, kFailed };
+  std::string name, description;
+  State state = State::kOk;
+  std::string reason;  ///< refusal or failure
+  double time_s = 0, tokens_per_s = 0, attention_fwd_s = 0, attention_bwd_s = 0;
+  std::uint64_t bytes_intra = 0, bytes_inter = 0;  ///< max over ranks
+  double imbalance = 1, memory_bytes = 0, exposed_s = 0;
+  bool fits = false;
+};
+
+/// Memory of one attention layer's forward + backward on a rank: Q, O, dO, dQ (Hq heads), K, V, dK, dV
+/// (Hkv heads) and fp32 LSE of its tokens, plus the larger of its programs' staging buffers.
+double attention_memory_bytes(const AttentionShape& shape, double value_bytes, std::int64_t tokens,
+                              double staging_bytes) {
+  const double per_token = 4.0 * value_bytes * shape.head_dim * (shape.heads_q + shape.heads_kv) + 4.0 * shape.heads_q;
+  return static_cast<double>(tokens) * per_token + staging_bytes;
+}
+
+/// Compiles and simulates one candidate. With `trace`, the simulation keeps the events and moves them there.
+/// `phase` is told when compiling ends and simulating starts (the progress line).
+Row evaluate(const cost::Candidate& candidate, const Problem& p, const cost::SimulationOptions& sim, cost::Trace* trace,
+             const std::function<void(const char*)>& phase) {
+  Row row;
+  row.name = candidate.name;
+  row.description = candidate.description;
+  phase("compiling");
+  const cost::CompiledStrategy compiled = candidate.compile(p.batch, p.shape, p.topology);
+  if (!compiled.status) {
+    row.state = Row::State::kRefused;
+    row.reason = compiled.status.reason;
+    return row;
+  }
+  phase("simulating");
+  const auto n = static_cast<std::size_t>(p.topology.world_size);
+  double compute_max = 0, compute_sum = 0;
+  const auto add_compute = [&](double c) {
+    compute_max = std::max(compute_max, c);
+    compute_sum += c;
+  };
+  if (p.attention_only) {
+    cost::AttentionPrediction pred = cost::predict(compiled, p.topology, p.shape, sim);
+    row.time_s = pred.time_s();
+    row.attention_fwd_s = pred.forward.time_s;
+    row.attention_bwd_s = pred.backward.time_s;
+    const double vb = sim.value_bytes > 0 ? sim.value_bytes : p.hardware.value_bytes;
+    for (std::size_t r = 0; r < n; ++r) {
+      const cost::RankTiming& f = pred.forward.ranks[r];
+      const cost::RankTiming& b = pred.backward.ranks[r];
+      row.bytes_intra = std::max(row.bytes_intra, f.bytes_intra + b.bytes_intra);
+      row.bytes_inter = std::max(row.bytes_inter, f.bytes_inter + b.bytes_inter);
+      row.exposed_s = std::max(row.exposed_s, f.exposed_comm_s + b.exposed_comm_s);
+      add_compute(f.compute_s + b.compute_s);
+      row.memory_bytes = std::max(row.memory_bytes,
+                                  attention_memory_bytes(p.shape, vb, compiled.plan.local_tokens(static_cast<int>(r)),
+                                                         std::max(f.staging_bytes, b.staging_bytes)));
+    }
+    if (trace != nullptr) {
+      *trace = std::move(pred.forward.trace);
+      trace->append(pred.backward.trace);  // the backward replay already starts where the forward ended
+    }
+  } else {
+    cost::StepReport step = cost::simulate_step(compiled, p.topology, p.training, sim);
+    row.time_s = step.step_s;
+    row.tokens_per_s = step.tokens_per_s;
+    row.attention_fwd_s = step.attention_fwd_s;
+    row.attention_bwd_s = step.attention_bwd_s;
+    for (const cost::StepRank& r : step.ranks) {
+      row.bytes_intra = std::max(row.bytes_intra, r.bytes_intra);
+      row.bytes_inter = std::max(row.bytes_inter, r.bytes_inter);
+      row.exposed_s = std::max(row.exposed_s, r.exposed_comm_s);
+      add_compute(r.gemm_s + r.attention_s);
+    }
+    row.memory_bytes = step.max_peak_memory_bytes();
+    if (trace != nullptr) *trace = std::move(step.trace);
+  }
+  row.imbalance = compute_sum > 0 ? compute_max * static_cast<double>(n) / compute_sum : 1.0;
+  row.fits = row.memory_bytes <= p.hardware.memory_bytes;
+  return row;
+}
+
+/// "[k/n] ..." on stderr while the candidates are simulated, rewritten in place; only on a terminal.
+class Progress {
+ public:
+  explicit Progress(bool enabled) : enabled_(enabled) {}
+  void show(std::size_t k, std::size_t n, const std::string& what) const {
+    if (enabled_) std::fprintf(stderr, "\r\033[K[%zu/%zu] %s", k, n, what.c_str());
+  }
+  void clear() const {
+    if (enabled_) std::fprintf(stderr, "\r\033[K");
+  }
+
+ private:
+  bool enabled_;
+};
+
+// ---- output ------------------------------------------------------------------------------------------
+
+double mib(std::uint64_t bytes) {
+  return static_cast<double>(bytes) / (1024.0 * 1024.0);
+}
+double gib(double bytes) {
+  return bytes / cost::profiles::kGiB;
+}
+std::string format_gib(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f GiB", gib(bytes));
+  return text;
+}
+
+std::string describe_batch(const Problem& p) {
+  const int b = p.batch.num_sequences();
+  const auto cuts = static_cast<std::int64_t>(p.batch.documents().size()) - p.documents;
+  std::string s = std::to_string(p.batch.total_tokens()) + " tokens in " + std::to_string(b) +
+                  (b == 1 ? " sequence, " : " sequences, ") + std::to_string(p.documents) + " documents (longest " +
+                  std::to_string(p.longest_document) + ") from " + p.lengths_source;
+  if (cuts > 0) s += "; " + std::to_string(cuts) + (cuts == 1 ? " cut" : " cuts") + " at sequence boundaries";
+  return s;
+}
+
+void print_table(const Problem& p, const std::vector<Row>& rows, std::optional<std::size_t> pick) {
+  const Topology& t = p.topology;
+  const std::string what = p.attention_only
+                               ? "one attention layer (fwd+bwd), heads " + std::to_string(p.shape.heads_q) + ":" +
+                                     std::to_string(p.shape.heads_kv) + " x " + std::to_string(p.shape.head_dim)
+                               : "training step of " + p.model->name;
+  std::printf("%s: %s on %d x %s (%d node%s of %d)\n", kTool, what.c_str(), t.world_size, p.hardware.name.c_str(),
+              t.num_nodes(), t.num_nodes() == 1 ? "" : "s", t.ranks_per_node);
+  std::printf("  batch: %s\n", describe_batch(p).c_str());
+  if (!p.attention_only) {
+    const int zero = p.training.zero_ranks == 0 ? t.world_size : p.training.zero_ranks;
+    std::printf("  %s, %s, %d micro-batch%s\n",
+                zero == 1 ? "no ZeRO-3 sharding" : ("ZeRO-3 over " + std::to_string(zero) + " ranks").c_str(),
+                p.training.checkpointing ? "activation checkpointing" : "no checkpointing", p.training.micro_batches,
+                p.training.micro_batches == 1 ? "" : "es");
+  }
+  int width = 8;
+  for (const Row& r : rows) width = std::max(width, static_cast<int>(r.name.size()));
+  // The tokens/s column only exists for a training step.
+  const std::string tokens_header = p.attention_only ? "" : " " + std::string(12 - 8, ' ') + "tokens/s";
+  std::printf("\n  %-*s %12s%s %10s %10s %10s %10s %11s\n", width, "strategy",
+              p.attention_only ? "fwd+bwd ms" : "step ms", tokens_header.c_str(), "intra MiB", "inter MiB", "imbalance",
+              "peak GiB", "exposed ms");
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    const char mark = pick && *pick == i ? '*' : ' ';
+    if (r.state != Row::State::kOk) {
+      std::printf("%c %-*s %s: %s\n", mark, width, r.name.c_str(),
+                  r.state == Row::State::kRefused ? "refused" : "failed", r.reason.c_str());
+      continue;
+    }
+    char tokens[32] = "";
+    if (!p.attention_only) std::snprintf(tokens, sizeof tokens, " %12.0f", r.tokens_per_s);
+    char memory[32];
+    std::snprintf(memory, sizeof memory, "%.2f%s", gib(r.memory_bytes), r.fits ? " " : "!");
+    std::printf("%c %-*s %12.3f%s %10.1f %10.1f %10.3f %10s %11.3f\n", mark, width, r.name.c_str(), r.time_s * 1e3,
+                tokens, mib(r.bytes_intra), mib(r.bytes_inter), r.imbalance, memory, r.exposed_s * 1e3);
+  }
+  std::printf("\n");
+  const bool over =
+      std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.state == Row::State::kOk && !r.fits; });
+  if (!pick)
+    std::printf("no pick: %s\n", over ? ("every strategy that runs the batch needs more than the profile's " +
+                                         format_gib(p.hardware.memory_bytes) + " per rank ('!')")
+                                            .c_str()
+                                      : "no strategy can run the batch");
+  else
+    std::printf("* %s: the fastest of the strategies that run the batch and fit in %s per rank%s\n",
+                rows[*pick].name.c_str(), format_gib(p.hardware.memory_bytes).c_str(), over ? " ('!': over it)" : "");
+}
+
+std::string json_text(const Problem& p, const std::vector<Row>& rows, std::optional<std::size_t> pick) {
+  bench::JsonRecord plan;
+  plan.add("tool", kTool)
+      .add("version", std::to_string(SEQPAR_VERSION_MAJOR) + "." + std::to_string(SEQPAR_VERSION_MINOR) + "." +
+                          std::to_string(SEQPAR_VERSION_PATCH))
+      .add("mode", p.attention_only ? "attention" : "step")
+      .add("profile", p.hardware.name)
+      .add("memory_bytes", std::llround(p.hardware.memory_bytes))
+      .add("ranks", p.topology.world_size)
+      .add("ranks_per_node", p.topology.ranks_per_node)
+      .add("model", p.model ? p.model->name : std::string())
+      .add("heads_q", p.shape.heads_q)
+      .add("heads_kv", p.shape.heads_kv)
+      .add("head_dim", p.shape.head_dim)
+      .add("tokens", p.batch.total_tokens())
+      .add("sequences", p.batch.num_sequences())
+      .add("documents", p.documents)
+      .add("documents_after_packing", static_cast<std::int64_t>(p.batch.documents().size()))
+      .add("longest_document", p.longest_document)
+      .add("lengths_source", p.lengths_source);
+  if (!p.attention_only)
+    plan.add("zero_ranks", p.training.zero_ranks == 0 ? p.topology.world_size : p.training.zero_ranks)
+        .add("checkpointing", p.training.checkpointing)
+        .add("zero_prefetch", p.training.zero_prefetch)
+        .add("micro_batches", p.training.micro_batches);
+  plan.add("pick", pick ? rows[*pick].name : std::string());
+  std::string out = "{\n  \"plan\": " + plan.str() + ",\n  \"candidates\": [";
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    bench::JsonRecord rec;
+    rec.add("name", r.name)
+        .add("description", r.description)
+        .add("status", r.state == Row::State::kOk        ? "ok"
+                       : r.state == Row::State::kRefused ? "refused"
+                                                         : "failed")
+        .add("reason", r.reason)
+        .add("picked", pick && *pick == i);
+    if (r.state == Row::State::kOk) {
+      rec.add(p.attention_only ? "attention_s" : "step_s", r.time_s);
+      if (!p.attention_only) rec.add("tokens_per_s", r.tokens_per_s);
+      rec.add("attention_fwd_s", r.attention_fwd_s)
+          .add("attention_bwd_s", r.attention_bwd_s)
+          .add("bytes_intra_max", r.bytes_intra)
+          .add("bytes_inter_max", r.bytes_inter)
+          .add("compute_imbalance", r.imbalance)
+          .add("peak_memory_bytes", std::llround(r.memory_bytes))
+          .add("fits_memory", r.fits)
+          .add("exposed_comm_s", r.exposed_s);
+    }
+    out += (i ? ",\n    " : "\n    ") + rec.str();
+  }
+  return out + "\n  ]\n}\n";
+}
+
+void write_file(const std::string& path, const std::string& text, const char* option) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw std::runtime_error(std::string(option) + ": cannot open '" + path + "' for writing");
+  out << text;
+  out.close();
+  if (!out) throw std::runtime_error(std::string(option) + ": cannot write '" + path + "'");
+}
+
+int run(int argc, char** argv) {
+  const Options o = parse_command_line(argc, argv);
+  if (o.help) {
+    print_help(stdout);
+    return 0;
+  }
+  if (o.version) {
+    std::printf("%s %d.%d.%d\n", kTool, SEQPAR_VERSION_MAJOR, SEQPAR_VERSION_MINOR, SEQPAR_VERSION_PATCH);
+    return 0;
+  }
+  if (o.list) {
+    print_list();
+    return 0;
+  }
+  const Problem p = make_problem(o);
+  cost::SimulationOptions sim;
+  sim.hardware = p.hardware;
+  const Progress progress(!o.quiet && isatty(STDERR_FILENO) == 1);
+
+  std::vector<Row> rows;
+  std::optional<std::size_t> pick;
+  for (std::size_t i = 0; i < p.candidates.size(); ++i) {
+    Row row;
+    try {
+      row = evaluate(p.candidates[i], p, sim, nullptr, [&](const char* what) {
+        progress.show(i + 1, p.candidates.size(), p.candidates[i].name + ": " + what);
+      });
+    } catch (const std::exception& e) {  // one strategy failing does not hide the others
+      row.name = p.candidates[i].name;
+      row.description = p.candidates[i].description;
+      row.state = Row::State::kFailed;
+      row.reason = one_line(e.what());
+    }
+    if (row.state == Row::State::kOk && row.fits && (!pick || row.time_s < rows[*pick].time_s)) pick = i;
+    rows.push_back(std::move(row));
+  }
+  progress.clear();
+
+  if (o.quiet) {
+    if (pick) std::printf("%s\n", rows[*pick].name.c_str());
+  } else {
+    print_table(p, rows, pick);
+  }
+  std::fflush(stdout);
+  if (o.json) write_file(*o.json, json_text(p, rows, pick), "--json");
+  if (!pick) {
+    double least = std::numeric_limits<double>::infinity();
+    for (const Row& r : rows)
+      if (r.state == Row::State::kOk) least = std::min(least, r.memory_bytes);
+    std::fprintf(stderr, "%s: no pick: %s\n", kTool,
+                 std::isfinite(least) ? ("the strategies that run the batch need at least " + format_gib(least) +
+                                         " per rank, more than the profile's " + format_gib(p.hardware.memory_bytes))
+                                            .c_str()
+                                      : "no strategy can run the batch");
+    return 1;
+  }
+  if (o.trace) {
+    cost::SimulationOptions traced = sim;
+    traced.trace = true;
+    if (o.trace_ranks) traced.trace_max_ranks = *o.trace_ranks;
+    cost::Trace trace;
+    (void)evaluate(p.candidates[*pick], p, traced, &trace,
+                   [&](const char* what) { progress.show(1, 1, "trace of " + rows[*pick].name + ": " + what); });
+    progress.clear();
+    trace.write(*o.trace);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "%s: error: %s (see --help)\n", kTool, one_line(e.what()).c_str());
+    return 2;
+  } catch (const std::invalid_argument& e) {  // the library's validation of what the options gave it
+    std::fprintf(stderr, "%s: error: %s (see --help)\n", kTool, one_line(e.what()).c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", kTool, one_line(e.what()).c_str());
+    return 1;
+  }
+}

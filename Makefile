@@ -25,6 +25,9 @@ test: build
 bench: build
 	./$(BUILD)/bench/attention_cpu --json $(BUILD)/attention_cpu.json
 	./$(BUILD)/bench/comm_volume --json $(BUILD)/comm_volume.json
+	./$(BUILD)/bench/replay --json $(BUILD)/replay.json --svg-dir $(BUILD)
+	./$(BUILD)/bench/plan_scale --json $(BUILD)/plan_scale.json
+	./$(BUILD)/bench/calibrate --json $(BUILD)/calibrate.json --profile-out $(BUILD)/this_machine.json
 
 clean:
 	rm -rf build

@@ -3,13 +3,18 @@
 // model's prediction next to the measured time (issue 5, "Calibration": within +-25%).
 //
 //  1. Profile. Kernel: CpuFlash<float> (1 thread, as one rank runs it) on packed causal documents of a few
-//     lengths L, forward and backward; rate(L) = r_inf * L / (L + half) is fitted by least squares on
-//     1/rate = 1/r_inf + (half/r_inf) * (1/L) (linear in 1/L). peak_flops is this core's fp32 FMA peak from
-//     a register-blocked FMA loop (as bench/attention_cpu measures it), so attention_efficiency = r_inf /
-//     peak is the kernel's real fraction of peak; attention_backward_factor is the mean over L of
-//     rate_bwd(L) / rate_fwd(L) (the model scales the forward rate by one factor at every L);
-//     kernel_launch is the time of a call over one 1-token slice. The kernel is measured on one rank with
-//     the others idle; the simulator time-shares compute when a node has more ranks than cores
+//     lengths L and on full-mask L x L blocks (what ring steps run), forward and backward. The model is
+//     cost::attention_seconds' tile model: a slice costs the FLOPs of the 64 x 64 key tiles CpuFlash
+//     computes (detail::kKeyTile) plus `overhead` tiles per 64-row query block (the per-block setup and
+//     the rescaling of the output), at rate r_inf. t = (F_tiles + overhead * F_rows) / r_inf is linear in
+//     (1/r_inf, overhead/r_inf), fitted by least squares over every point, each weighted by its relative
+//     error. peak_flops is this core's fp32 FMA peak from a register-blocked FMA loop (as
+//     bench/attention_cpu measures it), so attention_efficiency = r_inf / peak is the kernel's real
+//     fraction of peak; attention_backward_factor is the mean over points of model / measured backward
+//     time at factor 1; kernel_launch is the time of a call over one 1-token slice. The kernel is measured
+//     with one thread per core, each pinned to its own core, all computing at once (under MPI: on rank 0,
+//     which widens its own affinity for it, since mpiexec binds each of 2 ranks to a single core);
+//     the simulator time-shares compute when a node has more ranks than cores
 //     (cores_per_node = hardware_concurrency). Links and copies are measured at the world size being
 //     calibrated with every rank active at once, because that is how the programs run: intra.bandwidth
 //     and intra.latency from an alpha-beta fit of the ring step (isend to rank+1, irecv from rank-1) at a
@@ -32,6 +37,8 @@
 #include <seqpar/backend/mpi.hpp>
 #endif
 
+#include <pthread.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -134,38 +141,76 @@ double best_time(int reps, F&& f) {
 int cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
 struct KernelPoint {
+  std::string mask;  // "causal" documents of `length`, or "full" length x length blocks
   std::int64_t length = 0;
-  double fwd_rate = 0, bwd_rate = 0;  // FLOP/s
+  double fwd_s = 0, bwd_s = 0;
+  double flops = 0;  // forward FLOPs of the visible pairs
+  double tiles = 0, rows = 0;  // tile x tile blocks touched, query blocks (cost::attention_slots with tile kTile)
+  double tile_flops = 0;       // forward FLOPs of one tile x tile block over all heads
 };
 
 struct KernelFit {
   int threads = 1;
-  double peak = 0, r_inf = 0, half = 0, bwd_r_inf = 0, bwd_half = 0, bwd_factor = 0, launch = 0;
+  double peak = 0, r_inf = 0, overhead = 0, bwd_factor = 0, launch = 0;
   double cpu = 0;  // least CPU time / wall time of a measuring thread: below ~0.9, other jobs took its core
   std::vector<KernelPoint> points;
-  double full_half = 0;  // half length of full-mask blocks
-  std::vector<KernelPoint> full_points;
+
+  // What the fitted model says of a point: the FLOPs of its computed slots at r_inf (backward * bwd_factor).
+  [[nodiscard]] double model_fwd_s(const KernelPoint& p) const { return slot_flops(p) / r_inf; }
+  [[nodiscard]] double model_bwd_s(const KernelPoint& p) const { return 2.5 * slot_flops(p) / (r_inf * bwd_factor); }
+  [[nodiscard]] double slot_flops(const KernelPoint& p) const { return (p.tiles + overhead * p.rows) * p.tile_flops; }
 };
 
-// Least squares of y = a + b x; returns {a, b}.
-std::pair<double, double> line_fit(const std::vector<double>& x, const std::vector<double>& y) {
-  const double n = static_cast<double>(x.size());
-  double sx = 0, sy = 0, sxx = 0, sxy = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    sx += x[i];
-    sy += y[i];
-    sxx += x[i] * x[i];
-    sxy += x[i] * y[i];
+// CpuFlash computes whole blocks of detail::kKeyTile keys: the tile the cost model prices slices by.
+constexpr int kTile = attention::detail::kKeyTile;
+
+// Least squares of y = a x + b z (no intercept); returns {a, b}.
+std::pair<double, double> fit_two(const std::vector<double>& x, const std::vector<double>& z, const std::vector<double>& y) {
+  double xx = 0, xz = 0, zz = 0, xy = 0, zy = 0;
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    xx += x[i] * x[i];
+    xz += x[i] * z[i];
+    zz += z[i] * z[i];
+    xy += x[i] * y[i];
+    zy += z[i] * y[i];
   }
-  const double b = (n * sxy - sx * sy) / (n * sxx - sx * sx);
-  return {(sy - b * sx) / n, b};
+  const double det = xx * zz - xz * xz;
+  return {(xy * zz - zy * xz) / det, (zy * xx - xy * xz) / det};
 }
 
-// Runs body(thread) on `threads` threads at once and joins them.
+std::vector<AttnSlice> causal_slices(std::int64_t len, std::int64_t total) {
+  std::vector<AttnSlice> out;
+  for (std::int64_t at = 0; at + len <= total; at += len) out.push_back({{at, at + len}, {at, at + len}, Mask::causal()});
+  return out;
+}
+// Query rows [at, at + len) against keys [0, len): full blocks, as a ring step's off-diagonal slices.
+std::vector<AttnSlice> full_slices(std::int64_t len, std::int64_t total) {
+  std::vector<AttnSlice> out;
+  for (std::int64_t at = 0; at + len <= total; at += len) out.push_back({{at, at + len}, {0, len}, Mask::full()});
+  return out;
+}
+
+// Pins the calling thread to the `index`-th online CPU. An MPI launcher binds each of a few ranks to one
+// core, so rank 0's measuring threads would otherwise share that core (cpu 0.5 in the table) and halve the
+// rates. Returns false where the OS refuses (a cpuset that excludes the CPU): the cpu column then shows it.
+bool pin_to_cpu(int index) {
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  if (online < 1) return false;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(static_cast<int>(index % online), &set);
+  return pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
+}
+
+// Runs body(thread) on `threads` threads at once, thread i pinned to CPU i, and joins them.
 template <class F>
 void on_threads(int threads, F&& body) {
   std::vector<std::thread> pool;
-  for (int i = 0; i < threads; ++i) pool.emplace_back([&body, i] { body(i); });
+  for (int i = 0; i < threads; ++i)
+    pool.emplace_back([&body, i] {
+      (void)pin_to_cpu(i);
+      body(i);
+    });
   for (std::thread& t : pool) t.join();
 }
 
@@ -212,10 +257,7 @@ KernelFit measure_kernel(const AttentionShape& shape, bool smoke, int threads) {
     const double cpu0 = thread_cpu_seconds();
     const auto wall0 = Clock::now();
     for (std::size_t i = 0; i < n_len; ++i) {
-      const std::int64_t len = lengths[i];
-      std::vector<AttnSlice> slices;
-      for (std::int64_t at = 0; at + len <= total; at += len)
-        slices.push_back({{at, at + len}, {at, at + len}, Mask::causal()});
+      const std::vector<AttnSlice> slices = causal_slices(lengths[i], total);
       sync.arrive_and_wait();
       times[um][2 * i] = best_time(smoke ? 1 : 3, [&] {
         flash.forward(shape, q.view(), k.view(), v.view(), slices, o.view(), lse.view(), ws);
@@ -227,9 +269,7 @@ KernelFit measure_kernel(const AttentionShape& shape, bool smoke, int threads) {
       });
     }
     for (std::size_t j = 0; j < n_full; ++j) {
-      const std::int64_t len = full_lengths[j];
-      std::vector<AttnSlice> slices;
-      for (std::int64_t at = 0; at + len <= total; at += len) slices.push_back({{at, at + len}, {0, len}, Mask::full()});
+      const std::vector<AttnSlice> slices = full_slices(full_lengths[j], total);
       sync.arrive_and_wait();
       times[um][2 * (n_len + j)] = best_time(smoke ? 1 : 3, [&] {
         flash.forward(shape, q.view(), k.view(), v.view(), slices, o.view(), lse.view(), ws);
@@ -255,47 +295,40 @@ KernelFit measure_kernel(const AttentionShape& shape, bool smoke, int threads) {
   fit.peak = *std::min_element(peak.begin(), peak.end());
   fit.launch = *std::max_element(launch.begin(), launch.end());
   fit.cpu = *std::min_element(cpu_share.begin(), cpu_share.end());
-  std::vector<double> inv_l, inv_fwd, inv_bwd;
-  for (std::size_t i = 0; i < n_len; ++i) {
-    double tf = 0, tb = 0;
+  // The model (cost::attention_seconds): a slice costs attention_flops of its slots = (tiles + overhead *
+  // query blocks) * tile^2 at rate r. So t_fwd = (F_tiles + overhead * F_rows) / r with F_* the forward FLOPs
+  // of those slots: linear in (1/r, overhead/r), fitted by least squares over causal and full points at once.
+  std::vector<double> x, z, y;
+  const auto add_point = [&](const std::string& mask, std::int64_t len, const std::vector<AttnSlice>& slices,
+                             std::size_t at) {
+    KernelPoint p{mask, len, 0, 0, 0, 0, 0, 0};
     for (const auto& t : times) {
-      tf = std::max(tf, t[2 * i]);
-      tb = std::max(tb, t[2 * i + 1]);
+      p.fwd_s = std::max(p.fwd_s, t[at]);
+      p.bwd_s = std::max(p.bwd_s, t[at + 1]);
     }
-    std::vector<AttnSlice> slices;
-    for (std::int64_t at = 0; at + lengths[i] <= total; at += lengths[i])
-      slices.push_back({{at, at + lengths[i]}, {at, at + lengths[i]}, Mask::causal()});
-    const double flops = cost::attention_flops(static_cast<double>(total_area(slices)) * hq, d, false);
-    fit.points.push_back({lengths[i], flops / tf, 2.5 * flops / tb});
-    inv_l.push_back(1.0 / static_cast<double>(lengths[i]));
-    inv_fwd.push_back(tf / flops);
-    inv_bwd.push_back(tb / (2.5 * flops));
-  }
-  const auto [af, bf] = line_fit(inv_l, inv_fwd);
-  fit.r_inf = 1.0 / af;
-  fit.half = std::max(0.0, bf / af);
-  const auto [ab, bb] = line_fit(inv_l, inv_bwd);
-  fit.bwd_r_inf = 1.0 / ab;
-  fit.bwd_half = std::max(0.0, bb / ab);
+    for (const AttnSlice& sl : slices) {
+      const double base = cost::attention_slots(sl, kTile, 0.0), with = cost::attention_slots(sl, kTile, 1.0);
+      p.tiles += base / (double(kTile) * kTile);
+      p.rows += (with - base) / (double(kTile) * kTile);
+    }
+    p.flops = cost::attention_flops(static_cast<double>(total_area(slices)) * hq, d, false);
+    p.tile_flops = cost::attention_flops(double(kTile) * kTile * hq, d, false);
+    x.push_back(p.tiles * p.tile_flops / p.fwd_s);  // divided through by t: every point weighs its relative error
+    z.push_back(p.rows * p.tile_flops / p.fwd_s);
+    y.push_back(1.0);
+    fit.points.push_back(p);
+  };
+  for (std::size_t i = 0; i < n_len; ++i) add_point("causal", lengths[i], causal_slices(lengths[i], total), 2 * i);
+  for (std::size_t j = 0; j < n_full; ++j)
+    add_point("full", full_lengths[j], full_slices(full_lengths[j], total), 2 * (n_len + j));
+  const auto [a, b] = fit_two(x, z, y);
+  fit.r_inf = 1.0 / a;
+  fit.overhead = std::max(0.0, b / a);
+  // Backward: the same slots at r_inf * factor; the factor is the mean over points of what each one gives.
   double ratio = 0;
-  for (const KernelPoint& p : fit.points) ratio += p.bwd_rate / p.fwd_rate;
+  fit.bwd_factor = 1;
+  for (const KernelPoint& p : fit.points) ratio += fit.model_bwd_s(p) / p.bwd_s;
   fit.bwd_factor = ratio / static_cast<double>(fit.points.size());
-  // Full blocks tend to the same long-tile rate r_inf; each point gives half = L (r_inf / rate - 1), averaged
-  // over forward and backward (backward against r_inf * bwd_factor, as the model prices it).
-  double half_sum = 0;
-  for (std::size_t j = 0; j < n_full; ++j) {
-    double tf = 0, tb = 0;
-    for (const auto& t : times) {
-      tf = std::max(tf, t[2 * (n_len + j)]);
-      tb = std::max(tb, t[2 * (n_len + j) + 1]);
-    }
-    const double l = static_cast<double>(full_lengths[j]);
-    const double flops = cost::attention_flops(static_cast<double>(total / full_lengths[j]) * l * l * hq, d, false);
-    const KernelPoint p{full_lengths[j], flops / tf, 2.5 * flops / tb};
-    fit.full_points.push_back(p);
-    half_sum += l * (fit.r_inf / p.fwd_rate - 1) + l * (fit.r_inf * fit.bwd_factor / p.bwd_rate - 1);
-  }
-  fit.full_half = std::max(0.0, half_sum / (2.0 * static_cast<double>(n_full)));
   return fit;
 }
 
@@ -367,7 +400,9 @@ cost::HardwareProfile make_profile(const char* transport, int world, const Kerne
   p.name = std::string("this-machine-") + transport + "-w" + std::to_string(world);
   p.peak_flops = k.peak;
   p.attention_efficiency = std::min(1.0, k.r_inf / k.peak);
-  p.attention_half_length = k.half;
+  p.attention_tile = kTile;
+  p.attention_tile_overhead = k.overhead;
+  p.attention_half_length = 0;  // the tile model carries the length dependence
   p.attention_backward_factor = std::clamp(k.bwd_factor, 0.05, 2.0);
   p.kernel_launch = k.launch;
   p.hbm_bandwidth = l.hbm;
@@ -557,25 +592,15 @@ DocumentBatch make_batch(std::int64_t tokens) {
 void print_kernel(const KernelFit& k) {
   std::printf("kernel CpuFlash<float>, 1 thread per rank, %d ranks computing at once: FMA peak %.1f GFLOP/s per core\n",
               k.threads, k.peak * 1e-9);
-  std::printf("  %6s %12s %12s %12s %12s\n", "L", "fwd GFLOP/s", "fit", "bwd GFLOP/s", "model");
+  std::printf("  %-6s %6s %12s %12s %12s %12s\n", "mask", "L", "fwd GFLOP/s", "model", "bwd GFLOP/s", "model");
   for (const KernelPoint& p : k.points) {
-    const double l = static_cast<double>(p.length);
-    const double fwd_fit = k.r_inf * l / (l + k.half);
-    std::printf("  %6lld %12.2f %12.2f %12.2f %12.2f\n", static_cast<long long>(p.length), p.fwd_rate * 1e-9,
-                fwd_fit * 1e-9, p.bwd_rate * 1e-9, fwd_fit * k.bwd_factor * 1e-9);
+    std::printf("  %-6s %6lld %12.2f %12.2f %12.2f %12.2f\n", p.mask.c_str(), static_cast<long long>(p.length),
+                p.flops / p.fwd_s * 1e-9, p.flops / k.model_fwd_s(p) * 1e-9, 2.5 * p.flops / p.bwd_s * 1e-9,
+                2.5 * p.flops / k.model_bwd_s(p) * 1e-9);
   }
-  for (const KernelPoint& p : k.full_points) {
-    const double l = static_cast<double>(p.length);
-    const double fwd_fit = k.r_inf * l / (l + k.full_half);
-    std::printf("  %6lld %12.2f %12.2f %12.2f %12.2f  (full-mask %lld x %lld blocks)\n", static_cast<long long>(p.length),
-                p.fwd_rate * 1e-9, fwd_fit * 1e-9, p.bwd_rate * 1e-9, fwd_fit * k.bwd_factor * 1e-9,
-                static_cast<long long>(p.length), static_cast<long long>(p.length));
-  }
-  std::printf("  full-mask half length %.0f (causal %.0f)\n", k.full_half, k.half);
-  std::printf("  forward fit: r_inf %.2f GFLOP/s (%.1f%% of peak), half length %.0f; backward factor %.3f "
-              "(backward's own fit: r_inf %.2f GFLOP/s, half %.0f); per call %.2f us; cpu %.2f\n",
-              k.r_inf * 1e-9, 100 * k.r_inf / k.peak, k.half, k.bwd_factor, k.bwd_r_inf * 1e-9, k.bwd_half,
-              k.launch * 1e6, k.cpu);
+  std::printf("  fit: r_inf %.2f GFLOP/s per computed slot (%.1f%% of peak), tile %d, overhead %.2f blocks per query "
+              "block; backward factor %.3f; per call %.2f us; cpu %.2f\n",
+              k.r_inf * 1e-9, 100 * k.r_inf / k.peak, kTile, k.overhead, k.bwd_factor, k.launch * 1e6, k.cpu);
 }
 
 void print_links(const char* transport, int world, const LinkFit& l) {
@@ -690,8 +715,8 @@ int main(int argc, char** argv) {
 #if SEQPAR_BENCH_MPI
   constexpr const char* kTransport = "mpi";
   return backend::mpi::run_or_abort(MPI_COMM_WORLD, [&](backend::mpi::Transport& t) {
-    // The kernel alone on rank 0; the others wait in the barrier (the transport's waits back off to sleeps,
-    // so they leave the cores to it).
+    // The kernel on rank 0, one pinned thread per core; the others wait in the barrier (the transport's
+    // waits back off to sleeps, so they leave the cores to it).
     KernelFit kernel;
     if (t.rank() == 0) kernel = measure_kernel(shape, c.smoke, cores());
     t.barrier();

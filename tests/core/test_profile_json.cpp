@@ -21,6 +21,8 @@ cost::HardwareProfile measured_like() {
   p.name = "this \"machine\" \\ 2 cores";
   p.peak_flops = 1.234567890123e11;
   p.attention_efficiency = 0.4321;
+  p.attention_tile = 64;
+  p.attention_tile_overhead = 0.37;
   p.attention_half_length = 187.25;
   p.attention_backward_factor = 0.61;
   p.kernel_launch = 3.3e-6;
@@ -40,6 +42,8 @@ void check_same(const cost::HardwareProfile& a, const cost::HardwareProfile& b) 
   CHECK(a.peak_flops == b.peak_flops);  // exact: 17 significant digits round-trip a double
   CHECK(a.gemm_efficiency == b.gemm_efficiency);
   CHECK(a.attention_efficiency == b.attention_efficiency);
+  CHECK(a.attention_tile == b.attention_tile);
+  CHECK(a.attention_tile_overhead == b.attention_tile_overhead);
   CHECK(a.attention_half_length == b.attention_half_length);
   CHECK(a.attention_backward_factor == b.attention_backward_factor);
   CHECK(a.kernel_launch == b.kernel_launch);

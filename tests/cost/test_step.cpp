@@ -111,3 +111,18 @@ TEST_SUITE("cost") {
     CHECK(report.cost <= pd.cost * (1 + ha.tolerance));
   }
 }
+
+TEST_SUITE("cost") {
+  TEST_CASE("the README's cost-model snippet compiles and runs") {
+    const DocumentBatch batch({{9000, 3000, 500, 3884}, {16384}});
+    const AttentionShape shape{32, 8, 128, 0};
+    using HybridRing = seqpar::Strategy<seqpar::partition::Hybrid, seqpar::comm::Ring>;
+    seqpar::cost::SimulationOptions sim{.hardware = seqpar::cost::profiles::h100_sxm(), .trace = true};
+    auto compiled = seqpar::cost::compile_all<HybridRing>({}, batch, shape, seqpar::Topology{16, 8});
+    auto layer = seqpar::cost::predict(compiled, {16, 8}, shape, sim);
+    auto step = seqpar::cost::simulate_step(compiled, {16, 8}, {.model = seqpar::cost::models::llama31_8b()}, sim);
+    CHECK(layer.time_s() > 0);
+    CHECK(step.step_s > 16 * layer.time_s());  // 32 layers of attention plus everything else
+    CHECK(!step.trace.events.empty());
+  }
+}

@@ -45,6 +45,8 @@ namespace seqpar::cost {
   add("peak_flops", num(p.peak_flops));
   add("gemm_efficiency", num(p.gemm_efficiency));
   add("attention_efficiency", num(p.attention_efficiency));
+  add("attention_tile", num(p.attention_tile));
+  add("attention_tile_overhead", num(p.attention_tile_overhead));
   add("attention_half_length", num(p.attention_half_length));
   add("attention_backward_factor", num(p.attention_backward_factor));
   add("kernel_launch", num(p.kernel_launch));
@@ -106,11 +108,13 @@ class ProfileReader {
   }
 
  private:
-  static constexpr std::array<std::string_view, 17> kKeys = {
-      "name",          "peak_flops",      "gemm_efficiency", "attention_efficiency", "attention_half_length",
-      "attention_backward_factor",        "kernel_launch",   "hbm_bandwidth",        "intra_bandwidth",
-      "intra_latency", "inter_bandwidth", "inter_latency",   "ranks_per_node",       "nics_per_node",
-      "memory_bytes",  "value_bytes",     "cores_per_node"};
+  static constexpr std::array<std::string_view, 19> kKeys = {
+      "name",           "peak_flops",     "gemm_efficiency",         "attention_efficiency",
+      "attention_tile", "attention_tile_overhead",                   "attention_half_length",
+      "attention_backward_factor",      "kernel_launch",           "hbm_bandwidth",
+      "intra_bandwidth", "intra_latency", "inter_bandwidth",         "inter_latency",
+      "ranks_per_node", "nics_per_node",  "memory_bytes",            "value_bytes",
+      "cores_per_node"};
 
   [[noreturn]] void fail(std::string_view what, const std::string& value, std::string_view why) const {
     throw_invalid("cost::profile_from_json", std::string(what) + " (at offset " + std::to_string(at_) + ")",
@@ -162,6 +166,8 @@ class ProfileReader {
     if (key == "peak_flops") p.peak_flops = x;
     else if (key == "gemm_efficiency") p.gemm_efficiency = x;
     else if (key == "attention_efficiency") p.attention_efficiency = x;
+    else if (key == "attention_tile") p.attention_tile = x;
+    else if (key == "attention_tile_overhead") p.attention_tile_overhead = x;
     else if (key == "attention_half_length") p.attention_half_length = x;
     else if (key == "attention_backward_factor") p.attention_backward_factor = x;
     else if (key == "kernel_launch") p.kernel_launch = x;

@@ -3,7 +3,7 @@
 // to compile every rank's programs (the planner's view: all ranks) and to simulate one training step of
 // Llama-3.1-8B on H100 nodes of 8, over a 1M-token batch of lognormal documents (median 2K). The issue's
 // goal: 1024 ranks and a 1M-token batch simulated in under 10 s on this machine (2 cores).
-//   plan_scale [--smoke] [--json FILE] [--tokens N] [--ranks a,b,c]
+//   plan_scale [--smoke] [--json FILE] [--tokens N] [--ranks a,b,c] [--strategies a,b]
 #include <seqpar/seqpar.hpp>
 #include <seqpar/cost/candidates.hpp>
 #include <seqpar/cost/step.hpp>
@@ -25,6 +25,8 @@ int main(int argc, char** argv) {
   std::string json;
   std::int64_t tokens = 1 << 20;
   std::vector<int> ranks{64, 256, 1024};
+  std::vector<std::string> wanted{"hierarchical", "zigzag-ring-aware", "ring", "hybrid-aware",
+                                  "basp-hybrid-hierarchical"};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--smoke") {
@@ -37,14 +39,16 @@ int main(int argc, char** argv) {
       ranks.clear();
       std::stringstream ss(argv[++i]);
       for (std::string x; std::getline(ss, x, ',');) ranks.push_back(std::stoi(x));
+    } else if (a == "--strategies" && i + 1 < argc) {
+      wanted.clear();
+      std::stringstream ss(argv[++i]);
+      for (std::string x; std::getline(ss, x, ',');) wanted.push_back(x);
     } else {
-      std::fprintf(stderr, "usage: plan_scale [--smoke] [--json FILE] [--tokens N] [--ranks a,b,c]\n");
+      std::fprintf(stderr, "usage: plan_scale [--smoke] [--json FILE] [--tokens N] [--ranks a,b,c] [--strategies a,b]\n");
       return 2;
     }
   }
   if (smoke) tokens = 65536, ranks = {16};
-  const std::vector<std::string> wanted{"hierarchical", "zigzag-ring-aware", "ring", "hybrid-aware",
-                                        "basp-hybrid-hierarchical"};
   const cost::ModelShape model = cost::models::llama31_8b();
   cost::SimulationOptions sim;
   sim.hardware = cost::profiles::h100_sxm();

@@ -118,11 +118,16 @@ TEST_SUITE("strategy") {
     CHECK(std::chrono::steady_clock::now() - start < 4s);  // released by the failure, not by the timeout
     CHECK(contains(errors[2], "rank 2, step 2/"));  // step 1 posts the first transfer
     CHECK(contains(errors[2], "injected kernel failure"));
-    for (int r : {0, 1, 3}) {
+    // Ranks 3 and 0 need what rank 2 never sends (rank 3 its step-2 block, rank 0 rank 3's forward of it).
+    // Rank 1 needs nothing more from rank 2 once rank 2 has posted its first transfer: it may finish its
+    // forward before the failure reaches it (a loaded machine), or be stopped by it; it must not hang.
+    for (int r : {0, 3}) {
       INFO("rank " << r << ": " << errors[static_cast<std::size_t>(r)]);
       CHECK(contains(errors[static_cast<std::size_t>(r)], "rank 2 failed"));
       CHECK(contains(errors[static_cast<std::size_t>(r)], "step"));
     }
+    INFO("rank 1: " << errors[1]);
+    CHECK((errors[1].empty() || contains(errors[1], "rank 2 failed")));
     CHECK(contains(root, "injected kernel failure"));  // World::run rethrows the root cause
   }
 

@@ -93,6 +93,10 @@ struct Hierarchical {
         toks.insert(toks.end(), o.begin(), o.end());
         sl.insert(sl.end(), s.begin(), s.end());
       }
+      // The rows of member jj's head-sharded buffers: its inner group's tokens in global order
+      // (A2ASpec::gathered, the layout its all-to-all writes).
+      std::erase_if(toks, [](const Range& r) { return r.empty(); });
+      std::sort(toks.begin(), toks.end(), [](Range a, Range b) { return a.begin < b.begin; });
       ring.tokens.push_back(std::move(toks));
       ring.slices.push_back(std::move(sl));
     }
@@ -111,13 +115,14 @@ struct Hierarchical {
     for (int ii = 0; ii < inner; ++ii) p.level_members[static_cast<std::size_t>(Level::kInner)].push_back(member(j, ii));
     for (int jj = 0; jj < outer; ++jj) p.level_members[static_cast<std::size_t>(Level::kOuter)].push_back(member(jj, i));
     CompiledAttention out{p, p};
+    const detail::RingSchedule sched(ring);
     AllToAll::append_head_sharded(
         out, a2a, {},
         [&](Program& prog, const ComputeStep& c) {
           Program tmp;
-          detail::add_ring_staging(tmp, ring, c.backward);
-          if (c.backward) detail::append_ring_backward(tmp, ring);
-          else detail::append_ring_forward(tmp, ring);
+          detail::add_ring_staging(tmp, sched, c.backward);
+          if (c.backward) detail::append_ring_backward(tmp, sched);
+          else detail::append_ring_forward(tmp, sched);
           prog.staging.insert(prog.staging.end(), tmp.staging.begin(), tmp.staging.end());
           return std::move(tmp.steps);
         },

@@ -63,10 +63,11 @@ struct Ring {
       return p;
     };
     CompiledAttention out{base(), base()};
-    detail::add_ring_staging(out.forward, spec, false);
-    detail::append_ring_forward(out.forward, spec);
-    detail::add_ring_staging(out.backward, spec, true);
-    detail::append_ring_backward(out.backward, spec);
+    const detail::RingSchedule sched(spec);
+    detail::add_ring_staging(out.forward, sched, false);
+    detail::append_ring_forward(out.forward, sched);
+    detail::add_ring_staging(out.backward, sched, true);
+    detail::append_ring_backward(out.backward, sched);
     return out;
   }
 };

@@ -98,6 +98,7 @@ class ShiftCachedReplay {
     return entries_.back().report;
   }
 
+  [[nodiscard]] const Replay& replay() const noexcept { return replay_; }
   double error_bound_s = 0;  ///< sum of the offset gaps of approximate reuses
 
  private:
@@ -155,8 +156,6 @@ class ShiftCachedReplay {
   const auto un = static_cast<std::size_t>(n);
 
   step_detail::ShiftCachedReplay fwd(attention.forward, topology, shape, sim), bwd(attention.backward, topology, shape, sim);
-  SimulationOptions untraced = sim;
-  untraced.trace = false;
 
   // Per-rank GEMM times of one layer (forward), split around attention.
   const double h = m.hidden, qd = static_cast<double>(m.heads_q) * m.head_dim,
@@ -280,8 +279,8 @@ class ShiftCachedReplay {
   // One layer's attention from a common start (its time inside the step also holds the ranks' skew), and
   // its transfer time, slowest rank: what BASP calls the all-to-all time.
   {
-    const SimulationReport f = Replay(attention.forward, topology, shape, untraced).run();
-    const SimulationReport b = Replay(attention.backward, topology, shape, untraced).run();
+    const SimulationReport f = fwd.replay().run({}, false);
+    const SimulationReport b = bwd.replay().run({}, false);
     rep.attention_fwd_s = f.time_s;
     rep.attention_bwd_s = b.time_s;
     for (std::size_t r = 0; r < un; ++r)

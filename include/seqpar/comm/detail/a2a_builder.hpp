@@ -2,6 +2,8 @@
 // seqpar: exact distributed attention over packed long-context batches.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <vector>
 
 #include "seqpar/comm/detail/head_split.hpp"
@@ -12,7 +14,7 @@ namespace seqpar::comm::detail {
 
 /// A head <-> sequence all-to-all over one level: member i holds the tokens `tokens[i]` (rows of its
 /// sequence-sharded buffers, in order) and computes heads `heads.q[i]` / `heads.kv[i]`. The
-/// head-sharded buffers hold every member's tokens back to back in member order (`gathered()`).
+/// head-sharded buffers hold every member's tokens in global token order (`gathered()`).
 struct A2ASpec {
   Level level = Level::kGroup;
   int me = 0;
@@ -21,12 +23,17 @@ struct A2ASpec {
 
   [[nodiscard]] int size() const noexcept { return static_cast<int>(tokens.size()); }
 
-  /// Global ranges of the head-sharded buffers' rows, in order.
+  /// Global ranges of the head-sharded buffers' rows, in order: sorted by global position, whoever
+  /// owned them. Placing peers' rows in token order (not peer order) keeps a document that Per-Doc or
+  /// zigzag cut across the group in one piece of the buffer, so it is one slice for the kernel and
+  /// for a ring across groups, not one per (query piece, key piece): at 1024 ranks, Per-Doc's pieces
+  /// in peer order made Hierarchical's programs 10x larger (bench/plan_scale).
   [[nodiscard]] std::vector<Range> gathered() const {
     std::vector<Range> all;
     for (const auto& t : tokens)
       for (const Range& r : t)
         if (!r.empty()) all.push_back(r);
+    std::sort(all.begin(), all.end(), [](Range a, Range b) { return a.begin < b.begin; });
     return all;
   }
 
@@ -38,14 +45,18 @@ struct A2ASpec {
     const auto& assign = kv ? heads.kv : heads.q;
     const Range mine = assign[static_cast<std::size_t>(me)];
     const RowMap local = RowMap::concat(tokens[static_cast<std::size_t>(me)]);
-    std::int64_t row = 0;
+    const RowMap layout = RowMap::concat(gathered());
     for (std::size_t p = 0; p < n; ++p) {
       if (!assign[p].empty())
         for (std::size_t i = 0; i < local.global.size(); ++i)
           m.send[p].push_back({{local.local[i], local.local[i] + local.global[i].size()}, assign[p]});
+      if (mine.empty()) continue;
       for (const Range& r : RowMap::concat(tokens[p]).global) {
-        if (!mine.empty()) m.recv[p].push_back({{row, row + r.size()}, {0, mine.size()}});
-        row += r.size();
+        // layout.global is sorted and disjoint: the piece holding r is the last one starting at or before it.
+        const auto it = std::upper_bound(layout.global.begin(), layout.global.end(), r.begin,
+                                         [](std::int64_t b, const Range& g) { return b < g.begin; });
+        const auto i = static_cast<std::size_t>(it - layout.global.begin()) - 1;
+        m.recv[p].push_back({r.shifted(layout.local[i] - layout.global[i].begin), {0, mine.size()}});
       }
     }
     return m;

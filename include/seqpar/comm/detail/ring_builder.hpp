@@ -3,6 +3,8 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #include "seqpar/comm/detail/row_map.hpp"
@@ -30,20 +32,28 @@ struct RingSpec {
 };
 
 /// The ring's plan, step by step, as every member computes it: whose KV a member holds at step s and
-/// which global ranges of it, so that sender and receiver agree without talking.
+/// which global ranges of it, so that sender and receiver agree without talking. One schedule serves a
+/// rank's forward and backward programs and memoizes what it works out: building a program asks for the
+/// same (member, source) key sets several times per step, and at 1024 ranks the repeated keys_needed
+/// scans were most of the planner's time (bench/plan_scale).
 class RingSchedule {
  public:
   explicit RingSchedule(const RingSpec& spec) : spec_(spec), k_(spec.size()) {}
+  RingSchedule(const RingSpec&&) = delete;  // holds a reference: the spec must outlive it
+
+  [[nodiscard]] const RingSpec& spec() const noexcept { return spec_; }
 
   /// Member whose KV `member` receives at step s (1 <= s < size).
   [[nodiscard]] int owner(int member, int s) const noexcept { return (member - s + k_) % k_; }
 
   /// Global KV ranges `member` holds at step s (of owner(member, s)).
-  [[nodiscard]] std::vector<Range> received(int member, int s) const {
+  [[nodiscard]] const std::vector<Range>& received(int member, int s) const {
     const int src = owner(member, s);
-    if (!spec_.sharding_aware) return nonempty(spec_.tokens[static_cast<std::size_t>(src)]);
-    return keys_needed(spec_.slices[static_cast<std::size_t>(member)], spec_.tokens[static_cast<std::size_t>(src)]);
+    return spec_.sharding_aware ? needed(member, src) : nonempty(src);
   }
+
+  /// Whether `member` computes anything at step s (its slices read keys of owner(member, s)).
+  [[nodiscard]] bool computes(int member, int s) const { return !needed(member, owner(member, s)).empty(); }
 
   /// Slices `member` computes at step s (0: its own KV), in its local rows.
   [[nodiscard]] std::vector<AttnSlice> slices(int member, int s) const {
@@ -53,29 +63,44 @@ class RingSchedule {
     return localize(spec_.slices[static_cast<std::size_t>(member)], q_map, k_map);
   }
 
-  [[nodiscard]] std::int64_t rows(const std::vector<Range>& ranges) const noexcept {
+  [[nodiscard]] static std::int64_t rows(const std::vector<Range>& ranges) noexcept {
     std::int64_t n = 0;
     for (const Range& r : ranges) n += r.size();
     return n;
   }
 
  private:
-  static std::vector<Range> nonempty(const std::vector<Range>& v) {
-    std::vector<Range> out;
-    for (const Range& r : v)
-      if (!r.empty()) out.push_back(r);
-    return out;
+  // Keys of src's tokens that member's slices read.
+  const std::vector<Range>& needed(int member, int src) const {
+    const std::int64_t key = static_cast<std::int64_t>(member) * k_ + src;
+    auto it = needed_.find(key);
+    if (it == needed_.end())
+      it = needed_.emplace(key, keys_needed(spec_.slices[static_cast<std::size_t>(member)],
+                                            spec_.tokens[static_cast<std::size_t>(src)])).first;
+    return it->second;
+  }
+  const std::vector<Range>& nonempty(int src) const {
+    auto it = nonempty_.find(src);
+    if (it == nonempty_.end()) {
+      std::vector<Range> out;
+      for (const Range& r : spec_.tokens[static_cast<std::size_t>(src)])
+        if (!r.empty()) out.push_back(r);
+      it = nonempty_.emplace(src, std::move(out)).first;
+    }
+    return it->second;
   }
   const RingSpec& spec_;
   int k_;
+  mutable std::unordered_map<std::int64_t, std::vector<Range>> needed_;
+  mutable std::unordered_map<int, std::vector<Range>> nonempty_;
 };
 
 inline constexpr BufferId kRingK[2] = {BufferId::kKRing0, BufferId::kKRing1};
 inline constexpr BufferId kRingV[2] = {BufferId::kVRing0, BufferId::kVRing1};
 
 /// Staging buffers a ring needs on member `spec.me`.
-inline void add_ring_staging(Program& p, const RingSpec& spec, bool backward) {
-  const RingSchedule sched(spec);
+inline void add_ring_staging(Program& p, const RingSchedule& sched, bool backward) {
+  const RingSpec& spec = sched.spec();
   std::int64_t block = 0;
   for (int s = 1; s < spec.size(); ++s) block = std::max(block, sched.rows(sched.received(spec.me, s)));
   const std::int64_t mine = sched.rows(spec.tokens[static_cast<std::size_t>(spec.me)]);
@@ -96,14 +121,16 @@ inline void add_ring_staging(Program& p, const RingSpec& spec, bool backward) {
 inline std::vector<BufferPiece> kv_pieces(const std::vector<Range>& ranges, const RowMap& map, BufferId k,
                                           BufferId v, int kv_heads) {
   std::vector<BufferPiece> out;
-  for (BufferId b : {k, v})
-    for (const Range& r : ranges) out.push_back({b, {map.to_local(r), {0, kv_heads}}});
+  for (BufferId b : {k, v}) {
+    std::size_t hint = 0;
+    for (const Range& r : ranges) out.push_back({b, {map.to_local(r, hint), {0, kv_heads}}});
+  }
   return out;
 }
 
 /// The KV transfer of step s (post into slot s % 2): what spec.me receives, and what it sends.
-inline PostStep ring_kv_post(const RingSpec& spec, int s) {
-  const RingSchedule sched(spec);
+inline PostStep ring_kv_post(const RingSchedule& sched, int s) {
+  const RingSpec& spec = sched.spec();
   const int k = spec.size(), me = spec.me;
   const int slot = s % 2;
   PostStep post{spec.level, slot, spec.tag_base + s, false, {}, {}};
@@ -116,13 +143,13 @@ inline PostStep ring_kv_post(const RingSpec& spec, int s) {
   // Send: sharding-aware, my own KV that owner-of-step-s' receiver needs; plain, what I held at s - 1.
   if (spec.sharding_aware) {
     const int to = (me + s) % k;
-    const std::vector<Range> out = sched.received(to, s);
+    const std::vector<Range>& out = sched.received(to, s);
     if (!out.empty())
       post.sends.push_back(
           {to, kv_pieces(out, RowMap::concat(spec.tokens[static_cast<std::size_t>(me)]), spec.k, spec.v, spec.kv_heads)});
   } else {
     const int to = (me + 1) % k;
-    const std::vector<Range> out = sched.received(to, s);  // = what I held at s - 1
+    const std::vector<Range>& out = sched.received(to, s);  // = what I held at s - 1
     if (!out.empty()) {
       if (s == 1)
         post.sends.push_back({to, kv_pieces(out, RowMap::concat(out), spec.k, spec.v, spec.kv_heads)});
@@ -134,8 +161,8 @@ inline PostStep ring_kv_post(const RingSpec& spec, int s) {
   return post;
 }
 
-inline ComputeStep ring_compute(const RingSpec& spec, int s, bool backward) {
-  const RingSchedule sched(spec);
+inline ComputeStep ring_compute(const RingSchedule& sched, int s, bool backward) {
+  const RingSpec& spec = sched.spec();
   ComputeStep c;
   c.backward = backward;
   c.merge = s > 0;
@@ -153,44 +180,44 @@ inline ComputeStep ring_compute(const RingSpec& spec, int s, bool backward) {
 /// for each later step the next transfer is posted before the current compute (double buffering);
 /// partial results merge into O, LSE in fp32. (Posting step 1 after the local compute left the first
 /// transfer exposed; the simulator showed it as one step of wait on every rank.)
-inline void append_ring_forward(Program& p, const RingSpec& spec) {
-  const int k = spec.size();
-  if (k > 1) p.steps.push_back(ring_kv_post(spec, 1));
-  p.steps.push_back(ring_compute(spec, 0, false));
+inline void append_ring_forward(Program& p, const RingSchedule& sched) {
+  const int k = sched.spec().size();
+  if (k > 1) p.steps.push_back(ring_kv_post(sched, 1));
+  p.steps.push_back(ring_compute(sched, 0, false));
   for (int s = 1; s < k; ++s) {
     p.steps.push_back(WaitStep{s % 2});
-    if (s + 1 < k) p.steps.push_back(ring_kv_post(spec, s + 1));
-    ComputeStep c = ring_compute(spec, s, false);
+    if (s + 1 < k) p.steps.push_back(ring_kv_post(sched, s + 1));
+    ComputeStep c = ring_compute(sched, s, false);
     if (!c.waves.empty()) p.steps.push_back(std::move(c));
   }
 }
 
 /// Backward: the same KV transfers; each received block's dK, dV go straight back to its owner, who
 /// adds them in step order (deterministic). dQ accumulates locally.
-inline void append_ring_backward(Program& p, const RingSpec& spec) {
+inline void append_ring_backward(Program& p, const RingSchedule& sched) {
+  const RingSpec& spec = sched.spec();
   const int k = spec.size(), me = spec.me;
-  const RingSchedule sched(spec);
   p.steps.push_back(ZeroStep{{spec.dq, spec.dk, spec.dv}});
-  if (k > 1) p.steps.push_back(ring_kv_post(spec, 1));  // sends read K, V only: overlaps the local step
-  p.steps.push_back(ring_compute(spec, 0, true));
+  if (k > 1) p.steps.push_back(ring_kv_post(sched, 1));  // sends read K, V only: overlaps the local step
+  p.steps.push_back(ring_compute(sched, 0, true));
   std::vector<bool> return_pending(2, false);
   for (int s = 1; s < k; ++s) {
     p.steps.push_back(WaitStep{s % 2});
-    if (s + 1 < k) p.steps.push_back(ring_kv_post(spec, s + 1));
-    ComputeStep c = ring_compute(spec, s, true);
+    if (s + 1 < k) p.steps.push_back(ring_kv_post(sched, s + 1));
+    ComputeStep c = ring_compute(sched, s, true);
     const int rslot = 2 + s % 2;
     PostStep ret{spec.level, rslot, spec.tag_base + k + s, true, {}, {}};
     if (!c.waves.empty()) {
       p.steps.push_back(ZeroStep{{BufferId::kDkPart, BufferId::kDvPart}});
       p.steps.push_back(std::move(c));
-      const std::vector<Range> in = sched.received(me, s);
+      const std::vector<Range>& in = sched.received(me, s);
       ret.sends.push_back({sched.owner(me, s), kv_pieces(in, RowMap::concat(in), BufferId::kDkPart,
                                                           BufferId::kDvPart, spec.kv_heads)});
     }
     // The member that held my KV at step s returns its gradient, if it computed on it.
     const int holder = (me + s) % k;
-    if (!sched.slices(holder, s).empty()) {
-      const std::vector<Range> out = sched.received(holder, s);
+    if (sched.computes(holder, s)) {
+      const std::vector<Range>& out = sched.received(holder, s);
       ret.recvs.push_back({holder, kv_pieces(out, RowMap::concat(spec.tokens[static_cast<std::size_t>(me)]), spec.dk,
                                              spec.dv, spec.kv_heads)});
     }

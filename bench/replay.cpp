@@ -33,6 +33,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <map>
@@ -784,6 +785,10 @@ int main(int argc, char** argv) {
     ok = bench::write_json(json, records) && ok;
   }
   if (!markdown.empty()) ok = write_markdown(markdown, vs) && ok;
-  if (!svg_dir.empty()) ok = write_svgs(svg_dir) && ok;
+  if (!svg_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(svg_dir, ec);  // the charts' folder, like --json's file, is made on demand
+    ok = write_svgs(svg_dir) && ok;
+  }
   return ok ? 0 : 1;
 }

@@ -42,15 +42,23 @@ struct RankTiming {
   double staging_bytes = 0;    ///< the program's staging buffers
 };
 
+namespace report_detail {
+/// The largest f(rank) over per-rank records (0 for none): the reports' "slowest rank" figures.
+template <class Rank, class F>
+[[nodiscard]] auto max_over(const std::vector<Rank>& ranks, F f) noexcept {
+  decltype(f(ranks.front())) m{};
+  for (const Rank& r : ranks) m = std::max(m, f(r));
+  return m;
+}
+}  // namespace report_detail
+
 struct SimulationReport {
   double time_s = 0;  ///< slowest rank's end - earliest start
   std::vector<RankTiming> ranks;
   Trace trace;
 
   [[nodiscard]] double max_compute_s() const noexcept {
-    double m = 0;
-    for (const auto& r : ranks) m = std::max(m, r.compute_s);
-    return m;
+    return report_detail::max_over(ranks, [](const RankTiming& r) { return r.compute_s; });
   }
   /// max over ranks of compute / mean compute (1 = perfectly balanced).
   [[nodiscard]] double compute_imbalance() const noexcept {
@@ -59,14 +67,10 @@ struct SimulationReport {
     return sum > 0 ? max_compute_s() * static_cast<double>(ranks.size()) / sum : 1.0;
   }
   [[nodiscard]] double max_exposed_comm_s() const noexcept {
-    double m = 0;
-    for (const auto& r : ranks) m = std::max(m, r.exposed_comm_s);
-    return m;
+    return report_detail::max_over(ranks, [](const RankTiming& r) { return r.exposed_comm_s; });
   }
   [[nodiscard]] std::uint64_t max_bytes_sent() const noexcept {
-    std::uint64_t m = 0;
-    for (const auto& r : ranks) m = std::max(m, r.bytes_intra + r.bytes_inter);
-    return m;
+    return report_detail::max_over(ranks, [](const RankTiming& r) { return r.bytes_intra + r.bytes_inter; });
   }
 };
 

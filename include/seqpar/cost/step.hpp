@@ -49,9 +49,7 @@ struct StepReport {
   Trace trace;
 
   [[nodiscard]] double max_peak_memory_bytes() const noexcept {
-    double m = 0;
-    for (const auto& r : ranks) m = std::max(m, r.peak_memory_bytes);
-    return m;
+    return report_detail::max_over(ranks, [](const StepRank& r) { return r.peak_memory_bytes; });
   }
 };
 

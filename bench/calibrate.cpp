@@ -321,9 +321,17 @@ KernelFit measure_kernel(const AttentionShape& shape, bool smoke, int threads) {
   for (std::size_t i = 0; i < n_len; ++i) add_point("causal", lengths[i], causal_slices(lengths[i], total), 2 * i);
   for (std::size_t j = 0; j < n_full; ++j)
     add_point("full", full_lengths[j], full_slices(full_lengths[j], total), 2 * (n_len + j));
-  const auto [a, b] = fit_two(x, z, y);
+  auto [a, b] = fit_two(x, z, y);
+  if (!(a > 0) || !(b >= 0)) {
+    // Noisy points (a loaded machine, the smoke run's two lengths) can fit a negative rate or overhead:
+    // keep the physical model, overhead 0, and fit the rate alone (least squares of 1 = a x).
+    double xx = 0, xy = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) xx += x[i] * x[i], xy += x[i] * y[i];
+    a = xy / xx;
+    b = 0;
+  }
   fit.r_inf = 1.0 / a;
-  fit.overhead = std::max(0.0, b / a);
+  fit.overhead = b / a;
   // Backward: the same slots at r_inf * factor; the factor is the mean over points of what each one gives.
   double ratio = 0;
   fit.bwd_factor = 1;
@@ -732,22 +740,27 @@ int main(int argc, char** argv) {
   });
 #else
   constexpr const char* kTransport = "inproc";
-  const KernelFit kernel = measure_kernel(shape, c.smoke, cores());
-  print_kernel(kernel);
-  for (int world : c.worlds) {
-    LinkFit links;
-    std::vector<Measured> m;
-    backend::inproc::World(world).run([&](backend::inproc::Transport& t) {
-      LinkFit l = measure_links(t, c.smoke);
-      std::vector<Measured> mine = run_all(t, batch, shape, c.reps);
-      if (t.rank() == 0) {
-        links = l;
-        m = std::move(mine);
-      }
-    });
-    print_links(kTransport, world, links);
-    last = make_profile(kTransport, world, kernel, links);
-    predict_all(kTransport, world, batch, shape, last, m, rows);
+  try {
+    const KernelFit kernel = measure_kernel(shape, c.smoke, cores());
+    print_kernel(kernel);
+    for (int world : c.worlds) {
+      LinkFit links;
+      std::vector<Measured> m;
+      backend::inproc::World(world).run([&](backend::inproc::Transport& t) {
+        LinkFit l = measure_links(t, c.smoke);
+        std::vector<Measured> mine = run_all(t, batch, shape, c.reps);
+        if (t.rank() == 0) {
+          links = l;
+          m = std::move(mine);
+        }
+      });
+      print_links(kTransport, world, links);
+      last = make_profile(kTransport, world, kernel, links);
+      predict_all(kTransport, world, batch, shape, last, m, rows);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "calibrate: %s\n", e.what());
+    return 1;
   }
   print_rows(rows);
   return write_outputs(c, rows, last, batch, shape) ? 0 : 1;

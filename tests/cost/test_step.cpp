@@ -9,7 +9,10 @@
 #include <seqpar/cost/model_shape.hpp>
 #include <seqpar/cost/step.hpp>
 
+#include <algorithm>
+#include <random>
 #include <string>
+#include <vector>
 
 using namespace seqpar;
 using seqpar::test::invalid_message;
@@ -113,6 +116,47 @@ TEST_SUITE("cost") {
 }
 
 TEST_SUITE("cost") {
+  TEST_CASE("Hybrid under hybrid_model_cost: its cost is the simulated layer, and it beats both extremes") {
+    const auto hw = cost::profiles::h100_sxm();
+    using S = Strategy<partition::Hybrid, comm::Ring>;
+    std::mt19937_64 rng(11);
+    for (const int p : {4, 8}) {
+      for (int trial = 0; trial < 3; ++trial) {
+        // Mixes of short and long documents: the Per-Doc/Whole-Doc trade-off the threshold decides.
+        std::vector<std::int64_t> lengths;
+        std::int64_t total = 0;
+        while (total < 24576) {
+          const std::int64_t len = std::uniform_int_distribution<int>(0, 3)(rng) == 0
+                                       ? std::uniform_int_distribution<std::int64_t>(2048, 9000)(rng)
+                                       : std::uniform_int_distribution<std::int64_t>(16, 900)(rng);
+          lengths.push_back(len);
+          total += len;
+        }
+        const DocumentBatch batch({lengths});
+        const AttentionShape shape{16, trial == 0 ? 16 : 4, 128, 0};
+        const Topology topo{p, p};
+        CAPTURE(p);
+        CAPTURE(trial);
+        S::Arguments a;
+        a.comm.sharding_aware = true;
+        a.partition.cost = cost::hybrid_model_cost(hw, shape);
+        const auto report = partition::Hybrid{a.partition}.plan_with_report(batch, topo);
+        // The cost the planner used is what predicting the compiled strategy gives.
+        a.partition.threshold = report.threshold;
+        const double chosen = cost::predict(cost::compile_all<S>(a, batch, shape, topo), topo, shape, {.hardware = hw}).time_s();
+        CHECK(report.cost == doctest::Approx(chosen).epsilon(1e-9));
+        // All Per-Doc (tau = 0) and all Whole-Doc (the longest document) are candidates it weighed.
+        for (const std::int64_t tau : {std::int64_t{0}, *std::max_element(lengths.begin(), lengths.end())}) {
+          a.partition.threshold = tau;
+          if (!S::can_implement(a, batch, shape, topo)) continue;
+          const double extreme =
+              cost::predict(cost::compile_all<S>(a, batch, shape, topo), topo, shape, {.hardware = hw}).time_s();
+          CHECK(chosen <= extreme * (1 + a.partition.tolerance) + 1e-12);
+        }
+      }
+    }
+  }
+
   TEST_CASE("the README's cost-model snippet compiles and runs") {
     const DocumentBatch batch({{9000, 3000, 500, 3884}, {16384}});
     const AttentionShape shape{32, 8, 128, 0};

@@ -38,4 +38,5 @@
 #include "seqpar/strategy.hpp"
 #include "seqpar/comm/ring.hpp"
 #include "seqpar/comm/hierarchical.hpp"
+#include "seqpar/comm/all_gather.hpp"
 #include "seqpar/selected_attention.hpp"

@@ -91,6 +91,10 @@ void check_all_communicators(const std::string& name) {
   typename Strategy<P, Hier>::Arguments hier_aware;
   hier_aware.comm.outer.sharding_aware = true;
   check_combination<P, Hier>((name + " x Hierarchical(sharding-aware ring)"), hier_aware);
+  check_combination<P, comm::AllGather>((name + " x AllGather"));
+  typename Strategy<P, comm::AllGather>::Arguments gather_aware;
+  gather_aware.comm.sharding_aware = true;
+  check_combination<P, comm::AllGather>((name + " x AllGather(sharding-aware)"), gather_aware);
 }
 
 }  // namespace
@@ -142,6 +146,28 @@ TEST_SUITE("strategy") {
     CHECK(smart.bytes_forward < plain.bytes_forward);
     CHECK(smart.max() < kFp64Tolerance);
     using Whole = Strategy<partition::WholeDoc, comm::Ring>;
+    Whole::Arguments whole_aware;
+    whole_aware.comm.sharding_aware = true;
+    const auto whole = test::check_strategy<Whole, attention::Reference<double>>(batch, {4, 4, 8}, 4, whole_aware);
+    CHECK(whole.bytes_forward == 0);
+    CHECK(whole.bytes_backward == 0);
+    CHECK(whole.max() < kFp64Tolerance);
+  }
+
+  TEST_CASE("sharding-aware all-gather moves only the keys read: less than the plain gather, nothing for whole documents") {
+    std::mt19937 rng(9);
+    const DocumentBatch batch = DocumentBatch({test::lognormal_docs(120, 5.0, 0.5, rng)});
+    using Gather = Strategy<partition::Zigzag, comm::AllGather>;
+    Gather::Arguments aware;
+    aware.comm.sharding_aware = true;
+    const auto plain = test::check_strategy<Gather, attention::Reference<double>>(batch, {4, 4, 8}, 4);
+    const auto smart = test::check_strategy<Gather, attention::Reference<double>>(batch, {4, 4, 8}, 4, aware);
+    CHECK(smart.bytes_forward < plain.bytes_forward);
+    CHECK(smart.bytes_backward < plain.bytes_backward);
+    CHECK(smart.max() < kFp64Tolerance);
+    // Plain: every rank sends its K and V rows to the 3 others (fp64, 4 KV heads, d 8).
+    CHECK(plain.bytes_forward == 3 * 120 * 2 * 4 * 8 * sizeof(double));
+    using Whole = Strategy<partition::WholeDoc, comm::AllGather>;
     Whole::Arguments whole_aware;
     whole_aware.comm.sharding_aware = true;
     const auto whole = test::check_strategy<Whole, attention::Reference<double>>(batch, {4, 4, 8}, 4, whole_aware);

@@ -24,6 +24,7 @@ enum class BufferId : std::uint8_t {
   kOPart, kLsePart,                                           // partial results merged into O, LSE
   kKRing0, kVRing0, kKRing1, kVRing1,                         // KV received in ring steps (two slots)
   kDkPart, kDvPart,                                           // dK, dV of a received KV block
+  kKGather, kVGather, kDkGather, kDvGather,                   // all-gathered KV and its gradients
   kCount
 };
 inline constexpr int kNumBuffers = static_cast<int>(BufferId::kCount);

@@ -49,6 +49,17 @@ inline constexpr double kMaxPlannedSlices = 1e7;
                         "ring (Hierarchical, BatchAware) or longer documents");
 }
 
+/// Plain AllGather lists, on every rank, every peer's ranges for K and V both ways: ~8 P^2 x sequences
+/// pieces over all programs with Zigzag's 2P chunks per sequence.
+[[nodiscard]] inline Status check_gather_budget(int sequences, int ranks) {
+  const double pieces = 8.0 * sequences * static_cast<double>(ranks) * ranks;
+  if (pieces <= kMaxPlannedSlices) return Status::success();
+  return Status::refuse("AllGather over " + std::to_string(ranks) + " ranks would list ~" +
+                        std::to_string(static_cast<long long>(pieces / 1e6)) + " M KV pieces across all ranks "
+                        "(budget " + std::to_string(static_cast<long long>(kMaxPlannedSlices / 1e6)) +
+                        " M); gather within smaller groups (BatchAware) or use a ring");
+}
+
 /// A candidate for strategy S with fixed arguments.
 template <class S>
 [[nodiscard]] Candidate make_candidate(std::string name, std::string description, typename S::Arguments args = {}) {
@@ -74,7 +85,7 @@ template <class S>
   const double per_token = hardware && model ? layer_gemm_seconds_per_token(*hardware, *model) : 0.0;
   using partition::BatchAware, partition::Hybrid, partition::PerDoc, partition::Uniform, partition::WholeDoc,
       partition::Zigzag;
-  using comm::AllToAll, comm::Ring;
+  using comm::AllGather, comm::AllToAll, comm::Ring;
   using Hier = comm::Hierarchical<AllToAll, Ring>;
   std::vector<Candidate> c;
   c.push_back(make_candidate<Strategy<Uniform, AllToAll>>("ulysses", "Strategy<Uniform, AllToAll> (DeepSpeed-Ulysses)"));
@@ -98,18 +109,48 @@ template <class S>
     c.push_back(std::move(cand));
   }
   {
+    Candidate cand = make_candidate<Strategy<Zigzag, AllGather>>("allgather", "Strategy<Zigzag, AllGather> (Llama 3 CP)");
+    cand.compile = [inner = std::move(cand.compile)](const DocumentBatch& batch, const AttentionShape& shape,
+                                                      const Topology& topo) {
+      CompiledStrategy out;
+      out.status = check_gather_budget(batch.num_sequences(), topo.world_size);
+      return out.status ? inner(batch, shape, topo) : out;
+    };
+    c.push_back(std::move(cand));
+  }
+  {
     Strategy<WholeDoc, Ring>::Arguments a;
     a.comm.sharding_aware = true;
     c.push_back(make_candidate<Strategy<WholeDoc, Ring>>("whole-doc", "Strategy<WholeDoc, Ring{sharding_aware}> (FlashCP Whole-Doc)", a));
   }
   {
     using S = Strategy<Hybrid, Ring>;
-    Candidate cand{"hybrid-aware", "Strategy<Hybrid, Ring{sharding_aware}> (FlashCP)", {}};
+    Candidate cand{"hybrid-aware", "Strategy<Hybrid, Ring{sharding_aware}> (FlashCP placement, ring exchange)", {}};
     cand.compile = [hw = hardware, per_token](const DocumentBatch& batch, const AttentionShape& shape, const Topology& topo) {
       S::Arguments a;
       a.comm.sharding_aware = true;
       a.ranks_per_node = topo.ranks_per_node;
       if (hw) a.partition.cost = hybrid_model_cost(*hw, shape, per_token);
+      if (const Status st = S::can_implement(a, batch, shape, topo); st) {
+        const auto report = partition::Hybrid{a.partition}.plan_with_report(batch, topo);
+        if (Status budget = check_split_budget(report.per_doc_documents, topo.world_size); !budget) {
+          CompiledStrategy out;
+          out.status = std::move(budget);
+          return out;
+        }
+      }
+      return compile_all<S>(a, batch, shape, topo);
+    };
+    c.push_back(std::move(cand));
+  }
+  {
+    using S = Strategy<Hybrid, AllGather>;
+    Candidate cand{"hybrid-allgather-aware", "Strategy<Hybrid, AllGather{sharding_aware}> (FlashCP)", {}};
+    cand.compile = [hw = hardware, per_token](const DocumentBatch& batch, const AttentionShape& shape, const Topology& topo) {
+      S::Arguments a;
+      a.comm.sharding_aware = true;
+      a.ranks_per_node = topo.ranks_per_node;
+      if (hw) a.partition.cost = hybrid_model_cost<AllGather>(*hw, shape, per_token);
       if (const Status st = S::can_implement(a, batch, shape, topo); st) {
         const auto report = partition::Hybrid{a.partition}.plan_with_report(batch, topo);
         if (Status budget = check_split_budget(report.per_doc_documents, topo.world_size); !budget) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "seqpar/comm/all_gather.hpp"
 #include "seqpar/comm/ring.hpp"
 #include "seqpar/core/attention_shape.hpp"
 #include "seqpar/cost/costs.hpp"
@@ -60,26 +61,27 @@ namespace seqpar::cost {
 inline constexpr int kSimulatedHybridRanks = 16;
 
 /// partition::Hybrid's cost function from the cost model: the candidate plan is compiled into the
-/// sharding-aware ring programs it would run (comm::Ring on every rank) and replayed on `hw`; the cost
-/// is that layer's attention forward + backward, plus `seconds_per_token` for each token the busiest
-/// rank owns (training: projections and MLP). Simulating, rather than estimating, sees what the ring
-/// does to split documents: each received KV piece is its own slice with its own partial tiles, so
-/// many short Per-Doc pieces cost more than their FLOPs say (the estimate picked thresholds whose
-/// simulated layer was 1.4x slower than Whole-Doc's on pile, Hq16/Hkv8). Under Hierarchical or
-/// BatchAware the ring simulated is the group's flat one, an approximation of the exchange they run.
-[[nodiscard]] inline partition::HybridCostFunction hybrid_model_cost(const HardwareProfile& hw,
-                                                                    const AttentionShape& shape,
-                                                                    double seconds_per_token = 0.0) {
+/// programs `Communicator` (sharding-aware: comm::Ring or comm::AllGather) would run on every rank and
+/// replayed on `hw`; the cost is that layer's attention forward + backward, plus `seconds_per_token`
+/// for each token the busiest rank owns (training: projections and MLP). Simulating, rather than
+/// estimating, sees what a ring does to split documents: each received KV piece is its own slice with
+/// its own partial tiles, so many short Per-Doc pieces cost more than their FLOPs say (the estimate
+/// picked thresholds whose simulated layer was 1.4x slower than Whole-Doc's on pile, Hq16/Hkv8). Under
+/// Hierarchical or BatchAware the exchange simulated is the group's flat one, an approximation.
+template <class Communicator = comm::Ring>
+[[nodiscard]] partition::HybridCostFunction hybrid_model_cost(const HardwareProfile& hw, const AttentionShape& shape,
+                                                             double seconds_per_token = 0.0) {
   const partition::HybridCostFunction estimate = hybrid_estimated_cost(hw, shape, seconds_per_token);
   return [hw, shape, seconds_per_token, estimate](const partition::HybridCandidate& c) {
     const int p = c.plan.world_size();
     if (p > kSimulatedHybridRanks) return estimate(c);
-    const comm::Ring ring{{.sharding_aware = true}};
+    Communicator communicator{};
+    communicator.args.sharding_aware = true;
     std::vector<comm::Program> fwd, bwd;
     fwd.reserve(static_cast<std::size_t>(p));
     bwd.reserve(static_cast<std::size_t>(p));
     for (int r = 0; r < p; ++r) {
-      comm::CompiledAttention a = ring.compile(c.plan, shape, r);
+      comm::CompiledAttention a = communicator.compile(c.plan, shape, r);
       fwd.push_back(std::move(a.forward));
       bwd.push_back(std::move(a.backward));
     }

@@ -482,6 +482,12 @@ int all_strategy_cases(T& t, Failures& f) {
   hier.ranks_per_node = 2;
   accepted += strategy_case<HierarchicalUsp>(t, f, "hierarchical a2a x ring", two, shape, hier);
   accepted += strategy_case<BaspPerDocRing>(t, f, "batch-aware per-doc x ring", two, shape);
+  using Llama3Cp = Strategy<partition::Zigzag, comm::AllGather>;
+  accepted += strategy_case<Llama3Cp>(t, f, "zigzag x all-gather", two, shape);
+  using FlashCp = Strategy<partition::Hybrid, comm::AllGather>;
+  FlashCp::Arguments selective;
+  selective.comm.sharding_aware = true;
+  accepted += strategy_case<FlashCp>(t, f, "hybrid x all-gather (sharding-aware)", two, shape, selective);
   return accepted;
 }
 

@@ -11,9 +11,9 @@
 
 namespace seqpar::comm {
 
-/// All-gather context parallelism (the Llama 3 report's context parallelism, arXiv 2407.21783): queries stay where the plan
-/// put them; one collective gathers the group's K and V, then each rank attends its queries in one
-/// kernel call with no pipeline of partial results. Backward gathers K, V again and returns each
+/// All-gather context parallelism (the Llama 3 report's context parallelism, arXiv 2407.21783):
+/// queries stay where the plan put them; one collective gathers the group's K and V, then each rank
+/// attends its queries in one kernel call with no pipeline of partial results. Backward gathers K, V again and returns each
 /// gathered row's dK, dV to its owner in a second collective, where they are summed (peer order:
 /// deterministic).
 ///

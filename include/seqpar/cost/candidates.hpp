@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "seqpar/comm/all_gather.hpp"
 #include "seqpar/comm/all_to_all.hpp"
 #include "seqpar/comm/hierarchical.hpp"
 #include "seqpar/comm/ring.hpp"
@@ -71,6 +72,31 @@ template <class S>
           }};
 }
 
+/// Strategy<Hybrid, Communicator{sharding_aware}> with its threshold chosen by hybrid_model_cost on
+/// `hardware` (the proxy without one), refused when Per-Doc's pieces would exceed the planning budget.
+template <class Communicator>
+[[nodiscard]] Candidate hybrid_candidate(std::string name, std::string description,
+                                         std::optional<HardwareProfile> hardware, double per_token) {
+  using S = Strategy<partition::Hybrid, Communicator>;
+  return {std::move(name), std::move(description),
+          [hw = std::move(hardware), per_token](const DocumentBatch& batch, const AttentionShape& shape,
+                                                const Topology& topo) {
+            typename S::Arguments a;
+            a.comm.sharding_aware = true;
+            a.ranks_per_node = topo.ranks_per_node;
+            if (hw) a.partition.cost = hybrid_model_cost<Communicator>(*hw, shape, per_token);
+            if (const Status st = S::can_implement(a, batch, shape, topo); st) {
+              const auto report = partition::Hybrid{a.partition}.plan_with_report(batch, topo);
+              if (Status budget = check_split_budget(report.per_doc_documents, topo.world_size); !budget) {
+                CompiledStrategy out;
+                out.status = std::move(budget);
+                return out;
+              }
+            }
+            return compile_all<S>(a, batch, shape, topo);
+          }};
+}
+
 /// Seconds of one layer's GEMMs (forward + backward, with recompute) per token of `model` on `hw`.
 [[nodiscard]] inline double layer_gemm_seconds_per_token(const HardwareProfile& hw, const ModelShape& model,
                                                          bool checkpointing = true) {
@@ -123,46 +149,10 @@ template <class S>
     a.comm.sharding_aware = true;
     c.push_back(make_candidate<Strategy<WholeDoc, Ring>>("whole-doc", "Strategy<WholeDoc, Ring{sharding_aware}> (FlashCP Whole-Doc)", a));
   }
-  {
-    using S = Strategy<Hybrid, Ring>;
-    Candidate cand{"hybrid-aware", "Strategy<Hybrid, Ring{sharding_aware}> (FlashCP placement, ring exchange)", {}};
-    cand.compile = [hw = hardware, per_token](const DocumentBatch& batch, const AttentionShape& shape, const Topology& topo) {
-      S::Arguments a;
-      a.comm.sharding_aware = true;
-      a.ranks_per_node = topo.ranks_per_node;
-      if (hw) a.partition.cost = hybrid_model_cost(*hw, shape, per_token);
-      if (const Status st = S::can_implement(a, batch, shape, topo); st) {
-        const auto report = partition::Hybrid{a.partition}.plan_with_report(batch, topo);
-        if (Status budget = check_split_budget(report.per_doc_documents, topo.world_size); !budget) {
-          CompiledStrategy out;
-          out.status = std::move(budget);
-          return out;
-        }
-      }
-      return compile_all<S>(a, batch, shape, topo);
-    };
-    c.push_back(std::move(cand));
-  }
-  {
-    using S = Strategy<Hybrid, AllGather>;
-    Candidate cand{"hybrid-allgather-aware", "Strategy<Hybrid, AllGather{sharding_aware}> (FlashCP)", {}};
-    cand.compile = [hw = hardware, per_token](const DocumentBatch& batch, const AttentionShape& shape, const Topology& topo) {
-      S::Arguments a;
-      a.comm.sharding_aware = true;
-      a.ranks_per_node = topo.ranks_per_node;
-      if (hw) a.partition.cost = hybrid_model_cost<AllGather>(*hw, shape, per_token);
-      if (const Status st = S::can_implement(a, batch, shape, topo); st) {
-        const auto report = partition::Hybrid{a.partition}.plan_with_report(batch, topo);
-        if (Status budget = check_split_budget(report.per_doc_documents, topo.world_size); !budget) {
-          CompiledStrategy out;
-          out.status = std::move(budget);
-          return out;
-        }
-      }
-      return compile_all<S>(a, batch, shape, topo);
-    };
-    c.push_back(std::move(cand));
-  }
+  c.push_back(hybrid_candidate<Ring>("hybrid-aware", "Strategy<Hybrid, Ring{sharding_aware}> (FlashCP placement, ring exchange)",
+                                     hardware, per_token));
+  c.push_back(hybrid_candidate<AllGather>("hybrid-allgather-aware",
+                                          "Strategy<Hybrid, AllGather{sharding_aware}> (FlashCP)", hardware, per_token));
   {
     Strategy<Zigzag, Hier>::Arguments a;
     a.comm.outer.sharding_aware = true;

@@ -78,13 +78,7 @@ struct AllGather {
     for (std::size_t i = 0; i < k; ++i) {
       std::size_t hint = 0;
       for (const Range& r : out[i]) send[i].push_back({mine.to_local(r, hint), kv_heads});
-      for (const Range& r : in[i]) {
-        // gathered.global is sorted and disjoint: the piece holding r is the last one starting at or before it.
-        const auto it = std::upper_bound(gathered.global.begin(), gathered.global.end(), r.begin,
-                                         [](std::int64_t b, const Range& g) { return b < g.begin; });
-        const auto j = static_cast<std::size_t>(it - gathered.global.begin()) - 1;
-        recv[i].push_back({r.shifted(gathered.local[j] - gathered.global[j].begin), kv_heads});
-      }
+      for (const Range& r : in[i]) recv[i].push_back({gathered.to_local_sorted(r), kv_heads});
     }
     const auto gather = [&](BufferId src, BufferId dst) { return Move{src, dst, false, send, recv}; };
     const auto give_back = [&](BufferId src, BufferId dst) { return Move{src, dst, true, recv, send}; };

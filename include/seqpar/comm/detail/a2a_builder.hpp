@@ -51,13 +51,8 @@ struct A2ASpec {
         for (std::size_t i = 0; i < local.global.size(); ++i)
           m.send[p].push_back({{local.local[i], local.local[i] + local.global[i].size()}, assign[p]});
       if (mine.empty()) continue;
-      for (const Range& r : RowMap::concat(tokens[p]).global) {
-        // layout.global is sorted and disjoint: the piece holding r is the last one starting at or before it.
-        const auto it = std::upper_bound(layout.global.begin(), layout.global.end(), r.begin,
-                                         [](std::int64_t b, const Range& g) { return b < g.begin; });
-        const auto i = static_cast<std::size_t>(it - layout.global.begin()) - 1;
-        m.recv[p].push_back({r.shifted(layout.local[i] - layout.global[i].begin), {0, mine.size()}});
-      }
+      for (const Range& r : RowMap::concat(tokens[p]).global)
+        m.recv[p].push_back({layout.to_local_sorted(r), {0, mine.size()}});
     }
     return m;
   }

@@ -53,6 +53,16 @@ struct RowMap {
     std::size_t hint = 0;
     return to_local(g, hint);
   }
+  /// to_local for a map whose pieces are sorted by global position (concat of sorted ranges): the
+  /// piece holding g is the last one starting at or before it, found by binary search.
+  [[nodiscard]] Range to_local_sorted(Range g) const {
+    const auto it = std::upper_bound(global.begin(), global.end(), g.begin,
+                                     [](std::int64_t b, const Range& piece) { return b < piece.begin; });
+    if (it == global.begin()) return {0, 0};
+    const auto i = static_cast<std::size_t>(it - global.begin()) - 1;
+    if (g.end > global[i].end) return {0, 0};
+    return g.shifted(local[i] - global[i].begin);
+  }
 };
 
 /// Sorted, merged union of ranges.

@@ -97,6 +97,33 @@ void check_all_communicators(const std::string& name) {
   check_combination<P, comm::AllGather>((name + " x AllGather(sharding-aware)"), gather_aware);
 }
 
+struct ShardingAwareRuns {
+  test::Errors plain, smart;
+};
+
+// Zigzag x C plain and sharding-aware, and WholeDoc x C sharding-aware, on one 120-token lognormal
+// sequence over 4 ranks: all exact, and Whole-Doc (every document local) moves nothing at all.
+template <class C>
+ShardingAwareRuns check_sharding_aware(unsigned seed) {
+  std::mt19937 rng(seed);
+  const DocumentBatch batch = DocumentBatch({test::lognormal_docs(120, 5.0, 0.5, rng)});
+  using Zig = Strategy<partition::Zigzag, C>;
+  typename Zig::Arguments aware;
+  aware.comm.sharding_aware = true;
+  ShardingAwareRuns r{test::check_strategy<Zig, attention::Reference<double>>(batch, {4, 4, 8}, 4),
+                         test::check_strategy<Zig, attention::Reference<double>>(batch, {4, 4, 8}, 4, aware)};
+  CHECK(r.plain.max() < kFp64Tolerance);
+  CHECK(r.smart.max() < kFp64Tolerance);
+  using Whole = Strategy<partition::WholeDoc, C>;
+  typename Whole::Arguments whole_aware;
+  whole_aware.comm.sharding_aware = true;
+  const auto whole = test::check_strategy<Whole, attention::Reference<double>>(batch, {4, 4, 8}, 4, whole_aware);
+  CHECK(whole.bytes_forward == 0);
+  CHECK(whole.bytes_backward == 0);
+  CHECK(whole.max() < kFp64Tolerance);
+  return r;
+}
+
 }  // namespace
 
 TEST_SUITE("strategy") {
@@ -136,43 +163,15 @@ TEST_SUITE("strategy") {
   }
 
   TEST_CASE("sharding-aware ring moves no more than the plain ring, and nothing for whole documents") {
-    std::mt19937 rng(5);
-    const DocumentBatch batch = DocumentBatch({test::lognormal_docs(120, 5.0, 0.5, rng)});
-    using Plain = Strategy<partition::Zigzag, comm::Ring>;
-    Plain::Arguments aware;
-    aware.comm.sharding_aware = true;
-    const auto plain = test::check_strategy<Plain, attention::Reference<double>>(batch, {4, 4, 8}, 4);
-    const auto smart = test::check_strategy<Plain, attention::Reference<double>>(batch, {4, 4, 8}, 4, aware);
-    CHECK(smart.bytes_forward < plain.bytes_forward);
-    CHECK(smart.max() < kFp64Tolerance);
-    using Whole = Strategy<partition::WholeDoc, comm::Ring>;
-    Whole::Arguments whole_aware;
-    whole_aware.comm.sharding_aware = true;
-    const auto whole = test::check_strategy<Whole, attention::Reference<double>>(batch, {4, 4, 8}, 4, whole_aware);
-    CHECK(whole.bytes_forward == 0);
-    CHECK(whole.bytes_backward == 0);
-    CHECK(whole.max() < kFp64Tolerance);
+    const auto r = check_sharding_aware<comm::Ring>(5);
+    CHECK(r.smart.bytes_forward < r.plain.bytes_forward);
   }
 
   TEST_CASE("sharding-aware all-gather moves only the keys read: less than the plain gather, nothing for whole documents") {
-    std::mt19937 rng(9);
-    const DocumentBatch batch = DocumentBatch({test::lognormal_docs(120, 5.0, 0.5, rng)});
-    using Gather = Strategy<partition::Zigzag, comm::AllGather>;
-    Gather::Arguments aware;
-    aware.comm.sharding_aware = true;
-    const auto plain = test::check_strategy<Gather, attention::Reference<double>>(batch, {4, 4, 8}, 4);
-    const auto smart = test::check_strategy<Gather, attention::Reference<double>>(batch, {4, 4, 8}, 4, aware);
-    CHECK(smart.bytes_forward < plain.bytes_forward);
-    CHECK(smart.bytes_backward < plain.bytes_backward);
-    CHECK(smart.max() < kFp64Tolerance);
+    const auto r = check_sharding_aware<comm::AllGather>(9);
+    CHECK(r.smart.bytes_forward < r.plain.bytes_forward);
+    CHECK(r.smart.bytes_backward < r.plain.bytes_backward);
     // Plain: every rank sends its K and V rows to the 3 others (fp64, 4 KV heads, d 8).
-    CHECK(plain.bytes_forward == 3 * 120 * 2 * 4 * 8 * sizeof(double));
-    using Whole = Strategy<partition::WholeDoc, comm::AllGather>;
-    Whole::Arguments whole_aware;
-    whole_aware.comm.sharding_aware = true;
-    const auto whole = test::check_strategy<Whole, attention::Reference<double>>(batch, {4, 4, 8}, 4, whole_aware);
-    CHECK(whole.bytes_forward == 0);
-    CHECK(whole.bytes_backward == 0);
-    CHECK(whole.max() < kFp64Tolerance);
+    CHECK(r.plain.bytes_forward == 3 * 120 * 2 * 4 * 8 * sizeof(double));
   }
 }

@@ -2,8 +2,6 @@
 // seqpar: exact distributed attention over packed long-context batches.
 #pragma once
 
-#include <algorithm>
-#include <cstdint>
 #include <vector>
 
 #include "seqpar/comm/communicator.hpp"
@@ -13,9 +11,9 @@ namespace seqpar::comm {
 
 /// All-gather context parallelism (the Llama 3 report's context parallelism, arXiv 2407.21783):
 /// queries stay where the plan put them; one collective gathers the group's K and V, then each rank
-/// attends its queries in one kernel call with no pipeline of partial results. Backward gathers K, V again and returns each
-/// gathered row's dK, dV to its owner in a second collective, where they are summed (peer order:
-/// deterministic).
+/// attends its queries in one kernel call with no pipeline of partial results. Backward gathers K, V
+/// again and returns each gathered row's dK, dV to its owner in a second collective, where they are
+/// summed (peer order: deterministic).
 ///
 /// `Arguments::sharding_aware` (FlashCP's sharding-aware communication, research/seeds.md): each rank
 /// receives from each peer exactly the KV rows its slices read (detail::keys_needed), so a rank
@@ -32,7 +30,7 @@ namespace seqpar::comm {
 /// Works with any partitioner and head count (heads are not sharded).
 ///
 /// @code
-/// using Llama3Cp = Strategy<partition::PerDoc, comm::AllGather>;
+/// using Llama3Cp = Strategy<partition::Zigzag, comm::AllGather>;  // WLB-LLM: PerDoc x AllGather
 /// using FlashCp = Strategy<partition::Hybrid, comm::AllGather>;  // args.comm.sharding_aware = true
 /// @endcode
 struct AllGather {
@@ -69,9 +67,7 @@ struct AllGather {
       out[i] = gathered_from(i, me);
       all.insert(all.end(), in[i].begin(), in[i].end());
     }
-    // Gathered rows in token order, so a document read from several owners is one piece for the kernel.
-    std::sort(all.begin(), all.end(), [](Range a, Range b) { return a.begin < b.begin; });
-    const detail::RowMap gathered = detail::RowMap::concat(all);
+    const detail::RowMap gathered = detail::RowMap::concat(detail::in_token_order(std::move(all)));
     const detail::RowMap mine = detail::RowMap::concat(tokens(me));
     const Range kv_heads{0, shape.heads_kv};
     std::vector<std::vector<Piece>> send(k), recv(k);

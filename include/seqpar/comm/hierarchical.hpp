@@ -93,11 +93,8 @@ struct Hierarchical {
         toks.insert(toks.end(), o.begin(), o.end());
         sl.insert(sl.end(), s.begin(), s.end());
       }
-      // The rows of member jj's head-sharded buffers: its inner group's tokens in global order
-      // (A2ASpec::gathered, the layout its all-to-all writes).
-      std::erase_if(toks, [](const Range& r) { return r.empty(); });
-      std::sort(toks.begin(), toks.end(), [](Range a, Range b) { return a.begin < b.begin; });
-      ring.tokens.push_back(std::move(toks));
+      // The rows of member jj's head-sharded buffers: the layout its all-to-all writes (A2ASpec::gathered).
+      ring.tokens.push_back(detail::in_token_order(std::move(toks)));
       ring.slices.push_back(std::move(sl));
     }
     ring.sharding_aware = args.outer.sharding_aware;

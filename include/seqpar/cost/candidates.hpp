@@ -92,6 +92,7 @@ template <class Communicator>
                 out.status = std::move(budget);
                 return out;
               }
+              a.partition.threshold = report.threshold;  // the sweep is done: compile_all plans this one
             }
             return compile_all<S>(a, batch, shape, topo);
           }};

@@ -30,11 +30,8 @@ struct A2ASpec {
   /// in peer order made Hierarchical's programs 10x larger (bench/plan_scale).
   [[nodiscard]] std::vector<Range> gathered() const {
     std::vector<Range> all;
-    for (const auto& t : tokens)
-      for (const Range& r : t)
-        if (!r.empty()) all.push_back(r);
-    std::sort(all.begin(), all.end(), [](Range a, Range b) { return a.begin < b.begin; });
-    return all;
+    for (const auto& t : tokens) all.insert(all.end(), t.begin(), t.end());
+    return in_token_order(std::move(all));
   }
 
   /// seq -> heads: I send my rows of peer p's heads; I receive p's rows of my heads, placed where

@@ -65,6 +65,15 @@ struct RowMap {
   }
 };
 
+/// The non-empty ranges sorted by global position: the row order of buffers that hold several owners'
+/// tokens (AllToAll's head-sharded buffers, Hierarchical's ring members, AllGather's gathered KV), so
+/// that a document cut across owners is one piece of the buffer and one slice for the kernel.
+[[nodiscard]] inline std::vector<Range> in_token_order(std::vector<Range> v) {
+  std::erase_if(v, [](const Range& r) { return r.empty(); });
+  std::sort(v.begin(), v.end(), [](Range a, Range b) { return a.begin < b.begin; });
+  return v;
+}
+
 /// Sorted, merged union of ranges.
 [[nodiscard]] inline std::vector<Range> merge_ranges(std::vector<Range> v) {
   std::sort(v.begin(), v.end(), [](Range a, Range b) { return a.begin < b.begin; });

@@ -435,25 +435,27 @@ struct TimedFlash {
   using kernel_category = attention::kernel_tag;
   using value_type = float;
   using accum_type = float;
+  using exec_type = HostExec;
   attention::CpuFlash<float> flash{{.threads = 1}};
   std::shared_ptr<double> seconds = std::make_shared<double>(0.0);
 
   [[nodiscard]] std::size_t workspace_bytes(const AttentionShape& shape, std::int64_t q_rows, std::int64_t k_rows) const {
     return flash.workspace_bytes(shape, q_rows, k_rows);
   }
-  void forward(const AttentionShape& shape, ThdView<const float> q, ThdView<const float> k, ThdView<const float> v,
+  [[nodiscard]] const HostExec& exec() const noexcept { return flash.exec(); }
+  void forward(const HostExec& exec, const AttentionShape& shape, ThdView<const float> q, ThdView<const float> k, ThdView<const float> v,
                std::span<const AttnSlice> slices, ThdView<float> o, LseView<float> lse,
                std::span<std::byte> workspace) const {
     const auto t0 = Clock::now();
-    flash.forward(shape, q, k, v, slices, o, lse, workspace);
+    flash.forward(exec, shape, q, k, v, slices, o, lse, workspace);
     *seconds += seconds_since(t0);
   }
-  void backward(const AttentionShape& shape, ThdView<const float> q, ThdView<const float> k, ThdView<const float> v,
-                ThdView<const float> o, LseView<const float> lse, ThdView<const float> dout,
+  void backward(const HostExec& exec, const AttentionShape& shape, ThdView<const float> q, ThdView<const float> k,
+                ThdView<const float> v, ThdView<const float> o, LseView<const float> lse, ThdView<const float> dout,
                 std::span<const AttnSlice> slices, ThdView<float> dq, ThdView<float> dk, ThdView<float> dv,
                 std::span<std::byte> workspace) const {
     const auto t0 = Clock::now();
-    flash.backward(shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace);
+    flash.backward(exec, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace);
     *seconds += seconds_since(t0);
   }
 };

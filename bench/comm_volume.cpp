@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "../tests/support/strategy_list.hpp"
 #include "support/json.hpp"
 
 using namespace seqpar;
@@ -39,11 +40,13 @@ struct NoCompute {
   using kernel_category = attention::kernel_tag;
   using value_type = bf16_storage;
   using accum_type = float;
+  using exec_type = HostExec;
+  [[nodiscard]] HostExec exec() const { return HostExec(1); }
   [[nodiscard]] std::size_t workspace_bytes(const AttentionShape&, std::int64_t, std::int64_t) const { return 0; }
-  void forward(const AttentionShape&, ThdView<const value_type>, ThdView<const value_type>, ThdView<const value_type>,
+  void forward(const HostExec&, const AttentionShape&, ThdView<const value_type>, ThdView<const value_type>, ThdView<const value_type>,
                std::span<const AttnSlice>, ThdView<value_type>, LseView<float>, std::span<std::byte>) const {}
-  void backward(const AttentionShape&, ThdView<const value_type>, ThdView<const value_type>, ThdView<const value_type>,
-                ThdView<const value_type>, LseView<const float>, ThdView<const value_type>, std::span<const AttnSlice>,
+  void backward(const HostExec&, const AttentionShape&, ThdView<const value_type>, ThdView<const value_type>,
+                ThdView<const value_type>, ThdView<const value_type>, LseView<const float>, ThdView<const value_type>, std::span<const AttnSlice>,
                 ThdView<value_type>, ThdView<value_type>, ThdView<value_type>, std::span<std::byte>) const {}
 };
 static_assert(attention::AttentionKernel<NoCompute>);
@@ -75,9 +78,12 @@ struct Row {
 
 constexpr int kWorld = 8, kPerNode = 4;
 
-template <class S>
+// Partitioner P with communicator configuration V of tests/support/strategy_list.hpp.
+template <class P, class V>
 Row measure(const std::string& name, const std::string& mix, const DocumentBatch& batch, const AttentionShape& shape,
-            typename S::Arguments args, bool run, int reps) {
+            bool run, int reps) {
+  using S = typename test::Combination<P, V>::strategy;
+  typename S::Arguments args = test::Combination<P, V>::arguments();
   Row row;
   row.strategy = name;
   row.mix = mix;
@@ -162,7 +168,6 @@ int main(int argc, char** argv) {
     }
   }
   const AttentionShape shape{32, 8, 128};
-  using Hier = comm::Hierarchical<comm::AllToAll, comm::Ring>;
   std::vector<Row> rows;
   std::printf("comm_volume: %lld tokens, %d ranks (%d per node), heads %d:%d, d %d, bf16 values\n",
               static_cast<long long>(tokens), kWorld, kPerNode, shape.heads_q, shape.heads_kv, shape.head_dim);
@@ -181,33 +186,22 @@ int main(int argc, char** argv) {
                     mib(r.bwd_total), r.compute_imbalance, r.steps, r.inproc_ms);
       rows.push_back(std::move(r));
     };
-    using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
-    using RingContig = Strategy<partition::Uniform, comm::Ring>;
-    using ZigzagRing = Strategy<partition::Zigzag, comm::Ring>;
-    using PerDocRing = Strategy<partition::PerDoc, comm::Ring>;
-    using WholeRing = Strategy<partition::WholeDoc, comm::Ring>;
-    using HybridRing = Strategy<partition::Hybrid, comm::Ring>;
-    using ZigzagUsp = Strategy<partition::Zigzag, Hier>;
-    using HybridUsp = Strategy<partition::Hybrid, Hier>;
-    using Basp = Strategy<partition::BatchAware<partition::Uniform>, comm::AllToAll>;
-    using BaspHybrid = Strategy<partition::BatchAware<partition::Hybrid>, comm::Ring>;
-    typename RingContig::Arguments aware_ring;
-    aware_ring.comm.sharding_aware = true;
-    typename ZigzagUsp::Arguments aware_hier;
-    aware_hier.comm.outer.sharding_aware = true;
-    add(measure<Ulysses>("ulysses", mix, one, shape, {}, run, reps));
-    add(measure<RingContig>("ring", mix, one, shape, {}, run, reps));
-    add(measure<ZigzagRing>("zigzag-ring", mix, one, shape, {}, run, reps));
-    add(measure<ZigzagRing>("zigzag-ring-aware", mix, one, shape, {.comm = aware_ring.comm}, run, reps));
-    add(measure<PerDocRing>("perdoc-ring-aware", mix, one, shape, {.comm = aware_ring.comm}, run, reps));
-    add(measure<WholeRing>("wholedoc-ring-aware", mix, one, shape, {.comm = aware_ring.comm}, run, reps));
-    add(measure<HybridRing>("hybrid-ring", mix, one, shape, {}, run, reps));
-    add(measure<HybridRing>("hybrid-ring-aware", mix, one, shape, {.comm = aware_ring.comm}, run, reps));
-    add(measure<ZigzagUsp>("zigzag-hier-aware", mix, one, shape, aware_hier, run, reps));
-    add(measure<HybridUsp>("hybrid-hier-aware", mix, one, shape, {.comm = aware_hier.comm}, run, reps));
-    add(measure<Ulysses>("ulysses-b2", mix, two, shape, {}, run, reps));
-    add(measure<Basp>("basp-ulysses-b2", mix, two, shape, {}, run, reps));
-    add(measure<BaspHybrid>("basp-hybrid-ring-aware-b2", mix, two, shape, {.comm = aware_ring.comm}, run, reps));
+    namespace cv = test::communicators;  // the communicator configurations every test enumerates
+    using partition::Hybrid, partition::PerDoc, partition::Uniform, partition::WholeDoc, partition::Zigzag;
+    add(measure<Uniform, cv::AllToAll>("ulysses", mix, one, shape, run, reps));
+    add(measure<Uniform, cv::Ring>("ring", mix, one, shape, run, reps));
+    add(measure<Zigzag, cv::Ring>("zigzag-ring", mix, one, shape, run, reps));
+    add(measure<Zigzag, cv::RingShardingAware>("zigzag-ring-aware", mix, one, shape, run, reps));
+    add(measure<PerDoc, cv::RingShardingAware>("perdoc-ring-aware", mix, one, shape, run, reps));
+    add(measure<WholeDoc, cv::RingShardingAware>("wholedoc-ring-aware", mix, one, shape, run, reps));
+    add(measure<Hybrid, cv::Ring>("hybrid-ring", mix, one, shape, run, reps));
+    add(measure<Hybrid, cv::RingShardingAware>("hybrid-ring-aware", mix, one, shape, run, reps));
+    add(measure<Zigzag, cv::HierarchicalShardingAware>("zigzag-hier-aware", mix, one, shape, run, reps));
+    add(measure<Hybrid, cv::HierarchicalShardingAware>("hybrid-hier-aware", mix, one, shape, run, reps));
+    add(measure<Uniform, cv::AllToAll>("ulysses-b2", mix, two, shape, run, reps));
+    add(measure<partition::BatchAware<Uniform>, cv::AllToAll>("basp-ulysses-b2", mix, two, shape, run, reps));
+    add(measure<partition::BatchAware<Hybrid>, cv::RingShardingAware>("basp-hybrid-ring-aware-b2", mix, two, shape,
+                                                                       run, reps));
   }
 
   // The goals, evaluated on the rows above.

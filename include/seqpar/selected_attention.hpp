@@ -15,7 +15,7 @@
 
 #include "seqpar/attention/kernel.hpp"
 #include "seqpar/cost/predict.hpp"
-#include "seqpar/detail/attention_engine.hpp"
+#include "seqpar/runtime/engine.hpp"
 #include "seqpar/strategy.hpp"
 
 namespace seqpar {
@@ -37,7 +37,7 @@ namespace seqpar {
 /// const auto& why = attn.choice(batch);            // why.name, why.predicted_s, why.predictions
 /// @endcode
 template <attention::AttentionKernel Kernel, class... Strategies>
-class SelectedAttention final : public detail::AttentionEngine<Kernel> {
+class SelectedAttention final : public runtime::AttentionEngine<Kernel> {
   static_assert(sizeof...(Strategies) >= 1, "SelectedAttention needs at least one strategy");
 
  public:
@@ -65,7 +65,7 @@ class SelectedAttention final : public detail::AttentionEngine<Kernel> {
 
   template <Transport Tr>
   SelectedAttention(Tr& transport, const AttentionShape& shape, Arguments args, Kernel kernel = Kernel())
-      : detail::AttentionEngine<Kernel>(transport, shape, args.ranks_per_node, std::move(kernel)),
+      : runtime::AttentionEngine<Kernel>(transport, shape, args.ranks_per_node, std::move(kernel)),
         args_(std::move(args)) {
     args_.simulation.hardware.validate("SelectedAttention: args.simulation.hardware");
     detail::require(args_.seconds_per_token >= 0 && std::isfinite(args_.seconds_per_token), "SelectedAttention",

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // seqpar: exact distributed attention over packed long-context batches.
-// Umbrella header: the core model, the CPU kernels, the in-process world and the strategies.
-// Includes no vendor header (MPI, CUDA and NCCL live behind their own targets).
+// Umbrella header: the core model, the CPU kernels, the in-process world, the strategies and the
+// runtime that runs them. Includes no vendor header (MPI, CUDA and NCCL live behind their own
+// targets) and not the cost model: planning by simulation is <seqpar/cost.hpp> and
+// <seqpar/selected_attention.hpp>.
 #pragma once
 
 #include "seqpar/version.hpp"
@@ -9,13 +11,22 @@
 #include "seqpar/core/attn_slice.hpp"
 #include "seqpar/core/document_batch.hpp"
 #include "seqpar/core/error.hpp"
+#include "seqpar/core/exec.hpp"
+#include "seqpar/core/host_exec.hpp"
 #include "seqpar/core/range.hpp"
+#include "seqpar/core/range_set.hpp"
+#include "seqpar/core/row_map.hpp"
+#include "seqpar/core/slice_algebra.hpp"
 #include "seqpar/core/tensor.hpp"
 #include "seqpar/core/topology.hpp"
-#include "seqpar/attention/kernel.hpp"
-#include "seqpar/attention/reference.hpp"
 #include "seqpar/core/shard_plan.hpp"
 #include "seqpar/core/status.hpp"
+#include "seqpar/core/aligned_bytes.hpp"
+#include "seqpar/core/transport.hpp"
+#include "seqpar/attention/kernel.hpp"
+#include "seqpar/attention/reference.hpp"
+#include "seqpar/attention/cpu_flash.hpp"
+#include "seqpar/attention/merge.hpp"
 #include "seqpar/partition/partitioner.hpp"
 #include "seqpar/partition/uniform.hpp"
 #include "seqpar/partition/zigzag.hpp"
@@ -23,20 +34,20 @@
 #include "seqpar/partition/whole_doc.hpp"
 #include "seqpar/partition/hybrid.hpp"
 #include "seqpar/partition/batch_aware.hpp"
-#include "seqpar/backend/inproc/transport.hpp"
-#include "seqpar/backend/inproc/world.hpp"
-#include "seqpar/attention/cpu_flash.hpp"
-#include "seqpar/attention/merge.hpp"
-#include "seqpar/core/aligned_bytes.hpp"
-#include "seqpar/core/any_transport.hpp"
-#include "seqpar/core/transport.hpp"
 #include "seqpar/comm/program.hpp"
 #include "seqpar/comm/communicator.hpp"
-#include "seqpar/comm/executor.hpp"
 #include "seqpar/comm/all_to_all.hpp"
-#include "seqpar/schedule/static.hpp"
-#include "seqpar/strategy.hpp"
 #include "seqpar/comm/ring.hpp"
 #include "seqpar/comm/hierarchical.hpp"
 #include "seqpar/comm/all_gather.hpp"
-#include "seqpar/selected_attention.hpp"
+#include "seqpar/schedule/static.hpp"
+#include "seqpar/strategy.hpp"
+#include "seqpar/runtime/any_transport.hpp"
+#include "seqpar/runtime/step_order.hpp"
+#include "seqpar/runtime/lowered_program.hpp"
+#include "seqpar/runtime/data_ops.hpp"
+#include "seqpar/runtime/executor.hpp"
+#include "seqpar/runtime/engine.hpp"
+#include "seqpar/runtime/distributed_attention.hpp"
+#include "seqpar/backend/inproc/transport.hpp"
+#include "seqpar/backend/inproc/world.hpp"

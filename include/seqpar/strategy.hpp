@@ -2,98 +2,113 @@
 // seqpar: exact distributed attention over packed long-context batches.
 #pragma once
 
-#include <algorithm>
-#include <cstddef>
 #include <cstdint>
-#include <list>
-#include <map>
-#include <memory>
-#include <optional>
+#include <stdexcept>
 #include <string>
-#include <typeinfo>
-#include <vector>
+#include <type_traits>
+#include <utility>
 
-#include "seqpar/attention/kernel.hpp"
 #include "seqpar/comm/communicator.hpp"
+#include "seqpar/comm/program.hpp"
+#include "seqpar/core/attention_shape.hpp"
 #include "seqpar/core/document_batch.hpp"
-#include "seqpar/detail/attention_engine.hpp"
 #include "seqpar/core/shard_plan.hpp"
+#include "seqpar/core/status.hpp"
+#include "seqpar/core/topology.hpp"
 #include "seqpar/partition/partitioner.hpp"
+#include "seqpar/runtime/step_order.hpp"
 #include "seqpar/schedule/static.hpp"
 
 namespace seqpar {
 
-/// The composition point: a partitioner (who owns which tokens), a communicator (what moves where)
-/// and a scheduler (in what order), chosen at compile time. Tunables are values in `Arguments`.
+namespace detail {
+// The third slot of Strategy takes a step-order policy. It used to take a scheduler; schedule::Static
+// is still accepted there (it meant "the compiled order") so that existing code keeps compiling.
+template <class X>
+struct step_order_for {
+  static_assert(runtime::StepOrder<X> || std::is_same_v<X, schedule::Static>,
+                "Strategy<P, C, Order>: Order must be a step-order policy (runtime::StaticOrder); batch-level "
+                "schedulers such as schedule::DynamicChunk sit above DistributedAttention, not inside a Strategy");
+  using type = std::conditional_t<runtime::StepOrder<X>, X, runtime::StaticOrder>;
+};
+}  // namespace detail
+
+/// The composition point: a partitioner (who owns which tokens) and a communicator (what moves where),
+/// chosen at compile time, plus the order the executor runs a rank's steps in (static: as compiled).
+/// Tunables are values in `Arguments`. Every layer answers the same protocol: `can_implement(args, ...)
+/// -> Status`, then the work (`plan`, `compile`).
 ///
 /// @code
-/// using Ulysses = seqpar::Strategy<partition::Uniform, comm::AllToAll, schedule::Static>;
+/// using Ulysses = seqpar::Strategy<partition::Uniform, comm::AllToAll>;
 /// seqpar::DistributedAttention<Ulysses, attention::CpuFlash<float>> attn(transport, shape);
 /// attn.forward(batch, q, k, v, o, lse);
 /// @endcode
-template <partition::Partitioner P, comm::Communicator C, schedule::Scheduler S = schedule::Static>
+template <partition::Partitioner P, comm::Communicator C, class Order = runtime::StaticOrder>
 struct Strategy {
   using partitioner_type = P;
   using communicator_type = C;
-  using scheduler_type = S;
+  using step_order_type = typename detail::step_order_for<Order>::type;
 
   struct Arguments {
     typename P::Arguments partition{};
     typename C::Arguments comm{};
-    typename S::Arguments schedule{};
+    typename step_order_type::Arguments order{};
     int ranks_per_node = 0;  ///< 0: every rank on one node
   };
 
-  /// Whether this strategy can run `batch` with `shape` on `topology`, and why not.
+  /// A plan, or why there is none (and which layer refused).
+  struct Planned {
+    Status status = Status::success();
+    const char* refused_by = "";  ///< "partitioner refuses the batch" or "communicator refuses the plan"
+    ShardPlan plan;
+  };
+
+  /// Plans `batch`: the partitioner's refusal, its plan, the communicator's refusal of that plan.
+  /// The one place a strategy plans; `can_implement` and `compile` go through it.
+  [[nodiscard]] static Planned plan(const Arguments& args, const DocumentBatch& batch, const AttentionShape& shape,
+                                    const Topology& topology) {
+    Planned out;
+    const P partitioner{args.partition};
+    if (out.status = partitioner.can_implement(batch, topology); !out.status) {
+      out.refused_by = "partitioner refuses the batch";
+      return out;
+    }
+    out.plan = partitioner.plan(batch, topology);
+    if (out.status = C{args.comm}.can_implement(out.plan, shape); !out.status)
+      out.refused_by = "communicator refuses the plan";
+    return out;
+  }
+
+  /// Whether this strategy can run `batch` with `shape` on `topology`, and why not. Plans the batch:
+  /// callers that go on to compile should call `plan` (or `compile`) once instead.
   [[nodiscard]] static Status can_implement(const Arguments& args, const DocumentBatch& batch,
                                             const AttentionShape& shape, const Topology& topology) {
-    const P partitioner{args.partition};
-    if (Status s = partitioner.can_implement(batch, topology); !s) return s;
-    return C{args.comm}.can_implement(partitioner.plan(batch, topology), shape);
-  }
-};
-
-/// Exact distributed attention of one layer over packed documents, with the strategy's policies,
-/// the kernel's arithmetic, over any transport. Tensors are the rank's local shard: `local_tokens`
-/// rows in the plan's token order (`owned_ranges(batch)` says which global tokens those are).
-/// Plans and programs are compiled once per batch shape and cached; the workspace grows only on a
-/// cache miss, so steady-state calls allocate nothing beyond the transport's own buffers.
-/// Every rank of the transport must make the same calls with the same batch.
-/// The strategy-independent machinery (cache, transports, executor) lives in
-/// detail::AttentionEngine<Kernel>, shared by every strategy compiled in with the same kernel.
-template <class StrategyT, attention::AttentionKernel Kernel>
-class DistributedAttention final : public detail::AttentionEngine<Kernel> {
- public:
-  using strategy_type = StrategyT;
-  using Arguments = typename StrategyT::Arguments;
-
-  template <Transport Tr>
-  DistributedAttention(Tr& transport, const AttentionShape& shape, Arguments args = {}, Kernel kernel = {})
-      : detail::AttentionEngine<Kernel>(transport, shape, args.ranks_per_node, std::move(kernel)), args_(args) {}
-
- private:
-  [[nodiscard]] std::uint64_t strategy_signature() const override {
-    const std::string name = typeid(StrategyT).name();
-    std::uint64_t h = 14695981039346656037ull;
-    for (char c : name) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-    return h ^ static_cast<std::uint64_t>(args_.ranks_per_node) * 0x9e3779b97f4a7c15ull;
+    return plan(args, batch, shape, topology).status;
   }
 
-  void compile(const DocumentBatch& batch, ShardPlan& plan, comm::CompiledAttention& program) const override {
-    const typename StrategyT::partitioner_type partitioner{args_.partition};
-    const typename StrategyT::communicator_type communicator{args_.comm};
-    const typename StrategyT::scheduler_type scheduler{args_.schedule};
-    const Topology& topo = this->topology();
-    if (Status s = partitioner.can_implement(batch, topo); !s)
-      throw std::invalid_argument("DistributedAttention: partitioner refuses the batch: " + s.reason);
-    plan = partitioner.plan(batch, topo);
-    if (Status s = communicator.can_implement(plan, this->shape()); !s)
-      throw std::invalid_argument("DistributedAttention: communicator refuses the plan: " + s.reason);
-    program = communicator.compile(plan, this->shape(), this->rank());
-    scheduler.schedule(program);
+  /// Rank `rank`'s forward and backward programs of an accepted plan, in the step order.
+  [[nodiscard]] static comm::CompiledAttention compile(const Arguments& args, const ShardPlan& plan,
+                                                       const AttentionShape& shape, int rank) {
+    comm::CompiledAttention program = C{args.comm}.compile(plan, shape, rank);
+    step_order_type{args.order}.order(program);
+    return program;
   }
 
-  Arguments args_;
+  /// Everything one rank runs for `batch`: its plan (status false with the reason when refused) and
+  /// programs. DistributedAttention and the cost model's compile_all both come through here.
+  struct Compiled {
+    Status status = Status::success();
+    const char* refused_by = "";
+    ShardPlan plan;
+    comm::CompiledAttention program;
+  };
+  [[nodiscard]] static Compiled compile(const Arguments& args, const DocumentBatch& batch, const AttentionShape& shape,
+                                        const Topology& topology, int rank) {
+    Planned p = plan(args, batch, shape, topology);
+    Compiled out{std::move(p.status), p.refused_by, std::move(p.plan), {}};
+    if (out.status) out.program = compile(args, out.plan, shape, rank);
+    return out;
+  }
 };
 
 }  // namespace seqpar

@@ -65,7 +65,7 @@ TEST_SUITE("backend") {
         if (t.rank() == 0) accepted = a;
       });
       for (const auto& m : failures.messages()) FAIL_CHECK(m);
-      CHECK(accepted.load() == 7);
+      CHECK(accepted.load() == seqpar::test::kNumTransportStrategies);
     }
   }
 }

@@ -2,8 +2,8 @@
 // Randomized checking of partitioners and program compilation, bounded in time.
 //
 // Draws random packed batches (1 to 4 sequences, lognormal / long-tail / tiny documents), world
-// sizes 1 to 12, ranks per node, head shapes and every partitioner x communicator policy, and checks
-// on the compiled programs of all ranks, without moving data:
+// sizes 1 to 12, ranks per node, head shapes and every partitioner x communicator configuration of
+// tests/support/strategy_list.hpp, and checks on the compiled programs of all ranks, without moving data:
 //  - the plan's invariants (every token owned exactly once, slices inside owned tokens, slice area =
 //    the batch's document-causal area);
 //  - can_implement either accepts, or refuses with a reason, never crashes;
@@ -25,6 +25,8 @@
 #include <tuple>
 #include <variant>
 #include <vector>
+
+#include "support/strategy_list.hpp"
 
 using namespace seqpar;
 
@@ -124,22 +126,6 @@ void check(const std::string& name, const DocumentBatch& batch, const AttentionS
   }
 }
 
-template <class P>
-void check_partitioner(const std::string& name, const DocumentBatch& batch, const AttentionShape& shape, int world,
-                       int rpn) {
-  using Hier = comm::Hierarchical<comm::AllToAll, comm::Ring>;
-  typename Strategy<P, comm::Ring>::Arguments ring;
-  ring.ranks_per_node = rpn;
-  check<Strategy<P, comm::AllToAll>>(name + " x AllToAll", batch, shape, world, {.ranks_per_node = rpn});
-  check<Strategy<P, comm::Ring>>(name + " x Ring", batch, shape, world, ring);
-  ring.comm.sharding_aware = true;
-  check<Strategy<P, comm::Ring>>(name + " x Ring(aware)", batch, shape, world, ring);
-  typename Strategy<P, Hier>::Arguments hier;
-  hier.ranks_per_node = rpn;
-  hier.comm.outer.sharding_aware = (world % 2) == 0;
-  check<Strategy<P, Hier>>(name + " x Hierarchical", batch, shape, world, hier);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -165,13 +151,11 @@ int main(int argc, char** argv) {
     const int hkv = 1 + static_cast<int>(rng() % 4);
     const AttentionShape shape{hkv * (1 + static_cast<int>(rng() % 3)), hkv, 8};
     try {
-      check_partitioner<partition::Uniform>("Uniform", batch, shape, world, rpn);
-      check_partitioner<partition::Zigzag>("Zigzag", batch, shape, world, rpn);
-      check_partitioner<partition::PerDoc>("PerDoc", batch, shape, world, rpn);
-      check_partitioner<partition::WholeDoc>("WholeDoc", batch, shape, world, rpn);
-      check_partitioner<partition::Hybrid>("Hybrid", batch, shape, world, rpn);
-      check_partitioner<partition::BatchAware<partition::Uniform>>("BatchAware<Uniform>", batch, shape, world, rpn);
-      check_partitioner<partition::BatchAware<partition::PerDoc>>("BatchAware<PerDoc>", batch, shape, world, rpn);
+      test::for_each_combination([&]<class C>(C) {
+        typename C::strategy::Arguments args = C::arguments();
+        args.ranks_per_node = rpn;
+        check<typename C::strategy>(C::name(), batch, shape, world, args);
+      });
     } catch (const std::exception& e) {
       std::fprintf(stderr, "FAILED at seed %u (world %d, %d per node, heads %d:%d, %zu documents): %s\n", s, world,
                    rpn, shape.heads_q, shape.heads_kv, batch.documents().size(), e.what());
@@ -179,7 +163,9 @@ int main(int argc, char** argv) {
     }
     ++cases;
   }
-  std::printf("fuzz_plans: %ld random batches x 7 partitioners x 4 communicators checked in %.0f s (seeds %u..%u)\n",
-              cases, seconds, seed, seed + static_cast<std::uint32_t>(cases));
+  std::printf(
+      "fuzz_plans: %ld random batches x %zu partitioners x %zu communicator configurations checked in %.0f s "
+      "(seeds %u..%u)\n",
+      cases, test::kNumPartitioners, test::kNumCommunicators, seconds, seed, seed + static_cast<std::uint32_t>(cases));
   return cases > 0 ? 0 : 1;
 }

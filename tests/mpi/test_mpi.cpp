@@ -43,7 +43,7 @@ TEST_SUITE("mpi") {
   TEST_CASE("mpi: strategies against the fp64 reference") {
     Transport t(MPI_COMM_WORLD, kOptions);
     seqpar::test::Failures f;
-    CHECK(seqpar::test::all_strategy_cases(t, f) == 7);
+    CHECK(seqpar::test::all_strategy_cases(t, f) == seqpar::test::kNumTransportStrategies);
     report(f);
   }
 

@@ -158,7 +158,6 @@ void check_plan(const ShardPlan& p, const DocumentBatch& batch, const Topology& 
       REQUIRE(s.k_range == Range{d.tokens.begin, s.q_range.end});
       REQUIRE(s.mask == Mask::causal(s.q_range.begin - d.tokens.begin));
       REQUIRE(inside(s.k_range, group_tokens));
-      REQUIRE(partition::detail::slice_area(s) == s.area());
       q_tokens += s.q_range.size();
     }
     REQUIRE(q_tokens == p.local_tokens(r));
@@ -233,14 +232,28 @@ DocumentBatch lognormal_128k(std::uint64_t seed, std::int64_t total = 128 * 1024
 }  // namespace
 
 TEST_SUITE("partition") {
-  TEST_CASE("slice_area: closed form equals the row walk") {
+  TEST_CASE("AttnSlice::area: closed form equals the row walk") {
+    // Row qi sees key kj when kj <= qi + offset (and kj > qi + offset - window with a sliding window).
+    const auto walk = [](const AttnSlice& s) {
+      std::int64_t n = 0;
+      for (std::int64_t qi = 0; qi < s.q_range.size(); ++qi)
+        for (std::int64_t kj = 0; kj < s.k_range.size(); ++kj) {
+          const std::int64_t diag = qi + s.mask.causal_offset;
+          const bool seen = s.mask.kind == MaskKind::kFull ||
+                            (kj <= diag && (s.mask.kind != MaskKind::kSlidingWindow || kj > diag - s.mask.window));
+          n += seen ? 1 : 0;
+        }
+      return n;
+    };
     Rng rng(7);
     for (int i = 0; i < 400; ++i) {
       const std::int64_t m = rng.between(0, 40), n = rng.between(0, 40), off = rng.between(-50, 50);
       const AttnSlice causal{{0, m}, {100, 100 + n}, Mask::causal(off)};
-      CHECK(partition::detail::slice_area(causal) == causal.area());
+      CHECK(causal.area() == walk(causal));
       const AttnSlice full{{0, m}, {0, n}, Mask::full()};
-      CHECK(partition::detail::slice_area(full) == full.area());
+      CHECK(full.area() == walk(full));
+      const AttnSlice window{{0, m}, {0, n}, Mask::sliding_window(rng.between(1, 20), off)};
+      CHECK(window.area() == walk(window));
     }
   }
 

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Every partitioner x communicator combination, forward and backward against the fp64 reference
+// Every partitioner x communicator combination (tests/support/strategy_list.hpp), forward and
+// backward against the fp64 reference
 // on the unsharded batch, on world sizes 1..8, micro-batches of 1..4 sequences of unequal length,
 // lognormal and long-tail document mixes, MHA and GQA. Combinations that can_implement refuses are
 // checked to be refused with a reason, and to throw before any communication.
@@ -12,6 +13,7 @@
 #include <string>
 
 #include "support/distributed_check.hpp"
+#include "support/strategy_list.hpp"
 
 using namespace seqpar;
 
@@ -46,9 +48,12 @@ DocumentBatch make_batch(int sequences, Mix mix, std::uint32_t seed) {
   return DocumentBatch(seqs);
 }
 
-template <class P, class C>
-void check_combination(const std::string& name, typename Strategy<P, C>::Arguments args = {}) {
-  using S = Strategy<P, C>;
+// One combination of tests/support/strategy_list.hpp.
+template <class Combination>
+void check_combination(Combination) {
+  using S = typename Combination::strategy;
+  const std::string name = Combination::name();
+  typename S::Arguments args = Combination::arguments();
   int accepted = 0, refused = 0;
   for (int world = 1; world <= 8; ++world) {
     const int sequences = 1 + (world + static_cast<int>(name.size())) % 4;
@@ -77,24 +82,6 @@ void check_combination(const std::string& name, typename Strategy<P, C>::Argumen
   }
   MESSAGE(name << ": " << accepted << " world sizes run, " << refused << " refused");
   CHECK(accepted >= 4);  // a combination that refuses most worlds is not being tested
-}
-
-template <class P>
-void check_all_communicators(const std::string& name) {
-  check_combination<P, comm::AllToAll>((name + " x AllToAll"));
-  check_combination<P, comm::Ring>((name + " x Ring"));
-  typename Strategy<P, comm::Ring>::Arguments aware;
-  aware.comm.sharding_aware = true;
-  check_combination<P, comm::Ring>((name + " x Ring(sharding-aware)"), aware);
-  using Hier = comm::Hierarchical<comm::AllToAll, comm::Ring>;
-  check_combination<P, Hier>((name + " x Hierarchical"));
-  typename Strategy<P, Hier>::Arguments hier_aware;
-  hier_aware.comm.outer.sharding_aware = true;
-  check_combination<P, Hier>((name + " x Hierarchical(sharding-aware ring)"), hier_aware);
-  check_combination<P, comm::AllGather>((name + " x AllGather"));
-  typename Strategy<P, comm::AllGather>::Arguments gather_aware;
-  gather_aware.comm.sharding_aware = true;
-  check_combination<P, comm::AllGather>((name + " x AllGather(sharding-aware)"), gather_aware);
 }
 
 struct ShardingAwareRuns {
@@ -127,17 +114,12 @@ ShardingAwareRuns check_sharding_aware(unsigned seed) {
 }  // namespace
 
 TEST_SUITE("strategy") {
-  TEST_CASE("Uniform x every communicator") { check_all_communicators<partition::Uniform>("Uniform"); }
-  TEST_CASE("Zigzag x every communicator") { check_all_communicators<partition::Zigzag>("Zigzag"); }
-  TEST_CASE("PerDoc x every communicator") { check_all_communicators<partition::PerDoc>("PerDoc"); }
-  TEST_CASE("WholeDoc x every communicator") { check_all_communicators<partition::WholeDoc>("WholeDoc"); }
-  TEST_CASE("Hybrid x every communicator") { check_all_communicators<partition::Hybrid>("Hybrid"); }
-  TEST_CASE("BatchAware<Uniform> x every communicator") {
-    check_all_communicators<partition::BatchAware<partition::Uniform>>("BatchAware<Uniform>");
+  // One test case per partitioner of test::Partitioners (named after its type), each running every
+  // communicator configuration of test::Communicators.
+  TEST_CASE_TEMPLATE_DEFINE("partitioner x every communicator", P, every_communicator) {
+    test::for_each_communicator<P>([](auto combination) { check_combination(combination); });
   }
-  TEST_CASE("BatchAware<PerDoc> x every communicator") {
-    check_all_communicators<partition::BatchAware<partition::PerDoc>>("BatchAware<PerDoc>");
-  }
+  TEST_CASE_TEMPLATE_APPLY(every_communicator, test::Partitioners);
 
   TEST_CASE("refused combinations say why and throw before communicating") {
     const DocumentBatch batch = DocumentBatch({{50, 3}});

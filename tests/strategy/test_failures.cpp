@@ -25,7 +25,8 @@ using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
 /// program, after communication has started.
 struct ThrowingKernel : attention::Reference<double> {
   bool fail = false;
-  void forward(const AttentionShape& s, ThdView<const double> q, ThdView<const double> k, ThdView<const double> v,
+  using Reference<double>::backward;
+  void forward(const HostExec&, const AttentionShape& s, ThdView<const double> q, ThdView<const double> k, ThdView<const double> v,
                std::span<const AttnSlice> sl, ThdView<double> o, LseView<double> lse, std::span<std::byte> ws = {}) const {
     if (fail) throw std::runtime_error("injected kernel failure");
     Reference<double>::forward(s, q, k, v, sl, o, lse, ws);

@@ -39,7 +39,7 @@ TEST_SUITE("strategy") {
       std::vector<Selected::Choice> seen(4);
       const auto err = test::check_attention<Kernel>(
           batch, shape, 4,
-          [&](backend::inproc::Transport& t) -> std::unique_ptr<detail::AttentionEngine<Kernel>> {
+          [&](backend::inproc::Transport& t) -> std::unique_ptr<runtime::AttentionEngine<Kernel>> {
             auto s = std::make_unique<Selected>(t, shape, arguments(hw));
             seen[static_cast<std::size_t>(t.rank())] = s->choice(batch);
             return s;
@@ -63,7 +63,7 @@ TEST_SUITE("strategy") {
     std::vector<Selected::Choice> seen(4);
     const auto err = test::check_attention<Kernel>(
         batch, shape, 4,
-        [&](backend::inproc::Transport& t) -> std::unique_ptr<detail::AttentionEngine<Kernel>> {
+        [&](backend::inproc::Transport& t) -> std::unique_ptr<runtime::AttentionEngine<Kernel>> {
           auto s = std::make_unique<Selected>(t, shape, arguments(cost::profiles::a100_40gb()));
           seen[static_cast<std::size_t>(t.rank())] = s->choice(batch);
           return s;

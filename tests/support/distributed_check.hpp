@@ -46,7 +46,7 @@ struct Errors {
 
 /// Makes a rank's DistributedAttention (any strategy) on its transport.
 template <class Kernel>
-using AttentionFactory = std::function<std::unique_ptr<detail::AttentionEngine<Kernel>>(backend::inproc::Transport&)>;
+using AttentionFactory = std::function<std::unique_ptr<runtime::AttentionEngine<Kernel>>(backend::inproc::Transport&)>;
 
 /// Runs the attention `make` builds on `world` in-process ranks and returns the errors against the
 /// reference. Strategy-independent (instantiated once per kernel, which keeps the tests quick to build).
@@ -79,8 +79,8 @@ Errors check_attention(const DocumentBatch& batch, const AttentionShape& shape, 
   Errors err;
   std::mutex mu;
   backend::inproc::World(world).run([&](backend::inproc::Transport& transport) {
-    const std::unique_ptr<detail::AttentionEngine<Kernel>> owner = make(transport);
-    detail::AttentionEngine<Kernel>& attn = *owner;
+    const std::unique_ptr<runtime::AttentionEngine<Kernel>> owner = make(transport);
+    runtime::AttentionEngine<Kernel>& attn = *owner;
     const auto& owned = attn.owned_ranges(batch);
     const std::int64_t local = attn.local_tokens(batch);
     // Local shards: the owned rows, in plan order.
@@ -155,7 +155,7 @@ Errors check_strategy(const DocumentBatch& batch, const AttentionShape& shape, i
                       typename StrategyT::Arguments args = {}, Kernel kernel = {}, std::uint32_t seed = 7) {
   return check_attention<Kernel>(
       batch, shape, world,
-      [&](backend::inproc::Transport& t) -> std::unique_ptr<detail::AttentionEngine<Kernel>> {
+      [&](backend::inproc::Transport& t) -> std::unique_ptr<runtime::AttentionEngine<Kernel>> {
         return std::make_unique<DistributedAttention<StrategyT, Kernel>>(t, shape, args, kernel);
       },
       seed);

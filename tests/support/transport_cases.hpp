@@ -18,7 +18,11 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
+
+#include "support/strategy_list.hpp"
 
 namespace seqpar::test {
 
@@ -463,31 +467,43 @@ bool strategy_case(T& t, Failures& f, const std::string& name, const DocumentBat
   return true;
 }
 
-/// The strategies every transport must run exactly; returns how many the topology accepted.
+/// The batch a transport strategy runs on: small_batch(1, 2026) or small_batch(3, 99).
+enum class CaseBatch { kOneSequence, kThreeSequences };
+
+/// One strategy every transport runs: a combination of tests/support/strategy_list.hpp, its batch,
+/// and its ranks per node (0: one node).
+template <class P, class V, CaseBatch kBatch = CaseBatch::kThreeSequences, int kRanksPerNode = 0>
+struct TransportStrategy : Combination<P, V> {
+  static_assert(kListed<P, Partitioners> && kListed<V, Communicators>,
+                "transport strategies are combinations of tests/support/strategy_list.hpp");
+  static constexpr CaseBatch batch = kBatch;
+  static constexpr int ranks_per_node = kRanksPerNode;
+};
+
+/// The strategies every transport must run exactly, on 2, 4 and 8 ranks.
+using TransportStrategies = std::tuple<
+    TransportStrategy<partition::Uniform, communicators::AllToAll>,                      // Ulysses
+    TransportStrategy<partition::Zigzag, communicators::Ring, CaseBatch::kOneSequence>,  // zigzag ring
+    TransportStrategy<partition::Zigzag, communicators::RingShardingAware>,              // HSAP-style ring
+    TransportStrategy<partition::Uniform, communicators::Hierarchical, CaseBatch::kThreeSequences, 2>,  // USP
+    TransportStrategy<partition::BatchAware<partition::PerDoc>, communicators::Ring>,                   // BASP
+    TransportStrategy<partition::Zigzag, communicators::AllGather>,                                     // Llama 3 CP
+    TransportStrategy<partition::Hybrid, communicators::AllGatherShardingAware>>;                       // FlashCP
+inline constexpr int kNumTransportStrategies = static_cast<int>(std::tuple_size_v<TransportStrategies>);
+
+/// Runs every strategy of TransportStrategies over `t`; returns how many the topology accepted (all of
+/// them, on 2, 4 and 8 ranks: kNumTransportStrategies).
 template <Transport T>
 int all_strategy_cases(T& t, Failures& f) {
-  using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
-  using ZigzagRing = Strategy<partition::Zigzag, comm::Ring>;
-  using HierarchicalUsp = Strategy<partition::Uniform, comm::Hierarchical<comm::AllToAll, comm::Ring>>;
-  using BaspPerDocRing = Strategy<partition::BatchAware<partition::PerDoc>, comm::Ring>;
   const AttentionShape shape{8, 4, 8};  // GQA 8:4, head_dim 8: every head count divides 2, 4, 8 ranks
-  const DocumentBatch one = small_batch(1, 2026), two = small_batch(3, 99);
+  const DocumentBatch one = small_batch(1, 2026), three = small_batch(3, 99);
   int accepted = 0;
-  accepted += strategy_case<Ulysses>(t, f, "ulysses", two, shape);
-  accepted += strategy_case<ZigzagRing>(t, f, "zigzag ring", one, shape);
-  ZigzagRing::Arguments aware;
-  aware.comm.sharding_aware = true;
-  accepted += strategy_case<ZigzagRing>(t, f, "zigzag ring (sharding-aware)", two, shape, aware);
-  HierarchicalUsp::Arguments hier;
-  hier.ranks_per_node = 2;
-  accepted += strategy_case<HierarchicalUsp>(t, f, "hierarchical a2a x ring", two, shape, hier);
-  accepted += strategy_case<BaspPerDocRing>(t, f, "batch-aware per-doc x ring", two, shape);
-  using Llama3Cp = Strategy<partition::Zigzag, comm::AllGather>;
-  accepted += strategy_case<Llama3Cp>(t, f, "zigzag x all-gather", two, shape);
-  using FlashCp = Strategy<partition::Hybrid, comm::AllGather>;
-  FlashCp::Arguments selective;
-  selective.comm.sharding_aware = true;
-  accepted += strategy_case<FlashCp>(t, f, "hybrid x all-gather (sharding-aware)", two, shape, selective);
+  for_each_type<TransportStrategies>([&]<class C>(std::type_identity<C>) {
+    typename C::strategy::Arguments args = C::arguments();
+    args.ranks_per_node = C::ranks_per_node;
+    accepted += strategy_case<typename C::strategy>(t, f, C::name(), C::batch == CaseBatch::kOneSequence ? one : three,
+                                                    shape, args);
+  });
   return accepted;
 }
 

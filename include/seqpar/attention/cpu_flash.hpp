@@ -20,8 +20,8 @@
 /// dK += dS^T Q over every query head of the group and every slice that reads the tile; pass 2 owns
 /// (query head, query tile) and accumulates dQ += dS K. This recomputes S and dP once more (7 tile matmuls
 /// instead of 5) in exchange for race-free, bit-reproducible gradients for a given `Arguments`.
-/// Work items run largest-first (by visible area) on a persistent std::thread pool owned by the kernel
-/// (`threads` == 1 runs inline on the caller). AVX-512 micro-kernels are used for float when compiled with
+/// Work items run largest-first (by visible area) on the execution context's thread pool (`HostExec`; the
+/// kernel's own context has `threads` threads, 1 runs inline on the caller). AVX-512 micro-kernels are used for float when compiled with
 /// __AVX512F__; otherwise (and for double) a portable auto-vectorised path with the same blocking.
 ///
 /// **Memory.** No allocation in forward/backward: the caller passes `workspace_bytes(shape, q_rows,
@@ -52,8 +52,8 @@
 #include <type_traits>
 
 #include "seqpar/attention/detail/flash_tiles.hpp"
-#include "seqpar/attention/detail/thread_pool.hpp"
 #include "seqpar/attention/kernel.hpp"
+#include "seqpar/core/host_exec.hpp"
 
 namespace seqpar::attention {
 
@@ -73,18 +73,30 @@ class CpuFlash {
   using value_type = T;
   using accum_type = std::conditional_t<std::is_same_v<T, double>, double, float>;
   using Arguments = CpuFlashArguments;
+  using exec_type = HostExec;
 
-  explicit CpuFlash(Arguments args = {}) : args_(args) {
+  CpuFlash() : CpuFlash(Arguments{}) {}
+  explicit CpuFlash(Arguments args) : args_(args) {
     constexpr const char* where = "CpuFlash";
     seqpar::detail::require(args.threads >= 1 && args.threads <= 1024, where, "args.threads", args.threads,
                             "must be in [1, 1024]");
     seqpar::detail::require(args.q_tile >= 1, where, "args.q_tile", args.q_tile, "must be positive");
     seqpar::detail::require(args.backward_q_block >= 1, where, "args.backward_q_block", args.backward_q_block,
                             "must be positive");
-    pool_ = std::make_unique<detail::ThreadPool>(args.threads);
+    exec_ = HostExec(args.threads);
   }
 
+  // Copies would share one pool between ranks (serialising them); move, or build one per rank.
+  CpuFlash(const CpuFlash&) = delete;
+  CpuFlash& operator=(const CpuFlash&) = delete;
+  CpuFlash(CpuFlash&&) noexcept = default;
+  CpuFlash& operator=(CpuFlash&&) noexcept = default;
+  ~CpuFlash() = default;
+
   [[nodiscard]] const Arguments& arguments() const noexcept { return args_; }
+  /// The kernel's own context (a pool of `args.threads` threads): used by the calls without one, and
+  /// by DistributedAttention unless it is given another.
+  [[nodiscard]] const HostExec& exec() const noexcept { return exec_; }
 
   [[nodiscard]] std::size_t workspace_bytes(const AttentionShape& shape, std::int64_t q_rows,
                                             std::int64_t k_rows) const noexcept {
@@ -94,8 +106,15 @@ class CpuFlash {
   void forward(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
                std::span<const AttnSlice> slices, ThdView<T> o, LseView<accum_type> lse,
                std::span<std::byte> workspace) const {
+    forward(exec_, shape, q, k, v, slices, o, lse, workspace);
+  }
+
+  /// Forward on `exec` (at most args.threads threads: the workspace is sized for them).
+  void forward(const HostExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
+               ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o, LseView<accum_type> lse,
+               std::span<std::byte> workspace) const {
     constexpr const char* where = "CpuFlash::forward";
-    check(shape, q, k, v, slices, workspace, where);
+    check(exec, shape, q, k, v, slices, workspace, where);
     seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
     seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
 
@@ -117,15 +136,23 @@ class CpuFlash {
                      static_cast<int>(idx % shape.heads_q), o, lse, ws);
       }
     };
-    pool_->run(body);
+    exec.parallel(body);
   }
 
   void backward(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
                 ThdView<const T> o, LseView<const accum_type> lse, ThdView<const T> dout,
                 std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
                 std::span<std::byte> workspace) const {
+    backward(exec_, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace);
+  }
+
+  /// Backward on `exec` (at most args.threads threads).
+  void backward(const HostExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
+                ThdView<const T> v, ThdView<const T> o, LseView<const accum_type> lse, ThdView<const T> dout,
+                std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
+                std::span<std::byte> workspace) const {
     constexpr const char* where = "CpuFlash::backward";
-    check(shape, q, k, v, slices, workspace, where);
+    check(exec, shape, q, k, v, slices, workspace, where);
     seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
     seqpar::detail::check_view(dout, where, "dout", q.tokens, shape.heads_q, shape.head_dim);
     seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
@@ -147,7 +174,7 @@ class CpuFlash {
             w.delta[h * q.tokens + t] = sum;
           }
       };
-      pool_->run(body);
+      exec.parallel(body);
     }
     {  // pass 1: dK, dV per (KV head, key tile)
       const std::int64_t n_tiles = key_tiles(slices, k.tokens, w.tiles);
@@ -160,7 +187,7 @@ class CpuFlash {
           backward_kv_tile(shape, q, k, v, lse, dout, slices, w.tiles[idx / shape.heads_kv],
                            static_cast<int>(idx % shape.heads_kv), w.delta, dk, dv, ws);
       };
-      pool_->run(body);
+      exec.parallel(body);
     }
     {  // pass 2: dQ per (query head, query tile)
       const std::int64_t n_tiles = query_tiles(slices, w.tiles);
@@ -175,7 +202,7 @@ class CpuFlash {
                           static_cast<int>(idx % shape.heads_q), w.delta, dq, ws);
         }
       };
-      pool_->run(body);
+      exec.parallel(body);
     }
   }
 
@@ -244,16 +271,22 @@ class CpuFlash {
             base + l.threads_off, l.thread_bytes};
   }
 
-  void check(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
-             std::span<const AttnSlice> slices, std::span<std::byte> workspace, const char* where) const {
+  void check(const HostExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
+             ThdView<const T> v, std::span<const AttnSlice> slices, std::span<std::byte> workspace,
+             const char* where) const {
+    if (exec.threads() > args_.threads)
+      seqpar::detail::throw_invalid(where, "exec.threads()", exec.threads(),
+                                    "exceeds args.threads = " + std::to_string(args_.threads) +
+                                        " (the workspace holds one tile set per thread)");
     shape.validate(where);
     seqpar::detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.head_dim);
     seqpar::detail::check_view(k, where, "k", k.tokens, shape.heads_kv, shape.head_dim);
     seqpar::detail::check_view(v, where, "v", k.tokens, shape.heads_kv, shape.head_dim);
     validate_slices(slices, q.tokens, k.tokens, where);
     const std::size_t need = workspace_bytes(shape, q.tokens, k.tokens);
-    seqpar::detail::require(workspace.size() >= need, where, "workspace.size()", workspace.size(),
-                            "needs workspace_bytes() = " + std::to_string(need));
+    if (workspace.size() < need)
+      seqpar::detail::throw_invalid(where, "workspace.size()", workspace.size(),
+                                    "needs workspace_bytes() = " + std::to_string(need));
   }
 
   static void sort_tiles(Tile* tiles, std::int64_t n) noexcept {
@@ -541,7 +574,7 @@ class CpuFlash {
   }
 
   Arguments args_;
-  std::unique_ptr<detail::ThreadPool> pool_;
+  HostExec exec_;
 };
 
 static_assert(AttentionKernel<CpuFlash<float>>);

@@ -8,6 +8,7 @@
 
 #include "seqpar/core/attention_shape.hpp"
 #include "seqpar/core/attn_slice.hpp"
+#include "seqpar/core/exec.hpp"
 #include "seqpar/core/tensor.hpp"
 
 namespace seqpar::attention {
@@ -19,17 +20,21 @@ struct kernel_tag {};
 ///   forward:  O, LSE of every query row (rows in no slice get O = 0, LSE = -inf);
 ///   backward: dQ, dK, dV *accumulated* (+=) from dO, given the final O and LSE, so that partial
 ///             results over several key blocks (ring steps, GQA groups) add up without extra buffers.
+/// Work is issued on an execution context of the kernel's `exec_type` (a thread pool on the host, a
+/// CUDA stream on a GPU); views, slices and workspace live in that context's memory. `exec()` is the
+/// kernel's own context, used when the caller gives none.
 /// Scratch memory comes from the caller: `workspace_bytes` sizes it, the calls never allocate.
 template <class K>
 concept AttentionKernel =
-    std::derived_from<typename K::kernel_category, kernel_tag> &&
-    requires(K& k, const AttentionShape& shape, ThdView<const typename K::value_type> in,
-             ThdView<typename K::value_type> out, LseView<typename K::accum_type> lse,
-             LseView<const typename K::accum_type> lse_in, std::span<const AttnSlice> slices,
-             std::span<std::byte> workspace, std::int64_t rows) {
+    std::derived_from<typename K::kernel_category, kernel_tag> && ExecutionContext<typename K::exec_type> &&
+    requires(K& k, const K& ck, const typename K::exec_type& exec, const AttentionShape& shape,
+             ThdView<const typename K::value_type> in, ThdView<typename K::value_type> out,
+             LseView<typename K::accum_type> lse, LseView<const typename K::accum_type> lse_in,
+             std::span<const AttnSlice> slices, std::span<std::byte> workspace, std::int64_t rows) {
+      { ck.exec() } -> std::convertible_to<typename K::exec_type>;
       { k.workspace_bytes(shape, rows, rows) } -> std::convertible_to<std::size_t>;
-      k.forward(shape, in, in, in, slices, out, lse, workspace);
-      k.backward(shape, in, in, in, in, lse_in, in, slices, out, out, out, workspace);
+      k.forward(exec, shape, in, in, in, slices, out, lse, workspace);
+      k.backward(exec, shape, in, in, in, in, lse_in, in, slices, out, out, out, workspace);
     };
 
 }  // namespace seqpar::attention

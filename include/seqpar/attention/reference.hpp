@@ -6,9 +6,11 @@
 #include <cstddef>
 #include <limits>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "seqpar/attention/kernel.hpp"
+#include "seqpar/core/host_exec.hpp"
 
 namespace seqpar::attention {
 
@@ -26,6 +28,19 @@ class Reference {
   using kernel_category = kernel_tag;
   using value_type = T;
   using accum_type = double;
+  using exec_type = HostExec;
+
+  /// The oracle runs on the calling thread whatever context it is given.
+  [[nodiscard]] HostExec exec() const { return HostExec(1); }
+
+  template <class... Args>
+  void forward(const HostExec&, Args&&... args) const {
+    forward(std::forward<Args>(args)...);
+  }
+  template <class... Args>
+  void backward(const HostExec&, Args&&... args) const {
+    backward(std::forward<Args>(args)...);
+  }
 
   [[nodiscard]] std::size_t workspace_bytes(const AttentionShape&, std::int64_t, std::int64_t) const noexcept {
     return 0;

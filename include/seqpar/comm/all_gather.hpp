@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "seqpar/comm/communicator.hpp"
-#include "seqpar/comm/detail/row_map.hpp"
+#include "seqpar/core/slice_algebra.hpp"
 
 namespace seqpar::comm {
 
@@ -16,7 +16,7 @@ namespace seqpar::comm {
 /// summed (peer order: deterministic).
 ///
 /// `Arguments::sharding_aware` (FlashCP's sharding-aware communication, research/seeds.md): each rank
-/// receives from each peer exactly the KV rows its slices read (detail::keys_needed), so a rank
+/// receives from each peer exactly the KV rows its slices read (keys_needed), so a rank
 /// whose documents are all local receives nothing. Plain, every rank gathers every peer's rows.
 ///
 /// Why beside Ring: a ring cuts a query's keys into one slice per KV owner and pays P - 1 latencies;
@@ -57,8 +57,8 @@ struct AllGather {
     // Global key ranges `reader` gathers from `owner`: sender and receiver compute the same list in
     // the same order, so the packed bytes need no header.
     const auto gathered_from = [&](std::size_t reader, std::size_t owner) {
-      return args.sharding_aware ? detail::keys_needed(slices(reader), tokens(owner))
-                                 : detail::RowMap::concat(tokens(owner)).global;
+      return args.sharding_aware ? keys_needed(slices(reader), tokens(owner))
+                                 : RowMap::concat(tokens(owner)).global;
     };
     std::vector<std::vector<Range>> in(k), out(k);
     std::vector<Range> all;
@@ -67,8 +67,8 @@ struct AllGather {
       out[i] = gathered_from(i, me);
       all.insert(all.end(), in[i].begin(), in[i].end());
     }
-    const detail::RowMap gathered = detail::RowMap::concat(detail::in_token_order(std::move(all)));
-    const detail::RowMap mine = detail::RowMap::concat(tokens(me));
+    const RowMap gathered = RowMap::concat(in_token_order(std::move(all)));
+    const RowMap mine = RowMap::concat(tokens(me));
     const Range kv_heads{0, shape.heads_kv};
     std::vector<std::vector<Piece>> send(k), recv(k);
     for (std::size_t i = 0; i < k; ++i) {
@@ -82,7 +82,7 @@ struct AllGather {
     ComputeStep c;
     c.k = BufferId::kKGather, c.v = BufferId::kVGather;
     c.dk = BufferId::kDkGather, c.dv = BufferId::kDvGather;
-    c.waves = detail::waves(detail::localize(plan.slices[static_cast<std::size_t>(rank)], mine, gathered));
+    c.waves = waves(localize(plan.slices[static_cast<std::size_t>(rank)], mine, gathered));
     c.head_groups = {HeadGroup{{0, shape.heads_q}, kv_heads}};
 
     const auto base = [&] {

@@ -11,7 +11,7 @@
 #include "seqpar/comm/communicator.hpp"
 #include "seqpar/comm/detail/a2a_builder.hpp"
 #include "seqpar/comm/detail/head_split.hpp"
-#include "seqpar/comm/detail/row_map.hpp"
+#include "seqpar/core/slice_algebra.hpp"
 
 namespace seqpar::comm {
 
@@ -63,8 +63,8 @@ struct AllToAll {
     p.level_members[static_cast<std::size_t>(Level::kGroup)] = members;
     CompiledAttention out{p, p};
     // Every rank computes all of the group's queries for its heads, on whole documents.
-    const detail::RowMap map = detail::RowMap::concat(spec.gathered());
-    append_head_sharded(out, spec, detail::waves(detail::localize(slices, map, map)),
+    const RowMap map = RowMap::concat(spec.gathered());
+    append_head_sharded(out, spec, waves(localize(slices, map, map)),
                         [](Program&, ComputeStep c) { return std::vector<Step>{std::move(c)}; }, shape);
     return out;
   }

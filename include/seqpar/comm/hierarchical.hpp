@@ -94,7 +94,7 @@ struct Hierarchical {
         sl.insert(sl.end(), s.begin(), s.end());
       }
       // The rows of member jj's head-sharded buffers: the layout its all-to-all writes (A2ASpec::gathered).
-      ring.tokens.push_back(detail::in_token_order(std::move(toks)));
+      ring.tokens.push_back(in_token_order(std::move(toks)));
       ring.slices.push_back(std::move(sl));
     }
     ring.sharding_aware = args.outer.sharding_aware;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "seqpar/core/attn_slice.hpp"
+#include "seqpar/core/overloaded.hpp"
 #include "seqpar/core/range.hpp"
 
 namespace seqpar::comm {
@@ -141,6 +142,40 @@ struct ComputeStep {
 
 using Step = std::variant<ExchangeStep, ZeroStep, ComputeStep, PostStep, WaitStep>;
 
+/// The step's kind as error messages and traces name it.
+[[nodiscard]] inline const char* step_name(const Step& step) noexcept {
+  return std::visit(Overloaded{[](const ExchangeStep&) { return "exchange"; }, [](const ZeroStep&) { return "zero"; },
+                               [](const ComputeStep&) { return "compute"; }, [](const PostStep&) { return "post"; },
+                               [](const WaitStep&) { return "wait"; }},
+                    step);
+}
+
+/// Bytes of one piece of buffer `b` in a message: elements of `value_bytes` (LSE entries of
+/// `lse_bytes`). The one definition the executor, the byte accounting and the simulator share.
+[[nodiscard]] inline std::uint64_t piece_bytes(BufferId b, const Piece& p, int head_dim, std::size_t value_bytes,
+                                               std::size_t lse_bytes) noexcept {
+  return static_cast<std::uint64_t>(p.elements(head_dim, is_lse(b))) * (is_lse(b) ? lse_bytes : value_bytes);
+}
+
+/// Calls fn(peer, buffer, piece) for every piece this step sends to another rank of its level
+/// (exchange pieces for `self` are local copies, not traffic).
+template <class Fn>
+void for_each_sent_piece(const Step& step, Fn&& fn) {
+  std::visit(Overloaded{[&](const PostStep& post) {
+                          for (const Transfer& t : post.sends)
+                            for (const BufferPiece& bp : t.pieces) fn(post.level, t.peer, bp.buffer, bp.piece);
+                        },
+                        [&](const ExchangeStep& ex) {
+                          for (const Move& m : ex.moves)
+                            for (std::size_t peer = 0; peer < m.send.size(); ++peer) {
+                              if (static_cast<int>(peer) == ex.self) continue;
+                              for (const Piece& p : m.send[peer]) fn(ex.level, static_cast<int>(peer), m.src, p);
+                            }
+                        },
+                        [](const auto&) {}},
+             step);
+}
+
 /// The per-rank list of steps a communicator compiles from a plan; run by `Executor`, or replayed by
 /// the simulator. Depends only on document lengths, plan and shape: compiled once per batch shape.
 struct Program {
@@ -164,23 +199,11 @@ struct Program {
   [[nodiscard]] std::vector<std::uint64_t> bytes_to(int world_size, std::size_t value_bytes,
                                                     std::size_t lse_bytes) const {
     std::vector<std::uint64_t> out(static_cast<std::size_t>(world_size), 0);
-    const auto bytes = [&](BufferId b, const Piece& p) {
-      return static_cast<std::uint64_t>(p.elements(head_dim, is_lse(b))) * (is_lse(b) ? lse_bytes : value_bytes);
-    };
-    const auto world = [&](Level l, int peer) {
-      return static_cast<std::size_t>(level_members[static_cast<std::size_t>(l)].at(static_cast<std::size_t>(peer)));
-    };
-    for (const Step& step : steps) {
-      if (const auto* post = std::get_if<PostStep>(&step))
-        for (const Transfer& t : post->sends)
-          for (const BufferPiece& bp : t.pieces) out[world(post->level, t.peer)] += bytes(bp.buffer, bp.piece);
-      if (const auto* ex = std::get_if<ExchangeStep>(&step))
-        for (const Move& m : ex->moves)
-          for (std::size_t peer = 0; peer < m.send.size(); ++peer) {
-            if (static_cast<int>(peer) == ex->self) continue;
-            for (const Piece& p : m.send[peer]) out[world(ex->level, static_cast<int>(peer))] += bytes(m.src, p);
-          }
-    }
+    for (const Step& step : steps)
+      for_each_sent_piece(step, [&](Level l, int peer, BufferId b, const Piece& p) {
+        const auto world = level_members[static_cast<std::size_t>(l)].at(static_cast<std::size_t>(peer));
+        out[static_cast<std::size_t>(world)] += piece_bytes(b, p, head_dim, value_bytes, lse_bytes);
+      });
     return out;
   }
 
@@ -207,20 +230,10 @@ struct Program {
   /// LSE entries of `lse_bytes`: must equal what the transport counts.
   [[nodiscard]] std::uint64_t bytes_sent(std::size_t value_bytes, std::size_t lse_bytes) const {
     std::uint64_t total = 0;
-    const auto bytes = [&](BufferId b, const Piece& p) {
-      return static_cast<std::uint64_t>(p.elements(head_dim, is_lse(b))) * (is_lse(b) ? lse_bytes : value_bytes);
-    };
-    for (const Step& step : steps) {
-      if (const auto* post = std::get_if<PostStep>(&step))
-        for (const Transfer& t : post->sends)
-          for (const BufferPiece& bp : t.pieces) total += bytes(bp.buffer, bp.piece);
-      if (const auto* ex = std::get_if<ExchangeStep>(&step))
-        for (const Move& m : ex->moves)
-          for (std::size_t peer = 0; peer < m.send.size(); ++peer) {
-            if (static_cast<int>(peer) == ex->self) continue;
-            for (const Piece& p : m.send[peer]) total += bytes(m.src, p);
-          }
-    }
+    for (const Step& step : steps)
+      for_each_sent_piece(step, [&](Level, int, BufferId b, const Piece& p) {
+        total += piece_bytes(b, p, head_dim, value_bytes, lse_bytes);
+      });
     return total;
   }
 

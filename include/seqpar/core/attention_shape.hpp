@@ -22,6 +22,9 @@ struct AttentionShape {
   }
 
   void validate(const char* where = "AttentionShape") const {
+    if (heads_q > 0 && heads_kv > 0 && heads_q % heads_kv == 0 && head_dim > 0 && head_dim <= 1024 &&
+        std::isfinite(softmax_scale) && softmax_scale >= 0.0)
+      return;  // the hot path builds no message
     detail::require(heads_q > 0, where, "heads_q", heads_q, "must be positive");
     detail::require(heads_kv > 0, where, "heads_kv", heads_kv, "must be positive");
     detail::require(heads_q % heads_kv == 0, where, "heads_q", heads_q,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <limits>
 #include <cstdint>
 #include <ostream>
 #include <span>
@@ -95,19 +96,35 @@ inline std::ostream& operator<<(std::ostream& os, const AttnSlice& s) {
 /// formed, q_ranges pairwise disjoint. Throws std::invalid_argument naming the slice.
 inline void validate_slices(std::span<const AttnSlice> slices, std::int64_t q_rows, std::int64_t k_rows,
                             const char* where) {
-  std::vector<Range> qs;
-  qs.reserve(slices.size());
+  // Messages are built only on failure: kernels validate on every call.
+  bool sorted = true;
+  std::int64_t last_end = std::numeric_limits<std::int64_t>::min(), last_begin = last_end;
   for (std::size_t i = 0; i < slices.size(); ++i) {
     const AttnSlice& s = slices[i];
-    const auto name = "slices[" + std::to_string(i) + "]";
-    detail::require(s.q_range.begin >= 0 && s.q_range.end <= q_rows && s.q_range.begin <= s.q_range.end, where,
-                    name + ".q_range", s.q_range, "out of the query buffer of " + std::to_string(q_rows) + " rows");
-    detail::require(s.k_range.begin >= 0 && s.k_range.end <= k_rows && s.k_range.begin <= s.k_range.end, where,
-                    name + ".k_range", s.k_range, "out of the key buffer of " + std::to_string(k_rows) + " rows");
-    detail::require(s.mask.kind != MaskKind::kSlidingWindow || s.mask.window >= 1, where, name + ".mask.window",
-                    s.mask.window, "a sliding window needs at least one key");
-    if (!s.q_range.empty()) qs.push_back(s.q_range);
+    const bool q_ok = s.q_range.begin >= 0 && s.q_range.end <= q_rows && s.q_range.begin <= s.q_range.end;
+    const bool k_ok = s.k_range.begin >= 0 && s.k_range.end <= k_rows && s.k_range.begin <= s.k_range.end;
+    const bool window_ok = s.mask.kind != MaskKind::kSlidingWindow || s.mask.window >= 1;
+    if (!q_ok || !k_ok || !window_ok) {
+      const auto name = "slices[" + std::to_string(i) + "]";
+      detail::require(q_ok, where, name + ".q_range", s.q_range,
+                      "out of the query buffer of " + std::to_string(q_rows) + " rows");
+      detail::require(k_ok, where, name + ".k_range", s.k_range,
+                      "out of the key buffer of " + std::to_string(k_rows) + " rows");
+      detail::require(window_ok, where, name + ".mask.window", s.mask.window, "a sliding window needs at least one key");
+    }
+    if (s.q_range.empty()) continue;
+    if (s.q_range.begin < last_begin) sorted = false;
+    if (sorted && s.q_range.begin < last_end)
+      detail::require(false, where, "slices", s.q_range,
+                      "query ranges of one call must be disjoint (merge partial results instead)");
+    last_begin = s.q_range.begin;
+    last_end = s.q_range.end;
   }
+  if (sorted) return;  // the executor's waves come sorted by query row: no copy needed
+  std::vector<Range> qs;
+  qs.reserve(slices.size());
+  for (const AttnSlice& s : slices)
+    if (!s.q_range.empty()) qs.push_back(s.q_range);
   std::sort(qs.begin(), qs.end(), [](Range a, Range b) { return a.begin < b.begin; });
   for (std::size_t i = 1; i < qs.size(); ++i)
     detail::require(qs[i].begin >= qs[i - 1].end, where, "slices", qs[i],

@@ -45,7 +45,7 @@ concept Transport =
       t.all_gather_v(s, r, counts);
       t.barrier();
       { t.split(peer, tag) } -> std::same_as<T>;
-      { ct.counters() } -> std::convertible_to<TrafficCounters>;
+      { ct.counters() } -> std::same_as<const TrafficCounters&>;  // live counters, read without a copy
     };
 
 /// Views a span of trivially copyable values as bytes (the transports move bytes only).

@@ -28,17 +28,14 @@ template <class S>
 [[nodiscard]] CompiledStrategy compile_all(const typename S::Arguments& args, const DocumentBatch& batch,
                                            const AttentionShape& shape, const Topology& topology) {
   CompiledStrategy out;
-  out.status = S::can_implement(args, batch, shape, topology);
+  typename S::Planned planned = S::plan(args, batch, shape, topology);  // planned once for every rank
+  out.status = std::move(planned.status);
   if (!out.status) return out;
-  const typename S::partitioner_type partitioner{args.partition};
-  const typename S::communicator_type communicator{args.comm};
-  const typename S::scheduler_type scheduler{args.schedule};
-  out.plan = partitioner.plan(batch, topology);
+  out.plan = std::move(planned.plan);
   out.forward.reserve(static_cast<std::size_t>(topology.world_size));
   out.backward.reserve(static_cast<std::size_t>(topology.world_size));
   for (int r = 0; r < topology.world_size; ++r) {
-    comm::CompiledAttention c = communicator.compile(out.plan, shape, r);
-    scheduler.schedule(c);
+    comm::CompiledAttention c = S::compile(args, out.plan, shape, r);
     out.forward.push_back(std::move(c.forward));
     out.backward.push_back(std::move(c.backward));
   }

@@ -123,7 +123,7 @@ struct BatchAware {
           // A piece may run across sub-sequence boundaries, which are not adjacent globally.
           for (int j = 0; j < sub.num_sequences(); ++j) {
             const Range part = intersect(piece, sub.sequence(j));
-            if (!part.empty()) detail::append_range(p.owned[r], part.shifted(delta(j)));
+            if (!part.empty()) append_range(p.owned[r], part.shifted(delta(j)));
           }
         }
         for (const AttnSlice& s : sp.slices[static_cast<std::size_t>(i)]) {

@@ -225,7 +225,7 @@ struct Hybrid {
     std::vector<double> load(n, 0.0);
     for (std::size_t r = 0; r < n; ++r) {
       for (const AttnSlice& s : seqpar::detail::document_causal_slices_for(pieces[r], batch))
-        load[r] += static_cast<double>(detail::slice_area(s)) + args.linear_weight * static_cast<double>(s.q_range.size());
+        load[r] += static_cast<double>(s.area()) + args.linear_weight * static_cast<double>(s.q_range.size());
       for (const Range& q : pieces[r]) tokens[r] += q.size();
     }
     std::vector<std::int64_t> lengths(whole.size());
@@ -243,7 +243,7 @@ struct Hybrid {
     p.owned.resize(n);
     for (std::size_t r = 0; r < n; ++r) {
       std::sort(all[r].begin(), all[r].end(), [](Range a, Range b) { return a.begin < b.begin; });
-      for (const Range& q : all[r]) detail::append_range(p.owned[r], q);
+      for (const Range& q : all[r]) append_range(p.owned[r], q);
     }
     detail::finish_single_group_plan(p, batch);
     return p;
@@ -257,7 +257,7 @@ struct Hybrid {
     r.received_kv_tokens.resize(n);
     for (std::size_t k = 0; k < n; ++k) {
       r.tokens[k] = p.local_tokens(static_cast<int>(k));
-      r.area[k] = detail::slices_area(p.slices[k]);
+      r.area[k] = total_area(p.slices[k]);
       r.received_kv_tokens[k] = received_kv_tokens(p, static_cast<int>(k));
     }
     for (const Document& d : batch.documents()) r.per_doc_documents += d.tokens.size() > tau ? 1 : 0;

@@ -132,7 +132,7 @@ struct WholeDoc {
     p.owned.resize(static_cast<std::size_t>(topo.world_size));
     const auto docs = batch.documents();
     for (std::size_t i = 0; i < docs.size(); ++i)
-      detail::append_range(p.owned[static_cast<std::size_t>((*where)[i])], docs[i].tokens);
+      append_range(p.owned[static_cast<std::size_t>((*where)[i])], docs[i].tokens);
     detail::finish_single_group_plan(p, batch);
     return p;
   }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "seqpar/core/range_set.hpp"
 #include "seqpar/partition/partitioner.hpp"
 
 namespace seqpar::partition {
@@ -23,17 +24,6 @@ namespace detail {
 // (document_causal_slices_for, require) now that this namespace exists: qualified lookup follows
 // this using-directive when a name is not declared here.
 using namespace seqpar::detail;
-
-/// Appends `r` to an ordered range list, skipping empty ranges and extending the last range when `r`
-/// starts where it ends (the local buffer is the same either way; fewer ranges mean fewer slices).
-inline void append_range(std::vector<Range>& list, Range r) {
-  if (r.empty()) return;
-  if (!list.empty() && list.back().end == r.begin) {
-    list.back().end = r.end;
-    return;
-  }
-  list.push_back(r);
-}
 
 /// Head-tail ("zigzag") cut of `span` over `n` ranks: the span is cut into 2n consecutive chunks and
 /// rank r receives chunks r and 2n-1-r, appended to owned[r] in that (ascending) order.
@@ -67,32 +57,6 @@ inline void finish_single_group_plan(ShardPlan& p, const DocumentBatch& batch) {
     p.slices[r] = seqpar::detail::document_causal_slices_for(p.owned[r], batch);
   p.groups.assign(1, std::vector<int>(p.owned.size()));
   for (std::size_t r = 0; r < p.owned.size(); ++r) p.groups[0][r] = static_cast<int>(r);
-}
-
-/// Visible (query, key) pairs of a slice in O(1) for full and causal masks (AttnSlice::area() walks
-/// the rows, which planners that evaluate many candidate plans cannot afford).
-[[nodiscard]] constexpr std::int64_t slice_area(const AttnSlice& s) noexcept {
-  const std::int64_t m = s.q_range.size();
-  const std::int64_t n = s.k_range.size();
-  if (m <= 0 || n <= 0) return 0;
-  if (s.mask.kind == MaskKind::kFull) return m * n;
-  if (s.mask.kind != MaskKind::kCausal) return s.area();
-  // Row qi sees clamp(x, 0, n) keys with x = qi + offset + 1 running over [lo, hi].
-  const std::int64_t lo = s.mask.causal_offset + 1;
-  const std::int64_t hi = s.mask.causal_offset + m;
-  std::int64_t total = 0;
-  const std::int64_t a = std::max<std::int64_t>(lo, 1);
-  const std::int64_t b = std::min<std::int64_t>(hi, n - 1);
-  if (b >= a) total += (a + b) * (b - a + 1) / 2;
-  const std::int64_t c = std::max<std::int64_t>(lo, n);
-  if (hi >= c) total += (hi - c + 1) * n;
-  return total;
-}
-
-[[nodiscard]] inline std::int64_t slices_area(const std::vector<AttnSlice>& slices) noexcept {
-  std::int64_t a = 0;
-  for (const AttnSlice& s : slices) a += slice_area(s);
-  return a;
 }
 
 }  // namespace detail

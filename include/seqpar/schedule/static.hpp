@@ -2,30 +2,53 @@
 // seqpar: exact distributed attention over packed long-context batches.
 #pragma once
 
-#include <concepts>
+/// @file
+/// Batch-level schedulers: policies that sit *above* `DistributedAttention` and decide how a training
+/// batch is cut into chunks and in what order the chunks run (DPP's DynamicChunk: packed, split and
+/// hybrid chunks that carry a KV prefix, ordered for a pipeline). A scheduler calls the attention it is
+/// given once per chunk; the strategy underneath plans and runs each chunk.
+///
+/// `Static` is the scheduler that does not chunk: the batch as given, in one call.
+///
+/// @code
+/// seqpar::schedule::Static sched;
+/// for (const auto& chunk : sched.chunks(batch))          // one chunk: the whole batch
+///   attn.forward(chunk.batch, q, k, v, o, lse);
+/// @endcode
 
-#include "seqpar/comm/program.hpp"
+#include <concepts>
+#include <vector>
+
+#include "seqpar/core/document_batch.hpp"
+#include "seqpar/core/range.hpp"
 
 namespace seqpar::schedule {
 
-/// Opt-in tag of schedulers.
+/// Opt-in tag of batch-level schedulers.
 struct scheduler_tag {};
 
-/// A scheduler orders a compiled program's steps (and, for chunked training, cuts the batch into
-/// chunks). It may reorder only steps that do not depend on each other.
+/// A piece of work a batch-level scheduler hands to the attention: a batch of its own, and the global
+/// token ranges of the scheduled batch it covers, in the chunk's token order.
+struct Chunk {
+  DocumentBatch batch;
+  std::vector<Range> tokens;
+};
+
 template <class S>
 concept Scheduler = std::derived_from<typename S::policy_category, scheduler_tag> &&
-                    requires(const S& s, comm::CompiledAttention& program) {
+                    requires(const S& s, const DocumentBatch& batch) {
                       typename S::Arguments;
-                      s.schedule(program);
+                      { s.chunks(batch) } -> std::convertible_to<std::vector<Chunk>>;
                     };
 
-/// Runs the program in the order the communicator compiled it, on the batch as given.
+/// Runs the batch as given, in one chunk.
 struct Static {
   using policy_category = scheduler_tag;
   struct Arguments {};
   Arguments args;
-  void schedule(comm::CompiledAttention&) const noexcept {}
+  [[nodiscard]] std::vector<Chunk> chunks(const DocumentBatch& batch) const {
+    return {Chunk{batch, {Range{0, batch.total_tokens()}}}};
+  }
 };
 
 static_assert(Scheduler<Static>);

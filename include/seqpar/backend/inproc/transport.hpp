@@ -88,7 +88,8 @@ class Request {
 ///  - Counters: bytes and messages to other ranks of this object (self-traffic is free): every
 ///    send to another rank is a message; a collective counts one message per non-empty block to
 ///    another rank. barrier and split move no payload and count nothing.
-///  - Cost: a message is copied twice (into the mailbox, out of it) and allocates once; a
+///  - Cost: a message is copied twice (into the mailbox, out of it) and, once warm, allocates
+///    nothing (mailbox nodes and buffers are recycled); a
 ///    collective copies each byte once and synchronizes twice. Not thread-safe: one thread per
 ///    Transport object.
 ///
@@ -121,8 +122,7 @@ class Transport {
   void send(std::span<const std::byte> data, int peer, int tag) {
     check_peer_tag("inproc::Transport::send", peer, tag);
     comm_->world().throw_if_failed();
-    std::vector<std::byte> payload(data.begin(), data.end());
-    comm_->inbox(peer).deliver(rank_, tag, std::move(payload));
+    comm_->inbox(peer).deliver(rank_, tag, data);
     count_message(peer, data.size());
   }
 
@@ -174,10 +174,10 @@ class Transport {
   void all_to_all(std::span<const std::byte> s, std::span<std::byte> r) {
     constexpr std::string_view where = "inproc::Transport::all_to_all";
     const auto n = static_cast<std::size_t>(size());
-    seqpar::detail::require(r.size() == s.size(), where, "r.size()", r.size(),
-                            "must equal s.size() = " + std::to_string(s.size()));
-    seqpar::detail::require(s.size() % n == 0, where, "s.size()", s.size(),
-                            "must be a multiple of size() = " + std::to_string(n));
+    if (r.size() != s.size())
+      seqpar::detail::throw_invalid(where, "r.size()", r.size(), "must equal s.size() = " + std::to_string(s.size()));
+    if (s.size() % n != 0)
+      seqpar::detail::throw_invalid(where, "s.size()", s.size(), "must be a multiple of size() = " + std::to_string(n));
     require_disjoint(where, s, r);
     const std::size_t block = s.size() / n;
     auto& rv = comm_->rendezvous();
@@ -239,8 +239,9 @@ class Transport {
   void all_gather(std::span<const std::byte> s, std::span<std::byte> r) {
     constexpr std::string_view where = "inproc::Transport::all_gather";
     const auto n = static_cast<std::size_t>(size());
-    seqpar::detail::require(r.size() == n * s.size(), where, "r.size()", r.size(),
-                            "must equal size() * s.size() = " + std::to_string(n * s.size()));
+    if (r.size() != n * s.size())
+      seqpar::detail::throw_invalid(where, "r.size()", r.size(),
+                                    "must equal size() * s.size() = " + std::to_string(n * s.size()));
     require_disjoint(where, s, r);
     auto& rv = comm_->rendezvous();
     auto& slot = rv.slot(rank_);
@@ -263,9 +264,10 @@ class Transport {
   void all_gather_v(std::span<const std::byte> s, std::span<std::byte> r, std::span<const std::size_t> recv_counts) {
     constexpr std::string_view where = "inproc::Transport::all_gather_v";
     require_counts(where, "recv_counts", recv_counts, "r.size()", r.size());
-    seqpar::detail::require(recv_counts[static_cast<std::size_t>(rank_)] == s.size(), where,
-                            "recv_counts[" + std::to_string(rank_) + "]", recv_counts[static_cast<std::size_t>(rank_)],
-                            "must equal this rank's s.size() = " + std::to_string(s.size()));
+    if (recv_counts[static_cast<std::size_t>(rank_)] != s.size())
+      seqpar::detail::throw_invalid(where, "recv_counts[" + std::to_string(rank_) + "]",
+                                    recv_counts[static_cast<std::size_t>(rank_)],
+                                    "must equal this rank's s.size() = " + std::to_string(s.size()));
     require_disjoint(where, s, r);
     auto& rv = comm_->rendezvous();
     auto& slot = rv.slot(rank_);
@@ -321,6 +323,10 @@ class Transport {
     return Transport(std::move(sub), sub_rank);
   }
 
+  /// Makes room in this rank's mailbox for `messages` messages of up to `bytes` bytes in flight at
+  /// once (what one run of a program receives), so that receiving them allocates nothing.
+  void reserve_receives(std::size_t messages, std::size_t bytes) { comm_->inbox(rank_).reserve(messages, bytes); }
+
   /// Bytes and messages this object sent to other ranks since construction or reset_counters().
   [[nodiscard]] const TrafficCounters& counters() const noexcept { return counters_; }
   void reset_counters() noexcept {
@@ -347,18 +353,20 @@ class Transport {
   }
 
   void check_peer_tag(std::string_view where, int peer, int tag) const {
-    seqpar::detail::require(peer >= 0 && peer < size(), where, "peer", peer,
-                            "must be in [0, size()) = [0, " + std::to_string(size()) + ")");
+    if (peer < 0 || peer >= size())
+      seqpar::detail::throw_invalid(where, "peer", peer, "must be in [0, size()) = [0, " + std::to_string(size()) + ")");
     seqpar::detail::require(tag >= 0, where, "tag", tag, "must be >= 0");
   }
 
   static void require_counts(std::string_view where, std::string_view name, std::span<const std::size_t> counts,
                              std::string_view buffer, std::size_t buffer_size, int n) {
-    seqpar::detail::require(counts.size() == static_cast<std::size_t>(n), where, std::string(name) + ".size()",
-                            counts.size(), "must equal size() = " + std::to_string(n));
+    if (counts.size() != static_cast<std::size_t>(n))
+      seqpar::detail::throw_invalid(where, std::string(name) + ".size()", counts.size(),
+                                    "must equal size() = " + std::to_string(n));
     const std::size_t sum = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-    seqpar::detail::require(sum == buffer_size, where, "sum(" + std::string(name) + ")", sum,
-                            "must equal " + std::string(buffer) + " = " + std::to_string(buffer_size));
+    if (sum != buffer_size)
+      seqpar::detail::throw_invalid(where, "sum(" + std::string(name) + ")", sum,
+                                    "must equal " + std::string(buffer) + " = " + std::to_string(buffer_size));
   }
   void require_counts(std::string_view where, std::string_view name, std::span<const std::size_t> counts,
                       std::string_view buffer, std::size_t buffer_size) const {
@@ -384,15 +392,14 @@ class Transport {
 
   void complete_recv(std::span<std::byte> data, int peer, int tag, std::uint64_t ticket, std::string_view op) {
     auto& world = comm_->world();
-    std::vector<std::byte> message = comm_->inbox(rank_).take(peer, tag, ticket, world, world.deadline(), [&] {
+    const std::size_t size = comm_->inbox(rank_).take(peer, tag, ticket, data, world, world.deadline(), [&] {
       return Error(Errc::kTimeout, who() + ": " + std::string(op) + " from rank " + std::to_string(peer) + " (tag " +
                                        std::to_string(tag) + ")" + after_timeout());
     });
-    if (message.size() != data.size())
+    if (size != data.size())
       throw Error(Errc::kProtocol, who() + ": " + std::string(op) + " from rank " + std::to_string(peer) + " (tag " +
-                                       std::to_string(tag) + "): message of " + std::to_string(message.size()) +
+                                       std::to_string(tag) + "): message of " + std::to_string(size) +
                                        " bytes, buffer of " + std::to_string(data.size()) + " bytes");
-    copy_bytes(message.data(), message.size(), data.data());
   }
 
   // Runs one collective whose Slot the caller has filled: meet, check everyone called the same

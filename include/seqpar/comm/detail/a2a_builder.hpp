@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "seqpar/comm/detail/head_split.hpp"
-#include "seqpar/comm/detail/row_map.hpp"
+#include "seqpar/core/slice_algebra.hpp"
 #include "seqpar/comm/program.hpp"
 
 namespace seqpar::comm::detail {

@@ -2,9 +2,12 @@
 // seqpar: exact distributed attention over packed long-context batches.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <span>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -20,16 +23,65 @@ namespace seqpar::backend::inproc::detail {
 /// receive takes a ticket from its channel at post time and completes with the message of that
 /// index. So `irecv(a); recv(b); wait(a)` gives `a` the first message, as MPI does.
 /// Senders copy the payload in (eager); only the owning rank posts and takes.
+///
+/// Steady state allocates nothing: channels are kept once created, and a taken message's map node
+/// (with its payload buffer) goes to a free list that the next delivery reuses; payload buffers are
+/// sized to the largest message seen, so a recycled node never has to grow again. How many messages
+/// are in flight at once depends on thread timing; `reserve` sizes the pool for the most a program
+/// can have (everything one run receives), otherwise it doubles when it runs dry.
 class Inbox {
  public:
-  /// Appends a message to channel (src, tag) and wakes the owner.
-  void deliver(int src, int tag, std::vector<std::byte> payload) {
+  /// Appends a copy of `payload` to channel (src, tag) and wakes the owner.
+  void deliver(int src, int tag, std::span<const std::byte> payload) {
     {
       std::lock_guard lock(mutex_);
       Channel& ch = channels_[{src, tag}];
-      ch.messages.emplace(ch.delivered++, std::move(payload));
+      if (payload.size() > largest_) {
+        // Every buffer is kept at the largest message's size, so a recycled node never grows later.
+        largest_ = payload.size();
+        for (auto& spare : free_) spare.mapped().reserve(largest_);
+      }
+      if (free_.empty()) {
+        // More messages in flight than ever before: double the nodes, so that the steady state (the
+        // most a program keeps in flight, which depends on thread timing) is reached within the first
+        // calls and then has headroom, instead of growing one node at a time.
+        const std::size_t grow = std::max<std::size_t>(nodes_, 4);
+        free_.reserve(nodes_ + grow);
+        nodes_ += grow;
+        for (std::size_t i = 0; i < grow; ++i) {
+          Messages fresh;  // a node of its own, to be moved into the channel
+          auto spare = fresh.extract(fresh.emplace(0, std::vector<std::byte>()).first);
+          spare.mapped().reserve(largest_);
+          free_.push_back(std::move(spare));
+        }
+      }
+      Messages::node_type node = std::move(free_.back());
+      free_.pop_back();
+      node.key() = ch.delivered;
+      std::vector<std::byte>& buffer = node.mapped();
+      buffer.assign(payload.begin(), payload.end());
+      ++ch.delivered;
+      ch.messages.insert(std::move(node));
     }
     cv_.notify_all();
+  }
+
+  /// Makes room for `messages` messages of up to `bytes` bytes in flight at once, so that delivering
+  /// them allocates nothing (the executor reserves what one run of its program receives).
+  void reserve(std::size_t messages, std::size_t bytes) {
+    std::lock_guard lock(mutex_);
+    if (bytes > largest_) {
+      largest_ = bytes;
+      for (auto& spare : free_) spare.mapped().reserve(largest_);
+    }
+    if (messages <= nodes_) return;
+    free_.reserve(free_.size() + (messages - nodes_));
+    for (; nodes_ < messages; ++nodes_) {
+      Messages fresh;
+      auto spare = fresh.extract(fresh.emplace(0, std::vector<std::byte>()).first);
+      spare.mapped().reserve(largest_);
+      free_.push_back(std::move(spare));
+    }
   }
 
   /// Reserves the next message of channel (src, tag) for a receive posted now.
@@ -38,20 +90,26 @@ class Inbox {
     return channels_[{src, tag}].posted++;
   }
 
-  /// Blocks until message `ticket` of channel (src, tag) has arrived and returns it.
+  /// Blocks until message `ticket` of channel (src, tag) has arrived, copies it into `out` when the
+  /// sizes match, and returns the message's size (the caller reports a mismatch).
   template <class TimeoutError>
-  [[nodiscard]] std::vector<std::byte> take(int src, int tag, std::uint64_t ticket, const WorldState& world,
-                                            Clock::time_point deadline, TimeoutError&& timeout_error) {
+  [[nodiscard]] std::size_t take(int src, int tag, std::uint64_t ticket, std::span<std::byte> out,
+                                 const WorldState& world, Clock::time_point deadline, TimeoutError&& timeout_error) {
     std::unique_lock lock(mutex_);
     const auto key = std::pair{src, tag};
     auto ch = channels_.find(key);
     if (ch == channels_.end()) ch = channels_.emplace(key, Channel{}).first;
-    // Map nodes are stable and only this rank erases channels, so `ch` stays valid while waiting.
+    // Map nodes are stable and channels are never erased, so `ch` stays valid while waiting.
     wait_until_ready(
         lock, cv_, world, deadline, [&] { return ch->second.messages.contains(ticket); }, [] {}, timeout_error);
     auto node = ch->second.messages.extract(ticket);
-    if (ch->second.messages.empty() && ch->second.posted == ch->second.delivered) channels_.erase(ch);
-    return std::move(node.mapped());
+    lock.unlock();
+    const std::size_t size = node.mapped().size();
+    if (size == out.size() && size != 0) std::memcpy(out.data(), node.mapped().data(), size);
+    lock.lock();
+    if (node.mapped().capacity() < largest_) node.mapped().reserve(largest_);  // grown since it was made
+    free_.push_back(std::move(node));
+    return size;
   }
 
   void wake_all() noexcept {
@@ -60,14 +118,18 @@ class Inbox {
   }
 
  private:
+  using Messages = std::map<std::uint64_t, std::vector<std::byte>>;
   struct Channel {
     std::uint64_t posted = 0;     // receives posted so far (next ticket)
     std::uint64_t delivered = 0;  // messages delivered so far (next message index)
-    std::map<std::uint64_t, std::vector<std::byte>> messages;
+    Messages messages;
   };
   std::mutex mutex_;
   std::condition_variable cv_;
   std::map<std::pair<int, int>, Channel> channels_;
+  std::size_t nodes_ = 0;                  // nodes made (in channels or free)
+  std::vector<Messages::node_type> free_;  // taken messages' nodes, reused by deliver
+  std::size_t largest_ = 0;
 };
 
 }  // namespace seqpar::backend::inproc::detail

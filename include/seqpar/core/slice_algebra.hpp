@@ -2,89 +2,22 @@
 // seqpar: exact distributed attention over packed long-context batches.
 #pragma once
 
+/// @file
+/// Algebra of attention slices in global and local token indices: clip a slice to query and key
+/// ranges, localize global slices into a buffer's rows, group slices into kernel calls (waves), and
+/// find the keys a slice list reads. Every communicator builds its programs from these.
+
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
 #include "seqpar/core/attn_slice.hpp"
 #include "seqpar/core/range.hpp"
+#include "seqpar/core/range_set.hpp"
+#include "seqpar/core/row_map.hpp"
 
-namespace seqpar::comm::detail {
-
-/// Where global tokens sit in a local buffer: the buffer holds `global[i]` at rows starting at
-/// `local[i]`, in order (a rank's owned ranges, or the KV pieces a ring step received).
-struct RowMap {
-  std::vector<Range> global;
-  std::vector<std::int64_t> local;
-  std::int64_t rows = 0;
-
-  /// Buffer made of `ranges` back to back.
-  /// Pieces adjacent both globally and locally are coalesced, so a document never splits needlessly.
-  [[nodiscard]] static RowMap concat(const std::vector<Range>& ranges) {
-    RowMap m;
-    for (const Range& r : ranges) {
-      if (r.empty()) continue;
-      if (!m.global.empty() && m.global.back().end == r.begin) {
-        m.global.back().end = r.end;
-        m.rows += r.size();
-        continue;
-      }
-      m.global.push_back(r);
-      m.local.push_back(m.rows);
-      m.rows += r.size();
-    }
-    return m;
-  }
-  /// Local rows of a global range that lies inside one piece of the map. `hint` (in/out) is the piece
-  /// to try first and, on return, the piece that held it: callers walking ranges in buffer order pay
-  /// O(1) per range instead of a scan of the map (kv_pieces over thousands of Per-Doc pieces).
-  [[nodiscard]] Range to_local(Range g, std::size_t& hint) const {
-    const std::size_t n = global.size();
-    for (std::size_t step = 0; step < n; ++step) {
-      const std::size_t i = (hint + step) % n;
-      if (g.begin >= global[i].begin && g.end <= global[i].end) {
-        hint = i;
-        return g.shifted(local[i] - global[i].begin);
-      }
-    }
-    return {0, 0};
-  }
-  [[nodiscard]] Range to_local(Range g) const {
-    std::size_t hint = 0;
-    return to_local(g, hint);
-  }
-  /// to_local for a map whose pieces are sorted by global position (concat of sorted ranges): the
-  /// piece holding g is the last one starting at or before it, found by binary search.
-  [[nodiscard]] Range to_local_sorted(Range g) const {
-    const auto it = std::upper_bound(global.begin(), global.end(), g.begin,
-                                     [](std::int64_t b, const Range& piece) { return b < piece.begin; });
-    if (it == global.begin()) return {0, 0};
-    const auto i = static_cast<std::size_t>(it - global.begin()) - 1;
-    if (g.end > global[i].end) return {0, 0};
-    return g.shifted(local[i] - global[i].begin);
-  }
-};
-
-/// The non-empty ranges sorted by global position: the row order of buffers that hold several owners'
-/// tokens (AllToAll's head-sharded buffers, Hierarchical's ring members, AllGather's gathered KV), so
-/// that a document cut across owners is one piece of the buffer and one slice for the kernel.
-[[nodiscard]] inline std::vector<Range> in_token_order(std::vector<Range> v) {
-  std::erase_if(v, [](const Range& r) { return r.empty(); });
-  std::sort(v.begin(), v.end(), [](Range a, Range b) { return a.begin < b.begin; });
-  return v;
-}
-
-/// Sorted, merged union of ranges.
-[[nodiscard]] inline std::vector<Range> merge_ranges(std::vector<Range> v) {
-  std::sort(v.begin(), v.end(), [](Range a, Range b) { return a.begin < b.begin; });
-  std::vector<Range> out;
-  for (const Range& r : v) {
-    if (r.empty()) continue;
-    if (!out.empty() && r.begin <= out.back().end) out.back().end = std::max(out.back().end, r.end);
-    else out.push_back(r);
-  }
-  return out;
-}
+namespace seqpar {
 
 /// The part of a global slice whose queries lie in `q` and keys in `k`, with the mask realigned to
 /// the new corners, trimmed of query rows that see no key; nullopt-like empty slice when nothing is
@@ -114,31 +47,6 @@ struct RowMap {
   if (k.empty()) return {};
   return {q, k, m};
 }
-
-/// Finds which of a set of disjoint ranges overlap a query range, in O(log n + hits): plans with
-/// thousands of pieces per rank (Per-Doc cuts at large P) made the all-pairs scans quadratic.
-class DisjointRangeIndex {
- public:
-  explicit DisjointRangeIndex(const std::vector<Range>& ranges) : ranges_(&ranges) {
-    for (std::size_t i = 0; i < ranges.size(); ++i)
-      if (!ranges[i].empty()) order_.push_back(i);
-    std::sort(order_.begin(), order_.end(), [&](std::size_t a, std::size_t b) { return ranges[a].begin < ranges[b].begin; });
-  }
-  /// Indices (ascending) of the non-empty ranges that overlap `r`.
-  void overlapping(Range r, std::vector<std::size_t>& out) const {
-    out.clear();
-    if (r.empty()) return;
-    const auto& rs = *ranges_;
-    // Disjoint and sorted by begin, so also sorted by end.
-    auto it = std::partition_point(order_.begin(), order_.end(), [&](std::size_t i) { return rs[i].end <= r.begin; });
-    for (; it != order_.end() && rs[*it].begin < r.end; ++it) out.push_back(*it);
-    std::sort(out.begin(), out.end());
-  }
-
- private:
-  const std::vector<Range>* ranges_;
-  std::vector<std::size_t> order_;
-};
 
 /// Global slices restricted to the queries of q_map and the keys of k_map, in local rows. Output order:
 /// by slice, then q piece, then k piece (the order waves are formed in).
@@ -210,4 +118,4 @@ class DisjointRangeIndex {
   return out;
 }
 
-}  // namespace seqpar::comm::detail
+}  // namespace seqpar

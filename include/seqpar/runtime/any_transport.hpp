@@ -2,21 +2,30 @@
 // seqpar: exact distributed attention over packed long-context batches.
 #pragma once
 
+#include <cstddef>
 #include <memory>
+#include <new>
 #include <span>
+#include <type_traits>
 #include <utility>
 
 #include "seqpar/core/transport.hpp"
 
-namespace seqpar {
+namespace seqpar::runtime {
 
 /// A type-erased Transport: lets `DistributedAttention<Strategy, Kernel>` run over the in-process
 /// world, MPI or NCCL without the transport in its type. One virtual call per message or collective,
 /// negligible next to the data it moves. Wraps a reference (the caller keeps the transport alive) or
-/// owns a transport made by `split`.
+/// owns a transport made by `split`. Requests live inside `AnyTransport::Request` (no allocation per
+/// message: a ring step posts and waits without touching the heap).
 class AnyTransport {
+  /// Inline storage of a request: the in-process and MPI requests fit; a bigger one is a compile error.
+  static constexpr std::size_t kRequestBytes = 96;
+
   struct RequestBase {
     virtual ~RequestBase() = default;
+    /// Move-constructs this request into `storage` (kRequestBytes, max-aligned) and returns it there.
+    virtual RequestBase* move_into(void* storage) noexcept = 0;
   };
   struct Interface {
     virtual ~Interface() = default;
@@ -24,8 +33,8 @@ class AnyTransport {
     [[nodiscard]] virtual int size() const = 0;
     virtual void send(std::span<const std::byte>, int, int) = 0;
     virtual void recv(std::span<std::byte>, int, int) = 0;
-    virtual std::unique_ptr<RequestBase> isend(std::span<const std::byte>, int, int) = 0;
-    virtual std::unique_ptr<RequestBase> irecv(std::span<std::byte>, int, int) = 0;
+    virtual RequestBase* isend(void* storage, std::span<const std::byte>, int, int) = 0;
+    virtual RequestBase* irecv(void* storage, std::span<std::byte>, int, int) = 0;
     virtual void wait(RequestBase&) = 0;
     virtual void all_to_all(std::span<const std::byte>, std::span<std::byte>) = 0;
     virtual void all_to_all_v(std::span<const std::byte>, std::span<const std::size_t>, std::span<std::byte>,
@@ -33,16 +42,23 @@ class AnyTransport {
     virtual void all_gather(std::span<const std::byte>, std::span<std::byte>) = 0;
     virtual void all_gather_v(std::span<const std::byte>, std::span<std::byte>, std::span<const std::size_t>) = 0;
     virtual void barrier() = 0;
+    virtual void reserve_receives(std::size_t, std::size_t) = 0;
     virtual std::unique_ptr<Interface> split(int, int) = 0;
-    [[nodiscard]] virtual TrafficCounters counters() const = 0;
+    [[nodiscard]] virtual const TrafficCounters& counters() const = 0;
   };
 
   template <Transport Tr, class Holder>
   struct Model final : Interface {
     struct Request final : RequestBase {
       explicit Request(typename Tr::Request r) : req(std::move(r)) {}
+      RequestBase* move_into(void* storage) noexcept override { return ::new (storage) Request(std::move(req)); }
       typename Tr::Request req;
     };
+    static_assert(sizeof(Request) <= kRequestBytes && alignof(Request) <= alignof(std::max_align_t),
+                  "AnyTransport: this transport's Request does not fit AnyTransport's inline request storage; "
+                  "raise AnyTransport::kRequestBytes");
+    static_assert(std::is_nothrow_move_constructible_v<typename Tr::Request>,
+                  "AnyTransport: a transport's Request must be nothrow move constructible");
     explicit Model(Holder h) : held(std::move(h)) {}
     Holder held;  // Tr* (reference) or Tr (owned)
     Tr& t() {
@@ -55,11 +71,11 @@ class AnyTransport {
     int size() const override { return t().size(); }
     void send(std::span<const std::byte> s, int p, int tag) override { t().send(s, p, tag); }
     void recv(std::span<std::byte> r, int p, int tag) override { t().recv(r, p, tag); }
-    std::unique_ptr<RequestBase> isend(std::span<const std::byte> s, int p, int tag) override {
-      return std::make_unique<Request>(t().isend(s, p, tag));
+    RequestBase* isend(void* storage, std::span<const std::byte> s, int p, int tag) override {
+      return ::new (storage) Request(t().isend(s, p, tag));
     }
-    std::unique_ptr<RequestBase> irecv(std::span<std::byte> r, int p, int tag) override {
-      return std::make_unique<Request>(t().irecv(r, p, tag));
+    RequestBase* irecv(void* storage, std::span<std::byte> r, int p, int tag) override {
+      return ::new (storage) Request(t().irecv(r, p, tag));
     }
     void wait(RequestBase& r) override { t().wait(static_cast<Request&>(r).req); }
     void all_to_all(std::span<const std::byte> s, std::span<std::byte> r) override { t().all_to_all(s, r); }
@@ -73,22 +89,48 @@ class AnyTransport {
       t().all_gather_v(s, r, c);
     }
     void barrier() override { t().barrier(); }
+    void reserve_receives(std::size_t messages, std::size_t bytes) override {
+      if constexpr (requires { t().reserve_receives(messages, bytes); }) t().reserve_receives(messages, bytes);
+    }
     std::unique_ptr<Interface> split(int color, int key) override {
       return std::make_unique<Model<Tr, Tr>>(t().split(color, key));
     }
-    TrafficCounters counters() const override { return t().counters(); }
+    const TrafficCounters& counters() const override { return t().counters(); }
   };
 
   explicit AnyTransport(std::unique_ptr<Interface> impl) : impl_(std::move(impl)) {}
 
  public:
+  /// A pending operation of the wrapped transport, stored inline. Move-only; destroying a pending
+  /// request has the wrapped transport's semantics.
   class Request {
    public:
-    Request() = default;
+    Request() noexcept = default;
+    Request(Request&& other) noexcept { take(other); }
+    Request& operator=(Request&& other) noexcept {
+      if (this != &other) {
+        reset();
+        take(other);
+      }
+      return *this;
+    }
+    Request(const Request&) = delete;
+    Request& operator=(const Request&) = delete;
+    ~Request() { reset(); }
+
    private:
     friend class AnyTransport;
-    explicit Request(std::unique_ptr<RequestBase> r) : impl_(std::move(r)) {}
-    std::unique_ptr<RequestBase> impl_;
+    void take(Request& other) noexcept {
+      if (other.impl_ == nullptr) return;
+      impl_ = other.impl_->move_into(storage_);
+      other.reset();
+    }
+    void reset() noexcept {
+      if (impl_ != nullptr) impl_->~RequestBase();
+      impl_ = nullptr;
+    }
+    alignas(std::max_align_t) std::byte storage_[kRequestBytes];
+    RequestBase* impl_ = nullptr;
   };
 
   /// Refers to `transport`, which must outlive this object.
@@ -101,14 +143,19 @@ class AnyTransport {
   void send(std::span<const std::byte> s, int peer, int tag = 0) { impl_->send(s, peer, tag); }
   void recv(std::span<std::byte> r, int peer, int tag = 0) { impl_->recv(r, peer, tag); }
   [[nodiscard]] Request isend(std::span<const std::byte> s, int peer, int tag = 0) {
-    return Request(impl_->isend(s, peer, tag));
+    Request r;
+    r.impl_ = impl_->isend(r.storage_, s, peer, tag);
+    return r;
   }
   [[nodiscard]] Request irecv(std::span<std::byte> r, int peer, int tag = 0) {
-    return Request(impl_->irecv(r, peer, tag));
+    Request req;
+    req.impl_ = impl_->irecv(req.storage_, r, peer, tag);
+    return req;
   }
   void wait(Request& r) {
-    if (r.impl_) impl_->wait(*r.impl_);
-    r.impl_.reset();
+    if (r.impl_ == nullptr) return;
+    impl_->wait(*r.impl_);
+    r.reset();
   }
   void all_to_all(std::span<const std::byte> s, std::span<std::byte> r) { impl_->all_to_all(s, r); }
   void all_to_all_v(std::span<const std::byte> s, std::span<const std::size_t> sc, std::span<std::byte> r,
@@ -120,8 +167,11 @@ class AnyTransport {
     impl_->all_gather_v(s, r, c);
   }
   void barrier() { impl_->barrier(); }
+  /// Pre-sizes the wrapped transport's receive buffers for `messages` messages of up to `bytes` bytes
+  /// in flight (transports that buffer eagerly, like the in-process one); a no-op for the others.
+  void reserve_receives(std::size_t messages, std::size_t bytes) { impl_->reserve_receives(messages, bytes); }
   [[nodiscard]] AnyTransport split(int color, int key) { return AnyTransport(impl_->split(color, key)); }
-  [[nodiscard]] TrafficCounters counters() const { return impl_->counters(); }
+  [[nodiscard]] const TrafficCounters& counters() const { return impl_->counters(); }
 
  private:
   std::unique_ptr<Interface> impl_;
@@ -129,4 +179,4 @@ class AnyTransport {
 
 static_assert(Transport<AnyTransport>);
 
-}  // namespace seqpar
+}  // namespace seqpar::runtime

@@ -13,25 +13,31 @@
 #include <vector>
 
 #include "seqpar/attention/kernel.hpp"
-#include "seqpar/comm/executor.hpp"
 #include "seqpar/comm/program.hpp"
 #include "seqpar/core/aligned_bytes.hpp"
-#include "seqpar/core/any_transport.hpp"
 #include "seqpar/core/document_batch.hpp"
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/shard_plan.hpp"
+#include "seqpar/runtime/any_transport.hpp"
+#include "seqpar/runtime/executor.hpp"
 
-namespace seqpar::detail {
+namespace seqpar::runtime {
 
-/// Everything of DistributedAttention that does not depend on the strategy: the plan/program cache,
-/// the level transports, input checks and the executor call. Instantiated once per kernel, however
-/// many strategies a program compiles in; the strategy contributes only `compile` (plan + programs).
+/// Everything of DistributedAttention that does not depend on the strategy: the plan/program cache
+/// (each entry holds its programs lowered for the executor), the level transports, the execution
+/// context, input checks and the executor call. Instantiated once per kernel, however many strategies
+/// a program compiles in; the strategy contributes only `compile` (plan + programs).
+///
+/// Steady state allocates nothing: a call on a cached batch finds its entry without building a key,
+/// agrees with its peers through a fixed-size all_gather, and runs lowered programs in a workspace
+/// that grows only on a cache miss (or is the caller's).
 template <attention::AttentionKernel Kernel>
 class AttentionEngine {
  public:
   using value_type = typename Kernel::value_type;
   using accum_type = typename Kernel::accum_type;
-  using Executor = comm::Executor<Kernel>;
+  using exec_type = typename Kernel::exec_type;
+  using Executor = runtime::Executor<Kernel, AnyTransport>;
 
   AttentionEngine(const AttentionEngine&) = delete;
   AttentionEngine& operator=(const AttentionEngine&) = delete;
@@ -50,49 +56,59 @@ class AttentionEngine {
     return plan(batch).owned[static_cast<std::size_t>(rank())];
   }
   [[nodiscard]] std::int64_t local_tokens(const DocumentBatch& batch) { return plan(batch).local_tokens(rank()); }
+  /// Workspace a forward or backward of `batch` needs when the caller provides it (plans on a miss).
+  [[nodiscard]] std::size_t workspace_bytes(const DocumentBatch& batch) {
+    const Entry& e = entry(batch);
+    return std::max(e.forward.workspace_bytes(), e.backward.workspace_bytes());
+  }
+  /// The execution context every call runs on (the kernel's own unless one was given).
+  [[nodiscard]] const exec_type& exec() const noexcept { return exec_; }
   /// Bytes the transports counted for this rank during the last forward or backward call.
   [[nodiscard]] std::uint64_t last_bytes_sent() const noexcept { return last_bytes_sent_; }
 
   /// O and LSE of the rank's local queries. q: (local, Hq, d); k, v: (local, Hkv, d); o like q;
   /// lse: (Hq, local).
+  /// With `workspace` (at least workspace_bytes(batch), in the context's memory) the call uses the
+  /// caller's memory instead of the engine's.
   void forward(const DocumentBatch& batch, ThdView<const value_type> q, ThdView<const value_type> k,
-               ThdView<const value_type> v, ThdView<value_type> o, LseView<accum_type> lse) {
+               ThdView<const value_type> v, ThdView<value_type> o, LseView<accum_type> lse,
+               std::span<std::byte> workspace = {}) {
     agree(batch, 0);
     Entry& e = entry(batch);
     const std::int64_t n = e.plan.local_tokens(rank());
     constexpr const char* where = "DistributedAttention::forward";
-    check_view(q, where, "q", n, shape_.heads_q, shape_.head_dim);
-    check_view(k, where, "k", n, shape_.heads_kv, shape_.head_dim);
-    check_view(v, where, "v", n, shape_.heads_kv, shape_.head_dim);
-    check_view(o, where, "o", n, shape_.heads_q, shape_.head_dim);
-    check_view(lse, where, "lse", shape_.heads_q, n);
+    seqpar::detail::check_view(q, where, "q", n, shape_.heads_q, shape_.head_dim);
+    seqpar::detail::check_view(k, where, "k", n, shape_.heads_kv, shape_.head_dim);
+    seqpar::detail::check_view(v, where, "v", n, shape_.heads_kv, shape_.head_dim);
+    seqpar::detail::check_view(o, where, "o", n, shape_.heads_q, shape_.head_dim);
+    seqpar::detail::check_view(lse, where, "lse", shape_.heads_q, n);
     typename Executor::Buffers b;
     b.thd[idx(comm::BufferId::kQ)] = mut(q);
     b.thd[idx(comm::BufferId::kK)] = mut(k);
     b.thd[idx(comm::BufferId::kV)] = mut(v);
     b.thd[idx(comm::BufferId::kO)] = o;
     b.lse[idx(comm::BufferId::kLse)] = lse;
-    run(e, e.program.forward, b);
+    run(e, e.forward, b, workspace);
   }
 
   /// dQ, dK, dV of the rank's local tokens (overwritten), from the forward's O and LSE and dO.
   void backward(const DocumentBatch& batch, ThdView<const value_type> q, ThdView<const value_type> k,
                 ThdView<const value_type> v, ThdView<const value_type> o, LseView<const accum_type> lse,
                 ThdView<const value_type> dout, ThdView<value_type> dq, ThdView<value_type> dk,
-                ThdView<value_type> dv) {
+                ThdView<value_type> dv, std::span<std::byte> workspace = {}) {
     agree(batch, 1);
     Entry& e = entry(batch);
     const std::int64_t n = e.plan.local_tokens(rank());
     constexpr const char* where = "DistributedAttention::backward";
-    check_view(q, where, "q", n, shape_.heads_q, shape_.head_dim);
-    check_view(k, where, "k", n, shape_.heads_kv, shape_.head_dim);
-    check_view(v, where, "v", n, shape_.heads_kv, shape_.head_dim);
-    check_view(o, where, "o", n, shape_.heads_q, shape_.head_dim);
-    check_view(lse, where, "lse", shape_.heads_q, n);
-    check_view(dout, where, "dout", n, shape_.heads_q, shape_.head_dim);
-    check_view(dq, where, "dq", n, shape_.heads_q, shape_.head_dim);
-    check_view(dk, where, "dk", n, shape_.heads_kv, shape_.head_dim);
-    check_view(dv, where, "dv", n, shape_.heads_kv, shape_.head_dim);
+    seqpar::detail::check_view(q, where, "q", n, shape_.heads_q, shape_.head_dim);
+    seqpar::detail::check_view(k, where, "k", n, shape_.heads_kv, shape_.head_dim);
+    seqpar::detail::check_view(v, where, "v", n, shape_.heads_kv, shape_.head_dim);
+    seqpar::detail::check_view(o, where, "o", n, shape_.heads_q, shape_.head_dim);
+    seqpar::detail::check_view(lse, where, "lse", shape_.heads_q, n);
+    seqpar::detail::check_view(dout, where, "dout", n, shape_.heads_q, shape_.head_dim);
+    seqpar::detail::check_view(dq, where, "dq", n, shape_.heads_q, shape_.head_dim);
+    seqpar::detail::check_view(dk, where, "dk", n, shape_.heads_kv, shape_.head_dim);
+    seqpar::detail::check_view(dv, where, "dv", n, shape_.heads_kv, shape_.head_dim);
     typename Executor::Buffers b;
     b.thd[idx(comm::BufferId::kQ)] = mut(q);
     b.thd[idx(comm::BufferId::kK)] = mut(k);
@@ -103,7 +119,7 @@ class AttentionEngine {
     b.thd[idx(comm::BufferId::kDq)] = dq;
     b.thd[idx(comm::BufferId::kDk)] = dk;
     b.thd[idx(comm::BufferId::kDv)] = dv;
-    run(e, e.program.backward, b);
+    run(e, e.backward, b, workspace);
   }
 
  protected:
@@ -116,9 +132,9 @@ class AttentionEngine {
 
   template <Transport Tr>
   AttentionEngine(Tr& transport, const AttentionShape& shape, int ranks_per_node, Kernel kernel)
-      : world_(transport), shape_(shape), kernel_(std::move(kernel)) {
+      : world_(transport), shape_(shape), kernel_(std::move(kernel)), exec_(kernel_.exec()) {
     shape_.validate("DistributedAttention");
-    require(ranks_per_node >= 0, "DistributedAttention", "args.ranks_per_node", ranks_per_node,
+    seqpar::detail::require(ranks_per_node >= 0, "DistributedAttention", "args.ranks_per_node", ranks_per_node,
             "must be >= 0 (0 = one node)");
     topology_ = Topology{world_.size(), ranks_per_node == 0 ? world_.size() : ranks_per_node};
   }
@@ -141,7 +157,8 @@ class AttentionEngine {
   // every rank raise Errc::kMismatch naming the disagreement, instead of a hang or a wrong answer.
   void agree(const DocumentBatch& batch, int pass) {
     CallSignature mine;
-    for (std::int64_t x : key_of(batch)) mine.batch = fnv1a(mine.batch == 0 ? 14695981039346656037ull : mine.batch, x);
+    mine.batch = 14695981039346656037ull;
+    for_each_key_word(batch, [&](std::int64_t x) { mine.batch = fnv1a(mine.batch, x); });
     mine.strategy = strategy_signature();
     mine.tokens = batch.total_tokens();
     mine.documents = static_cast<std::int64_t>(batch.documents().size());
@@ -174,6 +191,7 @@ class AttentionEngine {
     std::vector<std::int64_t> key;
     ShardPlan plan;
     comm::CompiledAttention program;
+    Executor forward, backward;  // the programs, lowered
     AnyTransport* group = nullptr;
     AnyTransport* inner = nullptr;  // hierarchical communicators: ranks of a node inside the group
     AnyTransport* outer = nullptr;  // and the ranks at the same position of every node
@@ -186,27 +204,55 @@ class AttentionEngine {
     return {const_cast<value_type*>(v.data), v.tokens, v.heads, v.head_dim, v.token_stride, v.head_stride};
   }
 
+  // The words that identify a batch shape: document boundaries, then sequence boundaries.
+  template <class Fn>
+  static void for_each_key_word(const DocumentBatch& batch, Fn&& fn) {
+    for (std::int64_t x : batch.cu_seqlens()) fn(x);
+    fn(-1);
+    for (int b = 0; b < batch.num_sequences(); ++b) fn(batch.sequence(b).begin);
+    fn(batch.total_tokens());
+  }
+  static bool matches(const std::vector<std::int64_t>& key, const DocumentBatch& batch) {
+    std::size_t i = 0;
+    bool same = true;
+    for_each_key_word(batch, [&](std::int64_t x) {
+      same = same && i < key.size() && key[i] == x;
+      ++i;
+    });
+    return same && i == key.size();
+  }
+
+ protected:
+  /// The cached key of `batch` (for derived engines that keep per-shape state).
   static std::vector<std::int64_t> key_of(const DocumentBatch& batch) {
-    std::vector<std::int64_t> key(batch.cu_seqlens().begin(), batch.cu_seqlens().end());
-    key.push_back(-1);
-    for (int b = 0; b <= batch.num_sequences(); ++b) key.push_back(b < batch.num_sequences() ? batch.sequence(b).begin
-                                                                                              : batch.total_tokens());
+    std::vector<std::int64_t> key;
+    for_each_key_word(batch, [&](std::int64_t x) { key.push_back(x); });
     return key;
   }
 
+ private:
   Entry& entry(const DocumentBatch& batch) {
-    std::vector<std::int64_t> key = key_of(batch);
     for (auto it = cache_.begin(); it != cache_.end(); ++it)
-      if (it->key == key) {
-        cache_.splice(cache_.begin(), cache_, it);  // most recently used first
+      if (matches(it->key, batch)) {
+        if (it != cache_.begin()) cache_.splice(cache_.begin(), cache_, it);  // most recently used first
         return cache_.front();
       }
     Entry e;
-    e.key = std::move(key);
+    e.key = key_of(batch);
     compile(batch, e.plan, e.program);
+    e.forward.initialize(e.program.forward, kernel_);
+    e.backward.initialize(e.program.backward, kernel_);
     e.group = &group_transport(e.plan);
     e.inner = level_transport(e.program.forward.splits[static_cast<std::size_t>(comm::Level::kInner)]);
     e.outer = level_transport(e.program.forward.splits[static_cast<std::size_t>(comm::Level::kOuter)]);
+    // An eagerly buffering transport holds at most what one run receives: room for it now, so that
+    // steady-state calls allocate nothing whatever the threads' timing.
+    AnyTransport* const levels[] = {e.group, e.inner, e.outer};
+    for (std::size_t l = 0; l < comm::kNumLevels; ++l)
+      if (levels[l] != nullptr)
+        levels[l]->reserve_receives(std::max(e.forward.lowered().receives[l], e.backward.lowered().receives[l]),
+                               static_cast<std::size_t>(std::max(e.forward.lowered().largest_receive[l],
+                                                                 e.backward.lowered().largest_receive[l])));
     cache_.push_front(std::move(e));
     if (cache_.size() > kCacheEntries) cache_.pop_back();
     return cache_.front();
@@ -244,10 +290,13 @@ class AttentionEngine {
     return it->second.get();
   }
 
-  void run(Entry& e, const comm::Program& program, typename Executor::Buffers& b) {
-    const std::size_t need = Executor::workspace_bytes(program, kernel_);
-    if (workspace_.size() < need) workspace_ = AlignedBytes(need);  // only on a cache miss
-    const typename Executor::template Levels<AnyTransport> levels{e.group, e.inner, e.outer};
+  void run(Entry& e, Executor& executor, typename Executor::Buffers& b, std::span<std::byte> workspace) {
+    const std::size_t need = executor.workspace_bytes();
+    if (workspace.data() == nullptr) {
+      if (workspace_.size() < need) workspace_ = seqpar::detail::AlignedBytes(need);  // only on a cache miss
+      workspace = workspace_.span();
+    }
+    const typename Executor::Levels levels{e.group, e.inner, e.outer};
     const auto sent = [&] {
       std::uint64_t total = 0;
       for (std::size_t i = 0; i < levels.size(); ++i)
@@ -257,19 +306,20 @@ class AttentionEngine {
       return total;
     };
     const std::uint64_t before = sent();
-    Executor::run(program, levels, kernel_, b, workspace_.span());
+    executor.run(levels, kernel_, exec_, b, workspace);
     last_bytes_sent_ = sent() - before;
   }
 
   AnyTransport world_;
   AttentionShape shape_;
   Kernel kernel_;
+  exec_type exec_;
   Topology topology_;
   std::list<Entry> cache_;
   std::map<std::vector<int>, std::unique_ptr<AnyTransport>> groups_;
-  AlignedBytes workspace_;
+  seqpar::detail::AlignedBytes workspace_;
   std::uint64_t last_bytes_sent_ = 0;
   std::vector<CallSignature> signatures_;
 };
 
-}  // namespace seqpar::detail
+}  // namespace seqpar::runtime

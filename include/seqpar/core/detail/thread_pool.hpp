@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-namespace seqpar::attention::detail {
+namespace seqpar::detail {
 
 /// Persistent fork-join pool: `run(fn)` calls fn(t) once on each of `size()` threads (the caller is
 /// thread 0) and returns when all calls have returned. Workers sleep on a condition variable between
@@ -91,4 +91,4 @@ class ThreadPool {
   void* context_ = nullptr;
 };
 
-}  // namespace seqpar::attention::detail
+}  // namespace seqpar::detail

@@ -1,0 +1,129 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+/// @file
+/// The executor's own work besides attention: pack and unpack message pieces from the lowered copy
+/// tables, zero buffers, fill rows no slice covers, and merge partial results. `DataOps<Exec>` is the
+/// customization point per execution context: this header defines it for `HostExec` (loops on the
+/// calling thread); the CUDA context brings its own specialization (kernels/seqpar/cuda) with the same
+/// members, launched on its stream.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <type_traits>
+
+#include "seqpar/attention/merge.hpp"
+#include "seqpar/core/host_exec.hpp"
+#include "seqpar/core/tensor.hpp"
+#include "seqpar/runtime/lowered_program.hpp"
+
+namespace seqpar::runtime {
+
+/// Views of every buffer a program names: the caller's tensors (kQ..kDv) and the staging buffers
+/// the executor places in its workspace.
+template <class T, class A>
+struct BufferTable {
+  std::array<ThdView<T>, kNumBuffers> thd{};
+  std::array<LseView<A>, kNumBuffers> lse{};
+  [[nodiscard]] const ThdView<T>& operator[](BufferId b) const noexcept { return thd[static_cast<std::size_t>(b)]; }
+  [[nodiscard]] const LseView<A>& lse_of(BufferId b) const noexcept { return lse[static_cast<std::size_t>(b)]; }
+};
+
+/// Data movement on an execution context. The primary template is left undefined: a context without
+/// a specialization is a compile error naming DataOps<YourExec>.
+template <class Exec>
+struct DataOps;
+
+template <>
+struct DataOps<HostExec> {
+  /// Copies the pieces of `copies` out of their buffers into `region` at their offsets.
+  template <class T, class A>
+  static void pack(const HostExec&, const BufferTable<T, A>& b, std::span<const PieceCopy> copies, std::byte* region,
+                   int head_dim) {
+    for (const PieceCopy& c : copies) move_piece<false>(b, c, region + c.offset, head_dim);
+  }
+
+  /// Copies (or, with PieceCopy::accumulate, adds) the pieces of `copies` from `region` into their buffers.
+  template <class T, class A>
+  static void unpack(const HostExec&, const BufferTable<T, A>& b, std::span<const PieceCopy> copies,
+                     const std::byte* region, int head_dim) {
+    for (const PieceCopy& c : copies) move_piece<true>(b, c, const_cast<std::byte*>(region) + c.offset, head_dim);
+  }
+
+  template <class T, class A>
+  static void zero(const HostExec&, const BufferTable<T, A>& b, std::span<const BufferId> buffers) {
+    for (BufferId id : buffers) {
+      if (comm::is_lse(id)) {
+        const auto& v = b.lse_of(id);
+        for (int h = 0; h < v.heads; ++h) std::fill_n(&v(h, 0), v.tokens, A(0));
+      } else {
+        const auto& v = b[id];
+        for (std::int64_t t = 0; t < v.tokens; ++t)
+          for (int h = 0; h < v.heads; ++h) std::fill_n(v.row(t, h), v.head_dim, T(0));
+      }
+    }
+  }
+
+  /// O = 0, LSE = -inf over whole views.
+  template <class T, class A>
+  static void fill_empty(const HostExec&, ThdView<T> o, LseView<A> lse) {
+    for (std::int64_t t = 0; t < o.tokens; ++t)
+      for (int h = 0; h < o.heads; ++h) std::fill_n(o.row(t, h), o.head_dim, T(0));
+    for (int h = 0; h < lse.heads; ++h) std::fill_n(&lse(h, 0), lse.tokens, -std::numeric_limits<A>::infinity());
+  }
+
+  /// Folds the partial (o_part, lse_part) into (o, lse) on the query rows of `slices`.
+  template <class T, class A>
+  static void merge(const HostExec&, ThdView<T> o, LseView<A> lse, ThdView<T> o_part, LseView<A> lse_part,
+                    std::span<const AttnSlice> slices) {
+    for (const AttnSlice& s : slices) {
+      const std::int64_t r0 = s.q_range.begin, n = s.q_range.size();
+      attention::merge_into(o.tokens_slice(r0, n), lse.tokens_slice(r0, n), ThdView<const T>(o_part.tokens_slice(r0, n)),
+                            LseView<const A>(lse_part.tokens_slice(r0, n)));
+    }
+  }
+
+ private:
+  // THD pieces travel rows outer, heads inner; LSE pieces heads outer, rows inner (its contiguous axis).
+  template <bool kUnpack, class T, class A>
+  static void move_piece(const BufferTable<T, A>& b, const PieceCopy& c, std::byte* cursor, int d) {
+    const auto run = [&](auto* elems, std::size_t n) {
+      using E = std::remove_pointer_t<decltype(elems)>;
+      if constexpr (!kUnpack) {
+        std::memcpy(cursor, elems, n * sizeof(E));
+      } else if (!c.accumulate) {
+        std::memcpy(elems, cursor, n * sizeof(E));
+      } else {
+        for (std::size_t i = 0; i < n; ++i) {
+          E x;
+          std::memcpy(&x, cursor + i * sizeof(E), sizeof(E));
+          elems[i] += x;
+        }
+      }
+      cursor += n * sizeof(E);
+    };
+    if (comm::is_lse(c.buffer)) {
+      const LseView<A>& v = b.lse_of(c.buffer);
+      for (std::int64_t h = c.heads.begin; h < c.heads.end; ++h)
+        run(&v(static_cast<int>(h), c.rows.begin), static_cast<std::size_t>(c.rows.size()));
+      return;
+    }
+    const ThdView<T>& v = b[c.buffer];
+    const bool heads_contiguous = v.head_stride == d;
+    for (std::int64_t t = c.rows.begin; t < c.rows.end; ++t) {
+      if (heads_contiguous) {
+        run(v.row(t, static_cast<int>(c.heads.begin)), static_cast<std::size_t>(c.heads.size() * d));
+      } else {
+        for (std::int64_t h = c.heads.begin; h < c.heads.end; ++h)
+          run(v.row(t, static_cast<int>(h)), static_cast<std::size_t>(d));
+      }
+    }
+  }
+};
+
+}  // namespace seqpar::runtime

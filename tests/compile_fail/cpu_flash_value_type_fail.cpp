@@ -1,0 +1,9 @@
+// SPDX-License-Identifier: Apache-2.0
+// CpuFlash over an integer value type.
+// expect: CpuFlash<T>: T must be float or double
+#include <seqpar/attention/cpu_flash.hpp>
+
+int main() {
+  seqpar::attention::CpuFlash<int> kernel;
+  (void)kernel;
+}

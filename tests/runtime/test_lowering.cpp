@@ -1,0 +1,163 @@
+// SPDX-License-Identifier: Apache-2.0
+// runtime::lower: the flat tables a program becomes. Bytes the tables move equal the bytes the program
+// declares; every op reads only what the caller gave or an earlier op wrote (the declared accesses are
+// what a two-stream executor will order by); posts and waits pair up; workspace regions do not overlap;
+// a kernel call's slices have disjoint query rows.
+#include <doctest/doctest.h>
+
+#include <seqpar/seqpar.hpp>
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <variant>
+#include <vector>
+
+using namespace seqpar;
+using namespace seqpar::runtime;
+
+namespace {
+
+DocumentBatch random_batch(std::mt19937& rng) {
+  std::vector<std::vector<std::int64_t>> seqs;
+  const int sequences = std::uniform_int_distribution<int>(1, 3)(rng);
+  for (int s = 0; s < sequences; ++s) {
+    std::vector<std::int64_t> docs;
+    const int n = std::uniform_int_distribution<int>(1, 6)(rng);
+    for (int i = 0; i < n; ++i) docs.push_back(std::uniform_int_distribution<std::int64_t>(1, 120)(rng));
+    seqs.push_back(docs);
+  }
+  return DocumentBatch(seqs);
+}
+
+constexpr std::uint64_t bit(BufferId b) { return access::bit(b); }
+
+/// Checks one lowered program; `inputs` are the buffers the caller provides.
+void check_lowered(const comm::Program& program, std::uint64_t inputs) {
+  const LoweredProgram lp = lower(program, sizeof(float), sizeof(float),
+                                  [](const AttentionShape&, std::int64_t q, std::int64_t k) {
+                                    return static_cast<std::uint64_t>(q + k);
+                                  });
+  // Bytes sent to other ranks.
+  std::uint64_t sent = 0;
+  std::uint64_t written = inputs;
+  std::array<bool, comm::kNumSlots> posted{};
+  for (const LoweredOp& op : lp.ops) {
+    CAPTURE(op.kind);
+    CAPTURE(op.step);
+    const std::uint64_t buffers_read = op.access.reads & ((std::uint64_t{1} << comm::kNumBuffers) - 1);
+    // Message regions are written and read inside one op (exchange) or between a post and its wait.
+    CHECK((buffers_read & ~written) == 0);
+    written |= op.access.writes;
+    std::visit(Overloaded{[&](const ExchangeOp& ex) {
+                            const auto counts = lp.view(lp.counts, ex.send_counts);
+                            const int self = std::get<comm::ExchangeStep>(program.steps[op.step]).self;
+                            std::uint64_t total = 0;
+                            for (std::size_t p = 0; p < counts.size(); ++p) {
+                              total += counts[p];
+                              if (static_cast<int>(p) != self) sent += counts[p];
+                            }
+                            CHECK(total == ex.send_bytes);
+                            CHECK(ex.send_bytes <= lp.layout.pack_send_bytes);
+                            CHECK(ex.recv_bytes <= lp.layout.pack_recv_bytes);
+                          },
+                          [&](const PostOp& post) {
+                            CHECK_FALSE(posted[static_cast<std::size_t>(post.slot)]);
+                            posted[static_cast<std::size_t>(post.slot)] = true;
+                            for (const TransferEntry& t : lp.view(lp.transfers, post.sends)) {
+                              sent += t.bytes;
+                              CHECK(t.offset + t.bytes <= lp.layout.slot_send_bytes[static_cast<std::size_t>(post.slot)]);
+                            }
+                          },
+                          [&](const WaitOp& w) {
+                            CHECK(posted[static_cast<std::size_t>(w.slot)]);
+                            posted[static_cast<std::size_t>(w.slot)] = false;
+                          },
+                          [&](const AttentionOp& a) {
+                            const auto slices = lp.view(lp.slices, a.slices);
+                            CHECK_NOTHROW(validate_slices(slices, 1 << 30, 1 << 30, "test"));
+                            if (!a.backward) CHECK((op.access.writes & (bit(a.o) | bit(BufferId::kOPart))) != 0);
+                          },
+                          [&](const MergeOp&) { CHECK((op.access.reads & bit(BufferId::kOPart)) != 0); },
+                          [](const ZeroOp&) {}, [](const FillEmptyOp&) {}},
+               op.op);
+  }
+  for (bool p : posted) CHECK_FALSE(p);  // every post waited for
+  CHECK(sent == program.bytes_sent(sizeof(float), sizeof(float)));
+  // Regions in order and disjoint.
+  const WorkspaceLayout& l = lp.layout;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> regions{{l.pack_send, l.pack_send_bytes},
+                                                               {l.pack_recv, l.pack_recv_bytes},
+                                                               {l.kernel, l.kernel_bytes}};
+  for (int s = 0; s < comm::kNumSlots; ++s) {
+    regions.push_back({l.slot_send[static_cast<std::size_t>(s)], l.slot_send_bytes[static_cast<std::size_t>(s)]});
+    regions.push_back({l.slot_recv[static_cast<std::size_t>(s)], l.slot_recv_bytes[static_cast<std::size_t>(s)]});
+  }
+  for (const comm::BufferSpec& s : lp.staging)
+    regions.push_back({l.staging[static_cast<std::size_t>(s.id)],
+                       static_cast<std::uint64_t>(s.rows) * static_cast<std::uint64_t>(s.heads) *
+                           (comm::is_lse(s.id) ? 1u : static_cast<std::uint64_t>(lp.head_dim)) * sizeof(float)});
+  std::sort(regions.begin(), regions.end());
+  for (std::size_t i = 1; i < regions.size(); ++i) CHECK(regions[i - 1].first + regions[i - 1].second <= regions[i].first);
+  CHECK(regions.back().first + regions.back().second <= l.total);
+}
+
+template <class S>
+void check_strategy_lowering(std::mt19937& rng, typename S::Arguments args = {}) {
+  for (int trial = 0; trial < 6; ++trial) {
+    const DocumentBatch batch = random_batch(rng);
+    const int world = std::uniform_int_distribution<int>(1, 8)(rng);
+    const AttentionShape shape{8, 4, 16};
+    const Topology topo{world, args.ranks_per_node == 0 ? world : args.ranks_per_node};
+    const auto planned = S::plan(args, batch, shape, topo);
+    if (!planned.status) continue;
+    for (int r = 0; r < world; ++r) {
+      CAPTURE(r);
+      const comm::CompiledAttention c = S::compile(args, planned.plan, shape, r);
+      using B = BufferId;
+      check_lowered(c.forward, bit(B::kQ) | bit(B::kK) | bit(B::kV));
+      check_lowered(c.backward, bit(B::kQ) | bit(B::kK) | bit(B::kV) | bit(B::kO) | bit(B::kLse) | bit(B::kDout));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("runtime") {
+  TEST_CASE("lowered programs: bytes, accesses, post/wait pairs, workspace regions") {
+    std::mt19937 rng(11);
+    using partition::Uniform, partition::Zigzag, partition::PerDoc, partition::Hybrid, partition::WholeDoc;
+    check_strategy_lowering<Strategy<Uniform, comm::AllToAll>>(rng);
+    check_strategy_lowering<Strategy<Zigzag, comm::Ring>>(rng);
+    Strategy<PerDoc, comm::Ring>::Arguments aware;
+    aware.comm.sharding_aware = true;
+    check_strategy_lowering<Strategy<PerDoc, comm::Ring>>(rng, aware);
+    Strategy<Hybrid, comm::AllGather>::Arguments gather;
+    gather.comm.sharding_aware = true;
+    check_strategy_lowering<Strategy<Hybrid, comm::AllGather>>(rng, gather);
+    using Hier = comm::Hierarchical<comm::AllToAll, comm::Ring>;
+    Strategy<WholeDoc, Hier>::Arguments hier;
+    hier.ranks_per_node = 2;
+    check_strategy_lowering<Strategy<WholeDoc, Hier>>(rng, hier);
+  }
+
+  TEST_CASE("Strategy<P, C, schedule::Static> still compiles and means the compiled order") {
+    using Old = Strategy<partition::Uniform, comm::AllToAll, schedule::Static>;
+    static_assert(std::is_same_v<Old::step_order_type, runtime::StaticOrder>);
+    const DocumentBatch batch = DocumentBatch::single({40, 24});
+    const auto old = Old::compile({}, batch, {4, 4, 8}, {2, 2}, 0);
+    const auto now = Strategy<partition::Uniform, comm::AllToAll>::compile({}, batch, {4, 4, 8}, {2, 2}, 0);
+    REQUIRE(old.status);
+    CHECK(old.program.forward.steps.size() == now.program.forward.steps.size());
+    CHECK(schedule::Static{}.chunks(batch).size() == 1);
+    CHECK(schedule::Static{}.chunks(batch)[0].tokens == std::vector<Range>{{0, 64}});
+  }
+
+  TEST_CASE("Strategy::compile reports a refusal instead of throwing") {
+    using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
+    const auto c = Ulysses::compile({}, DocumentBatch::single({64}), {4, 4, 8}, {8, 8}, 0);  // 4 heads, 8 ranks
+    CHECK_FALSE(c.status);
+    CHECK(std::string(c.refused_by) == "communicator refuses the plan");
+    CHECK(c.status.reason.find("heads_q = 4") != std::string::npos);
+  }
+}

@@ -1,0 +1,169 @@
+// SPDX-License-Identifier: Apache-2.0
+// Steady state of the runtime: a forward + backward on a cached batch allocates nothing on any rank
+// (in-process transport, CpuFlash), for every communicator; and ranks whose caches disagree (one hits,
+// one misses) still fail cleanly with a mismatch, never a hang.
+//
+// Allocations are counted by replacing the global operator new in this executable: a thread-local
+// counter, so each in-process rank (a thread) counts its own, including what its sends allocate.
+#include <doctest/doctest.h>
+
+#include <seqpar/seqpar.hpp>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdlib>
+#include <mutex>
+#include <new>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+thread_local std::size_t t_allocations = 0;
+thread_local bool t_counting = false;
+[[gnu::noinline]] void allocation_while_counting() { asm volatile(""); }  // break here in gdb to see who allocates
+
+void* counted_alloc(std::size_t n, std::size_t align) {
+  ++t_allocations;
+  if (t_counting) allocation_while_counting();
+  if (n == 0) n = 1;
+  void* p = align <= alignof(std::max_align_t) ? std::malloc(n) : std::aligned_alloc(align, (n + align - 1) / align * align);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+}  // namespace
+
+void* operator new(std::size_t n) { return counted_alloc(n, alignof(std::max_align_t)); }
+void* operator new[](std::size_t n) { return counted_alloc(n, alignof(std::max_align_t)); }
+void* operator new(std::size_t n, std::align_val_t a) { return counted_alloc(n, static_cast<std::size_t>(a)); }
+void* operator new[](std::size_t n, std::align_val_t a) { return counted_alloc(n, static_cast<std::size_t>(a)); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return counted_alloc(n, alignof(std::max_align_t));
+  } catch (...) {
+    return nullptr;
+  }
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+using namespace seqpar;
+
+namespace {
+
+DocumentBatch mixed_batch(std::uint32_t seed, int sequences) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<std::int64_t>> seqs;
+  for (int s = 0; s < sequences; ++s) {
+    std::vector<std::int64_t> docs;
+    const int n = std::uniform_int_distribution<int>(1, 5)(rng);
+    for (int i = 0; i < n; ++i) docs.push_back(std::uniform_int_distribution<std::int64_t>(1, 90)(rng));
+    seqs.push_back(docs);
+  }
+  return DocumentBatch(seqs);
+}
+
+/// Runs warm-up calls, then counts the allocations of one forward + backward per rank; returns the
+/// most any rank made.
+template <class S>
+std::size_t steady_state_allocations(const DocumentBatch& batch, int world, typename S::Arguments args = {}) {
+  const AttentionShape shape{8, 4, 16};
+  std::size_t worst = 0;
+  std::mutex mu;
+  backend::inproc::World(world).run([&](backend::inproc::Transport& t) {
+    DistributedAttention<S, attention::CpuFlash<float>> attn(t, shape, args);
+    const std::int64_t n = attn.local_tokens(batch);
+    ThdTensor<float> q(n, 8, 16), k(n, 4, 16), v(n, 4, 16), o(n, 8, 16), dout(n, 8, 16), dq(n, 8, 16), dk(n, 4, 16),
+        dv(n, 4, 16);
+    LseTensor<float> lse(8, n);
+    std::mt19937 rng(static_cast<std::uint32_t>(t.rank()) + 1);
+    std::normal_distribution<float> normal;
+    for (auto* x : {&q, &k, &v, &dout})
+      for (float& e : x->storage) e = normal(rng);
+    const auto step = [&] {
+      attn.forward(batch, q.view(), k.view(), v.view(), o.view(), lse.view());
+      attn.backward(batch, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), dq.view(), dk.view(),
+                    dv.view());
+    };
+    // Warm-up: plans, lowered programs, workspace, sub-communicators and the mailboxes' recycled
+    // buffers all come to exist here.
+    for (int i = 0; i < 3; ++i) step();
+    const std::size_t before = t_allocations;
+    t_counting = true;
+    step();
+    t_counting = false;
+    const std::size_t made = t_allocations - before;
+    std::lock_guard lock(mu);
+    worst = std::max(worst, made);
+  });
+  return worst;
+}
+
+}  // namespace
+
+TEST_SUITE("runtime") {
+  TEST_CASE("a second forward + backward on a cached batch allocates nothing on any rank") {
+    using partition::Uniform, partition::Zigzag, partition::Hybrid, partition::PerDoc;
+    for (int world : {2, 4, 8}) {
+      CAPTURE(world);
+      const DocumentBatch batch = mixed_batch(static_cast<std::uint32_t>(world), 2);
+      CHECK(steady_state_allocations<Strategy<Uniform, comm::AllToAll>>(batch, world) == 0);
+      CHECK(steady_state_allocations<Strategy<Zigzag, comm::Ring>>(batch, world) == 0);
+      Strategy<PerDoc, comm::Ring>::Arguments aware;
+      aware.comm.sharding_aware = true;
+      CHECK(steady_state_allocations<Strategy<PerDoc, comm::Ring>>(batch, world, aware) == 0);
+      Strategy<Hybrid, comm::AllGather>::Arguments gather;
+      gather.comm.sharding_aware = true;
+      CHECK(steady_state_allocations<Strategy<Hybrid, comm::AllGather>>(batch, world, gather) == 0);
+      using Hier = comm::Hierarchical<comm::AllToAll, comm::Ring>;
+      Strategy<Zigzag, Hier>::Arguments hier;
+      hier.ranks_per_node = 2;
+      CHECK(steady_state_allocations<Strategy<Zigzag, Hier>>(batch, world, hier) == 0);
+      CHECK(steady_state_allocations<Strategy<partition::BatchAware<Uniform>, comm::AllToAll>>(batch, world) == 0);
+    }
+  }
+
+  TEST_CASE("the counter sees allocations (the test above can fail)") {
+    const std::size_t before = t_allocations;
+    auto* p = new std::vector<int>(100);
+    delete p;
+    CHECK(t_allocations - before >= 2);
+  }
+
+  TEST_CASE("ranks whose program caches disagree (one hits, one misses) both fail with a mismatch") {
+    const DocumentBatch a = DocumentBatch::single({30, 20, 14});
+    const DocumentBatch b = DocumentBatch::single({30, 20, 15});
+    std::vector<std::string> errors(2);
+    std::mutex mu;
+    try {
+      backend::inproc::World(2, {.timeout = std::chrono::milliseconds(5000)}).run([&](backend::inproc::Transport& t) {
+        DistributedAttention<Strategy<partition::Zigzag, comm::Ring>, attention::CpuFlash<float>> attn(t, {2, 2, 8});
+        const auto call = [&](const DocumentBatch& batch) {
+          const std::int64_t n = attn.local_tokens(batch);
+          ThdTensor<float> q(n, 2, 8), o(n, 2, 8);
+          LseTensor<float> lse(2, n);
+          attn.forward(batch, q.view(), q.view(), q.view(), o.view(), lse.view());
+        };
+        try {
+          call(a);                          // both ranks: a miss, then a cached program for `a`
+          call(t.rank() == 0 ? a : b);      // rank 0 hits its cache, rank 1 misses with another batch
+        } catch (const std::exception& e) {
+          std::lock_guard lock(mu);
+          errors[static_cast<std::size_t>(t.rank())] = e.what();
+          throw;
+        }
+      });
+    } catch (const std::exception&) {
+    }
+    for (const std::string& e : errors) {
+      CAPTURE(e);
+      CHECK(e.find("disagree") != std::string::npos);
+    }
+  }
+}

@@ -119,12 +119,10 @@ TEST_SUITE("comm") {
     CHECK(empty > 1000);
   }
 
-  // Known bug, reported: clip_slice trims the query rows before the diagonal reaches the keys, but not
-  // the trailing rows of a sliding window that has moved past k.end, although its contract says
-  // "trimmed of query rows that see no key". (No partitioner makes sliding-window slices today; the
-  // dead rows cost kernel rows and can force extra waves.) should_fail: when clip_slice is fixed this
-  // test case starts passing and doctest reports it; drop the decorator then.
-  TEST_CASE("clip_slice trims every query row that sees no key" * doctest::should_fail()) {
+  // Found by this test: clip_slice used to keep the trailing rows of a sliding window that had moved
+  // past k.end (no partitioner makes sliding-window slices today, so no result was wrong; the dead
+  // rows cost kernel rows and could force extra waves).
+  TEST_CASE("clip_slice trims every query row that sees no key") {
     // Window 2 over keys [0, 3): rows 4..9 see no key, yet the clipped slice keeps q [0, 10).
     CHECK(clip_slice({{0, 10}, {0, 10}, Mask::sliding_window(2)}, {0, 10}, {0, 3}).q_range == Range{0, 4});
     std::mt19937 rng(1234);

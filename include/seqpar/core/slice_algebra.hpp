@@ -42,6 +42,11 @@ namespace seqpar {
       if (lo >= k.size()) return {};
       k.begin += lo;
       m.causal_offset -= lo;
+      // Rows whose window has moved past the last key see nothing: row r's first key is
+      // r + offset - window + 1, so rows r <= k.size() - 2 - offset + window keep one.
+      const std::int64_t rows = k.size() - 1 - m.causal_offset + m.window;
+      if (rows <= 0) return {};
+      if (rows < q.size()) q.end = q.begin + rows;
     }
   }
   if (k.empty()) return {};

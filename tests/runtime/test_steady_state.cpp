@@ -18,6 +18,10 @@
 #include <string>
 #include <vector>
 
+// This file replaces the global operator new/delete with malloc/free; GCC, seeing both through inlining,
+// takes the pairing for a mismatch.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
 namespace {
 thread_local std::size_t t_allocations = 0;
 thread_local bool t_counting = false;

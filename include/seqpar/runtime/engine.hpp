@@ -77,11 +77,7 @@ class AttentionEngine {
     Entry& e = entry(batch);
     const std::int64_t n = e.plan.local_tokens(rank());
     constexpr const char* where = "DistributedAttention::forward";
-    seqpar::detail::check_view(q, where, "q", n, shape_.heads_q, shape_.head_dim);
-    seqpar::detail::check_view(k, where, "k", n, shape_.heads_kv, shape_.head_dim);
-    seqpar::detail::check_view(v, where, "v", n, shape_.heads_kv, shape_.head_dim);
-    seqpar::detail::check_view(o, where, "o", n, shape_.heads_q, shape_.head_dim);
-    seqpar::detail::check_view(lse, where, "lse", shape_.heads_q, n);
+    check_forward_views(where, n, q, k, v, o, lse);
     typename Executor::Buffers b;
     b.thd[idx(comm::BufferId::kQ)] = mut(q);
     b.thd[idx(comm::BufferId::kK)] = mut(k);
@@ -100,11 +96,7 @@ class AttentionEngine {
     Entry& e = entry(batch);
     const std::int64_t n = e.plan.local_tokens(rank());
     constexpr const char* where = "DistributedAttention::backward";
-    seqpar::detail::check_view(q, where, "q", n, shape_.heads_q, shape_.head_dim);
-    seqpar::detail::check_view(k, where, "k", n, shape_.heads_kv, shape_.head_dim);
-    seqpar::detail::check_view(v, where, "v", n, shape_.heads_kv, shape_.head_dim);
-    seqpar::detail::check_view(o, where, "o", n, shape_.heads_q, shape_.head_dim);
-    seqpar::detail::check_view(lse, where, "lse", shape_.heads_q, n);
+    check_forward_views(where, n, q, k, v, o, lse);
     seqpar::detail::check_view(dout, where, "dout", n, shape_.heads_q, shape_.head_dim);
     seqpar::detail::check_view(dq, where, "dq", n, shape_.heads_q, shape_.head_dim);
     seqpar::detail::check_view(dk, where, "dk", n, shape_.heads_kv, shape_.head_dim);
@@ -140,6 +132,17 @@ class AttentionEngine {
   }
 
  private:
+  // The views both passes take: q, k, v, o of n local rows, lse (Hq, n).
+  template <class O, class L>
+  void check_forward_views(const char* where, std::int64_t n, ThdView<const value_type> q,
+                           ThdView<const value_type> k, ThdView<const value_type> v, const O& o, const L& lse) const {
+    seqpar::detail::check_view(q, where, "q", n, shape_.heads_q, shape_.head_dim);
+    seqpar::detail::check_view(k, where, "k", n, shape_.heads_kv, shape_.head_dim);
+    seqpar::detail::check_view(v, where, "v", n, shape_.heads_kv, shape_.head_dim);
+    seqpar::detail::check_view(o, where, "o", n, shape_.heads_q, shape_.head_dim);
+    seqpar::detail::check_view(lse, where, "lse", shape_.heads_q, n);
+  }
+
   /// What every rank is about to do, compared across ranks before any other communication.
   struct CallSignature {
     std::uint64_t batch = 0, strategy = 0;

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// calibrate: measures this machine's cost::HardwareProfile, runs real strategies, and prints the cost
+// calibrate: measures this machine's replay::HardwareProfile, runs real strategies, and prints the cost
 // model's prediction next to the measured time (issue 5, "Calibration": within +-25%).
 //
 //  1. Profile. Kernel: CpuFlash<float> (1 thread, as one rank runs it) on packed causal documents of a few
 //     lengths L and on full-mask L x L blocks (what ring steps run), forward and backward. The model is
-//     cost::attention_seconds' tile model: a slice costs the FLOPs of the 64 x 64 key tiles CpuFlash
+//     replay::attention_seconds' tile model: a slice costs the FLOPs of the 64 x 64 key tiles CpuFlash
 //     computes (detail::kKeyTile) plus `overhead` tiles per 64-row query block (the per-block setup and
 //     the rescaling of the output), at rate r_inf. t = (F_tiles + overhead * F_rows) / r_inf is linear in
 //     (1/r_inf, overhead/r_inf), fitted by least squares over every point, each weighted by its relative
@@ -19,20 +19,21 @@
 //     calibrated with every rank active at once, because that is how the programs run: intra.bandwidth
 //     and intra.latency from an alpha-beta fit of the ring step (isend to rank+1, irecv from rank-1) at a
 //     small and a large message; hbm_bandwidth from memcpy on every rank at once (2 bytes of traffic per
-//     byte copied, as cost::copy_seconds counts them). The all-to-all is measured too and printed against
+//     byte copied, as replay::copy_seconds counts them). The all-to-all is measured too and printed against
 //     the link's prediction of it. One node: inter = intra, ranks_per_node = world, value_bytes = 4.
 //  2. Strategies. Ulysses (Uniform + AllToAll) and zigzag ring (plain and sharding-aware) with
 //     DistributedAttention<S, CpuFlash<float>> on 2 packed sequences of lognormal documents; forward and
 //     backward timed separately: a repetition is the slowest rank's time from a barrier, the figure the
-//     best repetition after a warm-up. The prediction is cost::predict on cost::compile_all<S> with the
+//     best repetition after a warm-up. The prediction is replay::predict on plan::compile_all<S> with the
 //     profile measured at that world size in the same process.
 // Compiled plain it uses the in-process world on 2, 4 and 8 threads; compiled with SEQPAR_BENCH_MPI=1
 // (target calibrate_mpi) it uses MPI_COMM_WORLD: `mpiexec -n P --oversubscribe calibrate_mpi`.
 //   calibrate [--smoke] [--reps N] [--tokens N] [--worlds 2,4,8] [--json FILE] [--profile-out FILE]
-// --profile-out writes the profile of the largest world size calibrated (cost/profile_json.hpp format).
+// --profile-out writes the profile of the largest world size calibrated (replay/profile_json.hpp format).
 #include <seqpar/seqpar.hpp>
-#include <seqpar/cost/predict.hpp>
-#include <seqpar/cost/profile_json.hpp>
+#include <seqpar/plan/compile_all.hpp>
+#include <seqpar/replay/predict.hpp>
+#include <seqpar/replay/profile_json.hpp>
 #if SEQPAR_BENCH_MPI
 #include <seqpar/backend/mpi.hpp>
 #endif
@@ -145,7 +146,7 @@ struct KernelPoint {
   std::int64_t length = 0;
   double fwd_s = 0, bwd_s = 0;
   double flops = 0;  // forward FLOPs of the visible pairs
-  double tiles = 0, rows = 0;  // tile x tile blocks touched, query blocks (cost::attention_slots with tile kTile)
+  double tiles = 0, rows = 0;  // tile x tile blocks touched, query blocks (replay::attention_slots with tile kTile)
   double tile_flops = 0;       // forward FLOPs of one tile x tile block over all heads
 };
 
@@ -295,7 +296,7 @@ KernelFit measure_kernel(const AttentionShape& shape, bool smoke, int threads) {
   fit.peak = *std::min_element(peak.begin(), peak.end());
   fit.launch = *std::max_element(launch.begin(), launch.end());
   fit.cpu = *std::min_element(cpu_share.begin(), cpu_share.end());
-  // The model (cost::attention_seconds): a slice costs attention_flops of its slots = (tiles + overhead *
+  // The model (replay::attention_seconds): a slice costs attention_flops of its slots = (tiles + overhead *
   // query blocks) * tile^2 at rate r. So t_fwd = (F_tiles + overhead * F_rows) / r with F_* the forward FLOPs
   // of those slots: linear in (1/r, overhead/r), fitted by least squares over causal and full points at once.
   std::vector<double> x, z, y;
@@ -307,12 +308,12 @@ KernelFit measure_kernel(const AttentionShape& shape, bool smoke, int threads) {
       p.bwd_s = std::max(p.bwd_s, t[at + 1]);
     }
     for (const AttnSlice& sl : slices) {
-      const double base = cost::attention_slots(sl, kTile, 0.0), with = cost::attention_slots(sl, kTile, 1.0);
+      const double base = replay::attention_slots(sl, kTile, 0.0), with = replay::attention_slots(sl, kTile, 1.0);
       p.tiles += base / (double(kTile) * kTile);
       p.rows += (with - base) / (double(kTile) * kTile);
     }
-    p.flops = cost::attention_flops(static_cast<double>(total_area(slices)) * hq, d, false);
-    p.tile_flops = cost::attention_flops(double(kTile) * kTile * hq, d, false);
+    p.flops = replay::attention_flops(static_cast<double>(total_area(slices)) * hq, d, false);
+    p.tile_flops = replay::attention_flops(double(kTile) * kTile * hq, d, false);
     x.push_back(p.tiles * p.tile_flops / p.fwd_s);  // divided through by t: every point weighs its relative error
     z.push_back(p.rows * p.tile_flops / p.fwd_s);
     y.push_back(1.0);
@@ -403,8 +404,8 @@ LinkFit measure_links(T& t, bool smoke) {
   return f;
 }
 
-cost::HardwareProfile make_profile(const char* transport, int world, const KernelFit& k, const LinkFit& l) {
-  cost::HardwareProfile p;
+replay::HardwareProfile make_profile(const char* transport, int world, const KernelFit& k, const LinkFit& l) {
+  replay::HardwareProfile p;
   p.name = std::string("this-machine-") + transport + "-w" + std::to_string(world);
   p.peak_flops = k.peak;
   p.attention_efficiency = std::min(1.0, k.r_inf / k.peak);
@@ -539,17 +540,17 @@ Measured run_strategy(T& t, const DocumentBatch& batch, const AttentionShape& sh
 
 template <class S>
 void predict_rows(const char* transport, const char* name, int world, const DocumentBatch& batch,
-                  const AttentionShape& shape, const typename S::Arguments& args, const cost::HardwareProfile& hw,
+                  const AttentionShape& shape, const typename S::Arguments& args, const replay::HardwareProfile& hw,
                   const Measured& m, std::vector<Row>& rows) {
   const Topology topo{world, world};
-  const cost::CompiledStrategy compiled = cost::compile_all<S>(args, batch, shape, topo);
+  const replay::CompiledStrategy compiled = plan::compile_all<S>(args, batch, shape, topo);
   if (!compiled.status) {
     std::printf("%s refused: %s\n", name, compiled.status.reason.c_str());
     return;
   }
-  cost::SimulationOptions options;
+  replay::SimulationOptions options;
   options.hardware = hw;
-  const cost::AttentionPrediction p = cost::predict(compiled, topo, shape, options);
+  const replay::AttentionPrediction p = replay::predict(compiled, topo, shape, options);
   rows.push_back({transport, name, "fwd", world, p.forward.time_s, m.fwd_s, p.forward.max_compute_s(),
                   p.forward.max_exposed_comm_s(), m.fwd_kernel_s, m.fwd_cpu});
   rows.push_back({transport, name, "bwd", world, p.backward.time_s, m.bwd_s, p.backward.max_compute_s(),
@@ -576,7 +577,7 @@ std::vector<Measured> run_all(T& t, const DocumentBatch& batch, const AttentionS
 }
 
 void predict_all(const char* transport, int world, const DocumentBatch& batch, const AttentionShape& shape,
-                 const cost::HardwareProfile& hw, const std::vector<Measured>& m, std::vector<Row>& rows) {
+                 const replay::HardwareProfile& hw, const std::vector<Measured>& m, std::vector<Row>& rows) {
   predict_rows<Ulysses>(transport, "ulysses", world, batch, shape, {}, hw, m[0], rows);
   predict_rows<ZigzagRing>(transport, "zigzag-ring", world, batch, shape, {}, hw, m[1], rows);
   predict_rows<ZigzagRing>(transport, "zigzag-ring-aware", world, batch, shape, aware_args(), hw, m[2], rows);
@@ -614,7 +615,7 @@ void print_kernel(const KernelFit& k) {
 }
 
 void print_links(const char* transport, int world, const LinkFit& l) {
-  const cost::LinkClass link{l.bandwidth, l.latency};
+  const replay::LinkClass link{l.bandwidth, l.latency};
   // What the simulator charges an all-to-all instance: latency + (bytes each rank sends to others) / bw.
   const double a2a_model = link.time(l.a2a_bytes * (world - 1) / world);
   std::printf("links %s w%d: ring step %zu B %.1f us, %zu B %.1f us -> %.2f GB/s, latency %.1f us; "
@@ -641,7 +642,7 @@ void print_rows(const std::vector<Row>& rows) {
   std::printf("%d of %zu within +-25%%\n", ok, rows.size());
 }
 
-bool write_outputs(const Config& c, const std::vector<Row>& rows, const cost::HardwareProfile& profile,
+bool write_outputs(const Config& c, const std::vector<Row>& rows, const replay::HardwareProfile& profile,
                    const DocumentBatch& batch, const AttentionShape& shape) {
   bool ok = true;
   if (!c.json.empty()) {
@@ -668,7 +669,7 @@ bool write_outputs(const Config& c, const std::vector<Row>& rows, const cost::Ha
   }
   if (!c.profile_out.empty()) {
     std::ofstream out(c.profile_out);
-    out << cost::to_json(profile);
+    out << replay::to_json(profile);
     out.close();
     if (!out) {
       std::fprintf(stderr, "cannot write %s\n", c.profile_out.c_str());
@@ -720,7 +721,7 @@ int main(int argc, char** argv) {
               static_cast<long long>(batch.total_tokens()), batch.documents().size(), shape.heads_q, shape.heads_kv,
               shape.head_dim, std::thread::hardware_concurrency());
   std::vector<Row> rows;
-  cost::HardwareProfile last;
+  replay::HardwareProfile last;
 
 #if SEQPAR_BENCH_MPI
   constexpr const char* kTransport = "mpi";

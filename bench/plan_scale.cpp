@@ -5,9 +5,9 @@
 // goal: 1024 ranks and a 1M-token batch simulated in under 10 s on this machine (2 cores).
 //   plan_scale [--smoke] [--json FILE] [--tokens N] [--ranks a,b,c] [--strategies a,b]
 #include <seqpar/seqpar.hpp>
-#include <seqpar/cost/candidates.hpp>
-#include <seqpar/cost/step.hpp>
-#include <seqpar/cost/workloads.hpp>
+#include <seqpar/plan/candidates.hpp>
+#include <seqpar/plan/step.hpp>
+#include <seqpar/plan/workloads.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -49,14 +49,14 @@ int main(int argc, char** argv) {
     }
   }
   if (smoke) tokens = 65536, ranks = {16};
-  const cost::ModelShape model = cost::models::llama31_8b();
-  cost::SimulationOptions sim;
-  sim.hardware = cost::profiles::h100_sxm();
-  cost::TrainingOptions training;
+  const replay::ModelShape model = replay::models::llama31_8b();
+  replay::SimulationOptions sim;
+  sim.hardware = replay::profiles::h100_sxm();
+  plan::TrainingOptions training;
   training.model = model;
   // Eight packed sequences (the batch-aware candidate forms groups from them; the others see one batch).
   std::vector<std::vector<std::int64_t>> seqs;
-  for (int b = 0; b < 8; ++b) seqs.push_back(cost::workloads::sample_lengths("lognormal", tokens / 8, 1000u + b));
+  for (int b = 0; b < 8; ++b) seqs.push_back(plan::workloads::sample_lengths("lognormal", tokens / 8, 1000u + b));
   const DocumentBatch batch(seqs);
 
   std::printf("plan_scale: %lld tokens in 8 sequences, %zu documents, %s on %s nodes of 8\n",
@@ -66,10 +66,10 @@ int main(int argc, char** argv) {
   std::vector<bench::JsonRecord> records;
   for (const int p : ranks) {
     const Topology topo{p, 8};
-    for (const cost::Candidate& c : cost::standard_candidates(sim.hardware, model)) {
+    for (const plan::Candidate& c : plan::standard_candidates(sim.hardware, model)) {
       if (std::find(wanted.begin(), wanted.end(), c.name) == wanted.end()) continue;
       const auto t0 = std::chrono::steady_clock::now();
-      const cost::CompiledStrategy compiled = c.compile(batch, model.attention(), topo);
+      const replay::CompiledStrategy compiled = c.compile(batch, model.attention(), topo);
       const auto t1 = std::chrono::steady_clock::now();
       bench::JsonRecord r;
       r.add("ranks", p).add("tokens", tokens).add("strategy", c.name);
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
         records.push_back(r.add("refused", true).add("reason", compiled.status.reason));
         continue;
       }
-      const cost::StepReport step = cost::simulate_step(compiled, topo, training, sim);
+      const plan::StepReport step = plan::simulate_step(compiled, topo, training, sim);
       const auto t2 = std::chrono::steady_clock::now();
       const double compile_s = std::chrono::duration<double>(t1 - t0).count();
       const double simulate_s = std::chrono::duration<double>(t2 - t1).count();

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // replay: the headline results of BASP, HSAP and FlashCP, replayed with seqpar's own compiled programs on
-// the cost model (include/seqpar/cost), printed next to the papers' figures.
+// the cost model (include/seqpar/replay, include/seqpar/plan), printed next to the papers' figures.
 //
 // Every paper figure comes from research/seeds.md ([R] read in a stored source, [S] a third-party summary);
 // every workload detail the papers do not give is an assumption marked [I] where it is made. The cost model
@@ -9,7 +9,7 @@
 // ratio seqpar speedup / paper speedup, and the factor we claim is printed at the end with its reasons.
 //
 // What each strategy is here: the very Strategy<Partitioner, Communicator> types a user would run, compiled
-// for every rank (cost::compile_all) and replayed (cost::predict for one attention layer, cost::simulate_step
+// for every rank (plan::compile_all) and replayed (replay::predict for one attention layer, plan::simulate_step
 // for a training step), baselines included (Llama 3's all-gather CP is Strategy<Zigzag, AllGather>).
 //
 //   replay [--smoke] [--json FILE] [--markdown FILE] [--svg-dir DIR]
@@ -18,13 +18,14 @@
 //   --markdown   the tables as markdown (default: next to --json, .md)
 //   --svg-dir    one grouped bar chart per paper: seqpar's speedup next to the paper's, per workload
 #include <seqpar/seqpar.hpp>
-#include <seqpar/cost/costs.hpp>
-#include <seqpar/cost/hardware.hpp>
-#include <seqpar/cost/hybrid_cost.hpp>
-#include <seqpar/cost/model_shape.hpp>
-#include <seqpar/cost/predict.hpp>
-#include <seqpar/cost/step.hpp>
-#include <seqpar/cost/workloads.hpp>
+#include <seqpar/plan/candidates.hpp>
+#include <seqpar/plan/hybrid_cost.hpp>
+#include <seqpar/plan/step.hpp>
+#include <seqpar/plan/workloads.hpp>
+#include <seqpar/replay/costs.hpp>
+#include <seqpar/replay/hardware.hpp>
+#include <seqpar/replay/model_shape.hpp>
+#include <seqpar/replay/predict.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -48,38 +49,6 @@ using namespace seqpar;
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-using Compile = std::function<cost::CompiledStrategy(const DocumentBatch&, const AttentionShape&, const Topology&)>;
-
-/// A strategy by name, compiled for any batch: the run-time face of Strategy<P, C> with fixed arguments.
-struct Entry {
-  std::string name;
-  std::string type;  ///< the Strategy<...> it is, for the notes
-  Compile compile;
-};
-
-template <class S>
-Entry entry(std::string name, std::string type, typename S::Arguments args = {}) {
-  return {std::move(name), std::move(type), [args](const DocumentBatch& b, const AttentionShape& sh, const Topology& t) {
-            typename S::Arguments a = args;
-            a.ranks_per_node = t.ranks_per_node;
-            return cost::compile_all<S>(a, b, sh, t);
-          }};
-}
-
-/// Hybrid's placement chosen by the cost model (cost::hybrid_model_cost: each candidate's layer simulated
-/// under the sharding-aware `Communicator` it will run on) rather than the default proxy, whose flat weight
-/// per attention pair cannot see that split documents run short, slow tiles. In training,
-/// `seconds_per_token` charges the rest of the layer (projections, MLP: forward, recompute and backward)
-/// to the tokens a rank owns.
-template <class Communicator = comm::Ring>
-partition::Hybrid::Arguments hybrid_arguments(const cost::HardwareProfile& hw, const AttentionShape& shape,
-                                              const cost::ModelShape* model = nullptr) {
-  partition::Hybrid::Arguments a;
-  const double per_token = model != nullptr ? 4.0 * model->layer_gemm_flops_per_token() / hw.gemm_rate() : 0.0;
-  a.cost = cost::hybrid_model_cost<Communicator>(hw, shape, per_token);
-  return a;
-}
 
 /// One compared pair (or one strategy of a workload against the workload's baseline).
 struct Record {
@@ -114,14 +83,14 @@ double ratio(double a, double b) { return b > 0 ? a / b : (a > 0 ? std::numeric_
 // ---------------------------------------------------------------------------------------------------------
 // BASP: batch-aware groups vs Ulysses over all 8 GPUs, end-to-end training step and all-to-all time.
 // Cluster [R]: 2 nodes x 4 A100-40GB, NVLink inside, one 400 Gb/s IB NIC per node; ZeRO-3 over the 8 GPUs,
-// mixed precision (BASP paper, seeds.md section 1). Profile: cost::profiles::a100_40gb().
+// mixed precision (BASP paper, seeds.md section 1). Profile: replay::profiles::a100_40gb().
 // [I] Inputs are "synthetic/benchmark" [S]: each sequence one document of S tokens (causal mask).
 // [I] Activation checkpointing on: without it Llama-3.1-8B at 4K tokens per GPU does not fit 40 GB
 //     next to its ZeRO-3 states (the simulator's memory estimate is printed).
 // ---------------------------------------------------------------------------------------------------------
 struct BaspWorkload {
   std::string name;
-  cost::ModelShape model;
+  replay::ModelShape model;
   std::int64_t seq;
   int batch;
   double paper_e2e;
@@ -131,20 +100,20 @@ struct BaspWorkload {
 };
 
 void run_basp() {
-  const cost::HardwareProfile hw = cost::profiles::a100_40gb();
+  const replay::HardwareProfile hw = replay::profiles::a100_40gb();
   const Topology topo{8, 4};
-  cost::SimulationOptions sim;
+  replay::SimulationOptions sim;
   sim.hardware = hw;
   std::vector<BaspWorkload> ws = {
-      {"W1 llama-3.1-8b 16K B=2", cost::models::llama31_8b(), 16384, 2, 1.21, "1.21x [R]", kNaN,
+      {"W1 llama-3.1-8b 16K B=2", replay::models::llama31_8b(), 16384, 2, 1.21, "1.21x [R]", kNaN,
        "2.23-3.10x over models [R]"},
-      {"W2 qwen1.5-1.8b 16K B=2", cost::models::qwen15_1_8b(), 16384, 2, 1.315, "1.31-1.32x [R]", 3.10, "3.10x [S]"},
-      {"W3 llama-3.2-1b 8K B=8", cost::models::llama32_1b(), 8192, 8, 1.25, "~1.25x [R]", 85.0, "~85x [R]"},
-      {"W4 llama-3.2-3b 32K B=2", cost::models::llama32_3b(), 32768, 2, 1.0 / (1.0 - 0.259),
+      {"W2 qwen1.5-1.8b 16K B=2", replay::models::qwen15_1_8b(), 16384, 2, 1.315, "1.31-1.32x [R]", 3.10, "3.10x [S]"},
+      {"W3 llama-3.2-1b 8K B=8", replay::models::llama32_1b(), 8192, 8, 1.25, "~1.25x [R]", 85.0, "~85x [R]"},
+      {"W4 llama-3.2-3b 32K B=2", replay::models::llama32_3b(), 32768, 2, 1.0 / (1.0 - 0.259),
        "-25.9% step time = 1.35x [R]", kNaN, "-"},
-      {"W5 llama-3.2-1b 16K B=2", cost::models::llama32_1b(), 16384, 2, kNaN, "-", 2.45, "2.45x [S]"},
+      {"W5 llama-3.2-1b 16K B=2", replay::models::llama32_1b(), 16384, 2, kNaN, "-", 2.45, "2.45x [S]"},
   };
-  if (g_smoke) ws = {{"W2 qwen1.5-1.8b 4K B=2 (smoke)", cost::models::qwen15_1_8b(), 4096, 2, 1.315, "1.31-1.32x [R]",
+  if (g_smoke) ws = {{"W2 qwen1.5-1.8b 4K B=2 (smoke)", replay::models::qwen15_1_8b(), 4096, 2, 1.315, "1.31-1.32x [R]",
                       3.10, "3.10x [S]"}};
 
   using partition::BatchAware, partition::Uniform, partition::Zigzag, partition::Hybrid;
@@ -156,7 +125,7 @@ void run_basp() {
   for (const BaspWorkload& w : ws) {
     const DocumentBatch batch(std::vector<std::vector<std::int64_t>>(static_cast<std::size_t>(w.batch), {w.seq}));
     const AttentionShape shape = w.model.attention();
-    cost::TrainingOptions train;
+    plan::TrainingOptions train;
     train.model = w.model;
     train.zero_ranks = 8;
     train.checkpointing = true;
@@ -169,40 +138,40 @@ void run_basp() {
     basp_ring.comm.sharding_aware = true;
     Strategy<BatchAware<Hybrid>, Hier>::Arguments basp_hybrid;
     basp_hybrid.partition.group_size = topo.world_size / w.batch;
-    basp_hybrid.partition.inner = hybrid_arguments(hw, shape, &w.model);
+    basp_hybrid.partition.inner.cost = plan::hybrid_model_cost(hw, shape, plan::layer_gemm_seconds_per_token(hw, w.model));
     basp_hybrid.comm.outer.sharding_aware = true;
     Strategy<Zigzag, Hier>::Arguments usp;
     usp.comm.outer.sharding_aware = true;
-    const std::vector<Entry> entries = {
-        entry<Strategy<Uniform, AllToAll>>("ulysses", "Strategy<Uniform, AllToAll>"),
-        entry<Strategy<BatchAware<Uniform>, AllToAll>>("basp", "Strategy<BatchAware<Uniform>, AllToAll>", basp),
-        entry<Strategy<Zigzag, Hier>>("usp-zigzag", "Strategy<Zigzag, Hierarchical<AllToAll, Ring{aware}>>", usp),
-        entry<Strategy<BatchAware<Zigzag>, Ring>>("basp-zigzag-ring", "Strategy<BatchAware<Zigzag>, Ring{aware}>",
+    const std::vector<plan::Candidate> entries = {
+        plan::make_candidate<Strategy<Uniform, AllToAll>>("ulysses", "Strategy<Uniform, AllToAll>"),
+        plan::make_candidate<Strategy<BatchAware<Uniform>, AllToAll>>("basp", "Strategy<BatchAware<Uniform>, AllToAll>", basp),
+        plan::make_candidate<Strategy<Zigzag, Hier>>("usp-zigzag", "Strategy<Zigzag, Hierarchical<AllToAll, Ring{aware}>>", usp),
+        plan::make_candidate<Strategy<BatchAware<Zigzag>, Ring>>("basp-zigzag-ring", "Strategy<BatchAware<Zigzag>, Ring{aware}>",
                                                   basp_ring),
-        entry<Strategy<BatchAware<Hybrid>, Hier>>(
+        plan::make_candidate<Strategy<BatchAware<Hybrid>, Hier>>(
             "basp-hybrid-hier", "Strategy<BatchAware<Hybrid>, Hierarchical<AllToAll, Ring{aware}>>", basp_hybrid),
     };
     struct Run {
-      cost::StepReport rep;
+      plan::StepReport rep;
       bool ok = false;
       std::string reason;
     };
     std::vector<Run> runs;
-    for (const Entry& e : entries) {
+    for (const plan::Candidate& e : entries) {
       Run run;
-      const cost::CompiledStrategy c = e.compile(batch, shape, topo);
+      const replay::CompiledStrategy c = e.compile(batch, shape, topo);
       run.ok = static_cast<bool>(c.status);
       run.reason = c.status.reason;
-      if (run.ok) run.rep = cost::simulate_step(c, topo, train, sim);
+      if (run.ok) run.rep = plan::simulate_step(c, topo, train, sim);
       runs.push_back(std::move(run));
     }
-    const cost::StepReport& base = runs[0].rep;
+    const plan::StepReport& base = runs[0].rep;
     for (std::size_t i = 0; i < entries.size(); ++i) {
       Record r;
       r.paper = "BASP";
       r.workload = w.name;
       r.strategy = entries[i].name;
-      r.type = entries[i].type;
+      r.type = entries[i].description;
       r.baseline = "ulysses";
       r.metric = "training step";
       r.beyond = i >= 2;
@@ -213,7 +182,7 @@ void run_basp() {
         g_records.push_back(r);
         continue;
       }
-      const cost::StepReport& rep = runs[i].rep;
+      const plan::StepReport& rep = runs[i].rep;
       r.predicted_s = rep.step_s;
       r.baseline_s = base.step_s;
       r.speedup = base.step_s / rep.step_s;
@@ -229,11 +198,11 @@ void run_basp() {
         r.paper_figure = w.paper_e2e_text;
         r.paper_a2a_speedup = w.paper_a2a;
       }
-      r.notes = "peak memory " + fmt("%.1f", rep.max_peak_memory_bytes() / cost::profiles::kGiB) + " GiB of 40";
+      r.notes = "peak memory " + fmt("%.1f", rep.max_peak_memory_bytes() / replay::profiles::kGiB) + " GiB of 40";
       std::printf("%-26s %-26s %9.1f %9s %9s %8.2f %8s %6.1f%% %9.1f %-30s\n", w.name.c_str(), r.strategy.c_str(),
                   rep.step_s * 1e3, fmt("%.2fx", r.speedup).c_str(), i == 1 ? w.paper_e2e_text.c_str() : "",
                   rep.attention_comm_s * 1e3, fmt("%.2fx", r.a2a_speedup).c_str(), 100.0 * r.a2a_share,
-                  rep.max_peak_memory_bytes() / cost::profiles::kGiB, i == 1 ? w.paper_a2a_text.c_str() : "");
+                  rep.max_peak_memory_bytes() / replay::profiles::kGiB, i == 1 ? w.paper_a2a_text.c_str() : "");
       g_records.push_back(r);
     }
   }
@@ -243,23 +212,23 @@ void run_basp() {
 // HSAP: sequence-aware ring inside a two-level (all-to-all in node x ring across nodes) layout vs naive
 // packing (the same tokens under one causal mask: documents attend across their boundaries, as packing
 // without a document mask does) and vs padding.
-// [I] Hardware not given by the paper: 2 nodes x 8 H100-SXM (cost::profiles::h100_sxm()): IntraSP = 8
+// [I] Hardware not given by the paper: 2 nodes x 8 H100-SXM (replay::profiles::h100_sxm()): IntraSP = 8
 //     all-to-all over NVLink, InterSP = 2 ring across nodes.
 // [I] Model not given: Llama-3.1-8B, ZeRO-3 over the 16 GPUs, checkpointing. Only ratios are compared.
-// [I] Packed sequences of 32K tokens drawn from the fineweb and ultrachat mixes (cost/workloads.hpp);
+// [I] Packed sequences of 32K tokens drawn from the fineweb and ultrachat mixes (plan/workloads.hpp);
 //     throughput = useful (document) tokens per second, summed over several drawn sequences.
 // Padding, two readings: "padding-32k" pads every document to its own 32K sequence (the brief's reading);
 // "padding-longest" pads the documents of a packed sequence to the longest of them, one row each (what a
 // padded data collator does; our reading of the paper's "padded batching" [I]).
 // ---------------------------------------------------------------------------------------------------------
 void run_hsap() {
-  const cost::HardwareProfile hw = cost::profiles::h100_sxm();
+  const replay::HardwareProfile hw = replay::profiles::h100_sxm();
   const Topology topo{g_smoke ? 8 : 16, 8};
-  cost::SimulationOptions sim;
+  replay::SimulationOptions sim;
   sim.hardware = hw;
-  const cost::ModelShape model = g_smoke ? cost::models::llama32_1b() : cost::models::llama31_8b();
+  const replay::ModelShape model = g_smoke ? replay::models::llama32_1b() : replay::models::llama31_8b();
   const AttentionShape shape = model.attention();
-  cost::TrainingOptions train;
+  plan::TrainingOptions train;
   train.model = model;
   train.zero_ranks = 0;
   train.checkpointing = true;
@@ -273,21 +242,23 @@ void run_hsap() {
   hsap.comm.inner_size = 8;
   hsap.comm.outer.sharding_aware = true;
   Strategy<Zigzag, Hier>::Arguments zz_hier = {.comm = hsap.comm};
-  Strategy<Hybrid, Hier>::Arguments hybrid_hier = {.partition = hybrid_arguments(hw, shape, &model), .comm = hsap.comm};
+  Strategy<Hybrid, Hier>::Arguments hybrid_hier = {
+      .partition = {.cost = plan::hybrid_model_cost(hw, shape, plan::layer_gemm_seconds_per_token(hw, model))},
+      .comm = hsap.comm};
   Strategy<Uniform, Hier>::Arguments plain_hier;
   plain_hier.comm.inner_size = 8;
-  const Entry hsap_e = entry<Strategy<Uniform, Hier>>("hsap", "Strategy<Uniform, Hierarchical<AllToAll, Ring{aware}>>", hsap);
-  const Entry naive_ring = entry<Strategy<Uniform, Ring>>("native-packing-ring", "Strategy<Uniform, Ring>, one causal mask");
-  const Entry naive_hier = entry<Strategy<Uniform, Hier>>("native-packing-hier",
+  const plan::Candidate hsap_e = plan::make_candidate<Strategy<Uniform, Hier>>("hsap", "Strategy<Uniform, Hierarchical<AllToAll, Ring{aware}>>", hsap);
+  const plan::Candidate naive_ring = plan::make_candidate<Strategy<Uniform, Ring>>("native-packing-ring", "Strategy<Uniform, Ring>, one causal mask");
+  const plan::Candidate naive_hier = plan::make_candidate<Strategy<Uniform, Hier>>("native-packing-hier",
                                                           "Strategy<Uniform, Hierarchical<AllToAll, Ring>>, one causal mask",
                                                           plain_hier);
-  const Entry naive_zigzag = entry<Strategy<Zigzag, Ring>>("native-packing-zigzag",
+  const plan::Candidate naive_zigzag = plan::make_candidate<Strategy<Zigzag, Ring>>("native-packing-zigzag",
                                                             "Strategy<Zigzag, Ring>, one causal mask");
-  const std::vector<Entry> beyond = {
-      entry<Strategy<Zigzag, Hier>>("zigzag-hier-aware", "Strategy<Zigzag, Hierarchical<AllToAll, Ring{aware}>>", zz_hier),
-      entry<Strategy<Hybrid, Hier>>("hybrid-hier-aware", "Strategy<Hybrid, Hierarchical<AllToAll, Ring{aware}>>",
+  const std::vector<plan::Candidate> beyond = {
+      plan::make_candidate<Strategy<Zigzag, Hier>>("zigzag-hier-aware", "Strategy<Zigzag, Hierarchical<AllToAll, Ring{aware}>>", zz_hier),
+      plan::make_candidate<Strategy<Hybrid, Hier>>("hybrid-hier-aware", "Strategy<Hybrid, Hierarchical<AllToAll, Ring{aware}>>",
                                     hybrid_hier),
-      entry<Strategy<Uniform, AllToAll>>("ulysses-16", "Strategy<Uniform, AllToAll> over 16 ranks"),
+      plan::make_candidate<Strategy<Uniform, AllToAll>>("ulysses-16", "Strategy<Uniform, AllToAll> over 16 ranks"),
   };
 
   std::printf("\n== HSAP (%d x %s, %s, ZeRO-3 over %d, packed %lldK sequences; tokens/s ratio) ==\n",
@@ -300,18 +271,18 @@ void run_hsap() {
     std::map<std::string, std::string> refused;
     double useful = 0;
     int docs_total = 0;
-    const auto step = [&](const Entry& e, const DocumentBatch& b) {
-      const cost::CompiledStrategy c = e.compile(b, shape, topo);
+    const auto step = [&](const plan::Candidate& e, const DocumentBatch& b) {
+      const replay::CompiledStrategy c = e.compile(b, shape, topo);
       if (!c.status) {
         refused[e.name] = c.status.reason;
         return kNaN;
       }
-      return cost::simulate_step(c, topo, train, sim).step_s;
+      return plan::simulate_step(c, topo, train, sim).step_s;
     };
     const DocumentBatch padded_32k = DocumentBatch::single({seq});
     const double pad_step = step(hsap_e, padded_32k);
     for (int d = 0; d < draws; ++d) {
-      const auto lengths = cost::workloads::sample_lengths(mix, seq, 1000 + static_cast<std::uint64_t>(d));
+      const auto lengths = plan::workloads::sample_lengths(mix, seq, 1000 + static_cast<std::uint64_t>(d));
       const DocumentBatch packed = DocumentBatch::single(lengths);
       const DocumentBatch one_mask = DocumentBatch::single({seq});
       useful += static_cast<double>(seq);
@@ -320,7 +291,7 @@ void run_hsap() {
       time["native-packing-ring"] += step(naive_ring, one_mask);
       time["native-packing-hier"] += step(naive_hier, one_mask);
       time["native-packing-zigzag"] += step(naive_zigzag, one_mask);
-      for (const Entry& e : beyond) time[e.name] += step(e, packed);
+      for (const plan::Candidate& e : beyond) time[e.name] += step(e, packed);
       time["padding-32k"] += pad_step * static_cast<double>(lengths.size());
       const std::int64_t longest = *std::max_element(lengths.begin(), lengths.end());
       time["padding-longest"] +=
@@ -354,27 +325,27 @@ void run_hsap() {
       g_records.push_back(r);
     };
     const std::string avg_docs = "avg " + fmt("%.1f", static_cast<double>(docs_total) / draws) + " documents per sequence";
-    add("hsap", hsap_e.type, "native-packing-ring", 1.42, "+42% = 1.42x [S]", false, avg_docs);
-    add("hsap", hsap_e.type, "native-packing-hier", 1.42, "+42% = 1.42x [S]", false, "baseline on HSAP's own layout");
-    add("hsap", hsap_e.type, "native-packing-zigzag", 1.42, "+42% = 1.42x [S]", false, "load-balanced ring baseline");
-    add("hsap", hsap_e.type, "padding-longest", 2.80, "+180% = 2.80x [S]", false, "padding to the longest document [I]");
-    add("hsap", hsap_e.type, "padding-32k", 2.80, "+180% = 2.80x [S]", false, "every document padded to 32K (brief)");
-    for (const Entry& e : beyond) add(e.name, e.type, "hsap", kNaN, "", true, "beyond: vs HSAP");
+    add("hsap", hsap_e.description, "native-packing-ring", 1.42, "+42% = 1.42x [S]", false, avg_docs);
+    add("hsap", hsap_e.description, "native-packing-hier", 1.42, "+42% = 1.42x [S]", false, "baseline on HSAP's own layout");
+    add("hsap", hsap_e.description, "native-packing-zigzag", 1.42, "+42% = 1.42x [S]", false, "load-balanced ring baseline");
+    add("hsap", hsap_e.description, "padding-longest", 2.80, "+180% = 2.80x [S]", false, "padding to the longest document [I]");
+    add("hsap", hsap_e.description, "padding-32k", 2.80, "+180% = 2.80x [S]", false, "every document padded to 32K (brief)");
+    for (const plan::Candidate& e : beyond) add(e.name, e.description, "hsap", kNaN, "", true, "beyond: vs HSAP");
   }
 }
 
 // ---------------------------------------------------------------------------------------------------------
 // FlashCP: attention-only layer time (forward + backward), 128K packed tokens, one node of 8 H100-SXM
-// (cost::profiles::h100_sxm()), d = 128, Hq in {8, 16, 32, 64}, Hkv = Hq or 8 (FlashCP sections 4.1-4.2 [R]).
-// Length mixes [I]: WLB-LLM-like long tail, Pile, RedPajama (cost/workloads.hpp), and one 128K document.
+// (replay::profiles::h100_sxm()), d = 128, Hq in {8, 16, 32, 64}, Hkv = Hq or 8 (FlashCP sections 4.1-4.2 [R]).
+// Length mixes [I]: WLB-LLM-like long tail, Pile, RedPajama (plan/workloads.hpp), and one 128K document.
 // Paper [R]: up to 1.63x over the best baseline (ring, zigzag ring, Llama3 all-gather, Per-Doc); ~1x for a
 // single document is our reading of "gains smallest when compute-bound" (seeds.md) [I].
 // ---------------------------------------------------------------------------------------------------------
 
 void run_flashcp() {
-  const cost::HardwareProfile hw = cost::profiles::h100_sxm();
+  const replay::HardwareProfile hw = replay::profiles::h100_sxm();
   const Topology topo{8, 8};
-  cost::SimulationOptions sim;
+  replay::SimulationOptions sim;
   sim.hardware = hw;
   const std::int64_t tokens = g_smoke ? 16384 : 131072;
   std::vector<std::pair<int, int>> heads;  // (Hq, Hkv)
@@ -391,44 +362,41 @@ void run_flashcp() {
   std::printf("%-24s %8s %8s %8s %8s %8s | %8s %9s %-14s | %8s %8s %8s\n", "workload", "ring", "zigzag", "llama3",
               "per-doc", "flashcp", "speedup", "paper", "best baseline", "ulysses", "wholedoc", "zz-aware");
   for (const std::string& mix : mixes) {
-    const DocumentBatch batch = DocumentBatch::single(cost::workloads::sample_lengths(mix, tokens, 2026));
+    const DocumentBatch batch = DocumentBatch::single(plan::workloads::sample_lengths(mix, tokens, 2026));
     for (const auto& [hq, hkv] : heads) {
       const AttentionShape shape{hq, hkv, 128};
       Strategy<Zigzag, Ring>::Arguments aware;
       aware.comm.sharding_aware = true;
       // FlashCP: Hybrid placement with sharding-aware (selective) KV exchange over an all-gather, its
       // planner costed by simulating that exchange; the same placement over a sharding-aware ring is "beyond".
-      Strategy<Hybrid, AllGather>::Arguments flashcp{.partition = hybrid_arguments<AllGather>(hw, shape)};
-      flashcp.comm.sharding_aware = true;
-      Strategy<Hybrid, Ring>::Arguments hybrid_ring{.partition = hybrid_arguments(hw, shape), .comm = aware.comm};
-      const std::vector<Entry> baselines = {
-          entry<Strategy<Uniform, Ring>>("ring", "Strategy<Uniform, Ring>"),
-          entry<Strategy<Zigzag, Ring>>("zigzag-ring", "Strategy<Zigzag, Ring>"),
-          entry<Strategy<Zigzag, AllGather>>("llama3-allgather", "Strategy<Zigzag, AllGather> (Llama 3 CP)"),
-          entry<Strategy<PerDoc, AllGather>>("per-doc", "Strategy<PerDoc, AllGather> (WLB-LLM)"),
+      const std::vector<plan::Candidate> baselines = {
+          plan::make_candidate<Strategy<Uniform, Ring>>("ring", "Strategy<Uniform, Ring>"),
+          plan::make_candidate<Strategy<Zigzag, Ring>>("zigzag-ring", "Strategy<Zigzag, Ring>"),
+          plan::make_candidate<Strategy<Zigzag, AllGather>>("llama3-allgather", "Strategy<Zigzag, AllGather> (Llama 3 CP)"),
+          plan::make_candidate<Strategy<PerDoc, AllGather>>("per-doc", "Strategy<PerDoc, AllGather> (WLB-LLM)"),
       };
-      const Entry method =
-          entry<Strategy<Hybrid, AllGather>>("flashcp-hybrid", "Strategy<Hybrid, AllGather{aware}>", flashcp);
-      const std::vector<Entry> beyond = {
-          entry<Strategy<Uniform, AllToAll>>("ulysses", "Strategy<Uniform, AllToAll>"),
-          entry<Strategy<WholeDoc, Ring>>("whole-doc", "Strategy<WholeDoc, Ring{aware}>", {.comm = aware.comm}),
-          entry<Strategy<Zigzag, Ring>>("zigzag-ring-aware", "Strategy<Zigzag, Ring{aware}>", aware),
-          entry<Strategy<Hybrid, Ring>>("hybrid-ring-aware", "Strategy<Hybrid, Ring{aware}>", hybrid_ring),
+      const plan::Candidate method =
+          plan::hybrid_candidate<AllGather>("flashcp-hybrid", "Strategy<Hybrid, AllGather{aware}>", hw, 0.0);
+      const std::vector<plan::Candidate> beyond = {
+          plan::make_candidate<Strategy<Uniform, AllToAll>>("ulysses", "Strategy<Uniform, AllToAll>"),
+          plan::make_candidate<Strategy<WholeDoc, Ring>>("whole-doc", "Strategy<WholeDoc, Ring{aware}>", {.comm = aware.comm}),
+          plan::make_candidate<Strategy<Zigzag, Ring>>("zigzag-ring-aware", "Strategy<Zigzag, Ring{aware}>", aware),
+          plan::hybrid_candidate<Ring>("hybrid-ring-aware", "Strategy<Hybrid, Ring{aware}>", hw, 0.0),
       };
       const std::string wname = mix + " Hq" + std::to_string(hq) + "/Hkv" + std::to_string(hkv);
       std::map<std::string, double> t;
       std::map<std::string, std::string> why;
-      const auto time_of = [&](const Entry& e) {
-        const cost::CompiledStrategy c = e.compile(batch, shape, topo);
+      const auto time_of = [&](const plan::Candidate& e) {
+        const replay::CompiledStrategy c = e.compile(batch, shape, topo);
         if (!c.status) {
           why[e.name] = c.status.reason;
           return kNaN;
         }
-        return cost::predict(c, topo, shape, sim).time_s();
+        return replay::predict(c, topo, shape, sim).time_s();
       };
-      for (const Entry& e : baselines) t[e.name] = time_of(e);
+      for (const plan::Candidate& e : baselines) t[e.name] = time_of(e);
       t[method.name] = time_of(method);
-      for (const Entry& e : beyond) t[e.name] = time_of(e);
+      for (const plan::Candidate& e : beyond) t[e.name] = time_of(e);
       std::string best;  // the fastest baseline that ran
       for (const std::string b : {"ring", "zigzag-ring", "llama3-allgather", "per-doc"})
         if (!std::isnan(t[b]) && (best.empty() || t[b] < t[best])) best = b;
@@ -458,9 +426,9 @@ void run_flashcp() {
         }
         g_records.push_back(r);
       };
-      for (const Entry& e : baselines) add(e.name, e.type, false);
-      add(method.name, method.type, false);
-      for (const Entry& e : beyond) add(e.name, e.type, true);
+      for (const plan::Candidate& e : baselines) add(e.name, e.description, false);
+      add(method.name, method.description, false);
+      for (const plan::Candidate& e : beyond) add(e.name, e.description, true);
       const auto ms = [&](const std::string& n) { return fmt("%.2f", t[n] * 1e3); };
       std::printf("%-24s %8s %8s %8s %8s %8s | %8s %9s %-14s | %8s %8s %8s\n", wname.c_str(), ms("ring").c_str(),
                   ms("zigzag-ring").c_str(), ms("llama3-allgather").c_str(), ms("per-doc").c_str(),

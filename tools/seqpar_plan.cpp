@@ -2,18 +2,18 @@
 // seqpar-plan: which sequence-parallel strategy to run, as seqpar's cost model predicts it.
 //
 // For a hardware profile and a rank count, a model shape and a batch of document lengths, it compiles
-// every candidate strategy's per-rank programs (cost::standard_candidates), replays them on the profile
-// (a whole training step with cost::simulate_step, or one attention layer with --attention-only) and
+// every candidate strategy's per-rank programs (plan::standard_candidates), replays them on the profile
+// (a whole training step with plan::simulate_step, or one attention layer with --attention-only) and
 // prints, per strategy, the predicted time, the attention bytes per rank, the compute imbalance and the
 // peak memory. The pick is the fastest strategy that can run the batch and fits in memory.
 // `seqpar-plan --help` lists every option; the option table below is the single source of it.
-#include <seqpar/cost/candidates.hpp>
-#include <seqpar/cost/hardware.hpp>
-#include <seqpar/cost/model_shape.hpp>
-#include <seqpar/cost/predict.hpp>
-#include <seqpar/cost/profile_json.hpp>
-#include <seqpar/cost/step.hpp>
-#include <seqpar/cost/workloads.hpp>
+#include <seqpar/plan/candidates.hpp>
+#include <seqpar/plan/step.hpp>
+#include <seqpar/plan/workloads.hpp>
+#include <seqpar/replay/hardware.hpp>
+#include <seqpar/replay/model_shape.hpp>
+#include <seqpar/replay/predict.hpp>
+#include <seqpar/replay/profile_json.hpp>
 #include <seqpar/version.hpp>
 
 #include <unistd.h>
@@ -147,7 +147,7 @@ const std::vector<OptionSpec>& option_table() {
        "--ranks-per-node",
        [](Options& o, const S&, const S& v) { o.profile = v; }},
       {"Hardware and topology", "--profile-file", "FILE",
-       "hardware profile as JSON (cost::load_profile: the flat object bench/calibrate writes)",
+       "hardware profile as JSON (replay::load_profile: the flat object bench/calibrate writes)",
        [](Options& o, const S&, const S& v) { o.profile_file = v; }},
       {"Hardware and topology", "--ranks", "N", "number of ranks (GPUs) the batch is split over, 1..65536 (required)",
        [](Options& o, const S& n, const S& v) { o.ranks = as_int(n, v, 1, kMaxRanks); }},
@@ -314,12 +314,12 @@ void print_help(std::FILE* out) {
     std::fprintf(out, "%s", wrap(left, s.help, kHelpIndent).c_str());
   }
   std::vector<std::string> models, strategies;
-  for (const cost::ModelShape& m : cost::models::all()) models.push_back(m.name);
-  for (const cost::Candidate& c : cost::standard_candidates()) strategies.push_back(c.name);
+  for (const replay::ModelShape& m : replay::models::all()) models.push_back(m.name);
+  for (const plan::Candidate& c : plan::standard_candidates()) strategies.push_back(c.name);
   std::fprintf(out, "\nNames (--list shows them with details):\n%s%s%s%s",
-               wrap("  profiles", join(cost::profiles::names()), 17).c_str(),
+               wrap("  profiles", join(replay::profiles::names()), 17).c_str(),
                wrap("  models", join(models), 17).c_str(),
-               wrap("  distributions", join(cost::workloads::distribution_names()), 17).c_str(),
+               wrap("  distributions", join(plan::workloads::distribution_names()), 17).c_str(),
                wrap("  strategies", join(strategies), 17).c_str());
   std::fprintf(out,
                "\nOutput: one row per strategy, the pick marked '*':\n"
@@ -346,20 +346,20 @@ void print_help(std::FILE* out) {
 
 void print_list() {
   std::printf("profiles:\n");
-  for (const std::string& name : cost::profiles::names()) {
-    const cost::HardwareProfile p = cost::profiles::by_name(name);
+  for (const std::string& name : replay::profiles::names()) {
+    const replay::HardwareProfile p = replay::profiles::by_name(name);
     std::printf("  %-12s %4.0f TFLOP/s, %5.1f GiB, %d per node, intra %.0f GB/s, inter %.0f GB/s x %d NICs/node\n",
-                p.name.c_str(), p.peak_flops / 1e12, p.memory_bytes / cost::profiles::kGiB, p.ranks_per_node,
+                p.name.c_str(), p.peak_flops / 1e12, p.memory_bytes / replay::profiles::kGiB, p.ranks_per_node,
                 p.intra.bandwidth / 1e9, p.inter.bandwidth / 1e9, p.nics_per_node);
   }
   std::printf("models:\n");
-  for (const cost::ModelShape& m : cost::models::all())
+  for (const replay::ModelShape& m : replay::models::all())
     std::printf("  %-14s %5.2fB params, %2d layers, hidden %5d, heads %2d:%2d x %3d, ffn %5d, vocab %d\n",
                 m.name.c_str(), m.params() / 1e9, m.layers, m.hidden, m.heads_q, m.heads_kv, m.head_dim, m.ffn,
                 m.vocab);
-  std::printf("distributions:\n  %s\n", join(cost::workloads::distribution_names()).c_str());
+  std::printf("distributions:\n  %s\n", join(plan::workloads::distribution_names()).c_str());
   std::printf("strategies:\n");
-  for (const cost::Candidate& c : cost::standard_candidates())
+  for (const plan::Candidate& c : plan::standard_candidates())
     std::printf("  %-26s %s\n", c.name.c_str(), c.description.c_str());
 }
 
@@ -367,17 +367,17 @@ void print_list() {
 
 /// Everything a candidate is evaluated on, checked.
 struct Problem {
-  cost::HardwareProfile hardware;
+  replay::HardwareProfile hardware;
   Topology topology;
-  std::optional<cost::ModelShape> model;  ///< empty with --attention-only and explicit heads
+  std::optional<replay::ModelShape> model;  ///< empty with --attention-only and explicit heads
   bool attention_only = false;
   AttentionShape shape;
   DocumentBatch batch;
   std::int64_t longest_document = 0;
   std::int64_t documents = 0;  ///< before packing (packing cuts documents that cross a sequence boundary)
   std::string lengths_source;
-  cost::TrainingOptions training;
-  std::vector<cost::Candidate> candidates;
+  plan::TrainingOptions training;
+  std::vector<plan::Candidate> candidates;
 };
 
 std::vector<std::int64_t> lengths_from_list(const std::string& list) {
@@ -440,7 +440,7 @@ Problem make_problem(const Options& o) {
   // Hardware and topology.
   if (o.profile && o.profile_file) usage_error("--profile and --profile-file exclude each other");
   if (!o.profile && !o.profile_file) usage_error("no hardware: give --profile NAME or --profile-file FILE");
-  p.hardware = o.profile ? cost::profiles::by_name(*o.profile) : cost::load_profile(*o.profile_file);
+  p.hardware = o.profile ? replay::profiles::by_name(*o.profile) : replay::load_profile(*o.profile_file);
   if (!o.ranks) usage_error("--ranks N is required");
   p.topology = {*o.ranks, o.ranks_per_node.value_or(p.hardware.ranks_per_node)};
   p.hardware.ranks_per_node = p.topology.ranks_per_node;
@@ -453,7 +453,7 @@ Problem make_problem(const Options& o) {
   if (heads && !o.attention_only) usage_error("--heads-q/--heads-kv/--head-dim need --attention-only");
   if (heads && o.model) usage_error("--heads-q/--heads-kv/--head-dim exclude --model (the model fixes its heads)");
   if (o.model) {
-    p.model = cost::models::by_name(*o.model);
+    p.model = replay::models::by_name(*o.model);
     p.shape = p.model->attention();
   } else if (o.attention_only) {
     if (!o.heads_q || !o.heads_kv || !o.head_dim)
@@ -496,7 +496,7 @@ Problem make_problem(const Options& o) {
     p.lengths_source = *o.lengths_file;
   } else {
     if (!o.tokens) usage_error("--distribution needs --tokens T");
-    lengths = cost::workloads::sample_lengths(*o.distribution, *o.tokens, o.seed.value_or(0));
+    lengths = plan::workloads::sample_lengths(*o.distribution, *o.tokens, o.seed.value_or(0));
     p.lengths_source = *o.distribution + " (seed " + std::to_string(o.seed.value_or(0)) + ")";
   }
   std::int64_t total = 0;
@@ -517,18 +517,18 @@ Problem make_problem(const Options& o) {
   p.documents = static_cast<std::int64_t>(lengths.size());
 
   // Candidates.
-  p.candidates = cost::standard_candidates(p.hardware);
+  p.candidates = plan::standard_candidates(p.hardware);
   if (o.strategies) {
-    std::vector<cost::Candidate> chosen;
+    std::vector<plan::Candidate> chosen;
     std::vector<std::string> known;
-    for (const cost::Candidate& c : p.candidates) known.push_back(c.name);
+    for (const plan::Candidate& c : p.candidates) known.push_back(c.name);
     for (const std::string& item : split(*o.strategies, ',')) {
       const std::string name(trim(item));
       if (name.empty()) usage_error("--strategies: an empty name");
       const auto it = std::find_if(p.candidates.begin(), p.candidates.end(),
-                                   [&](const cost::Candidate& c) { return c.name == name; });
+                                   [&](const plan::Candidate& c) { return c.name == name; });
       if (it == p.candidates.end()) usage_error("--strategies: '" + name + "' is not a strategy (" + join(known) + ")");
-      if (std::any_of(chosen.begin(), chosen.end(), [&](const cost::Candidate& c) { return c.name == name; }))
+      if (std::any_of(chosen.begin(), chosen.end(), [&](const plan::Candidate& c) { return c.name == name; }))
         usage_error("--strategies: '" + name + "' is listed twice");
       chosen.push_back(*it);
     }
@@ -569,13 +569,13 @@ double attention_memory_bytes(const AttentionShape& shape, double value_bytes, s
 
 /// Compiles and simulates one candidate. With `trace`, the simulation keeps the events and moves them there.
 /// `phase` is told when compiling ends and simulating starts (the progress line).
-Row evaluate(const cost::Candidate& candidate, const Problem& p, const cost::SimulationOptions& sim, cost::Trace* trace,
+Row evaluate(const plan::Candidate& candidate, const Problem& p, const replay::SimulationOptions& sim, replay::Trace* trace,
              const std::function<void(const char*)>& phase) {
   Row row;
   row.name = candidate.name;
   row.description = candidate.description;
   phase("compiling");
-  const cost::CompiledStrategy compiled = candidate.compile(p.batch, p.shape, p.topology);
+  const replay::CompiledStrategy compiled = candidate.compile(p.batch, p.shape, p.topology);
   if (!compiled.status) {
     row.state = Row::State::kRefused;
     row.reason = compiled.status.reason;
@@ -589,14 +589,14 @@ Row evaluate(const cost::Candidate& candidate, const Problem& p, const cost::Sim
     compute_sum += c;
   };
   if (p.attention_only) {
-    cost::AttentionPrediction pred = cost::predict(compiled, p.topology, p.shape, sim);
+    replay::AttentionPrediction pred = replay::predict(compiled, p.topology, p.shape, sim);
     row.time_s = pred.time_s();
     row.attention_fwd_s = pred.forward.time_s;
     row.attention_bwd_s = pred.backward.time_s;
     const double vb = sim.value_bytes > 0 ? sim.value_bytes : p.hardware.value_bytes;
     for (std::size_t r = 0; r < n; ++r) {
-      const cost::RankTiming& f = pred.forward.ranks[r];
-      const cost::RankTiming& b = pred.backward.ranks[r];
+      const replay::RankTiming& f = pred.forward.ranks[r];
+      const replay::RankTiming& b = pred.backward.ranks[r];
       row.bytes_intra = std::max(row.bytes_intra, f.bytes_intra + b.bytes_intra);
       row.bytes_inter = std::max(row.bytes_inter, f.bytes_inter + b.bytes_inter);
       row.exposed_s = std::max(row.exposed_s, f.exposed_comm_s + b.exposed_comm_s);
@@ -610,12 +610,12 @@ Row evaluate(const cost::Candidate& candidate, const Problem& p, const cost::Sim
       trace->append(pred.backward.trace);  // the backward replay already starts where the forward ended
     }
   } else {
-    cost::StepReport step = cost::simulate_step(compiled, p.topology, p.training, sim);
+    plan::StepReport step = plan::simulate_step(compiled, p.topology, p.training, sim);
     row.time_s = step.step_s;
     row.tokens_per_s = step.tokens_per_s;
     row.attention_fwd_s = step.attention_fwd_s;
     row.attention_bwd_s = step.attention_bwd_s;
-    for (const cost::StepRank& r : step.ranks) {
+    for (const plan::StepRank& r : step.ranks) {
       row.bytes_intra = std::max(row.bytes_intra, r.bytes_intra);
       row.bytes_inter = std::max(row.bytes_inter, r.bytes_inter);
       row.exposed_s = std::max(row.exposed_s, r.exposed_comm_s);
@@ -650,7 +650,7 @@ double mib(std::uint64_t bytes) {
   return static_cast<double>(bytes) / (1024.0 * 1024.0);
 }
 double gib(double bytes) {
-  return bytes / cost::profiles::kGiB;
+  return bytes / replay::profiles::kGiB;
 }
 std::string format_gib(double bytes) {
   char text[32];
@@ -796,7 +796,7 @@ int run(int argc, char** argv) {
     return 0;
   }
   const Problem p = make_problem(o);
-  cost::SimulationOptions sim;
+  replay::SimulationOptions sim;
   sim.hardware = p.hardware;
   const Progress progress(!o.quiet && isatty(STDERR_FILENO) == 1);
 
@@ -838,10 +838,10 @@ int run(int argc, char** argv) {
     return 1;
   }
   if (o.trace) {
-    cost::SimulationOptions traced = sim;
+    replay::SimulationOptions traced = sim;
     traced.trace = true;
     if (o.trace_ranks) traced.trace_max_ranks = *o.trace_ranks;
-    cost::Trace trace;
+    replay::Trace trace;
     (void)evaluate(p.candidates[*pick], p, traced, &trace,
                    [&](const char* what) { progress.show(1, 1, "trace of " + rows[*pick].name + ": " + what); });
     progress.clear();

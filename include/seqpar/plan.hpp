@@ -1,17 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
 // seqpar: exact distributed attention over packed long-context batches.
-// Umbrella header of the cost model: hardware profiles, model shapes, the program simulator, the
-// training-step simulator, the planner's candidates and the workload generators.
+// Umbrella header of planning by simulation. The replay (seqpar::replay: hardware profiles, model
+// shapes, the program simulator and its costs, traces) knows only compiled programs; the planning on
+// it (seqpar::plan: compiling a Strategy for every rank, the training-step simulator, Hybrid's cost
+// functions, the planner's candidates, the workload generators, SelectedAttention) knows the strategies.
 #pragma once
 
-#include "seqpar/cost/hardware.hpp"
-#include "seqpar/cost/model_shape.hpp"
-#include "seqpar/cost/costs.hpp"
-#include "seqpar/cost/trace.hpp"
-#include "seqpar/cost/simulator.hpp"
-#include "seqpar/cost/predict.hpp"
-#include "seqpar/cost/step.hpp"
-#include "seqpar/cost/hybrid_cost.hpp"
-#include "seqpar/cost/candidates.hpp"
-#include "seqpar/cost/workloads.hpp"
-#include "seqpar/cost/profile_json.hpp"
+#include "seqpar/replay/hardware.hpp"
+#include "seqpar/replay/profile_json.hpp"
+#include "seqpar/replay/model_shape.hpp"
+#include "seqpar/replay/costs.hpp"
+#include "seqpar/replay/trace.hpp"
+#include "seqpar/replay/simulator.hpp"
+#include "seqpar/replay/predict.hpp"
+#include "seqpar/plan/compile_all.hpp"
+#include "seqpar/plan/step.hpp"
+#include "seqpar/plan/hybrid_cost.hpp"
+#include "seqpar/plan/candidates.hpp"
+#include "seqpar/plan/workloads.hpp"
+#include "seqpar/plan/selected_attention.hpp"

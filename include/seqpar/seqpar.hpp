@@ -2,8 +2,8 @@
 // seqpar: exact distributed attention over packed long-context batches.
 // Umbrella header: the core model, the CPU kernels, the in-process world, the strategies and the
 // runtime that runs them. Includes no vendor header (MPI, CUDA and NCCL live behind their own
-// targets) and not the cost model: planning by simulation is <seqpar/cost.hpp> and
-// <seqpar/selected_attention.hpp>.
+// targets) and not the cost model: planning by simulation (seqpar::replay, seqpar::plan) is
+// <seqpar/plan.hpp>.
 #pragma once
 
 #include "seqpar/version.hpp"

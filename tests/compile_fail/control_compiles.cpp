@@ -9,7 +9,7 @@
 #include <seqpar/partition/uniform.hpp>
 #include <seqpar/partition/zigzag.hpp>
 #include <seqpar/runtime/any_transport.hpp>
-#include <seqpar/selected_attention.hpp>
+#include <seqpar/plan/selected_attention.hpp>
 #include <seqpar/strategy.hpp>
 
 #include <cstddef>
@@ -48,7 +48,7 @@ int main() {
   seqpar::attention::CpuFlash<float> kernel;
   using S = seqpar::Strategy<seqpar::partition::Zigzag, seqpar::comm::Ring, seqpar::runtime::StaticOrder>;
   S::Arguments args;
-  using One = seqpar::SelectedAttention<seqpar::attention::Reference<double>, S>;
+  using One = seqpar::plan::SelectedAttention<seqpar::attention::Reference<double>, S>;
   (void)basp, (void)usp, (void)kernel, (void)args;
   return static_cast<int>(sizeof(One)) > 0 ? 0 : 1;
 }

@@ -14,6 +14,7 @@
 //  - every compute step's slices are valid for its buffers (disjoint queries, in range).
 // Exits non-zero on the first violation, printing the seed that reproduces it.
 //   fuzz_plans [--seconds S] [--seed N]
+#include <seqpar/core/overloaded.hpp>
 #include <seqpar/seqpar.hpp>
 
 #include <chrono>
@@ -59,8 +60,6 @@ DocumentBatch random_batch(std::mt19937& rng) {
   return DocumentBatch(seqs);
 }
 
-std::int64_t piece_elems(const comm::Piece& p) { return p.rows.size() * p.heads.size(); }
-
 template <class S>
 void check(const std::string& name, const DocumentBatch& batch, const AttentionShape& shape, int world,
            typename S::Arguments args) {
@@ -78,45 +77,54 @@ void check(const std::string& name, const DocumentBatch& batch, const AttentionS
   for (int r = 0; r < world; ++r) programs.push_back(communicator.compile(plan, shape, r));
   for (int pass = 0; pass < 2; ++pass) {
     std::int64_t pairs = 0;
-    // (level members, tag, from, to) -> elements sent / expected
+    // (level members, tag, from, to) -> bytes sent / expected
     std::map<std::tuple<std::vector<int>, int, int, int>, std::int64_t> sent, expected;
     std::vector<std::vector<const comm::ExchangeStep*>> exchanges(static_cast<std::size_t>(world));
     for (int r = 0; r < world; ++r) {
       const comm::Program& p = pass == 0 ? programs[static_cast<std::size_t>(r)].forward
                                          : programs[static_cast<std::size_t>(r)].backward;
       pairs += p.head_pairs();
+      // Bytes as the executor and the replay count them (2-byte values, 4-byte LSE).
+      const auto bytes_of = [&](comm::BufferId b, const comm::Piece& piece) {
+        return static_cast<std::int64_t>(comm::piece_bytes(b, piece, p.head_dim, 2, 4));
+      };
       for (const comm::Step& step : p.steps) {
-        if (const auto* c = std::get_if<comm::ComputeStep>(&step)) {
-          for (const auto& wave : c->waves) {
-            std::int64_t q_rows = 0, k_rows = 0;
-            for (const AttnSlice& s : wave) q_rows = std::max(q_rows, s.q_range.end), k_rows = std::max(k_rows, s.k_range.end);
-            validate_slices(wave, q_rows, k_rows, name.c_str());
-          }
-        } else if (const auto* post = std::get_if<comm::PostStep>(&step)) {
-          const auto& members = p.level_members[static_cast<std::size_t>(post->level)];
-          const int me = static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
-          for (const comm::Transfer& t : post->sends) {
-            std::int64_t n = 0;
-            for (const auto& bp : t.pieces) n += piece_elems(bp.piece);
-            sent[{members, post->tag, me, t.peer}] += n;
-          }
-          for (const comm::Transfer& t : post->recvs) {
-            std::int64_t n = 0;
-            for (const auto& bp : t.pieces) n += piece_elems(bp.piece);
-            expected[{members, post->tag, t.peer, me}] += n;
-          }
-        } else if (const auto* ex = std::get_if<comm::ExchangeStep>(&step)) {
-          exchanges[static_cast<std::size_t>(r)].push_back(ex);
-          const auto& members = p.level_members[static_cast<std::size_t>(ex->level)];
-          for (const comm::Move& m : ex->moves)
-            for (std::size_t peer = 0; peer < m.send.size(); ++peer) {
-              std::int64_t s = 0, e = 0;
-              for (const auto& piece : m.send[peer]) s += piece_elems(piece);
-              for (const auto& piece : m.recv[peer]) e += piece_elems(piece);
-              sent[{members, -1 - static_cast<int>(m.src), ex->self, static_cast<int>(peer)}] += s;
-              expected[{members, -1 - static_cast<int>(m.src), static_cast<int>(peer), ex->self}] += e;
-            }
-        }
+        std::visit(Overloaded{[&](const comm::ComputeStep& c) {
+                                for (const auto& wave : c.waves) {
+                                  std::int64_t q_rows = 0, k_rows = 0;
+                                  for (const AttnSlice& s : wave)
+                                    q_rows = std::max(q_rows, s.q_range.end), k_rows = std::max(k_rows, s.k_range.end);
+                                  validate_slices(wave, q_rows, k_rows, name.c_str());
+                                }
+                              },
+                              [&](const comm::PostStep& post) {
+                                const auto& members = p.level_members[static_cast<std::size_t>(post.level)];
+                                const int me = static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
+                                for (const comm::Transfer& t : post.sends) {
+                                  std::int64_t n = 0;
+                                  for (const auto& bp : t.pieces) n += bytes_of(bp.buffer, bp.piece);
+                                  sent[{members, post.tag, me, t.peer}] += n;
+                                }
+                                for (const comm::Transfer& t : post.recvs) {
+                                  std::int64_t n = 0;
+                                  for (const auto& bp : t.pieces) n += bytes_of(bp.buffer, bp.piece);
+                                  expected[{members, post.tag, t.peer, me}] += n;
+                                }
+                              },
+                              [&](const comm::ExchangeStep& ex) {
+                                exchanges[static_cast<std::size_t>(r)].push_back(&ex);
+                                const auto& members = p.level_members[static_cast<std::size_t>(ex.level)];
+                                for (const comm::Move& m : ex.moves)
+                                  for (std::size_t peer = 0; peer < m.send.size(); ++peer) {
+                                    std::int64_t sb = 0, eb = 0;
+                                    for (const auto& piece : m.send[peer]) sb += bytes_of(m.src, piece);
+                                    for (const auto& piece : m.recv[peer]) eb += bytes_of(m.dst, piece);
+                                    sent[{members, -1 - static_cast<int>(m.src), ex.self, static_cast<int>(peer)}] += sb;
+                                    expected[{members, -1 - static_cast<int>(m.src), static_cast<int>(peer), ex.self}] += eb;
+                                  }
+                              },
+                              [](const comm::ZeroStep&) {}, [](const comm::WaitStep&) {}},
+                   step);
       }
     }
     expect(pairs == batch.causal_area() * shape.heads_q,

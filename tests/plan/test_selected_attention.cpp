@@ -5,7 +5,7 @@
 #include "support/distributed_check.hpp"
 #include "support/expect_error.hpp"
 
-#include <seqpar/selected_attention.hpp>
+#include <seqpar/plan/selected_attention.hpp>
 
 #include <cmath>
 #include <memory>
@@ -17,9 +17,9 @@ using Kernel = attention::CpuFlash<double>;
 using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
 using ZigzagRing = Strategy<partition::Zigzag, comm::Ring>;
 using HybridRing = Strategy<partition::Hybrid, comm::Ring>;
-using Selected = SelectedAttention<Kernel, Ulysses, ZigzagRing, HybridRing>;
+using Selected = plan::SelectedAttention<Kernel, Ulysses, ZigzagRing, HybridRing>;
 
-Selected::Arguments arguments(const cost::HardwareProfile& hw) {
+Selected::Arguments arguments(const replay::HardwareProfile& hw) {
   Selected::Arguments a;
   a.names = {"ulysses", "zigzag-ring", "hybrid-aware"};
   std::get<2>(a.strategies).comm.sharding_aware = true;
@@ -28,13 +28,13 @@ Selected::Arguments arguments(const cost::HardwareProfile& hw) {
 }
 }  // namespace
 
-TEST_SUITE("strategy") {
+TEST_SUITE("plan") {
   TEST_CASE("SelectedAttention runs the strategy with the lowest prediction, exactly, on every rank") {
     const DocumentBatch batch = test::random_batch(2, 700, 90.0, 11);
     const AttentionShape shape{4, 2, 16, 0};
     for (const bool slow_network : {false, true}) {
       CAPTURE(slow_network);
-      cost::HardwareProfile hw = cost::profiles::h100_sxm();
+      replay::HardwareProfile hw = replay::profiles::h100_sxm();
       if (slow_network) hw.intra.bandwidth = 1e6;  // traffic dominates: the least-moving strategy wins
       std::vector<Selected::Choice> seen(4);
       const auto err = test::check_attention<Kernel>(
@@ -64,7 +64,7 @@ TEST_SUITE("strategy") {
     const auto err = test::check_attention<Kernel>(
         batch, shape, 4,
         [&](backend::inproc::Transport& t) -> std::unique_ptr<runtime::AttentionEngine<Kernel>> {
-          auto s = std::make_unique<Selected>(t, shape, arguments(cost::profiles::a100_40gb()));
+          auto s = std::make_unique<Selected>(t, shape, arguments(replay::profiles::a100_40gb()));
           seen[static_cast<std::size_t>(t.rank())] = s->choice(batch);
           return s;
         },
@@ -74,11 +74,11 @@ TEST_SUITE("strategy") {
     CHECK(std::isnan(seen[0].predictions[0]));
     CHECK(seen[0].refusals[0].find("heads_q") != std::string::npos);
 
-    using OnlyUlysses = SelectedAttention<Kernel, Ulysses>;
+    using OnlyUlysses = plan::SelectedAttention<Kernel, Ulysses>;
     std::string message;
     backend::inproc::World(4).run([&](backend::inproc::Transport& t) {
       OnlyUlysses::Arguments a;
-      a.simulation.hardware = cost::profiles::h100_sxm();
+      a.simulation.hardware = replay::profiles::h100_sxm();
       OnlyUlysses attn(t, shape, a);
       const std::string m = test::invalid_message([&] { (void)attn.choice(batch); });
       if (t.rank() == 0) message = m;

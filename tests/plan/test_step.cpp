@@ -5,9 +5,9 @@
 #include "support/expect_error.hpp"
 
 #include <seqpar/seqpar.hpp>
-#include <seqpar/cost/candidates.hpp>
-#include <seqpar/cost/model_shape.hpp>
-#include <seqpar/cost/step.hpp>
+#include <seqpar/plan/candidates.hpp>
+#include <seqpar/plan/step.hpp>
+#include <seqpar/replay/model_shape.hpp>
 
 #include <algorithm>
 #include <random>
@@ -17,29 +17,29 @@
 using namespace seqpar;
 using seqpar::test::invalid_message;
 
-TEST_SUITE("cost") {
+TEST_SUITE("plan") {
   TEST_CASE("profiles and models: named, valid, with the published parameter counts") {
-    for (const auto& name : cost::profiles::names()) CHECK_NOTHROW(cost::profiles::by_name(name).validate());
-    CHECK(cost::profiles::by_name("H100").name == "h100-sxm");
+    for (const auto& name : replay::profiles::names()) CHECK_NOTHROW(replay::profiles::by_name(name).validate());
+    CHECK(replay::profiles::by_name("H100").name == "h100-sxm");
     // Llama-3.1-8B has 8.03 B parameters; LLaMA-7B 6.7 B; Qwen1.5-1.8B 1.8 B (with untied embeddings).
-    CHECK(cost::models::llama31_8b().params() == doctest::Approx(8.03e9).epsilon(0.01));
-    CHECK(cost::models::llama_7b().params() == doctest::Approx(6.74e9).epsilon(0.01));
-    CHECK(cost::models::qwen15_1_8b().params() == doctest::Approx(1.84e9).epsilon(0.02));
-    for (const auto& m : cost::models::all()) CHECK_NOTHROW(m.validate());
-    CHECK(invalid_message([] { (void)cost::models::by_name("gpt-5"); }).find("gpt-5") != std::string::npos);
+    CHECK(replay::models::llama31_8b().params() == doctest::Approx(8.03e9).epsilon(0.01));
+    CHECK(replay::models::llama_7b().params() == doctest::Approx(6.74e9).epsilon(0.01));
+    CHECK(replay::models::qwen15_1_8b().params() == doctest::Approx(1.84e9).epsilon(0.02));
+    for (const auto& m : replay::models::all()) CHECK_NOTHROW(m.validate());
+    CHECK(invalid_message([] { (void)replay::models::by_name("gpt-5"); }).find("gpt-5") != std::string::npos);
   }
 
   TEST_CASE("a training step: throughput, ZeRO-3, checkpointing and memory behave as the model says") {
     const DocumentBatch batch({{8192, 4096, 4096}, {16384}});
-    const cost::ModelShape model = cost::models::llama32_1b();
+    const replay::ModelShape model = replay::models::llama32_1b();
     const Topology topo{8, 4};
-    const auto c = cost::compile_all<Strategy<partition::Uniform, comm::AllToAll>>({}, batch, model.attention(), topo);
+    const auto c = plan::compile_all<Strategy<partition::Uniform, comm::AllToAll>>({}, batch, model.attention(), topo);
     REQUIRE(c.status);
-    cost::SimulationOptions sim;
-    sim.hardware = cost::profiles::a100_40gb();
-    cost::TrainingOptions opt;
+    replay::SimulationOptions sim;
+    sim.hardware = replay::profiles::a100_40gb();
+    plan::TrainingOptions opt;
     opt.model = model;
-    const auto base = cost::simulate_step(c, topo, opt, sim);
+    const auto base = plan::simulate_step(c, topo, opt, sim);
     CHECK(base.step_s > 0);
     CHECK(base.tokens_per_s * base.step_s == doctest::Approx(32768));
     CHECK(base.zero_s > 0);
@@ -48,44 +48,44 @@ TEST_SUITE("cost") {
 
     auto no_zero = opt;
     no_zero.zero_ranks = 1;
-    const auto nz = cost::simulate_step(c, topo, no_zero, sim);
+    const auto nz = plan::simulate_step(c, topo, no_zero, sim);
     CHECK(nz.zero_s == 0);
     CHECK(nz.max_peak_memory_bytes() > base.max_peak_memory_bytes());  // unsharded states
 
     auto no_ckpt = opt;
     no_ckpt.checkpointing = false;
-    const auto nc = cost::simulate_step(c, topo, no_ckpt, sim);
+    const auto nc = plan::simulate_step(c, topo, no_ckpt, sim);
     CHECK(nc.step_s < base.step_s);                                    // no recompute
     CHECK(nc.max_peak_memory_bytes() > base.max_peak_memory_bytes());  // every layer's activations
 
     auto two = opt;
     two.micro_batches = 2;
-    const auto mb = cost::simulate_step(c, topo, two, sim);
+    const auto mb = plan::simulate_step(c, topo, two, sim);
     CHECK(mb.step_s == doctest::Approx(2 * base.step_s).epsilon(0.05));
 
     auto bad = opt;
     bad.micro_batches = 0;
-    CHECK(invalid_message([&] { (void)cost::simulate_step(c, topo, bad, sim); }).find("micro_batches = 0") !=
+    CHECK(invalid_message([&] { (void)plan::simulate_step(c, topo, bad, sim); }).find("micro_batches = 0") !=
           std::string::npos);
     auto wrong = opt;
-    wrong.model = cost::models::llama31_8b();  // head_dim 128, the programs were compiled for 64
-    CHECK(invalid_message([&] { (void)cost::simulate_step(c, topo, wrong, sim); }).find("head_dim") != std::string::npos);
+    wrong.model = replay::models::llama31_8b();  // head_dim 128, the programs were compiled for 64
+    CHECK(invalid_message([&] { (void)plan::simulate_step(c, topo, wrong, sim); }).find("head_dim") != std::string::npos);
   }
 
   TEST_CASE("BASP beats Ulysses across two A100 nodes, as in the BASP paper (direction)") {
     const DocumentBatch batch({{16384}, {16384}});
-    const cost::ModelShape model = cost::models::llama31_8b();
+    const replay::ModelShape model = replay::models::llama31_8b();
     const Topology topo{8, 4};
-    cost::SimulationOptions sim;
-    sim.hardware = cost::profiles::a100_40gb();
-    cost::TrainingOptions opt;
+    replay::SimulationOptions sim;
+    sim.hardware = replay::profiles::a100_40gb();
+    plan::TrainingOptions opt;
     opt.model = model;
-    const auto ulysses = cost::compile_all<Strategy<partition::Uniform, comm::AllToAll>>({}, batch, model.attention(), topo);
+    const auto ulysses = plan::compile_all<Strategy<partition::Uniform, comm::AllToAll>>({}, batch, model.attention(), topo);
     Strategy<partition::BatchAware<partition::Uniform>, comm::AllToAll>::Arguments a;
     a.ranks_per_node = 4;
-    const auto basp = cost::compile_all<Strategy<partition::BatchAware<partition::Uniform>, comm::AllToAll>>(
+    const auto basp = plan::compile_all<Strategy<partition::BatchAware<partition::Uniform>, comm::AllToAll>>(
         a, batch, model.attention(), topo);
-    const auto u = cost::simulate_step(ulysses, topo, opt, sim), b = cost::simulate_step(basp, topo, opt, sim);
+    const auto u = plan::simulate_step(ulysses, topo, opt, sim), b = plan::simulate_step(basp, topo, opt, sim);
     CHECK(b.step_s < u.step_s);
     CHECK(b.attention_comm_s < u.attention_comm_s / 2);
     for (const auto& r : b.ranks) CHECK(r.bytes_inter == 0);
@@ -95,8 +95,8 @@ TEST_SUITE("cost") {
     const DocumentBatch batch({{9000, 300, 120, 2500, 700, 4000, 64, 1600}});
     const AttentionShape shape{8, 2, 64, 0};
     const Topology topo{8, 4};
-    const auto hw = cost::profiles::h100_sxm();
-    for (const auto& cand : cost::standard_candidates(hw, cost::models::llama32_1b())) {
+    const auto hw = replay::profiles::h100_sxm();
+    for (const auto& cand : plan::standard_candidates(hw, replay::models::llama32_1b())) {
       CAPTURE(cand.name);
       const auto c = cand.compile(batch, shape, topo);
       if (!c.status) {
@@ -106,7 +106,7 @@ TEST_SUITE("cost") {
       CHECK(c.forward.size() == 8);
     }
     partition::Hybrid::Arguments ha;
-    ha.cost = cost::hybrid_model_cost(hw, shape);
+    ha.cost = plan::hybrid_model_cost(hw, shape);
     const auto report = partition::Hybrid{ha}.plan_with_report(batch, topo);
     partition::Hybrid::Arguments per_doc = ha;
     per_doc.threshold = 0;
@@ -115,9 +115,9 @@ TEST_SUITE("cost") {
   }
 }
 
-TEST_SUITE("cost") {
+TEST_SUITE("plan") {
   TEST_CASE("Hybrid under hybrid_model_cost: its cost is the simulated layer, and it beats both extremes") {
-    const auto hw = cost::profiles::h100_sxm();
+    const auto hw = replay::profiles::h100_sxm();
     using S = Strategy<partition::Hybrid, comm::Ring>;
     std::mt19937_64 rng(11);
     for (const int p : {4, 8}) {
@@ -139,18 +139,18 @@ TEST_SUITE("cost") {
         CAPTURE(trial);
         S::Arguments a;
         a.comm.sharding_aware = true;
-        a.partition.cost = cost::hybrid_model_cost(hw, shape);
+        a.partition.cost = plan::hybrid_model_cost(hw, shape);
         const auto report = partition::Hybrid{a.partition}.plan_with_report(batch, topo);
         // The cost the planner used is what predicting the compiled strategy gives.
         a.partition.threshold = report.threshold;
-        const double chosen = cost::predict(cost::compile_all<S>(a, batch, shape, topo), topo, shape, {.hardware = hw}).time_s();
+        const double chosen = replay::predict(plan::compile_all<S>(a, batch, shape, topo), topo, shape, {.hardware = hw}).time_s();
         CHECK(report.cost == doctest::Approx(chosen).epsilon(1e-9));
         // All Per-Doc (tau = 0) and all Whole-Doc (the longest document) are candidates it weighed.
         for (const std::int64_t tau : {std::int64_t{0}, *std::max_element(lengths.begin(), lengths.end())}) {
           a.partition.threshold = tau;
           if (!S::can_implement(a, batch, shape, topo)) continue;
           const double extreme =
-              cost::predict(cost::compile_all<S>(a, batch, shape, topo), topo, shape, {.hardware = hw}).time_s();
+              replay::predict(plan::compile_all<S>(a, batch, shape, topo), topo, shape, {.hardware = hw}).time_s();
           CHECK(chosen <= extreme * (1 + a.partition.tolerance) + 1e-12);
         }
       }
@@ -161,10 +161,10 @@ TEST_SUITE("cost") {
     const DocumentBatch batch({{9000, 3000, 500, 3884}, {16384}});
     const AttentionShape shape{32, 8, 128, 0};
     using HybridRing = seqpar::Strategy<seqpar::partition::Hybrid, seqpar::comm::Ring>;
-    seqpar::cost::SimulationOptions sim{.hardware = seqpar::cost::profiles::h100_sxm(), .trace = true};
-    auto compiled = seqpar::cost::compile_all<HybridRing>({}, batch, shape, seqpar::Topology{16, 8});
-    auto layer = seqpar::cost::predict(compiled, {16, 8}, shape, sim);
-    auto step = seqpar::cost::simulate_step(compiled, {16, 8}, {.model = seqpar::cost::models::llama31_8b()}, sim);
+    seqpar::replay::SimulationOptions sim{.hardware = seqpar::replay::profiles::h100_sxm(), .trace = true};
+    auto compiled = seqpar::plan::compile_all<HybridRing>({}, batch, shape, seqpar::Topology{16, 8});
+    auto layer = seqpar::replay::predict(compiled, {16, 8}, shape, sim);
+    auto step = seqpar::plan::simulate_step(compiled, {16, 8}, {.model = seqpar::replay::models::llama31_8b()}, sim);
     CHECK(layer.time_s() > 0);
     CHECK(step.step_s > 16 * layer.time_s());  // 32 layers of attention plus everything else
     CHECK(!step.trace.events.empty());

@@ -3,7 +3,7 @@
 
 #include "support/expect_error.hpp"
 
-#include <seqpar/cost/workloads.hpp>
+#include <seqpar/plan/workloads.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -12,7 +12,7 @@
 #include <vector>
 
 using namespace seqpar;
-namespace workloads = seqpar::cost::workloads;
+namespace workloads = seqpar::plan::workloads;
 
 namespace {
 using test::invalid_message;
@@ -29,7 +29,7 @@ const std::vector<std::string> kConcrete = {"single",   "fixed:1000", "uniform:1
                                             "redpajama", "longtail",  "fineweb",         "ultrachat", "commoncrawl"};
 }  // namespace
 
-TEST_SUITE("core") {
+TEST_SUITE("plan") {
   TEST_CASE("workloads: every distribution sums exactly to the tokens, documents >= 1") {
     CHECK(workloads::distribution_names().size() == kConcrete.size());
     for (const std::string& name : kConcrete)

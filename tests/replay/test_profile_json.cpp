@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// cost::to_json / profile_from_json / load_profile: the profile bench/calibrate writes reads back exactly,
+// replay::to_json / profile_from_json / load_profile: the profile bench/calibrate writes reads back exactly,
 // and bad input names what is wrong.
 #include <doctest/doctest.h>
 
 #include "support/expect_error.hpp"
 
-#include <seqpar/cost/profile_json.hpp>
+#include <seqpar/replay/profile_json.hpp>
 
 #include <cstdio>
 #include <fstream>
@@ -16,8 +16,8 @@ using namespace seqpar;
 namespace {
 using test::invalid_message;
 
-cost::HardwareProfile measured_like() {
-  cost::HardwareProfile p;
+replay::HardwareProfile measured_like() {
+  replay::HardwareProfile p;
   p.name = "this \"machine\" \\ 2 cores";
   p.peak_flops = 1.234567890123e11;
   p.attention_efficiency = 0.4321;
@@ -37,7 +37,7 @@ cost::HardwareProfile measured_like() {
   return p;
 }
 
-void check_same(const cost::HardwareProfile& a, const cost::HardwareProfile& b) {
+void check_same(const replay::HardwareProfile& a, const replay::HardwareProfile& b) {
   CHECK(a.name == b.name);
   CHECK(a.peak_flops == b.peak_flops);  // exact: 17 significant digits round-trip a double
   CHECK(a.gemm_efficiency == b.gemm_efficiency);
@@ -61,7 +61,7 @@ void check_same(const cost::HardwareProfile& a, const cost::HardwareProfile& b) 
 
 // to_json's text with one key's value replaced (the value runs to the end of its line, less a comma).
 std::string with_value(const std::string& key, const std::string& value) {
-  std::string s = cost::to_json(measured_like());
+  std::string s = replay::to_json(measured_like());
   const std::size_t at = s.find("\"" + key + "\": ");
   REQUIRE(at != std::string::npos);
   const std::size_t begin = at + key.size() + 4;
@@ -71,17 +71,17 @@ std::string with_value(const std::string& key, const std::string& value) {
 }
 }  // namespace
 
-TEST_SUITE("core") {
-  TEST_CASE("cost::to_json round-trips a measured profile and every named profile exactly") {
-    check_same(cost::profile_from_json(cost::to_json(measured_like())), measured_like());
-    for (const std::string& name : cost::profiles::names()) {
-      const cost::HardwareProfile p = cost::profiles::by_name(name);
-      check_same(cost::profile_from_json(cost::to_json(p)), p);
+TEST_SUITE("replay") {
+  TEST_CASE("replay::to_json round-trips a measured profile and every named profile exactly") {
+    check_same(replay::profile_from_json(replay::to_json(measured_like())), measured_like());
+    for (const std::string& name : replay::profiles::names()) {
+      const replay::HardwareProfile p = replay::profiles::by_name(name);
+      check_same(replay::profile_from_json(replay::to_json(p)), p);
     }
   }
 
-  TEST_CASE("cost::profile_from_json accepts any key order and whitespace") {
-    std::string s = cost::to_json(measured_like());
+  TEST_CASE("replay::profile_from_json accepts any key order and whitespace") {
+    std::string s = replay::to_json(measured_like());
     // Move "name" to the end: swap the first line with the rest.
     const std::size_t first = s.find('\n') + 1, second = s.find('\n', first) + 1;
     std::string name_line = s.substr(first, second - first);  // `  "name": "...",\n`
@@ -89,56 +89,56 @@ TEST_SUITE("core") {
     name_line.pop_back();  // '\n'
     name_line.pop_back();  // ','
     s.insert(s.rfind('\n', s.size() - 2), ",\n" + name_line);
-    check_same(cost::profile_from_json(s), measured_like());
+    check_same(replay::profile_from_json(s), measured_like());
   }
 
-  TEST_CASE("cost::profile_from_json names the key or the text that is wrong") {
-    CHECK(invalid_message([] { (void)cost::profile_from_json(with_value("peak_flops", "\"fast\"")); })
+  TEST_CASE("replay::profile_from_json names the key or the text that is wrong") {
+    CHECK(invalid_message([] { (void)replay::profile_from_json(with_value("peak_flops", "\"fast\"")); })
               .find("value of \"peak_flops\"") != std::string::npos);
-    CHECK(invalid_message([] { (void)cost::profile_from_json(with_value("intra_latency", "abc")); })
+    CHECK(invalid_message([] { (void)replay::profile_from_json(with_value("intra_latency", "abc")); })
               .find("'abc': is not a finite number") != std::string::npos);
-    CHECK(invalid_message([] { (void)cost::profile_from_json(with_value("ranks_per_node", "2.5")); })
+    CHECK(invalid_message([] { (void)replay::profile_from_json(with_value("ranks_per_node", "2.5")); })
               .find("ranks_per_node = 2.5: must be an integer") != std::string::npos);
     // Parses, but the profile is invalid: validate names the field.
-    CHECK(invalid_message([] { (void)cost::profile_from_json(with_value("hbm_bandwidth", "0")); })
+    CHECK(invalid_message([] { (void)replay::profile_from_json(with_value("hbm_bandwidth", "0")); })
               .find("hbm_bandwidth = 0: must be > 0") != std::string::npos);
-    std::string unknown = cost::to_json(measured_like());
+    std::string unknown = replay::to_json(measured_like());
     unknown.insert(1, "\n  \"warp_size\": 32,");
-    CHECK(invalid_message([&] { (void)cost::profile_from_json(unknown); }).find("'warp_size': is not a HardwareProfile field") !=
+    CHECK(invalid_message([&] { (void)replay::profile_from_json(unknown); }).find("'warp_size': is not a HardwareProfile field") !=
           std::string::npos);
-    std::string twice = cost::to_json(measured_like());
+    std::string twice = replay::to_json(measured_like());
     twice.insert(1, "\n  \"value_bytes\": 4,");
-    CHECK(invalid_message([&] { (void)cost::profile_from_json(twice); }).find("'value_bytes': appears twice") !=
+    CHECK(invalid_message([&] { (void)replay::profile_from_json(twice); }).find("'value_bytes': appears twice") !=
           std::string::npos);
-    std::string missing = cost::to_json(measured_like());
+    std::string missing = replay::to_json(measured_like());
     const std::size_t at = missing.find("  \"cores_per_node\"");
     missing.erase(at - 2, missing.find('\n', at) - (at - 2));  // with the comma before it
-    CHECK(invalid_message([&] { (void)cost::profile_from_json(missing); }).find("'cores_per_node': is missing") !=
+    CHECK(invalid_message([&] { (void)replay::profile_from_json(missing); }).find("'cores_per_node': is missing") !=
           std::string::npos);
-    CHECK(invalid_message([] { (void)cost::profile_from_json(""); }).find("was expected") != std::string::npos);
-    CHECK(invalid_message([] { (void)cost::profile_from_json("{}"); }).find("is empty") != std::string::npos);
-    CHECK(invalid_message([] { (void)cost::profile_from_json(cost::to_json(measured_like()) + "x"); })
+    CHECK(invalid_message([] { (void)replay::profile_from_json(""); }).find("was expected") != std::string::npos);
+    CHECK(invalid_message([] { (void)replay::profile_from_json("{}"); }).find("is empty") != std::string::npos);
+    CHECK(invalid_message([] { (void)replay::profile_from_json(replay::to_json(measured_like()) + "x"); })
               .find("text after the object") != std::string::npos);
-    CHECK(invalid_message([] { (void)cost::profile_from_json("{\"name\": \"open"); }).find("not terminated") !=
+    CHECK(invalid_message([] { (void)replay::profile_from_json("{\"name\": \"open"); }).find("not terminated") !=
           std::string::npos);
   }
 
-  TEST_CASE("cost::load_profile reads a file and names the path on failure") {
+  TEST_CASE("replay::load_profile reads a file and names the path on failure") {
     const std::string path = "seqpar_test_profile.json";
     {
       std::ofstream out(path);
-      out << cost::to_json(measured_like());
+      out << replay::to_json(measured_like());
     }
-    check_same(cost::load_profile(path), measured_like());
+    check_same(replay::load_profile(path), measured_like());
     {
       std::ofstream out(path);
       out << with_value("value_bytes", "3");
     }
-    const std::string bad = invalid_message([&] { (void)cost::load_profile(path); });
+    const std::string bad = invalid_message([&] { (void)replay::load_profile(path); });
     CHECK(bad.find(path) != std::string::npos);
     CHECK(bad.find("value_bytes = 3") != std::string::npos);
     std::remove(path.c_str());
-    CHECK(invalid_message([] { (void)cost::load_profile("/nonexistent/profile.json"); })
+    CHECK(invalid_message([] { (void)replay::load_profile("/nonexistent/profile.json"); })
               .find("path = /nonexistent/profile.json: cannot be opened") != std::string::npos);
   }
 }

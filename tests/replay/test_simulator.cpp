@@ -5,9 +5,10 @@
 #include "support/expect_error.hpp"
 
 #include <seqpar/seqpar.hpp>
-#include <seqpar/cost/costs.hpp>
-#include <seqpar/cost/predict.hpp>
-#include <seqpar/cost/simulator.hpp>
+#include <seqpar/plan/compile_all.hpp>
+#include <seqpar/replay/costs.hpp>
+#include <seqpar/replay/predict.hpp>
+#include <seqpar/replay/simulator.hpp>
 
 #include <cmath>
 #include <cstdio>
@@ -21,8 +22,8 @@ using seqpar::test::invalid_message;
 namespace {
 
 // Round numbers, copies free (huge HBM bandwidth), no launch cost: times are easy to write down.
-cost::HardwareProfile round_profile() {
-  cost::HardwareProfile p;
+replay::HardwareProfile round_profile() {
+  replay::HardwareProfile p;
   p.name = "round";
   p.peak_flops = 1e12;
   p.gemm_efficiency = 1.0;
@@ -39,25 +40,25 @@ cost::HardwareProfile round_profile() {
   return p;
 }
 
-cost::SimulationOptions options(const cost::HardwareProfile& hw) {
-  cost::SimulationOptions o;
+replay::SimulationOptions options(const replay::HardwareProfile& hw) {
+  replay::SimulationOptions o;
   o.hardware = hw;
   return o;
 }
 
 }  // namespace
 
-TEST_SUITE("cost") {
+TEST_SUITE("replay") {
   TEST_CASE("attention_slots: exact area without tiles, whole blocks with them") {
     const AttnSlice causal{{0, 512}, {0, 512}, Mask::causal()};
-    CHECK(cost::attention_slots(causal, 1, 0) == causal.area());
+    CHECK(replay::attention_slots(causal, 1, 0) == causal.area());
     // 4 query blocks touching 1, 2, 3, 4 key blocks, plus 1.9 blocks of overhead each.
-    CHECK(cost::attention_slots(causal, 128, 1.9) == doctest::Approx((10 + 4 * 1.9) * 128 * 128));
+    CHECK(replay::attention_slots(causal, 128, 1.9) == doctest::Approx((10 + 4 * 1.9) * 128 * 128));
     const AttnSlice full{{0, 200}, {0, 300}, Mask::full()};
-    CHECK(cost::attention_slots(full, 128, 0) == 2 * 3 * 128 * 128);
+    CHECK(replay::attention_slots(full, 128, 0) == 2 * 3 * 128 * 128);
     // A fully masked slice costs nothing; with tile 1 the overhead counts rows that see a key.
-    CHECK(cost::attention_slots({{0, 10}, {0, 10}, Mask::causal(-20)}, 128, 1.9) == 0);
-    CHECK(cost::attention_slots({{0, 10}, {0, 10}, Mask::causal(-3)}, 1, 1.0) == doctest::Approx(28 + 7));
+    CHECK(replay::attention_slots({{0, 10}, {0, 10}, Mask::causal(-20)}, 128, 1.9) == 0);
+    CHECK(replay::attention_slots({{0, 10}, {0, 10}, Mask::causal(-3)}, 1, 1.0) == doctest::Approx(28 + 7));
   }
 
   TEST_CASE("one rank: the step time is the kernel's FLOPs at the profile's rate") {
@@ -65,7 +66,7 @@ TEST_SUITE("cost") {
     const AttentionShape shape{4, 2, 64, 0};
     const Topology topo{1, 1};
     using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
-    const auto p = cost::predict<Ulysses>({}, batch, shape, topo, options(round_profile()));
+    const auto p = plan::predict<Ulysses>({}, batch, shape, topo, options(round_profile()));
     REQUIRE(p.status);
     const double pairs = 300.0 * 301 / 2 + 700.0 * 701 / 2;
     CHECK(p.forward.time_s == doctest::Approx(4.0 * 64 * 4 * pairs / 1e12));
@@ -78,16 +79,16 @@ TEST_SUITE("cost") {
     const DocumentBatch batch = DocumentBatch::single({1000});
     const AttentionShape shape{4, 2, 64, 0};
     using ZigzagRing = Strategy<partition::Zigzag, comm::Ring>;
-    cost::HardwareProfile hw = round_profile();
+    replay::HardwareProfile hw = round_profile();
     hw.peak_flops = 1e30;  // communication only
     for (const int per_node : {2, 1}) {
       CAPTURE(per_node);
       const Topology topo{2, per_node};
-      const auto c = cost::compile_all<ZigzagRing>({}, batch, shape, topo);
-      const auto rep = cost::predict(c, topo, shape, options(hw)).forward;
+      const auto c = plan::compile_all<ZigzagRing>({}, batch, shape, topo);
+      const auto rep = replay::predict(c, topo, shape, options(hw)).forward;
       // Each rank sends its 500 tokens of K and V (2 heads x 64 x 2 bytes each) to the other.
       const double bytes = 500.0 * 2 * 2 * 64 * 2;
-      const cost::LinkClass link = per_node == 2 ? hw.intra : hw.inter;
+      const replay::LinkClass link = per_node == 2 ? hw.intra : hw.inter;
       CHECK(rep.time_s == doctest::Approx(link.latency + bytes / link.bandwidth).epsilon(1e-6));
       for (int r = 0; r < 2; ++r) {
         const auto& rt = rep.ranks[static_cast<std::size_t>(r)];
@@ -98,7 +99,7 @@ TEST_SUITE("cost") {
     // With compute much longer than the transfer, the ring hides it: time = compute of the slower rank.
     const Topology topo{2, 2};
     hw.peak_flops = 1e9;
-    const auto rep = cost::predict<ZigzagRing>({}, batch, shape, topo, options(hw)).forward;
+    const auto rep = plan::predict<ZigzagRing>({}, batch, shape, topo, options(hw)).forward;
     double slowest = 0;
     for (const auto& r : rep.ranks) slowest = std::max(slowest, r.compute_s);
     CHECK(rep.time_s == doctest::Approx(slowest).epsilon(1e-6));
@@ -109,11 +110,11 @@ TEST_SUITE("cost") {
     const DocumentBatch batch = DocumentBatch::single({4000});
     const AttentionShape shape{4, 4, 32, 0};
     using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
-    cost::HardwareProfile hw = round_profile();
+    replay::HardwareProfile hw = round_profile();
     hw.peak_flops = 1e30;
     const Topology topo{4, 2};
-    const auto c = cost::compile_all<Ulysses>({}, batch, shape, topo);
-    const auto rep = cost::predict(c, topo, shape, options(hw)).forward;
+    const auto c = plan::compile_all<Ulysses>({}, batch, shape, topo);
+    const auto rep = replay::predict(c, topo, shape, options(hw)).forward;
     // Forward = two exchanges (Q, K, V to head shards; O and LSE back). In each, every rank sends half
     // its off-rank bytes to the other node; one NIC per node carries both of its ranks' share.
     double node_out_first = 0;
@@ -131,9 +132,9 @@ TEST_SUITE("cost") {
     using HybridRing = Strategy<partition::Hybrid, comm::Ring>;
     HybridRing::Arguments args;
     args.comm.sharding_aware = true;
-    const auto c = cost::compile_all<HybridRing>(args, batch, shape, topo);
+    const auto c = plan::compile_all<HybridRing>(args, batch, shape, topo);
     REQUIRE(c.status);
-    const cost::Replay replay(c.forward, topo, shape, options(cost::profiles::h100_sxm()));
+    const replay::Replay replay(c.forward, topo, shape, options(replay::profiles::h100_sxm()));
     const auto a = replay.run();
     const std::vector<double> later(4, 2.5);
     const auto b = replay.run(later);
@@ -148,9 +149,9 @@ TEST_SUITE("cost") {
     const DocumentBatch batch({{800, 1200}});
     const AttentionShape shape{4, 2, 64, 0};
     const Topology topo{2, 2};
-    auto opt = options(cost::profiles::a100_40gb());
+    auto opt = options(replay::profiles::a100_40gb());
     opt.trace = true;
-    const auto p = cost::predict<Strategy<partition::Zigzag, comm::Ring>>({}, batch, shape, topo, opt);
+    const auto p = plan::predict<Strategy<partition::Zigzag, comm::Ring>>({}, batch, shape, topo, opt);
     REQUIRE(!p.forward.trace.events.empty());
     const std::string path = "seqpar_test_trace.json";
     p.forward.trace.write(path);
@@ -171,24 +172,24 @@ TEST_SUITE("cost") {
     const DocumentBatch batch = DocumentBatch::single({1000});
     const AttentionShape shape{4, 2, 64, 0};
     const Topology topo{2, 2};
-    auto c = cost::compile_all<Strategy<partition::Zigzag, comm::Ring>>({}, batch, shape, topo);
-    const auto opt = options(cost::profiles::h100_sxm());
-    CHECK(invalid_message([&] { (void)cost::Replay(std::span(c.forward).first(1), topo, shape, opt); })
+    auto c = plan::compile_all<Strategy<partition::Zigzag, comm::Ring>>({}, batch, shape, topo);
+    const auto opt = options(replay::profiles::h100_sxm());
+    CHECK(invalid_message([&] { (void)replay::Replay(std::span(c.forward).first(1), topo, shape, opt); })
               .find("programs.size() = 1") != std::string::npos);
     auto bad = opt;
     bad.hardware.intra.bandwidth = 0;
-    CHECK(invalid_message([&] { (void)cost::Replay(c.forward, topo, shape, bad); }).find("intra.bandwidth = 0") !=
+    CHECK(invalid_message([&] { (void)replay::Replay(c.forward, topo, shape, bad); }).find("intra.bandwidth = 0") !=
           std::string::npos);
     // Rank 1 never posts its receive: the replay must say the programs do not match.
     auto broken = c.forward;
     std::erase_if(broken[1].steps, [](const comm::Step& s) { return std::holds_alternative<comm::PostStep>(s); });
     std::erase_if(broken[1].steps, [](const comm::Step& s) { return std::holds_alternative<comm::WaitStep>(s); });
-    CHECK_THROWS_AS((void)cost::Replay(broken, topo, shape, opt).run(), std::logic_error);
+    CHECK_THROWS_AS((void)replay::Replay(broken, topo, shape, opt).run(), std::logic_error);
     // Rank 1 skips its all-to-all: rank 0 would wait forever; the replay reports a deadlock.
-    auto u = cost::compile_all<Strategy<partition::Uniform, comm::AllToAll>>({}, batch, shape, topo);
+    auto u = plan::compile_all<Strategy<partition::Uniform, comm::AllToAll>>({}, batch, shape, topo);
     std::erase_if(u.forward[1].steps, [](const comm::Step& s) { return std::holds_alternative<comm::ExchangeStep>(s); });
-    const cost::Replay stuck(u.forward, topo, shape, opt);
+    const replay::Replay stuck(u.forward, topo, shape, opt);
     CHECK_THROWS_WITH_AS((void)stuck.run(), doctest::Contains("deadlock"), std::logic_error);
-    CHECK(invalid_message([&] { (void)cost::profiles::by_name("tpu-v9"); }).find("tpu-v9") != std::string::npos);
+    CHECK(invalid_message([&] { (void)replay::profiles::by_name("tpu-v9"); }).find("tpu-v9") != std::string::npos);
   }
 }

@@ -167,7 +167,9 @@ struct Hybrid {
     std::int64_t chosen = costed.front().first;
     for (const auto& [tau, c] : costed)
       if (c <= lowest * (1.0 + args.tolerance)) chosen = tau;
-    HybridReport best = score(batch, *candidate(batch, topo, chosen), chosen);
+    // The chosen plan is rebuilt (cheap) but not costed again: a simulated cost is the expensive part.
+    HybridReport best = measure(batch, *candidate(batch, topo, chosen), chosen);
+    best.cost = std::find_if(costed.begin(), costed.end(), [chosen](const auto& tc) { return tc.first == chosen; })->second;
     best.candidates_evaluated = static_cast<int>(costed.size());
     return best;
   }
@@ -249,7 +251,8 @@ struct Hybrid {
     return p;
   }
 
-  [[nodiscard]] HybridReport score(const DocumentBatch& batch, const ShardPlan& p, std::int64_t tau) const {
+  // Everything of the report but its cost.
+  [[nodiscard]] HybridReport measure(const DocumentBatch& batch, const ShardPlan& p, std::int64_t tau) const {
     HybridReport r;
     const auto n = static_cast<std::size_t>(p.world_size());
     r.tokens.resize(n);
@@ -261,10 +264,15 @@ struct Hybrid {
       r.received_kv_tokens[k] = received_kv_tokens(p, static_cast<int>(k));
     }
     for (const Document& d : batch.documents()) r.per_doc_documents += d.tokens.size() > tau ? 1 : 0;
-    const HybridCandidate c{batch, p, tau, r.tokens, r.area, r.received_kv_tokens};
-    r.cost = args.cost ? args.cost(c) : hybrid_proxy_cost(c, args.compute_weight, args.comm_weight, args.overlap);
     r.threshold = tau;
     r.plan = p;
+    return r;
+  }
+
+  [[nodiscard]] HybridReport score(const DocumentBatch& batch, const ShardPlan& p, std::int64_t tau) const {
+    HybridReport r = measure(batch, p, tau);
+    const HybridCandidate c{batch, r.plan, tau, r.tokens, r.area, r.received_kv_tokens};
+    r.cost = args.cost ? args.cost(c) : hybrid_proxy_cost(c, args.compute_weight, args.comm_weight, args.overlap);
     return r;
   }
 };

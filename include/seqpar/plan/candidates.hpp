@@ -11,9 +11,9 @@
 #include "seqpar/comm/all_to_all.hpp"
 #include "seqpar/comm/hierarchical.hpp"
 #include "seqpar/comm/ring.hpp"
-#include "seqpar/cost/hybrid_cost.hpp"
-#include "seqpar/cost/model_shape.hpp"
-#include "seqpar/cost/predict.hpp"
+#include "seqpar/plan/hybrid_cost.hpp"
+#include "seqpar/replay/model_shape.hpp"
+#include "seqpar/plan/compile_all.hpp"
 #include "seqpar/partition/batch_aware.hpp"
 #include "seqpar/partition/hybrid.hpp"
 #include "seqpar/partition/per_doc.hpp"
@@ -22,14 +22,14 @@
 #include "seqpar/partition/zigzag.hpp"
 #include "seqpar/strategy.hpp"
 
-namespace seqpar::cost {
+namespace seqpar::plan {
 
 /// A strategy the planner can compile for any batch, by name: the type-erased face of Strategy<P, C, S>
 /// for tools that choose at run time (seqpar-plan, the replays).
 struct Candidate {
   std::string name;
   std::string description;  ///< the Strategy<...> it is
-  std::function<CompiledStrategy(const DocumentBatch&, const AttentionShape&, const Topology&)> compile;
+  std::function<replay::CompiledStrategy(const DocumentBatch&, const AttentionShape&, const Topology&)> compile;
 };
 
 /// Per-Doc cuts every document it splits into 2P pieces, and a ring over P ranks then runs ~4 slices per
@@ -72,34 +72,46 @@ template <class S>
           }};
 }
 
+/// Strategy<Hybrid, Communicator> compiled for every rank with `args`, refused when Per-Doc's pieces
+/// would exceed the planning budget. The threshold sweep runs once: its plan is checked against the
+/// budget and the communicator, then compiled per rank (each threshold costed once, whatever the cost
+/// function: a simulated one replays every candidate's layer).
+template <class Communicator>
+[[nodiscard]] replay::CompiledStrategy compile_hybrid(const typename Strategy<partition::Hybrid, Communicator>::Arguments& args,
+                                                      const DocumentBatch& batch, const AttentionShape& shape,
+                                                      const Topology& topo) {
+  using S = Strategy<partition::Hybrid, Communicator>;
+  typename S::Planned planned;
+  const partition::Hybrid partitioner{args.partition};
+  if (planned.status = partitioner.can_implement(batch, topo); planned.status) {
+    partition::HybridReport report = partitioner.plan_with_report(batch, topo);
+    planned.status = check_split_budget(report.per_doc_documents, topo.world_size);
+    if (planned.status) {
+      planned.plan = std::move(report.plan);
+      planned.status = Communicator{args.comm}.can_implement(planned.plan, shape);
+    }
+  }
+  return compile_all<S>(args, std::move(planned), shape, topo);
+}
+
 /// Strategy<Hybrid, Communicator{sharding_aware}> with its threshold chosen by hybrid_model_cost on
 /// `hardware` (the proxy without one), refused when Per-Doc's pieces would exceed the planning budget.
 template <class Communicator>
 [[nodiscard]] Candidate hybrid_candidate(std::string name, std::string description,
-                                         std::optional<HardwareProfile> hardware, double per_token) {
-  using S = Strategy<partition::Hybrid, Communicator>;
+                                         std::optional<replay::HardwareProfile> hardware, double per_token) {
   return {std::move(name), std::move(description),
           [hw = std::move(hardware), per_token](const DocumentBatch& batch, const AttentionShape& shape,
                                                 const Topology& topo) {
-            typename S::Arguments a;
+            typename Strategy<partition::Hybrid, Communicator>::Arguments a;
             a.comm.sharding_aware = true;
             a.ranks_per_node = topo.ranks_per_node;
             if (hw) a.partition.cost = hybrid_model_cost<Communicator>(*hw, shape, per_token);
-            if (const Status st = S::can_implement(a, batch, shape, topo); st) {
-              const auto report = partition::Hybrid{a.partition}.plan_with_report(batch, topo);
-              if (Status budget = check_split_budget(report.per_doc_documents, topo.world_size); !budget) {
-                CompiledStrategy out;
-                out.status = std::move(budget);
-                return out;
-              }
-              a.partition.threshold = report.threshold;  // the sweep is done: compile_all plans this one
-            }
-            return compile_all<S>(a, batch, shape, topo);
+            return compile_hybrid<Communicator>(a, batch, shape, topo);
           }};
 }
 
 /// Seconds of one layer's GEMMs (forward + backward, with recompute) per token of `model` on `hw`.
-[[nodiscard]] inline double layer_gemm_seconds_per_token(const HardwareProfile& hw, const ModelShape& model,
+[[nodiscard]] inline double layer_gemm_seconds_per_token(const replay::HardwareProfile& hw, const replay::ModelShape& model,
                                                          bool checkpointing = true) {
   return (checkpointing ? 4.0 : 3.0) * model.layer_gemm_flops_per_token() / hw.gemm_rate();
 }
@@ -107,8 +119,8 @@ template <class Communicator>
 /// Every composition seqpar ships, with the arguments a user would start from. Hybrid placements are
 /// chosen with the cost model of `hardware` (hybrid_model_cost) when one is given, else with the proxy;
 /// with `model`, the placement also weighs the GEMM time of the tokens each rank owns (training).
-[[nodiscard]] inline std::vector<Candidate> standard_candidates(std::optional<HardwareProfile> hardware = std::nullopt,
-                                                                std::optional<ModelShape> model = std::nullopt) {
+[[nodiscard]] inline std::vector<Candidate> standard_candidates(std::optional<replay::HardwareProfile> hardware = std::nullopt,
+                                                                std::optional<replay::ModelShape> model = std::nullopt) {
   const double per_token = hardware && model ? layer_gemm_seconds_per_token(*hardware, *model) : 0.0;
   using partition::BatchAware, partition::Hybrid, partition::PerDoc, partition::Uniform, partition::WholeDoc,
       partition::Zigzag;
@@ -129,7 +141,7 @@ template <class Communicator>
     Candidate cand = make_candidate<Strategy<PerDoc, Ring>>("per-doc-aware", "Strategy<PerDoc, Ring{sharding_aware}> (FlashCP Per-Doc)", a);
     cand.compile = [inner = std::move(cand.compile)](const DocumentBatch& batch, const AttentionShape& shape,
                                                       const Topology& topo) {
-      CompiledStrategy out;
+      replay::CompiledStrategy out;
       out.status = check_split_budget(static_cast<double>(batch.documents().size()), topo.world_size);
       return out.status ? inner(batch, shape, topo) : out;
     };
@@ -139,7 +151,7 @@ template <class Communicator>
     Candidate cand = make_candidate<Strategy<Zigzag, AllGather>>("allgather", "Strategy<Zigzag, AllGather> (Llama 3 CP)");
     cand.compile = [inner = std::move(cand.compile)](const DocumentBatch& batch, const AttentionShape& shape,
                                                       const Topology& topo) {
-      CompiledStrategy out;
+      replay::CompiledStrategy out;
       out.status = check_gather_budget(batch.num_sequences(), topo.world_size);
       return out.status ? inner(batch, shape, topo) : out;
     };
@@ -177,4 +189,4 @@ template <class Communicator>
   return c;
 }
 
-}  // namespace seqpar::cost
+}  // namespace seqpar::plan

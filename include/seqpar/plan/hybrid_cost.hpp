@@ -8,12 +8,12 @@
 #include "seqpar/comm/all_gather.hpp"
 #include "seqpar/comm/ring.hpp"
 #include "seqpar/core/attention_shape.hpp"
-#include "seqpar/cost/costs.hpp"
-#include "seqpar/cost/hardware.hpp"
-#include "seqpar/cost/simulator.hpp"
+#include "seqpar/replay/costs.hpp"
+#include "seqpar/replay/hardware.hpp"
+#include "seqpar/replay/simulator.hpp"
 #include "seqpar/partition/hybrid.hpp"
 
-namespace seqpar::cost {
+namespace seqpar::plan {
 
 /// A closed-form estimate of what hybrid_model_cost simulates, for plans too large to simulate per
 /// candidate: the slowest rank's seconds of one layer's attention forward + backward under a
@@ -30,7 +30,7 @@ namespace seqpar::cost {
 /// the slowest rank sets the step (pass gemm seconds per token of one layer, forward + backward).
 /// It prices each rank's global slices, not the per-step pieces a ring cuts them into (one per KV
 /// owner), so it underrates Per-Doc: on 128K pile-like mixes at P = 8 by about 2x (bench/replay).
-[[nodiscard]] inline partition::HybridCostFunction hybrid_estimated_cost(const HardwareProfile& hw,
+[[nodiscard]] inline partition::HybridCostFunction hybrid_estimated_cost(const replay::HardwareProfile& hw,
                                                                         const AttentionShape& shape,
                                                                         double seconds_per_token = 0.0) {
   return [hw, shape, seconds_per_token](const partition::HybridCandidate& c) {
@@ -45,8 +45,8 @@ namespace seqpar::cost {
     double worst = 0;
     for (std::size_t r = 0; r < c.area.size(); ++r) {
       const auto& slices = c.plan.slices[r];
-      const double compute = attention_seconds(hw, slices, shape.heads_q, shape.head_dim, false) +
-                             attention_seconds(hw, slices, shape.heads_q, shape.head_dim, true);
+      const double compute = replay::attention_seconds(hw, slices, shape.heads_q, shape.head_dim, false) +
+                             replay::attention_seconds(hw, slices, shape.heads_q, shape.head_dim, true);
       const double comm = 3.0 * static_cast<double>(c.received_kv_tokens[r]) * kv_token_bytes / link;
       const double steps = std::max(1, p - 1);
       worst = std::max(worst, std::max(compute, comm) + (comm > 0 ? comm / steps + steps * latency : 0.0) +
@@ -69,7 +69,7 @@ inline constexpr int kSimulatedHybridRanks = 16;
 /// picked thresholds whose simulated layer was 1.4x slower than Whole-Doc's on pile, Hq16/Hkv8). Under
 /// Hierarchical or BatchAware the exchange simulated is the group's flat one, an approximation.
 template <class Communicator = comm::Ring>
-[[nodiscard]] partition::HybridCostFunction hybrid_model_cost(const HardwareProfile& hw, const AttentionShape& shape,
+[[nodiscard]] partition::HybridCostFunction hybrid_model_cost(const replay::HardwareProfile& hw, const AttentionShape& shape,
                                                              double seconds_per_token = 0.0) {
   const partition::HybridCostFunction estimate = hybrid_estimated_cost(hw, shape, seconds_per_token);
   return [hw, shape, seconds_per_token, estimate](const partition::HybridCandidate& c) {
@@ -85,13 +85,13 @@ template <class Communicator = comm::Ring>
       fwd.push_back(std::move(a.forward));
       bwd.push_back(std::move(a.backward));
     }
-    SimulationOptions sim;
+    replay::SimulationOptions sim;
     sim.hardware = hw;
-    const double attention = Replay(fwd, c.plan.topology, shape, sim).run().time_s +
-                             Replay(bwd, c.plan.topology, shape, sim).run().time_s;
+    const double attention = replay::Replay(fwd, c.plan.topology, shape, sim).run().time_s +
+                             replay::Replay(bwd, c.plan.topology, shape, sim).run().time_s;
     const std::int64_t most = c.tokens.empty() ? 0 : *std::max_element(c.tokens.begin(), c.tokens.end());
     return attention + seconds_per_token * static_cast<double>(most);
   };
 }
 
-}  // namespace seqpar::cost
+}  // namespace seqpar::plan

@@ -14,11 +14,12 @@
 #include <vector>
 
 #include "seqpar/attention/kernel.hpp"
-#include "seqpar/cost/predict.hpp"
+#include "seqpar/plan/compile_all.hpp"
+#include "seqpar/replay/predict.hpp"
 #include "seqpar/runtime/engine.hpp"
 #include "seqpar/strategy.hpp"
 
-namespace seqpar {
+namespace seqpar::plan {
 
 /// Exact distributed attention that, for every new batch shape, simulates each of the strategies compiled
 /// in on the cost model and runs the fastest: the per-batch choice among Strategies... (e.g. Ulysses for
@@ -30,9 +31,9 @@ namespace seqpar {
 /// @code
 /// using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
 /// using FlashCP = Strategy<partition::Hybrid, comm::Ring>;
-/// SelectedAttention<attention::CpuFlash<float>, Ulysses, FlashCP>::Arguments args;
-/// args.simulation.hardware = cost::profiles::h100_sxm();
-/// SelectedAttention<attention::CpuFlash<float>, Ulysses, FlashCP> attn(transport, shape, args);
+/// plan::SelectedAttention<attention::CpuFlash<float>, Ulysses, FlashCP>::Arguments args;
+/// args.simulation.hardware = replay::profiles::h100_sxm();
+/// plan::SelectedAttention<attention::CpuFlash<float>, Ulysses, FlashCP> attn(transport, shape, args);
 /// attn.forward(batch, q, k, v, o, lse);            // lay q, k, v out by attn.owned_ranges(batch)
 /// const auto& why = attn.choice(batch);            // why.name, why.predicted_s, why.predictions
 /// @endcode
@@ -46,10 +47,10 @@ class SelectedAttention final : public runtime::AttentionEngine<Kernel> {
   struct Arguments {
     std::tuple<typename Strategies::Arguments...> strategies{};
     std::array<std::string, kCount> names{};  ///< for reports; empty = "strategy <i>"
-    cost::SimulationOptions simulation{};     ///< hardware the choice is made for
+    replay::SimulationOptions simulation{};     ///< hardware the choice is made for
     /// The rest of the layer (projections, MLP) per token a rank owns, forward + backward: strategies
     /// that balance attention by giving ranks unequal token counts pay for it here
-    /// (cost::layer_gemm_seconds_per_token). 0 = attention alone decides.
+    /// (layer_gemm_seconds_per_token). 0 = attention alone decides.
     double seconds_per_token = 0.0;
     int ranks_per_node = 0;  ///< 0: every rank on one node
   };
@@ -100,19 +101,19 @@ class SelectedAttention final : public runtime::AttentionEngine<Kernel> {
   void compile(const DocumentBatch& batch, ShardPlan& plan, comm::CompiledAttention& program) const override {
     Choice c;
     c.predictions.fill(std::numeric_limits<double>::quiet_NaN());
-    cost::CompiledStrategy best;
+    replay::CompiledStrategy best;
     double best_s = std::numeric_limits<double>::infinity();
     const Topology& topo = this->topology();
     const auto consider = [&]<std::size_t I>(std::integral_constant<std::size_t, I>) {
       using S = std::tuple_element_t<I, std::tuple<Strategies...>>;
       typename S::Arguments a = std::get<I>(args_.strategies);
       a.ranks_per_node = this->topology().ranks_per_node;
-      cost::CompiledStrategy compiled = cost::compile_all<S>(a, batch, this->shape(), topo);
+      replay::CompiledStrategy compiled = compile_all<S>(a, batch, this->shape(), topo);
       if (!compiled.status) {
         c.refusals[I] = compiled.status.reason;
         return;
       }
-      const cost::AttentionPrediction p = cost::predict(compiled, topo, this->shape(), args_.simulation);
+      const replay::AttentionPrediction p = replay::predict(compiled, topo, this->shape(), args_.simulation);
       std::int64_t most_tokens = 0;
       for (int r = 0; r < topo.world_size; ++r) most_tokens = std::max(most_tokens, compiled.plan.local_tokens(r));
       const double s = p.time_s() + args_.seconds_per_token * static_cast<double>(most_tokens);
@@ -144,4 +145,4 @@ class SelectedAttention final : public runtime::AttentionEngine<Kernel> {
   mutable std::map<std::vector<std::int64_t>, Choice> choices_;
 };
 
-}  // namespace seqpar
+}  // namespace seqpar::plan

@@ -11,15 +11,15 @@
 
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/topology.hpp"
-#include "seqpar/cost/costs.hpp"
-#include "seqpar/cost/model_shape.hpp"
-#include "seqpar/cost/predict.hpp"
-#include "seqpar/cost/simulator.hpp"
+#include "seqpar/replay/costs.hpp"
+#include "seqpar/replay/model_shape.hpp"
+#include "seqpar/replay/predict.hpp"
+#include "seqpar/replay/simulator.hpp"
 
-namespace seqpar::cost {
+namespace seqpar::plan {
 
 struct TrainingOptions {
-  ModelShape model;
+  replay::ModelShape model;
   int zero_ranks = 0;          ///< ZeRO-3 over this many consecutive ranks (0 = the whole world, 1 = no sharding)
   bool checkpointing = true;   ///< full activation recompute of every layer in backward
   int micro_batches = 1;       ///< gradient accumulation: forward+backward repeats, parameter gathers too
@@ -46,16 +46,16 @@ struct StepReport {
   double zero_s = 0, zero_exposed_s = 0;  ///< ZeRO-3 collectives of the step, and the part compute does not hide
   double error_bound_s = 0;  ///< step_s is exact within this (layers replayed from a nearby earlier run)
   std::vector<StepRank> ranks;
-  Trace trace;
+  replay::Trace trace;
 
   [[nodiscard]] double max_peak_memory_bytes() const noexcept {
-    return report_detail::max_over(ranks, [](const StepRank& r) { return r.peak_memory_bytes; });
+    return replay::report_detail::max_over(ranks, [](const StepRank& r) { return r.peak_memory_bytes; });
   }
 };
 
 namespace step_detail {
 
-/// A Replay that remembers its last few runs: layers repeat the same program from start times that differ
+/// A replay::Replay that remembers its last few runs: layers repeat the same program from start times that differ
 /// only by a common shift once the ranks have settled (or alternate between a few such patterns, when
 /// ZeRO-3 gathers re-align the ranks on some layers), so most layers cost a comparison, not a replay.
 /// A replay is shift-invariant, and its end times move by at most max |change of a start time| (a max-plus
@@ -66,12 +66,12 @@ namespace step_detail {
 class ShiftCachedReplay {
  public:
   ShiftCachedReplay(std::span<const comm::Program> programs, const Topology& topo, const AttentionShape& shape,
-                    const SimulationOptions& options)
+                    const replay::SimulationOptions& options)
       : replay_(programs, topo, shape, options) {}
 
   /// The replay from `start`, as a report relative to `shift` (its earliest start). After kMaxReplays
   /// distinct replays, the closest remembered one is reused and its distance added to error_bound_s.
-  const SimulationReport& run(std::span<const double> start, double& shift) {
+  const replay::SimulationReport& run(std::span<const double> start, double& shift) {
     const double origin = *std::min_element(start.begin(), start.end());
     shift = origin;
     Entry* closest = nullptr;
@@ -96,18 +96,18 @@ class ShiftCachedReplay {
     return entries_.back().report;
   }
 
-  [[nodiscard]] const Replay& replay() const noexcept { return replay_; }
+  [[nodiscard]] const replay::Replay& replay() const noexcept { return replay_; }
   double error_bound_s = 0;  ///< sum of the offset gaps of approximate reuses
 
  private:
   struct Entry {
     std::vector<double> offsets;
-    SimulationReport report;
+    replay::SimulationReport report;
   };
   static constexpr std::size_t kEntries = 8;
   static constexpr double kTolerance = 1e-7;
   static constexpr int kMaxReplays = 16;
-  Replay replay_;
+  replay::Replay replay_;
   int replays_ = 0;
   std::vector<Entry> entries_;
 };
@@ -128,9 +128,9 @@ class ShiftCachedReplay {
 /// Memory per rank: ZeRO-sharded states (16 bytes per parameter: bf16 weight and gradient, fp32 master,
 /// Adam m and v), two gathered layers, activations (layer inputs only with checkpointing, plus one layer's
 /// working set), the attention program's staging buffers, fp32 logits of the rank's tokens.
-[[nodiscard]] inline StepReport simulate_step(const CompiledStrategy& attention, const Topology& topology,
-                                              const TrainingOptions& options, const SimulationOptions& sim) {
-  constexpr const char* where = "cost::simulate_step";
+[[nodiscard]] inline StepReport simulate_step(const replay::CompiledStrategy& attention, const Topology& topology,
+                                              const TrainingOptions& options, const replay::SimulationOptions& sim) {
+  constexpr const char* where = "plan::simulate_step";
   topology.validate(where);
   options.model.validate(where);
   sim.hardware.validate(where);
@@ -143,12 +143,12 @@ class ShiftCachedReplay {
   detail::require(options.zero_ranks >= 0 && options.zero_ranks <= topology.world_size, where, "options.zero_ranks",
                   options.zero_ranks, "must be in [0, world_size]");
   const int n = topology.world_size;
-  const ModelShape& m = options.model;
+  const replay::ModelShape& m = options.model;
   const AttentionShape shape = m.attention();
   for (const comm::Program& p : attention.forward)
     detail::require(p.head_dim == m.head_dim, where, "attention (head_dim of the programs)", p.head_dim,
                     "must equal the model's head_dim = " + std::to_string(m.head_dim));
-  const HardwareProfile& hw = sim.hardware;
+  const replay::HardwareProfile& hw = sim.hardware;
   const double vb = sim.value_bytes > 0 ? sim.value_bytes : hw.value_bytes;
   const int zero = options.zero_ranks == 0 ? n : options.zero_ranks;
   const auto un = static_cast<std::size_t>(n);
@@ -168,15 +168,15 @@ class ShiftCachedReplay {
     const double qkv_flops = 2.0 * tok * h * (qd + 2 * kvd), qkv_bytes = vb * (h * (qd + 2 * kvd) + tok * (h + qd + 2 * kvd));
     const double rest_flops = 2.0 * tok * (qd * h + 3.0 * h * m.ffn);
     const double rest_bytes = vb * (qd * h + 3.0 * h * m.ffn + tok * (qd + 3 * h + 3.0 * m.ffn));
-    pre[static_cast<std::size_t>(r)] = tok > 0 ? gemm_seconds(hw, qkv_flops, qkv_bytes) : 0.0;
-    post[static_cast<std::size_t>(r)] = tok > 0 ? gemm_seconds(hw, rest_flops, rest_bytes) : 0.0;
+    pre[static_cast<std::size_t>(r)] = tok > 0 ? replay::gemm_seconds(hw, qkv_flops, qkv_bytes) : 0.0;
+    post[static_cast<std::size_t>(r)] = tok > 0 ? replay::gemm_seconds(hw, rest_flops, rest_bytes) : 0.0;
     head_fwd[static_cast<std::size_t>(r)] =
-        tok > 0 ? gemm_seconds(hw, 2.0 * tok * h * m.vocab, vb * (static_cast<double>(m.vocab) * h + tok * m.vocab)) : 0.0;
+        tok > 0 ? replay::gemm_seconds(hw, 2.0 * tok * h * m.vocab, vb * (static_cast<double>(m.vocab) * h + tok * m.vocab)) : 0.0;
   }
   // ZeRO-3 collectives of one layer over `zero` ranks (groups of consecutive ranks).
   const double layer_bytes = 2.0 * m.layer_params();  // bf16 parameters and gradients
-  const double gather_s = zero > 1 ? ring_collective_seconds(hw, topology, zero, layer_bytes) : 0.0;
-  const double embed_gather_s = zero > 1 ? ring_collective_seconds(hw, topology, zero, 2.0 * m.embedding_params()) : 0.0;
+  const double gather_s = zero > 1 ? replay::ring_collective_seconds(hw, topology, zero, layer_bytes) : 0.0;
+  const double embed_gather_s = zero > 1 ? replay::ring_collective_seconds(hw, topology, zero, 2.0 * m.embedding_params()) : 0.0;
 
   std::vector<double> t(un, 0.0), zstream(un, 0.0);
   const auto group_max = [&](std::vector<double>& v) {  // collectives start when their last member is there
@@ -223,10 +223,10 @@ class ShiftCachedReplay {
   };
   const auto attend = [&](step_detail::ShiftCachedReplay& replay, std::vector<double>& now, bool first_layer) -> void {
     double shift = 0;
-    const SimulationReport& a = replay.run(now, shift);
+    const replay::SimulationReport& a = replay.run(now, shift);
     for (std::size_t r = 0; r < un; ++r) {
       StepRank& sr = rep.ranks[r];
-      const RankTiming& rt = a.ranks[r];
+      const replay::RankTiming& rt = a.ranks[r];
       sr.attention_s += rt.compute_s + rt.copy_s;
       sr.comm_s += rt.comm_s;
       sr.exposed_comm_s += rt.exposed_comm_s;
@@ -277,8 +277,8 @@ class ShiftCachedReplay {
   // One layer's attention from a common start (its time inside the step also holds the ranks' skew), and
   // its transfer time, slowest rank: what BASP calls the all-to-all time.
   {
-    const SimulationReport f = fwd.replay().run({}, false);
-    const SimulationReport b = bwd.replay().run({}, false);
+    const replay::SimulationReport f = fwd.replay().run({}, false);
+    const replay::SimulationReport b = bwd.replay().run({}, false);
     rep.attention_fwd_s = f.time_s;
     rep.attention_bwd_s = b.time_s;
     for (std::size_t r = 0; r < un; ++r)
@@ -318,4 +318,4 @@ class ShiftCachedReplay {
   return rep;
 }
 
-}  // namespace seqpar::cost
+}  // namespace seqpar::plan

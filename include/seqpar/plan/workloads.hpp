@@ -30,10 +30,10 @@
 /// agree on these to an ulp, which changes a rounded length only at an exact .5 tie.
 ///
 /// @code
-/// auto lengths = cost::workloads::sample_lengths("fineweb", 32768, 7);  // sums to 32768
+/// auto lengths = plan::workloads::sample_lengths("fineweb", 32768, 7);  // sums to 32768
 /// DocumentBatch batch = DocumentBatch::single(lengths);
 /// @endcode
-namespace seqpar::cost::workloads {
+namespace seqpar::plan::workloads {
 
 namespace detail {
 
@@ -79,7 +79,7 @@ struct Spec {
 }
 
 [[noreturn]] inline void bad_distribution(std::string_view name, std::string_view why) {
-  seqpar::detail::throw_invalid("cost::workloads::sample_lengths", "distribution", std::string(name), why);
+  seqpar::detail::throw_invalid("plan::workloads::sample_lengths", "distribution", std::string(name), why);
 }
 
 /// Parses a positive integer field of a parameterised name, or throws naming the whole name.
@@ -152,7 +152,7 @@ struct Spec {
 /// std::invalid_argument naming the argument and value (unknown name, malformed parameters, tokens < 1).
 [[nodiscard]] inline std::vector<std::int64_t> sample_lengths(std::string_view distribution, std::int64_t tokens,
                                                               std::uint64_t seed) {
-  seqpar::detail::require(tokens >= 1, "cost::workloads::sample_lengths", "tokens", tokens, "must be >= 1");
+  seqpar::detail::require(tokens >= 1, "plan::workloads::sample_lengths", "tokens", tokens, "must be >= 1");
   const detail::Spec spec = detail::parse(distribution);
   if (spec.kind == detail::Kind::kSingle) return {tokens};
   std::mt19937_64 g(seed);
@@ -178,4 +178,4 @@ struct Spec {
   return out;
 }
 
-}  // namespace seqpar::cost::workloads
+}  // namespace seqpar::plan::workloads

@@ -8,9 +8,9 @@
 
 #include "seqpar/core/attn_slice.hpp"
 #include "seqpar/core/topology.hpp"
-#include "seqpar/cost/hardware.hpp"
+#include "seqpar/replay/hardware.hpp"
 
-namespace seqpar::cost {
+namespace seqpar::replay {
 
 /// FLOPs of attention over `head_pairs` (query, key) pairs summed over query heads: 4 * d per pair
 /// forward (QK^T and PV), 2.5x that backward (FlashAttention-2's convention, which recomputes P).
@@ -96,4 +96,4 @@ namespace seqpar::cost {
   return alpha + (ranks - 1) * (spans_nodes ? 2.7e-6 : 0.6e-6) + (ranks - 1.0) / ranks * total_bytes / ring_busbw(hw, topo, ranks);
 }
 
-}  // namespace seqpar::cost
+}  // namespace seqpar::replay

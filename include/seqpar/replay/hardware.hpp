@@ -11,7 +11,7 @@
 
 #include "seqpar/core/error.hpp"
 
-namespace seqpar::cost {
+namespace seqpar::replay {
 
 /// One class of link in the alpha-beta model: a message of n bytes takes latency + n / bandwidth.
 struct LinkClass {
@@ -178,8 +178,8 @@ inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   if (n == "h200") return h200();
   std::string known;
   for (const auto& k : names()) known += (known.empty() ? "" : ", ") + k;
-  detail::throw_invalid("cost::profiles::by_name", "name", std::string(name), "is not a known profile (" + known + ")");
+  detail::throw_invalid("replay::profiles::by_name", "name", std::string(name), "is not a known profile (" + known + ")");
 }
 
 }  // namespace profiles
-}  // namespace seqpar::cost
+}  // namespace seqpar::replay

@@ -12,7 +12,7 @@
 #include "seqpar/core/attention_shape.hpp"
 #include "seqpar/core/error.hpp"
 
-namespace seqpar::cost {
+namespace seqpar::replay {
 
 /// A decoder-only transformer as the cost model sees it: pre-norm attention with GQA and a SwiGLU MLP.
 struct ModelShape {
@@ -75,8 +75,8 @@ namespace models {
     if (m.name == n) return m;
     known += (known.empty() ? "" : ", ") + m.name;
   }
-  detail::throw_invalid("cost::models::by_name", "name", std::string(name), "is not a known model (" + known + ")");
+  detail::throw_invalid("replay::models::by_name", "name", std::string(name), "is not a known model (" + known + ")");
 }
 
 }  // namespace models
-}  // namespace seqpar::cost
+}  // namespace seqpar::replay

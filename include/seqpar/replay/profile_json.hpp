@@ -16,9 +16,9 @@
 #include <system_error>
 
 #include "seqpar/core/error.hpp"
-#include "seqpar/cost/hardware.hpp"
+#include "seqpar/replay/hardware.hpp"
 
-namespace seqpar::cost {
+namespace seqpar::replay {
 
 /// A HardwareProfile as one flat JSON object (what bench/calibrate --profile-out writes and a planner
 /// or `seqpar_plan --profile FILE` reads back). Links are flattened to `intra_bandwidth`,
@@ -26,8 +26,8 @@ namespace seqpar::cost {
 /// written with 17 significant digits so that `profile_from_json(to_json(p))` gives p back exactly.
 ///
 /// @code
-/// cost::HardwareProfile hw = cost::load_profile("build/release/bench/profile.json");
-/// cost::SimulationOptions options{.hardware = hw};
+/// replay::HardwareProfile hw = replay::load_profile("build/release/bench/profile.json");
+/// replay::SimulationOptions options{.hardware = hw};
 /// @endcode
 [[nodiscard]] inline std::string to_json(const HardwareProfile& p) {
   std::string name;
@@ -63,10 +63,10 @@ namespace seqpar::cost {
   return s + "\n}\n";
 }
 
-}  // namespace seqpar::cost
+}  // namespace seqpar::replay
 
-// In seqpar::detail, not seqpar::cost::detail: a cost::detail namespace would hide seqpar::detail from the
-// `detail::require` calls of the cost headers included after this one.
+// In seqpar::detail, not seqpar::replay::detail: a replay::detail namespace would hide seqpar::detail from the
+// `detail::require` calls of the replay headers included after this one.
 namespace seqpar::detail {
 
 /// Reads the flat object to_json writes: string values for "name", numbers elsewhere, every key exactly
@@ -75,8 +75,8 @@ class ProfileReader {
  public:
   explicit ProfileReader(std::string_view text) : text_(text) {}
 
-  cost::HardwareProfile read() {
-    cost::HardwareProfile p;
+  replay::HardwareProfile read() {
+    replay::HardwareProfile p;
     std::array<bool, kKeys.size()> seen{};
     expect('{');
     skip_space();
@@ -103,7 +103,7 @@ class ProfileReader {
     if (at_ != text_.size()) fail("text after the object", std::string(text_.substr(at_, 20)), "is not allowed");
     for (std::size_t k = 0; k < kKeys.size(); ++k)
       if (!seen[k]) fail("key", std::string(kKeys[k]), "is missing");
-    p.validate("cost::profile_from_json");
+    p.validate("replay::profile_from_json");
     return p;
   }
 
@@ -117,7 +117,7 @@ class ProfileReader {
       "cores_per_node"};
 
   [[noreturn]] void fail(std::string_view what, const std::string& value, std::string_view why) const {
-    throw_invalid("cost::profile_from_json", std::string(what) + " (at offset " + std::to_string(at_) + ")",
+    throw_invalid("replay::profile_from_json", std::string(what) + " (at offset " + std::to_string(at_) + ")",
                   "'" + value + "'", why);
   }
   void skip_space() {
@@ -159,10 +159,10 @@ class ProfileReader {
   }
   void integer(const std::string& key, double x, int& out) const {
     if (x != std::floor(x) || std::fabs(x) > std::numeric_limits<int>::max())
-      throw_invalid("cost::profile_from_json", key, x, "must be an integer");
+      throw_invalid("replay::profile_from_json", key, x, "must be an integer");
     out = static_cast<int>(x);
   }
-  void assign(cost::HardwareProfile& p, const std::string& key, double x) const {
+  void assign(replay::HardwareProfile& p, const std::string& key, double x) const {
     if (key == "peak_flops") p.peak_flops = x;
     else if (key == "gemm_efficiency") p.gemm_efficiency = x;
     else if (key == "attention_efficiency") p.attention_efficiency = x;
@@ -189,7 +189,7 @@ class ProfileReader {
 
 }  // namespace seqpar::detail
 
-namespace seqpar::cost {
+namespace seqpar::replay {
 
 /// The profile `text` describes (to_json's format). Bad input throws std::invalid_argument naming the key or
 /// the offending text; a profile that parses but fails HardwareProfile::validate throws naming the field.
@@ -201,14 +201,14 @@ namespace seqpar::cost {
 /// the path, bad content names the path and the key.
 [[nodiscard]] inline HardwareProfile load_profile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) detail::throw_invalid("cost::load_profile", "path", path, "cannot be opened for reading");
+  if (!in) detail::throw_invalid("replay::load_profile", "path", path, "cannot be opened for reading");
   std::ostringstream text;
   text << in.rdbuf();
   try {
     return profile_from_json(text.str());
   } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument("cost::load_profile: " + path + ": " + e.what());
+    throw std::invalid_argument("replay::load_profile: " + path + ": " + e.what());
   }
 }
 
-}  // namespace seqpar::cost
+}  // namespace seqpar::replay

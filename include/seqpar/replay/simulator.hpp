@@ -11,17 +11,19 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 #include "seqpar/comm/program.hpp"
 #include "seqpar/core/attention_shape.hpp"
 #include "seqpar/core/error.hpp"
+#include "seqpar/core/overloaded.hpp"
 #include "seqpar/core/topology.hpp"
-#include "seqpar/cost/costs.hpp"
-#include "seqpar/cost/hardware.hpp"
-#include "seqpar/cost/trace.hpp"
+#include "seqpar/replay/costs.hpp"
+#include "seqpar/replay/hardware.hpp"
+#include "seqpar/replay/trace.hpp"
 
-namespace seqpar::cost {
+namespace seqpar::replay {
 
 struct SimulationOptions {
   HardwareProfile hardware;
@@ -87,7 +89,7 @@ class Replay {
   Replay(std::span<const comm::Program> programs, const Topology& topology, const AttentionShape& shape,
          const SimulationOptions& options)
       : topo_(topology), options_(options) {
-    constexpr const char* where = "cost::Replay";
+    constexpr const char* where = "replay::Replay";
     topology.validate(where);
     shape.validate(where);
     options.hardware.validate(where);
@@ -107,7 +109,7 @@ class Replay {
   /// empty even when the options ask for one.
   [[nodiscard]] SimulationReport run(std::span<const double> start = {}, bool record_trace = true) const {
     const int n = topo_.world_size;
-    detail::require(start.empty() || static_cast<int>(start.size()) == n, "cost::Replay::run", "start.size()",
+    detail::require(start.empty() || static_cast<int>(start.size()) == n, "replay::Replay::run", "start.size()",
                     start.size(), "must be 0 or the world size " + std::to_string(n));
     constexpr double kUnposted = std::numeric_limits<double>::quiet_NaN();
     std::vector<double> send_post(messages_.size(), kUnposted), recv_post(messages_.size(), kUnposted);
@@ -232,7 +234,7 @@ class Replay {
     if (finished < n) {
       int stuck = 0;
       while (done[static_cast<std::size_t>(stuck)]) ++stuck;
-      throw std::logic_error("cost::Replay: the programs deadlock (rank " + std::to_string(stuck) + " blocked at op " +
+      throw std::logic_error("replay::Replay: the programs deadlock (rank " + std::to_string(stuck) + " blocked at op " +
                              std::to_string(pc[static_cast<std::size_t>(stuck)]) +
                              "): their transfers or collectives do not match");
     }
@@ -287,6 +289,8 @@ class Replay {
     const HardwareProfile& hw = options_.hardware;
     const int n = topo_.world_size;
     const double vb = options_.value_bytes, lb = options_.lse_bytes;
+    const auto value_bytes = static_cast<std::size_t>(options_.value_bytes),
+               lse_bytes = static_cast<std::size_t>(options_.lse_bytes);
     const double share = compute_share();
     ranks_.resize(static_cast<std::size_t>(n));
 
@@ -336,12 +340,12 @@ class Replay {
       const int d = p.head_dim;
       for (const comm::BufferSpec& s : p.staging)
         lr.staging_bytes += static_cast<double>(s.rows) * s.heads * (comm::is_lse(s.id) ? lb : vb * d);
-      const auto piece_bytes = [&](comm::BufferId b, const comm::Piece& pc) {
-        return static_cast<double>(pc.elements(d, comm::is_lse(b))) * (comm::is_lse(b) ? lb : vb);
+      const auto bytes_of = [&](comm::BufferId b, const comm::Piece& pc) {  // the executor's byte count
+        return static_cast<double>(comm::piece_bytes(b, pc, d, value_bytes, lse_bytes));
       };
       const auto world_of = [&](comm::Level l, int peer) {
         const auto& members = p.level_members[static_cast<std::size_t>(l)];
-        detail::require(peer >= 0 && static_cast<std::size_t>(peer) < members.size(), "cost::Replay", "peer", peer,
+        detail::require(peer >= 0 && static_cast<std::size_t>(peer) < members.size(), "replay::Replay", "peer", peer,
                         "is not a member of the level of rank " + std::to_string(r));
         return members[static_cast<std::size_t>(peer)];
       };
@@ -349,69 +353,69 @@ class Replay {
       std::array<double, comm::kNumSlots> slot_unpack{};             // bytes it receives (unpacked at the wait)
       std::unordered_map<std::string, int> group_seen;
       for (const comm::Step& step : p.steps) {
-        if (const auto* c = std::get_if<comm::ComputeStep>(&step)) {
+        std::visit(Overloaded{[&](const comm::ComputeStep& c) {
           double sec = 0, flops = 0, merged = 0;
-          for (const auto& wave : c->waves)
-            for (const comm::HeadGroup& g : c->head_groups) {
+          for (const auto& wave : c.waves)
+            for (const comm::HeadGroup& g : c.head_groups) {
               const int heads = static_cast<int>(g.q_heads.size());
-              sec += attention_seconds(hw, wave, heads, d, c->backward);
-              flops += attention_flops(static_cast<double>(total_area(wave)) * heads, d, c->backward);
-              if (c->merge)
+              sec += attention_seconds(hw, wave, heads, d, c.backward);
+              flops += attention_flops(static_cast<double>(total_area(wave)) * heads, d, c.backward);
+              if (c.merge)
                 for (const AttnSlice& s : wave) merged += static_cast<double>(s.q_range.size()) * heads * d * vb;
             }
-          lr.ops.push_back({OpKind::kCompute, sec * share, 0, 0, c->backward ? "attention bwd" : "attention fwd", flops});
+          lr.ops.push_back({OpKind::kCompute, sec * share, 0, 0, c.backward ? "attention bwd" : "attention fwd", flops});
           if (merged > 0) lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, 1.5 * merged), 0, 0, "merge", merged});
-        } else if (const auto* z = std::get_if<comm::ZeroStep>(&step)) {
+        }, [&](const comm::ZeroStep& z) {
           double bytes = 0;
-          for (comm::BufferId b : z->buffers) {
+          for (comm::BufferId b : z.buffers) {
             if (const comm::BufferSpec* s = p.staging_spec(b)) bytes += static_cast<double>(s->rows) * s->heads * d * vb;
             else bytes += static_cast<double>(p.local_tokens) * shape.heads_q * d * vb;  // caller gradient (upper bound)
           }
-          lr.ops.push_back({OpKind::kCopy, 0.5 * copy_seconds(hw, bytes), 0, 0, "zero", bytes});
-        } else if (const auto* post = std::get_if<comm::PostStep>(&step)) {
+          lr.ops.push_back({OpKind::kCopy, 0.5 * copy_seconds(hw, bytes), 0, 0, comm::step_name(step), bytes});
+        }, [&](const comm::PostStep& post) {
           const int begin = static_cast<int>(lr.msgs.size());
           double packed = 0, intra_out = 0;
-          for (const comm::Transfer& tr : post->sends) {
-            const int dst = world_of(post->level, tr.peer);
+          for (const comm::Transfer& tr : post.sends) {
+            const int dst = world_of(post.level, tr.peer);
             double bytes = 0;
-            for (const comm::BufferPiece& bp : tr.pieces) bytes += piece_bytes(bp.buffer, bp.piece);
+            for (const comm::BufferPiece& bp : tr.pieces) bytes += bytes_of(bp.buffer, bp.piece);
             packed += bytes;
             const bool inter = !topo_.same_node(r, dst);
             (inter ? lr.bytes_inter : lr.bytes_intra) += static_cast<std::uint64_t>(bytes);
             if (inter) {
-              nic_out[nic_key(nic_of(r), post->level, post->tag)] += bytes;
-              nic_in[nic_key(nic_of(dst), post->level, post->tag)] += bytes;
+              nic_out[nic_key(nic_of(r), post.level, post.tag)] += bytes;
+              nic_in[nic_key(nic_of(dst), post.level, post.tag)] += bytes;
             } else {
               intra_out += bytes;
             }
             const int id = static_cast<int>(messages_.size());
             messages_.push_back({r, dst, static_cast<std::uint64_t>(bytes), inter, 0.0});
-            message_post.push_back({post->level, post->tag, 0.0});
-            sends_by_key[key_of(r, dst, post->level, post->tag)].push_back(id);
+            message_post.push_back({post.level, post.tag, 0.0});
+            sends_by_key[key_of(r, dst, post.level, post.tag)].push_back(id);
             lr.msgs.push_back(id);
           }
           for (std::size_t i = static_cast<std::size_t>(begin); i < lr.msgs.size(); ++i)
             message_post[static_cast<std::size_t>(lr.msgs[i])].intra_out = intra_out;
           double unpacked = 0;
-          for (const comm::Transfer& tr : post->recvs) {
-            const int src = world_of(post->level, tr.peer);
-            for (const comm::BufferPiece& bp : tr.pieces) unpacked += piece_bytes(bp.buffer, bp.piece);
-            const std::uint64_t key = key_of(src, r, post->level, post->tag);
+          for (const comm::Transfer& tr : post.recvs) {
+            const int src = world_of(post.level, tr.peer);
+            for (const comm::BufferPiece& bp : tr.pieces) unpacked += bytes_of(bp.buffer, bp.piece);
+            const std::uint64_t key = key_of(src, r, post.level, post.tag);
             recvs.push_back({r, lr.msgs.size(), key, recv_ordinal[key]++});
             lr.msgs.push_back(-1);  // resolved below
           }
           if (packed > 0) lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, packed), 0, 0, "pack", packed});
-          lr.ops.push_back({OpKind::kPost, 0, begin, static_cast<int>(lr.msgs.size()), "post", packed});
-          slot_msgs[static_cast<std::size_t>(post->slot)] = {begin, static_cast<int>(lr.msgs.size())};
-          slot_unpack[static_cast<std::size_t>(post->slot)] = unpacked;
-        } else if (const auto* w = std::get_if<comm::WaitStep>(&step)) {
-          const auto [b, e] = slot_msgs[static_cast<std::size_t>(w->slot)];
-          lr.ops.push_back({OpKind::kWait, 0, b, e, "wait", 0});
-          const double unpacked = slot_unpack[static_cast<std::size_t>(w->slot)];
+          lr.ops.push_back({OpKind::kPost, 0, begin, static_cast<int>(lr.msgs.size()), comm::step_name(step), packed});
+          slot_msgs[static_cast<std::size_t>(post.slot)] = {begin, static_cast<int>(lr.msgs.size())};
+          slot_unpack[static_cast<std::size_t>(post.slot)] = unpacked;
+        }, [&](const comm::WaitStep& w) {
+          const auto [b, e] = slot_msgs[static_cast<std::size_t>(w.slot)];
+          lr.ops.push_back({OpKind::kWait, 0, b, e, comm::step_name(step), 0});
+          const double unpacked = slot_unpack[static_cast<std::size_t>(w.slot)];
           if (unpacked > 0) lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, unpacked), 0, 0, "unpack", unpacked});
-        } else if (const auto* ex = std::get_if<comm::ExchangeStep>(&step)) {
-          const auto& members = p.level_members[static_cast<std::size_t>(ex->level)];
-          std::string gkey = std::to_string(static_cast<int>(ex->level)) + ':';
+        }, [&](const comm::ExchangeStep& ex) {
+          const auto& members = p.level_members[static_cast<std::size_t>(ex.level)];
+          std::string gkey = std::to_string(static_cast<int>(ex.level)) + ':';
           for (int m : members) gkey += std::to_string(m) + ',';
           const int ordinal = group_seen[gkey]++;
           auto& list = group_instances[gkey];
@@ -423,15 +427,15 @@ class Replay {
           const int inst = list[static_cast<std::size_t>(ordinal)];
           InstanceBytes& ib = inst_bytes[static_cast<std::size_t>(inst)];
           double sent = 0, local = 0, received = 0;
-          for (const comm::Move& mv : ex->moves) {
+          for (const comm::Move& mv : ex.moves) {
             for (std::size_t peer = 0; peer < mv.send.size(); ++peer) {
               double bytes = 0;
-              for (const comm::Piece& pc : mv.send[peer]) bytes += piece_bytes(mv.src, pc);
-              if (static_cast<int>(peer) == ex->self) {
+              for (const comm::Piece& pc : mv.send[peer]) bytes += bytes_of(mv.src, pc);
+              if (static_cast<int>(peer) == ex.self) {
                 local += bytes;
                 continue;
               }
-              const int dst = world_of(ex->level, static_cast<int>(peer));
+              const int dst = world_of(ex.level, static_cast<int>(peer));
               sent += bytes;
               if (!topo_.same_node(r, dst)) {
                 ib.spans_nodes = true;
@@ -445,14 +449,14 @@ class Replay {
               }
             }
             for (std::size_t peer = 0; peer < mv.recv.size(); ++peer)
-              if (static_cast<int>(peer) != ex->self)
-                for (const comm::Piece& pc : mv.recv[peer]) received += piece_bytes(mv.dst, pc);
+              if (static_cast<int>(peer) != ex.self)
+                for (const comm::Piece& pc : mv.recv[peer]) received += bytes_of(mv.dst, pc);
           }
           ib.bytes += sent;
           if (sent + local > 0) lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, sent + local), 0, 0, "pack", sent + local});
           lr.ops.push_back({OpKind::kCollective, 0, inst, 0, "all_to_all", sent});
           if (received > 0) lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, received), 0, 0, "unpack", received});
-        }
+        }}, step);
       }
     }
 
@@ -461,13 +465,13 @@ class Replay {
     for (const PendingRecv& pr : recvs) {
       auto it = sends_by_key.find(pr.key);
       if (it == sends_by_key.end() || static_cast<int>(it->second.size()) <= pr.ordinal)
-        throw std::logic_error("cost::Replay: rank " + std::to_string(pr.rank) +
+        throw std::logic_error("replay::Replay: rank " + std::to_string(pr.rank) +
                                " receives a message no rank sends: the programs do not match");
       ranks_[static_cast<std::size_t>(pr.rank)].msgs[pr.slot_in_msgs] = it->second[static_cast<std::size_t>(pr.ordinal)];
     }
     for (const auto& [key, ids] : sends_by_key)
       if (static_cast<int>(ids.size()) != recv_ordinal[key])
-        throw std::logic_error("cost::Replay: a message is sent and never received: the programs do not match");
+        throw std::logic_error("replay::Replay: a message is sent and never received: the programs do not match");
     for (std::size_t m = 0; m < messages_.size(); ++m) {
       Message& msg = messages_[m];
       const PostInfo& info = message_post[m];
@@ -503,4 +507,4 @@ class Replay {
   return Replay(programs, topology, shape, options).run();
 }
 
-}  // namespace seqpar::cost
+}  // namespace seqpar::replay

@@ -12,7 +12,7 @@
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/topology.hpp"
 
-namespace seqpar::cost {
+namespace seqpar::replay {
 
 /// One interval of a simulated rank's timeline. Lane 0 is the rank's compute stream (kernels, copies,
 /// waits), lane 1 its transfers. `label` points at a string literal.
@@ -43,7 +43,7 @@ struct Trace {
   /// Writes the trace to `path`; throws std::runtime_error naming the path if it cannot.
   void write(const std::string& path) const {
     std::FILE* f = std::fopen(path.c_str(), "w");
-    if (f == nullptr) throw std::runtime_error("cost::Trace::write: cannot open '" + path + "' for writing");
+    if (f == nullptr) throw std::runtime_error("replay::Trace::write: cannot open '" + path + "' for writing");
     std::fputs("{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n", f);
     bool first = true;
     const auto sep = [&] {
@@ -72,8 +72,8 @@ struct Trace {
                    e.start_s * 1e6, e.duration_s * 1e6, e.amount, e.peer);
     }
     std::fputs("\n]}\n", f);
-    if (std::fclose(f) != 0) throw std::runtime_error("cost::Trace::write: cannot write '" + path + "'");
+    if (std::fclose(f) != 0) throw std::runtime_error("replay::Trace::write: cannot write '" + path + "'");
   }
 };
 
-}  // namespace seqpar::cost
+}  // namespace seqpar::replay

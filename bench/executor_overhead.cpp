@@ -1,0 +1,535 @@
+// SPDX-License-Identifier: Apache-2.0
+// executor_overhead: what DistributedAttention costs on top of the attention it runs. The same work
+// (one packed sequence of a document-causal mix, 32K tokens, GQA 32:8, head_dim 128, fp32) is timed
+//  (a) as one attention::CpuFlash<float> call over the whole batch on `--threads` (2) threads, and
+//  (b) through DistributedAttention on 2, 4 and 8 in-process ranks with Ulysses (Uniform x AllToAll),
+//      zigzag ring (Zigzag x Ring, plain and sharding-aware) and FlashCP's Hybrid x AllGather
+//      (sharding-aware),
+// for the forward pass alone and for forward + backward. Per row: the median over `--reps`
+// repetitions (after `--warmup` calls), the ratio b / a, GFLOP/s (4 * d * Hq * visible pairs forward,
+// 2.5x that backward) and the heap allocations of one steady-state call (a call on a batch whose plan
+// is already cached), counted by the operator new replacement below and reported as the maximum over
+// ranks and repetitions. The issue's goal, printed beside each row: ratio <= 1.15 at 2 ranks, <= 1.3 at
+// 8 ranks, and no allocation.
+// Timing: in each repetition the ranks leave a barrier, run forward, meet at a second barrier and run
+// backward; the fwd row is the forward's span (first rank's start to last rank's end: steady_clock is
+// one clock for every thread of the process), the fwd+bwd row the sum of both spans. The baseline runs
+// forward and backward back to back.
+//   usage: executor_overhead [--smoke] [--json FILE] [--reps N] [--warmup N] [--threads N] [--tokens N]
+//                            [--ranks a,b,c] [--cases a,b]
+#include <seqpar/seqpar.hpp>
+#include <seqpar/backend/inproc/world.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <fstream>
+#include <limits>
+#include <new>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "support/json.hpp"
+
+// ---- allocation counting ---------------------------------------------------------------------------
+// Every operator new of the program comes here. A thread-local count makes each in-process rank's
+// allocations its own (a rank is one thread, and its kernel runs inline at one thread per rank); the
+// process-wide count covers the whole-batch baseline, whose kernel allocates, if at all, on pool workers.
+namespace {
+std::atomic<std::uint64_t> process_allocations{0};
+thread_local std::uint64_t thread_allocations = 0;  // constant-initialised: safe inside operator new
+
+void note_allocation() noexcept {
+  ++thread_allocations;
+  process_allocations.fetch_add(1, std::memory_order_relaxed);
+}
+
+void* allocate(std::size_t n, std::size_t alignment) noexcept {
+  note_allocation();
+  if (n == 0) n = 1;
+  if (alignment <= alignof(std::max_align_t)) return std::malloc(n);
+  void* p = nullptr;
+  return posix_memalign(&p, alignment, n) == 0 ? p : nullptr;
+}
+
+void* allocate_or_throw(std::size_t n, std::size_t alignment) {
+  if (void* p = allocate(n, alignment)) return p;
+  throw std::bad_alloc();
+}
+}  // namespace
+
+void* operator new(std::size_t n) { return allocate_or_throw(n, 0); }
+void* operator new[](std::size_t n) { return allocate_or_throw(n, 0); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return allocate(n, 0); }
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return allocate(n, 0); }
+void* operator new(std::size_t n, std::align_val_t a) { return allocate_or_throw(n, static_cast<std::size_t>(a)); }
+void* operator new[](std::size_t n, std::align_val_t a) { return allocate_or_throw(n, static_cast<std::size_t>(a)); }
+void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+  return allocate(n, static_cast<std::size_t>(a));
+}
+void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+  return allocate(n, static_cast<std::size_t>(a));
+}
+// malloc and posix_memalign memory are both released by free.
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+
+using namespace seqpar;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+using Kernel = attention::CpuFlash<float>;
+using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
+using ZigzagRing = Strategy<partition::Zigzag, comm::Ring>;
+using HybridAllGather = Strategy<partition::Hybrid, comm::AllGather>;
+
+struct Config {
+  bool smoke = false;
+  int reps = 5, warmup = 1;
+  int threads = 2;  // compute threads of the whole run: the baseline's, and shared by the ranks
+  std::int64_t tokens = 32768;
+  AttentionShape shape{32, 8, 128};
+  std::vector<int> ranks{2, 4, 8};
+  std::vector<std::string> cases = all_cases();
+  static std::vector<std::string> all_cases() {
+    return {"ulysses", "zigzag-ring", "zigzag-ring-sharding-aware", "hybrid-allgather-sharding-aware"};
+  }
+};
+
+// One sequence of `tokens` tokens: a few long documents (two of tokens/32 and two of tokens/64, 3/32
+// of the tokens but a third of the visible pairs) and many short ones (16 to tokens/128 tokens), in a
+// shuffled order so that long documents straddle rank boundaries. Sized so that the whole run (13
+// configurations x (warm-up + reps) forward and backward calls) takes about 20 minutes on 2 cores: the
+// machine is shared, and a longer run sees more of other people's load (or split it with --ranks).
+// Drawn with mt19937_64's raw output (fixed by the standard, unlike the distributions), so the mix is
+// the same with every standard library.
+std::vector<std::int64_t> document_mix(std::int64_t tokens) {
+  std::mt19937_64 rng(20260514);
+  std::vector<std::int64_t> docs;
+  std::int64_t left = tokens;
+  for (std::int64_t len : {tokens / 32, tokens / 32, tokens / 64, tokens / 64})
+    if (len >= 1 && len <= left) docs.push_back(len), left -= len;
+  const std::int64_t shortest = 16, longest = std::max<std::int64_t>(shortest, tokens / 128);
+  while (left > 0) {
+    const std::int64_t len = shortest + static_cast<std::int64_t>(rng() % std::uint64_t(longest - shortest + 1));
+    docs.push_back(std::min(len, left));
+    left -= docs.back();
+  }
+  for (std::size_t i = docs.size() - 1; i > 0; --i) std::swap(docs[i], docs[rng() % (i + 1)]);
+  return docs;
+}
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n == 0 ? std::numeric_limits<double>::quiet_NaN() : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// 1-minute load average (the machine is shared: a loaded run reads slower), NaN where unavailable.
+double load_average() {
+  std::ifstream f("/proc/loadavg");
+  double load = std::numeric_limits<double>::quiet_NaN();
+  f >> load;
+  return load;
+}
+
+template <class T>
+bool all_finite(const std::vector<T>& v) {
+  return std::all_of(v.begin(), v.end(), [](T x) { return std::isfinite(x); });
+}
+
+// The whole batch: inputs shared by every case, and the baseline's O to compare the ranks' O with.
+struct Batch {
+  DocumentBatch documents;
+  std::int64_t area = 0;  // visible (query, key) pairs
+  ThdTensor<float> q, k, v, dout, o;
+  Batch(const DocumentBatch& batch, const AttentionShape& s)
+      : documents(batch),
+        area(total_area(batch.document_causal_slices())),
+        q(batch.total_tokens(), s.heads_q, s.head_dim),
+        k(batch.total_tokens(), s.heads_kv, s.head_dim),
+        v(batch.total_tokens(), s.heads_kv, s.head_dim),
+        dout(batch.total_tokens(), s.heads_q, s.head_dim),
+        o(batch.total_tokens(), s.heads_q, s.head_dim) {
+    // Uniform in [-2, 2) from raw mt19937_64 bits: 1.3 GB of inputs at 32K tokens, where a normal
+    // distribution would spend seconds; the kernel's speed does not depend on the values.
+    std::mt19937_64 rng(7);
+    for (auto* t : {&q, &k, &v, &dout})
+      for (float& x : t->storage) x = float(rng() >> 40) * 0x1p-22f - 2.f;
+  }
+};
+
+struct Row {
+  std::string name{};  // "cpu-flash" for the baseline
+  int ranks = 1, threads_per_rank = 0;
+  std::string pass{};  // "fwd" | "fwd+bwd"
+  std::vector<double> seconds{};
+  std::uint64_t allocations = 0;  // per call, max over ranks and repetitions
+  double max_abs_diff_o = 0;      // against the baseline's O
+  double load = 0;
+  bool finite = true;
+  double ratio = 1, gflops = 0, goal_ratio = 0;
+  [[nodiscard]] bool baseline() const { return ranks == 1 && name == "cpu-flash"; }
+  [[nodiscard]] bool goal_met() const { return baseline() || (ratio <= goal_ratio && allocations == 0); }
+};
+
+// The issue sets 1.15 at 2 ranks and 1.3 at 8; 4 ranks are held to the 8-rank bound, since they too
+// share the 2 cores between more threads than cores and pay more communication steps than 2.
+double goal_ratio(int ranks) { return ranks <= 2 ? 1.15 : 1.3; }
+
+// (a): one CpuFlash call over the whole batch. Fills batch.o (the reference for the ranks' O).
+std::vector<Row> run_baseline(Batch& batch, const Config& c) {
+  const AttentionShape& shape = c.shape;
+  const std::int64_t n = batch.documents.total_tokens();
+  const std::vector<AttnSlice> slices = batch.documents.document_causal_slices();
+  const Kernel flash({.threads = c.threads});
+  std::vector<std::byte> ws(flash.workspace_bytes(shape, n, n));
+  LseTensor<float> lse(shape.heads_q, n);
+  ThdTensor<float> dq(n, shape.heads_q, shape.head_dim), dk(n, shape.heads_kv, shape.head_dim),
+      dv(n, shape.heads_kv, shape.head_dim);
+  const auto forward = [&] {
+    flash.forward(shape, batch.q.view(), batch.k.view(), batch.v.view(), slices, batch.o.view(), lse.view(), ws);
+  };
+  // CpuFlash adds into dQ, dK, dV; zeroing them belongs to the call (DistributedAttention's backward
+  // overwrites its outputs, zeroing included), so it is timed.
+  const auto backward = [&] {
+    for (auto* t : {&dq, &dk, &dv}) std::fill(t->storage.begin(), t->storage.end(), 0.f);
+    flash.backward(shape, batch.q.view(), batch.k.view(), batch.v.view(), batch.o.view(), lse.view(),
+                   batch.dout.view(), slices, dq.view(), dk.view(), dv.view(), ws);
+  };
+  Row fwd{.name = "cpu-flash", .ranks = 1, .threads_per_rank = c.threads, .pass = "fwd"};
+  Row both{.name = "cpu-flash", .ranks = 1, .threads_per_rank = c.threads, .pass = "fwd+bwd"};
+  for (int i = 0; i < c.warmup; ++i) {
+    forward();
+    backward();
+  }
+  for (int rep = 0; rep < c.reps; ++rep) {
+    const std::uint64_t a0 = process_allocations.load();
+    const auto t0 = Clock::now();
+    forward();
+    const auto t1 = Clock::now();
+    const std::uint64_t a1 = process_allocations.load();
+    backward();
+    const auto t2 = Clock::now();
+    const std::uint64_t a2 = process_allocations.load();
+    fwd.seconds.push_back(seconds_between(t0, t1));
+    both.seconds.push_back(seconds_between(t0, t2));
+    fwd.allocations = std::max(fwd.allocations, a1 - a0);
+    both.allocations = std::max(both.allocations, a2 - a0);
+  }
+  fwd.load = both.load = load_average();
+  fwd.finite = all_finite(batch.o.storage) && all_finite(lse.storage);
+  both.finite = fwd.finite && all_finite(dq.storage) && all_finite(dk.storage) && all_finite(dv.storage);
+  return {fwd, both};
+}
+
+// What one rank saw: per repetition the start and end of its forward and of its backward, and the
+// allocations of its forward and of both.
+struct RankTimes {
+  std::vector<Clock::time_point> forward_start, forward_end, backward_start, backward_end;
+  std::vector<std::uint64_t> forward_allocations, allocations;
+  double max_abs_diff_o = 0;
+  bool finite = true;
+};
+
+// (b): strategy S on `ranks` in-process ranks. Returns the fwd and fwd+bwd rows.
+template <class S>
+std::vector<Row> run_distributed(const std::string& name, typename S::Arguments args, int ranks, const Batch& batch,
+                                 const Config& c) {
+  const AttentionShape& shape = c.shape;
+  const int d = shape.head_dim;
+  // The in-process ranks are threads of this process, so the ranks' kernel threads add up: the
+  // baseline's `threads` (2, the machine's cores) split among the ranks, at least one each. From 2
+  // ranks up that is one thread per rank, run inline by the rank itself (no pool), and 4 or 8 ranks
+  // share the 2 cores by time slicing: the ratio there includes the cost of oversubscription.
+  const int kernel_threads = std::max(1, c.threads / ranks);
+  // Preallocated so that recording a repetition allocates nothing on the rank's thread.
+  std::vector<RankTimes> times(static_cast<std::size_t>(ranks));
+  for (RankTimes& r : times) {
+    const auto n = static_cast<std::size_t>(c.reps);
+    r.forward_start.resize(n), r.forward_end.resize(n), r.backward_start.resize(n), r.backward_end.resize(n);
+    r.forward_allocations.resize(n), r.allocations.resize(n);
+  }
+  backend::inproc::World(ranks).run([&](auto& transport) {
+    DistributedAttention<S, Kernel> attn(transport, shape, args, Kernel({.threads = kernel_threads}));
+    const DocumentBatch& b = batch.documents;
+    const std::vector<Range> owned = attn.owned_ranges(b);
+    const std::int64_t n = attn.local_tokens(b);
+    // The local shard: the owned global rows, in plan order (several chunks under zigzag or hybrid).
+    const auto gather = [&](const ThdTensor<float>& global) {
+      ThdTensor<float> local(n, global.heads, d);
+      const std::int64_t row = std::int64_t{global.heads} * d;
+      std::int64_t at = 0;
+      for (const Range& r : owned)
+        std::copy_n(global.storage.begin() + r.begin * row, r.size() * row, local.storage.begin() + at * row),
+            at += r.size();
+      return local;
+    };
+    const ThdTensor<float> q = gather(batch.q), k = gather(batch.k), v = gather(batch.v), dout = gather(batch.dout);
+    ThdTensor<float> o(n, shape.heads_q, d), dq(n, shape.heads_q, d), dk(n, shape.heads_kv, d),
+        dv(n, shape.heads_kv, d);
+    LseTensor<float> lse(shape.heads_q, n);
+    const auto forward = [&] { attn.forward(b, q.view(), k.view(), v.view(), o.view(), lse.view()); };
+    const auto backward = [&] {
+      attn.backward(b, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), dq.view(), dk.view(),
+                    dv.view());
+    };
+    RankTimes& mine = times[static_cast<std::size_t>(transport.rank())];
+    // The first call plans, compiles and sizes the workspace; later ones are the steady state.
+    for (int i = 0; i < c.warmup; ++i) {
+      forward();
+      backward();
+    }
+    // The barrier between forward and backward keeps a rank that finished its forward early from
+    // taking a core from ranks still in theirs (4 and 8 ranks share 2 cores), which would lengthen the
+    // forward's span; fwd+bwd is then the sum of the two spans.
+    for (int rep = 0; rep < c.reps; ++rep) {
+      const auto i = static_cast<std::size_t>(rep);
+      transport.barrier();
+      const std::uint64_t a0 = thread_allocations;
+      mine.forward_start[i] = Clock::now();
+      forward();
+      mine.forward_end[i] = Clock::now();
+      const std::uint64_t a1 = thread_allocations;
+      transport.barrier();
+      const std::uint64_t a2 = thread_allocations;
+      mine.backward_start[i] = Clock::now();
+      backward();
+      mine.backward_end[i] = Clock::now();
+      mine.forward_allocations[i] = a1 - a0;
+      mine.allocations[i] = (a1 - a0) + (thread_allocations - a2);
+    }
+    // Sanity: every output finite, and O the same as the whole-batch kernel's (up to fp32 rounding).
+    mine.finite = all_finite(o.storage) && all_finite(lse.storage) && all_finite(dq.storage) &&
+                  all_finite(dk.storage) && all_finite(dv.storage);
+    const std::int64_t row = std::int64_t{shape.heads_q} * d;
+    std::int64_t at = 0;
+    for (const Range& r : owned) {
+      const float* mine_o = o.storage.data() + at * row;
+      const float* whole_o = batch.o.storage.data() + r.begin * row;
+      for (std::int64_t i = 0; i < r.size() * row; ++i)
+        mine.max_abs_diff_o = std::max<double>(mine.max_abs_diff_o, std::abs(mine_o[i] - whole_o[i]));
+      at += r.size();
+    }
+  });
+  Row fwd{.name = name, .ranks = ranks, .threads_per_rank = kernel_threads, .pass = "fwd"};
+  Row both{.name = name, .ranks = ranks, .threads_per_rank = kernel_threads, .pass = "fwd+bwd"};
+  // A span: from the first rank's start to the last rank's end.
+  const auto span = [&](auto start, auto end, std::size_t i) {
+    Clock::time_point first = Clock::time_point::max(), last = Clock::time_point::min();
+    for (const RankTimes& r : times) first = std::min(first, (r.*start)[i]), last = std::max(last, (r.*end)[i]);
+    return seconds_between(first, last);
+  };
+  for (std::size_t i = 0; i < static_cast<std::size_t>(c.reps); ++i) {
+    const double f = span(&RankTimes::forward_start, &RankTimes::forward_end, i);
+    fwd.seconds.push_back(f);
+    both.seconds.push_back(f + span(&RankTimes::backward_start, &RankTimes::backward_end, i));
+    for (const RankTimes& r : times) {
+      fwd.allocations = std::max(fwd.allocations, r.forward_allocations[i]);
+      both.allocations = std::max(both.allocations, r.allocations[i]);
+    }
+  }
+  for (Row* row : {&fwd, &both}) {
+    for (const RankTimes& r : times) {
+      row->finite = row->finite && r.finite;
+      row->max_abs_diff_o = std::max(row->max_abs_diff_o, r.max_abs_diff_o);
+    }
+    row->load = load_average();
+    row->goal_ratio = goal_ratio(ranks);
+  }
+  return {fwd, both};
+}
+
+std::vector<Row> run_case(const std::string& name, int ranks, const Batch& batch, const Config& c) {
+  if (name == "ulysses") return run_distributed<Ulysses>(name, {}, ranks, batch, c);
+  if (name == "zigzag-ring") return run_distributed<ZigzagRing>(name, {}, ranks, batch, c);
+  if (name == "zigzag-ring-sharding-aware") {
+    ZigzagRing::Arguments args;
+    args.comm.sharding_aware = true;
+    return run_distributed<ZigzagRing>(name, args, ranks, batch, c);
+  }
+  if (name == "hybrid-allgather-sharding-aware") {  // FlashCP: Hybrid placement, sharding-aware gather
+    HybridAllGather::Arguments args;
+    args.comm.sharding_aware = true;
+    return run_distributed<HybridAllGather>(name, args, ranks, batch, c);
+  }
+  throw std::invalid_argument("executor_overhead: unknown case " + name);
+}
+
+constexpr const char* kHeader = "%-32s %5s %4s %-7s %9s %6s %8s %7s %9s %5s  %-23s %s\n";
+constexpr const char* kLine = "%-32s %5d %4d %-7s %9.3f %6s %8.1f %7llu %9.1e %5.2f  %-23s %s\n";
+
+// thr: kernel threads per rank; allocs: per call (max over ranks); diff O: max |O - baseline O|;
+// load: 1-minute load average after the row (above the thread count: other processes shared the cores).
+void print_header() {
+  std::printf(kHeader, "case", "ranks", "thr", "pass", "seconds", "ratio", "GFLOP/s", "allocs", "diff O", "load",
+              "goal", "met");
+}
+
+void print_row(const Row& r) {
+  char ratio[16] = "-", goal[32] = "-";
+  if (!r.baseline()) {
+    std::snprintf(ratio, sizeof ratio, "%.3f", r.ratio);
+    std::snprintf(goal, sizeof goal, "ratio <= %.2f, 0 allocs", r.goal_ratio);
+  }
+  std::printf(kLine, r.name.c_str(), r.ranks, r.threads_per_rank, r.pass.c_str(), median(r.seconds), ratio, r.gflops,
+              static_cast<unsigned long long>(r.allocations), r.max_abs_diff_o, r.load, goal,
+              r.baseline() ? "" : r.goal_met() ? "yes" : "NO");
+  std::fflush(stdout);
+}
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ',');) out.push_back(x);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config c;
+  std::string json;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--smoke") {
+      c.smoke = true;
+    } else if (a == "--json" && i + 1 < argc) {
+      json = argv[++i];
+    } else if (a == "--reps" && i + 1 < argc) {
+      c.reps = std::max(1, std::stoi(argv[++i]));
+    } else if (a == "--warmup" && i + 1 < argc) {
+      c.warmup = std::max(1, std::stoi(argv[++i]));  // >= 1: the first call is never steady state
+    } else if (a == "--threads" && i + 1 < argc) {
+      c.threads = std::max(1, std::stoi(argv[++i]));
+    } else if (a == "--tokens" && i + 1 < argc) {
+      c.tokens = std::stoll(argv[++i]);
+    } else if (a == "--ranks" && i + 1 < argc) {
+      c.ranks.clear();
+      for (const std::string& x : split_list(argv[++i])) c.ranks.push_back(std::stoi(x));
+    } else if (a == "--cases" && i + 1 < argc) {
+      c.cases = split_list(argv[++i]);
+    } else {
+      std::fprintf(stderr,
+                   "unknown argument %s\nusage: executor_overhead [--smoke] [--json FILE] [--reps N] [--warmup N] "
+                   "[--threads N] [--tokens N] [--ranks a,b,c] [--cases a,b]\n",
+                   a.c_str());
+      return 2;
+    }
+  }
+  for (const std::string& name : c.cases)
+    if (const auto all = Config::all_cases(); std::find(all.begin(), all.end(), name) == all.end()) {
+      std::fprintf(stderr, "unknown case %s (cases: ulysses, zigzag-ring, zigzag-ring-sharding-aware, "
+                           "hybrid-allgather-sharding-aware)\n", name.c_str());
+      return 2;
+    }
+  if (c.smoke) {  // every case and rank count, on a batch small enough for seconds (GQA kept at 4:1)
+    c.tokens = 2048, c.shape = AttentionShape{8, 2, 64}, c.reps = 2;
+  }
+
+  const std::vector<std::int64_t> docs = document_mix(c.tokens);
+  Batch batch(DocumentBatch::single(docs), c.shape);
+  const double fwd_flops = 4.0 * c.shape.head_dim * c.shape.heads_q * double(batch.area);
+  std::printf(
+      "executor_overhead: %lld tokens in %zu documents (longest %lld), %lld visible pairs, heads %d:%d, d %d, fp32; "
+      "median of %d reps after %d warm-up call(s); %d compute thread(s); load average %.2f\n\n",
+      static_cast<long long>(c.tokens), docs.size(),
+      static_cast<long long>(*std::max_element(docs.begin(), docs.end())), static_cast<long long>(batch.area),
+      c.shape.heads_q, c.shape.heads_kv, c.shape.head_dim, c.reps, c.warmup, c.threads, load_average());
+  print_header();
+
+  const auto finish = [&](Row& r, double baseline_seconds) {
+    const double s = median(r.seconds);
+    r.ratio = s / baseline_seconds;
+    r.gflops = (r.pass == "fwd" ? 1.0 : 3.5) * fwd_flops / s * 1e-9;
+    print_row(r);
+  };
+  // Rewritten after every case, so that a long run that is interrupted keeps the rows it measured.
+  const auto write_rows = [&](const std::vector<Row>& rows) {
+    if (json.empty()) return true;
+    std::vector<bench::JsonRecord> records;
+    for (const Row& r : rows) {
+      const auto [lo, hi] = std::minmax_element(r.seconds.begin(), r.seconds.end());
+      bench::JsonRecord j;
+      j.add("case", r.name)
+          .add("ranks", r.ranks)
+          .add("threads_per_rank", r.threads_per_rank)
+          .add("pass", r.pass)
+          .add("tokens", c.tokens)
+          .add("documents", docs.size())
+          .add("heads_q", c.shape.heads_q)
+          .add("heads_kv", c.shape.heads_kv)
+          .add("head_dim", c.shape.head_dim)
+          .add("reps", c.reps)
+          .add("seconds", median(r.seconds))
+          .add("seconds_min", *lo)
+          .add("seconds_max", *hi)
+          .add("ratio", r.ratio)
+          .add("gflops", r.gflops)
+          .add("allocations", r.allocations)
+          .add("max_abs_diff_o", r.max_abs_diff_o)
+          .add("load_average", r.load);
+      if (r.baseline())
+        j.add("goal", "baseline");
+      else
+        j.add("goal_ratio", r.goal_ratio).add("goal_allocations", 0);
+      j.add("goal_met", r.goal_met());
+      records.push_back(j);
+    }
+    return bench::write_json(json, records);
+  };
+  std::vector<Row> rows = run_baseline(batch, c);
+  const double base[2] = {median(rows[0].seconds), median(rows[1].seconds)};
+  for (Row& r : rows) finish(r, base[r.pass == "fwd+bwd"]);
+  if (!write_rows(rows)) return 1;
+  try {
+    for (int ranks : c.ranks)
+      for (const std::string& name : c.cases) {
+        for (Row& r : run_case(name, ranks, batch, c)) {
+          finish(r, base[r.pass == "fwd+bwd"]);
+          rows.push_back(r);
+        }
+        if (!write_rows(rows)) return 1;
+      }
+  } catch (const std::exception& e) {  // a strategy refused the batch, or a rank failed
+    std::fprintf(stderr, "executor_overhead: %s\n", e.what());
+    return 1;
+  }
+
+  // Outputs must be finite and O must match the whole-batch kernel's: otherwise the rows did not time
+  // the same attention. fp32 with different summation orders: ~1e-6 on O of magnitude ~1.
+  constexpr double kTolerance = 1e-4;
+  bool sane = true;
+  for (const Row& r : rows)
+    if (!r.finite || !(r.max_abs_diff_o <= kTolerance)) {
+      std::fprintf(stderr, "%s on %d rank(s), %s: %s\n", r.name.c_str(), r.ranks, r.pass.c_str(),
+                   r.finite ? "O differs from the whole-batch kernel's" : "non-finite output");
+      sane = false;
+    }
+
+  return sane ? 0 : 1;
+}

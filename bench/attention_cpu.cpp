@@ -32,7 +32,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 // ---- peak: register-blocked FMA loop, independent accumulators per thread, all summed ----
 // Enough chains to cover FMA latency x throughput (>= 10), few enough to stay in registers with the
@@ -48,7 +50,9 @@ float fma_loop(std::int64_t iters, float seed) {
   __m512 acc[kAccumulators];
   for (int i = 0; i < kAccumulators; ++i) acc[i] = _mm512_set1_ps(seed + float(i) * 1e-3f);
   const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
-  const auto step = [&]<std::size_t... I>(std::index_sequence<I...>) { ((acc[I] = _mm512_fmadd_ps(acc[I], a, b)), ...); };
+  const auto step = [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ((acc[I] = _mm512_fmadd_ps(acc[I], a, b)), ...);
+  };
   for (std::int64_t it = 0; it < iters; ++it) step(std::make_index_sequence<kAccumulators>{});
   __m512 s = acc[0];
   for (int i = 1; i < kAccumulators; ++i) s = _mm512_add_ps(s, acc[i]);
@@ -58,7 +62,9 @@ float fma_loop(std::int64_t iters, float seed) {
   for (int i = 0; i < kAccumulators; ++i) acc[i] = _mm256_set1_ps(seed + float(i) * 1e-3f);
   const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
   // Unrolled by a fold so the accumulators live in registers (a loop over the array may stay in memory).
-  const auto step = [&]<std::size_t... I>(std::index_sequence<I...>) { ((acc[I] = _mm256_fmadd_ps(acc[I], a, b)), ...); };
+  const auto step = [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ((acc[I] = _mm256_fmadd_ps(acc[I], a, b)), ...);
+  };
   for (std::int64_t it = 0; it < iters; ++it) step(std::make_index_sequence<kAccumulators>{});
   __m256 s = acc[0];
   for (int i = 1; i < kAccumulators; ++i) s = _mm256_add_ps(s, acc[i]);
@@ -95,7 +101,8 @@ double measure_peak(int threads) {
     std::vector<float> out(static_cast<std::size_t>(threads));
     const auto t0 = Clock::now();
     std::vector<std::thread> ts;
-    for (int t = 0; t < threads; ++t) ts.emplace_back([&, t] { out[static_cast<std::size_t>(t)] = fma_loop(iters, float(t)); });
+    for (int t = 0; t < threads; ++t)
+      ts.emplace_back([&, t] { out[static_cast<std::size_t>(t)] = fma_loop(iters, float(t)); });
     for (auto& t : ts) t.join();
     const double s = seconds_since(t0);
     for (float x : out) sink = sink + x;
@@ -201,11 +208,16 @@ int main(int argc, char** argv) {
   std::string json;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--smoke") smoke = true;
-    else if (a == "--quick") quick = true;
-    else if (a == "--threads" && i + 1 < argc) thread_list = {std::atoi(argv[++i])};
-    else if (a == "--seq" && i + 1 < argc) seqs = {std::atoll(argv[++i])};
-    else if (a == "--json" && i + 1 < argc) json = argv[++i];
+    if (a == "--smoke")
+      smoke = true;
+    else if (a == "--quick")
+      quick = true;
+    else if (a == "--threads" && i + 1 < argc)
+      thread_list = {std::atoi(argv[++i])};
+    else if (a == "--seq" && i + 1 < argc)
+      seqs = {std::atoll(argv[++i])};
+    else if (a == "--json" && i + 1 < argc)
+      json = argv[++i];
     else {
       std::fprintf(stderr, "usage: %s [--smoke] [--quick] [--threads N] [--seq N] [--json FILE]\n", argv[0]);
       return 2;
@@ -308,7 +320,10 @@ int main(int argc, char** argv) {
         << ", \"mask\": \"" << r.p.mask << "\", \"documents\": " << r.p.docs.size() << ", \"threads\": " << r.threads
         << ", \"gflops\": " << r.gflops << ", \"peak_gflops\": " << r.peak
         << ", \"fraction_of_peak\": " << r.gflops / r.peak << ", \"baseline_gflops\": ";
-      if (r.baseline > 0) f << r.baseline; else f << "null";
+      if (r.baseline > 0)
+        f << r.baseline;
+      else
+        f << "null";
       f << "}" << (i + 1 < records.size() ? "," : "") << "\n";
     }
     f << "]\n";

@@ -30,10 +30,10 @@
 // (target calibrate_mpi) it uses MPI_COMM_WORLD: `mpiexec -n P --oversubscribe calibrate_mpi`.
 //   calibrate [--smoke] [--reps N] [--tokens N] [--worlds 2,4,8] [--json FILE] [--profile-out FILE]
 // --profile-out writes the profile of the largest world size calibrated (replay/profile_json.hpp format).
-#include <seqpar/seqpar.hpp>
 #include <seqpar/plan/compile_all.hpp>
 #include <seqpar/replay/predict.hpp>
 #include <seqpar/replay/profile_json.hpp>
+#include <seqpar/seqpar.hpp>
 #if SEQPAR_BENCH_MPI
 #include <seqpar/backend/mpi.hpp>
 #endif
@@ -54,11 +54,11 @@
 #include <fstream>
 #include <limits>
 #include <memory>
-#include <tuple>
 #include <random>
 #include <span>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -73,7 +73,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 // CPU time of the calling thread: with the wall time it tells how much of a core a rank actually got (the
 // machine is shared with other jobs; a rank that got half a core ran at half speed whatever the model says).
@@ -104,7 +106,9 @@ float fma_chains(std::int64_t iters) {
   for (int i = 0; i < kChains; ++i) acc[i] = _mm256_set1_ps(1.0f + 1e-3f * static_cast<float>(i));
   const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
   // A fold over an index pack unrolls the chains, so the compiler keeps them in registers.
-  const auto step = [&]<std::size_t... I>(std::index_sequence<I...>) { ((acc[I] = _mm256_fmadd_ps(acc[I], a, b)), ...); };
+  const auto step = [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ((acc[I] = _mm256_fmadd_ps(acc[I], a, b)), ...);
+  };
   for (std::int64_t it = 0; it < iters; ++it) step(std::make_index_sequence<kChains>{});
   __m256 s = acc[0];
   for (int i = 1; i < kChains; ++i) s = _mm256_add_ps(s, acc[i]);
@@ -139,13 +143,15 @@ double best_time(int reps, F&& f) {
   return best;
 }
 
-int cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+int cores() {
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
 
 struct KernelPoint {
   std::string mask;  // "causal" documents of `length`, or "full" length x length blocks
   std::int64_t length = 0;
   double fwd_s = 0, bwd_s = 0;
-  double flops = 0;  // forward FLOPs of the visible pairs
+  double flops = 0;            // forward FLOPs of the visible pairs
   double tiles = 0, rows = 0;  // tile x tile blocks touched, query blocks (replay::attention_slots with tile kTile)
   double tile_flops = 0;       // forward FLOPs of one tile x tile block over all heads
 };
@@ -166,7 +172,8 @@ struct KernelFit {
 constexpr int kTile = attention::detail::kKeyTile;
 
 // Least squares of y = a x + b z (no intercept); returns {a, b}.
-std::pair<double, double> fit_two(const std::vector<double>& x, const std::vector<double>& z, const std::vector<double>& y) {
+std::pair<double, double> fit_two(const std::vector<double>& x, const std::vector<double>& z,
+                                  const std::vector<double>& y) {
   double xx = 0, xz = 0, zz = 0, xy = 0, zy = 0;
   for (std::size_t i = 0; i < y.size(); ++i) {
     xx += x[i] * x[i];
@@ -181,7 +188,8 @@ std::pair<double, double> fit_two(const std::vector<double>& x, const std::vecto
 
 std::vector<AttnSlice> causal_slices(std::int64_t len, std::int64_t total) {
   std::vector<AttnSlice> out;
-  for (std::int64_t at = 0; at + len <= total; at += len) out.push_back({{at, at + len}, {at, at + len}, Mask::causal()});
+  for (std::int64_t at = 0; at + len <= total; at += len)
+    out.push_back({{at, at + len}, {at, at + len}, Mask::causal()});
   return out;
 }
 // Query rows [at, at + len) against keys [0, len): full blocks, as a ring step's off-diagonal slices.
@@ -222,13 +230,14 @@ void on_threads(int threads, F&& body) {
 KernelFit measure_kernel(const AttentionShape& shape, bool smoke, int threads) {
   KernelFit fit;
   const std::int64_t total = smoke ? 512 : 2048;
-  const std::vector<std::int64_t> lengths = smoke ? std::vector<std::int64_t>{64, 256}
-                                                  : std::vector<std::int64_t>{128, 512, 2048};
+  const std::vector<std::int64_t> lengths =
+      smoke ? std::vector<std::int64_t>{64, 256} : std::vector<std::int64_t>{128, 512, 2048};
   const int hq = shape.heads_q, hkv = shape.heads_kv, d = shape.head_dim;
   const std::size_t n_len = lengths.size();
   // times[thread][point]: fwd at 2i, bwd at 2i+1; peak[thread]: FMA FLOP/s.
   // Full-mask blocks (q rows x L keys, no diagonal): what ring steps and a split document's earlier chunks run.
-  const std::vector<std::int64_t> full_lengths = smoke ? std::vector<std::int64_t>{64} : std::vector<std::int64_t>{128, 512};
+  const std::vector<std::int64_t> full_lengths =
+      smoke ? std::vector<std::int64_t>{64} : std::vector<std::int64_t>{128, 512};
   const std::size_t n_full = full_lengths.size();
   std::vector<std::vector<double>> times(static_cast<std::size_t>(threads), std::vector<double>(2 * (n_len + n_full)));
   std::vector<double> peak(static_cast<std::size_t>(threads)), launch(static_cast<std::size_t>(threads)),
@@ -260,9 +269,8 @@ KernelFit measure_kernel(const AttentionShape& shape, bool smoke, int threads) {
     for (std::size_t i = 0; i < n_len; ++i) {
       const std::vector<AttnSlice> slices = causal_slices(lengths[i], total);
       sync.arrive_and_wait();
-      times[um][2 * i] = best_time(smoke ? 1 : 3, [&] {
-        flash.forward(shape, q.view(), k.view(), v.view(), slices, o.view(), lse.view(), ws);
-      });
+      times[um][2 * i] = best_time(
+          smoke ? 1 : 3, [&] { flash.forward(shape, q.view(), k.view(), v.view(), slices, o.view(), lse.view(), ws); });
       sync.arrive_and_wait();
       times[um][2 * i + 1] = best_time(smoke ? 1 : 2, [&] {
         flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), slices, dq.view(),
@@ -272,9 +280,8 @@ KernelFit measure_kernel(const AttentionShape& shape, bool smoke, int threads) {
     for (std::size_t j = 0; j < n_full; ++j) {
       const std::vector<AttnSlice> slices = full_slices(full_lengths[j], total);
       sync.arrive_and_wait();
-      times[um][2 * (n_len + j)] = best_time(smoke ? 1 : 3, [&] {
-        flash.forward(shape, q.view(), k.view(), v.view(), slices, o.view(), lse.view(), ws);
-      });
+      times[um][2 * (n_len + j)] = best_time(
+          smoke ? 1 : 3, [&] { flash.forward(shape, q.view(), k.view(), v.view(), slices, o.view(), lse.view(), ws); });
       sync.arrive_and_wait();
       times[um][2 * (n_len + j) + 1] = best_time(smoke ? 1 : 2, [&] {
         flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), slices, dq.view(),
@@ -288,8 +295,8 @@ KernelFit measure_kernel(const AttentionShape& shape, bool smoke, int threads) {
     const std::vector<AttnSlice> one{{{0, 1}, {0, 1}, Mask::causal()}};
     sync.arrive_and_wait();
     launch[um] = best_time(20, [&] {
-      flash.forward(shape, q.view().tokens_slice(0, 1), k.view().tokens_slice(0, 1), v.view().tokens_slice(0, 1),
-                    one, o.view().tokens_slice(0, 1), lse.view().tokens_slice(0, 1), ws);
+      flash.forward(shape, q.view().tokens_slice(0, 1), k.view().tokens_slice(0, 1), v.view().tokens_slice(0, 1), one,
+                    o.view().tokens_slice(0, 1), lse.view().tokens_slice(0, 1), ws);
     });
   });
   fit.threads = threads;
@@ -440,12 +447,13 @@ struct TimedFlash {
   attention::CpuFlash<float> flash{{.threads = 1}};
   std::shared_ptr<double> seconds = std::make_shared<double>(0.0);
 
-  [[nodiscard]] std::size_t workspace_bytes(const AttentionShape& shape, std::int64_t q_rows, std::int64_t k_rows) const {
+  [[nodiscard]] std::size_t workspace_bytes(const AttentionShape& shape, std::int64_t q_rows,
+                                            std::int64_t k_rows) const {
     return flash.workspace_bytes(shape, q_rows, k_rows);
   }
   [[nodiscard]] const HostExec& exec() const noexcept { return flash.exec(); }
-  void forward(const HostExec& exec, const AttentionShape& shape, ThdView<const float> q, ThdView<const float> k, ThdView<const float> v,
-               std::span<const AttnSlice> slices, ThdView<float> o, LseView<float> lse,
+  void forward(const HostExec& exec, const AttentionShape& shape, ThdView<const float> q, ThdView<const float> k,
+               ThdView<const float> v, std::span<const AttnSlice> slices, ThdView<float> o, LseView<float> lse,
                std::span<std::byte> workspace) const {
     const auto t0 = Clock::now();
     flash.forward(exec, shape, q, k, v, slices, o, lse, workspace);
@@ -476,7 +484,7 @@ struct Row {
 struct Measured {
   double fwd_s = 0, bwd_s = 0;
   double fwd_kernel_s = 0, bwd_kernel_s = 0;  // slowest rank's kernel time in the best repetition
-  double fwd_cpu = 0, bwd_cpu = 0;             // CPU our ranks used / (cores x wall) in the best repetition
+  double fwd_cpu = 0, bwd_cpu = 0;            // CPU our ranks used / (cores x wall) in the best repetition
 };
 
 struct Timing {
@@ -527,9 +535,8 @@ Measured run_strategy(T& t, const DocumentBatch& batch, const AttentionShape& sh
     for (float& e : x->storage) e = dist(rng);
   LseTensor<float> lse(hq, n);
   Measured m;
-  const Timing f = slowest_best_with_kernel(t, reps, kernel_seconds.get(), [&] {
-    attn.forward(batch, q.view(), k.view(), v.view(), o.view(), lse.view());
-  });
+  const Timing f = slowest_best_with_kernel(
+      t, reps, kernel_seconds.get(), [&] { attn.forward(batch, q.view(), k.view(), v.view(), o.view(), lse.view()); });
   const Timing b = slowest_best_with_kernel(t, reps, kernel_seconds.get(), [&] {
     attn.backward(batch, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), dq.view(), dk.view(),
                   dv.view());
@@ -609,20 +616,22 @@ void print_kernel(const KernelFit& k) {
                 p.flops / p.fwd_s * 1e-9, p.flops / k.model_fwd_s(p) * 1e-9, 2.5 * p.flops / p.bwd_s * 1e-9,
                 2.5 * p.flops / k.model_bwd_s(p) * 1e-9);
   }
-  std::printf("  fit: r_inf %.2f GFLOP/s per computed slot (%.1f%% of peak), tile %d, overhead %.2f blocks per query "
-              "block; backward factor %.3f; per call %.2f us; cpu %.2f\n",
-              k.r_inf * 1e-9, 100 * k.r_inf / k.peak, kTile, k.overhead, k.bwd_factor, k.launch * 1e6, k.cpu);
+  std::printf(
+      "  fit: r_inf %.2f GFLOP/s per computed slot (%.1f%% of peak), tile %d, overhead %.2f blocks per query "
+      "block; backward factor %.3f; per call %.2f us; cpu %.2f\n",
+      k.r_inf * 1e-9, 100 * k.r_inf / k.peak, kTile, k.overhead, k.bwd_factor, k.launch * 1e6, k.cpu);
 }
 
 void print_links(const char* transport, int world, const LinkFit& l) {
   const replay::LinkClass link{l.bandwidth, l.latency};
   // What the simulator charges an all-to-all instance: latency + (bytes each rank sends to others) / bw.
   const double a2a_model = link.time(l.a2a_bytes * (world - 1) / world);
-  std::printf("links %s w%d: ring step %zu B %.1f us, %zu B %.1f us -> %.2f GB/s, latency %.1f us; "
-              "all_to_all %.0f B %.1f us (link model %.1f us, %+.0f%%); memcpy %.2f GB/s/rank (hbm_bandwidth %.2f)\n",
-              transport, world, l.small, l.ring_small_s * 1e6, l.large, l.ring_large_s * 1e6, l.bandwidth * 1e-9,
-              l.latency * 1e6, l.a2a_bytes, l.a2a_s * 1e6, a2a_model * 1e6, 100 * (a2a_model - l.a2a_s) / l.a2a_s,
-              l.copy_bytes / l.copy_s * 1e-9, l.hbm * 1e-9);
+  std::printf(
+      "links %s w%d: ring step %zu B %.1f us, %zu B %.1f us -> %.2f GB/s, latency %.1f us; "
+      "all_to_all %.0f B %.1f us (link model %.1f us, %+.0f%%); memcpy %.2f GB/s/rank (hbm_bandwidth %.2f)\n",
+      transport, world, l.small, l.ring_small_s * 1e6, l.large, l.ring_large_s * 1e6, l.bandwidth * 1e-9,
+      l.latency * 1e6, l.a2a_bytes, l.a2a_s * 1e6, a2a_model * 1e6, 100 * (a2a_model - l.a2a_s) / l.a2a_s,
+      l.copy_bytes / l.copy_s * 1e-9, l.hbm * 1e-9);
 }
 
 void print_rows(const std::vector<Row>& rows) {
@@ -689,10 +698,14 @@ int main(int argc, char** argv) {
   Config c;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--smoke") c.smoke = true;
-    else if (a == "--reps" && i + 1 < argc) c.reps = std::max(1, std::stoi(argv[++i]));
-    else if (a == "--tokens" && i + 1 < argc) c.tokens = std::max<std::int64_t>(64, std::stoll(argv[++i]));
-    else if (a == "--json" && i + 1 < argc) c.json = argv[++i];
+    if (a == "--smoke")
+      c.smoke = true;
+    else if (a == "--reps" && i + 1 < argc)
+      c.reps = std::max(1, std::stoi(argv[++i]));
+    else if (a == "--tokens" && i + 1 < argc)
+      c.tokens = std::max<std::int64_t>(64, std::stoll(argv[++i]));
+    else if (a == "--json" && i + 1 < argc)
+      c.json = argv[++i];
     else if (a == "--worlds" && i + 1 < argc) {
       c.worlds.clear();
       for (std::string list = argv[++i]; !list.empty();) {
@@ -700,11 +713,13 @@ int main(int argc, char** argv) {
         c.worlds.push_back(std::max(1, std::stoi(list.substr(0, comma))));
         list = comma == std::string::npos ? "" : list.substr(comma + 1);
       }
-    }
-    else if (a == "--profile-out" && i + 1 < argc) c.profile_out = argv[++i];
+    } else if (a == "--profile-out" && i + 1 < argc)
+      c.profile_out = argv[++i];
     else {
-      std::fprintf(stderr, "unknown argument %s\nusage: calibrate [--smoke] [--reps N] [--tokens N] [--worlds 2,4,8] "
-                           "[--json FILE] [--profile-out FILE]\n", a.c_str());
+      std::fprintf(stderr,
+                   "unknown argument %s\nusage: calibrate [--smoke] [--reps N] [--tokens N] [--worlds 2,4,8] "
+                   "[--json FILE] [--profile-out FILE]\n",
+                   a.c_str());
       return 2;
     }
   }
@@ -716,10 +731,11 @@ int main(int argc, char** argv) {
   // Ulysses splits heads: heads_q = 8 serves up to 8 ranks. d 64, MHA (Hkv 8) keeps KV blocks large.
   const AttentionShape shape{8, 8, 64};
   const DocumentBatch batch = make_batch(c.tokens);
-  std::printf("calibrate: %lld tokens in 2 sequences of %zu documents, heads %d:%d, d %d, fp32, CpuFlash 1 thread "
-              "per rank, %u cores\n",
-              static_cast<long long>(batch.total_tokens()), batch.documents().size(), shape.heads_q, shape.heads_kv,
-              shape.head_dim, std::thread::hardware_concurrency());
+  std::printf(
+      "calibrate: %lld tokens in 2 sequences of %zu documents, heads %d:%d, d %d, fp32, CpuFlash 1 thread "
+      "per rank, %u cores\n",
+      static_cast<long long>(batch.total_tokens()), batch.documents().size(), shape.heads_q, shape.heads_kv,
+      shape.head_dim, std::thread::hardware_concurrency());
   std::vector<Row> rows;
   replay::HardwareProfile last;
 

@@ -43,11 +43,13 @@ struct NoCompute {
   using exec_type = HostExec;
   [[nodiscard]] HostExec exec() const { return HostExec(1); }
   [[nodiscard]] std::size_t workspace_bytes(const AttentionShape&, std::int64_t, std::int64_t) const { return 0; }
-  void forward(const HostExec&, const AttentionShape&, ThdView<const value_type>, ThdView<const value_type>, ThdView<const value_type>,
-               std::span<const AttnSlice>, ThdView<value_type>, LseView<float>, std::span<std::byte>) const {}
+  void forward(const HostExec&, const AttentionShape&, ThdView<const value_type>, ThdView<const value_type>,
+               ThdView<const value_type>, std::span<const AttnSlice>, ThdView<value_type>, LseView<float>,
+               std::span<std::byte>) const {}
   void backward(const HostExec&, const AttentionShape&, ThdView<const value_type>, ThdView<const value_type>,
-                ThdView<const value_type>, ThdView<const value_type>, LseView<const float>, ThdView<const value_type>, std::span<const AttnSlice>,
-                ThdView<value_type>, ThdView<value_type>, ThdView<value_type>, std::span<std::byte>) const {}
+                ThdView<const value_type>, ThdView<const value_type>, LseView<const float>, ThdView<const value_type>,
+                std::span<const AttnSlice>, ThdView<value_type>, ThdView<value_type>, ThdView<value_type>,
+                std::span<std::byte>) const {}
 };
 static_assert(attention::AttentionKernel<NoCompute>);
 
@@ -117,7 +119,8 @@ Row measure(const std::string& name, const std::string& mix, const DocumentBatch
     max_pairs = std::max(max_pairs, pairs);
     sum_pairs += pairs;
   }
-  row.compute_imbalance = sum_pairs > 0 ? static_cast<double>(max_pairs) / (static_cast<double>(sum_pairs) / kWorld) : 1;
+  row.compute_imbalance =
+      sum_pairs > 0 ? static_cast<double>(max_pairs) / (static_cast<double>(sum_pairs) / kWorld) : 1;
   if (!run) return row;
 
   std::mutex mu;
@@ -145,7 +148,9 @@ Row measure(const std::string& name, const std::string& mix, const DocumentBatch
   return row;
 }
 
-double mib(std::uint64_t b) { return static_cast<double>(b) / (1 << 20); }
+double mib(std::uint64_t b) {
+  return static_cast<double>(b) / (1 << 20);
+}
 
 }  // namespace
 
@@ -157,11 +162,16 @@ int main(int argc, char** argv) {
   std::string json;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--smoke") tokens = 4096, reps = 1;
-    else if (a == "--no-run") run = false;
-    else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::stoi(argv[++i]));
-    else if (a == "--tokens" && i + 1 < argc) tokens = std::stoll(argv[++i]);
-    else if (a == "--json" && i + 1 < argc) json = argv[++i];
+    if (a == "--smoke")
+      tokens = 4096, reps = 1;
+    else if (a == "--no-run")
+      run = false;
+    else if (a == "--reps" && i + 1 < argc)
+      reps = std::max(1, std::stoi(argv[++i]));
+    else if (a == "--tokens" && i + 1 < argc)
+      tokens = std::stoll(argv[++i]);
+    else if (a == "--json" && i + 1 < argc)
+      json = argv[++i];
     else {
       std::fprintf(stderr, "usage: %s [--smoke] [--no-run] [--reps N] [--tokens N] [--json FILE]\n", argv[0]);
       return 2;
@@ -200,8 +210,8 @@ int main(int argc, char** argv) {
     add(measure<Hybrid, cv::HierarchicalShardingAware>("hybrid-hier-aware", mix, one, shape, run, reps));
     add(measure<Uniform, cv::AllToAll>("ulysses-b2", mix, two, shape, run, reps));
     add(measure<partition::BatchAware<Uniform>, cv::AllToAll>("basp-ulysses-b2", mix, two, shape, run, reps));
-    add(measure<partition::BatchAware<Hybrid>, cv::RingShardingAware>("basp-hybrid-ring-aware-b2", mix, two, shape,
-                                                                       run, reps));
+    add(measure<partition::BatchAware<Hybrid>, cv::RingShardingAware>("basp-hybrid-ring-aware-b2", mix, two, shape, run,
+                                                                      reps));
   }
 
   // The goals, evaluated on the rows above.

@@ -4,10 +4,10 @@
 // Llama-3.1-8B on H100 nodes of 8, over a 1M-token batch of lognormal documents (median 2K). The issue's
 // goal: 1024 ranks and a 1M-token batch simulated in under 10 s on this machine (2 cores).
 //   plan_scale [--smoke] [--json FILE] [--tokens N] [--ranks a,b,c] [--strategies a,b]
-#include <seqpar/seqpar.hpp>
 #include <seqpar/plan/candidates.hpp>
 #include <seqpar/plan/step.hpp>
 #include <seqpar/plan/workloads.hpp>
+#include <seqpar/seqpar.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -44,7 +44,8 @@ int main(int argc, char** argv) {
       std::stringstream ss(argv[++i]);
       for (std::string x; std::getline(ss, x, ',');) wanted.push_back(x);
     } else {
-      std::fprintf(stderr, "usage: plan_scale [--smoke] [--json FILE] [--tokens N] [--ranks a,b,c] [--strategies a,b]\n");
+      std::fprintf(stderr,
+                   "usage: plan_scale [--smoke] [--json FILE] [--tokens N] [--ranks a,b,c] [--strategies a,b]\n");
       return 2;
     }
   }

@@ -17,7 +17,6 @@
 //   --json       one record per (paper, workload, strategy, baseline)
 //   --markdown   the tables as markdown (default: next to --json, .md)
 //   --svg-dir    one grouped bar chart per paper: seqpar's speedup next to the paper's, per workload
-#include <seqpar/seqpar.hpp>
 #include <seqpar/plan/candidates.hpp>
 #include <seqpar/plan/hybrid_cost.hpp>
 #include <seqpar/plan/step.hpp>
@@ -26,6 +25,7 @@
 #include <seqpar/replay/hardware.hpp>
 #include <seqpar/replay/model_shape.hpp>
 #include <seqpar/replay/predict.hpp>
+#include <seqpar/seqpar.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -53,8 +53,8 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 /// One compared pair (or one strategy of a workload against the workload's baseline).
 struct Record {
   std::string paper, workload, strategy, baseline, metric;
-  std::string type;             ///< Strategy<...>
-  double predicted_s = kNaN;    ///< step (BASP, HSAP per packed sequence) or attention layer (FlashCP) seconds
+  std::string type;           ///< Strategy<...>
+  double predicted_s = kNaN;  ///< step (BASP, HSAP per packed sequence) or attention layer (FlashCP) seconds
   double baseline_s = kNaN;
   double speedup = kNaN;        ///< baseline_s / predicted_s (HSAP: throughput ratio)
   double paper_speedup = kNaN;  ///< the paper's figure for this comparison, when it has one
@@ -78,7 +78,9 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-double ratio(double a, double b) { return b > 0 ? a / b : (a > 0 ? std::numeric_limits<double>::infinity() : kNaN); }
+double ratio(double a, double b) {
+  return b > 0 ? a / b : (a > 0 ? std::numeric_limits<double>::infinity() : kNaN);
+}
 
 // ---------------------------------------------------------------------------------------------------------
 // BASP: batch-aware groups vs Ulysses over all 8 GPUs, end-to-end training step and all-to-all time.
@@ -113,15 +115,16 @@ void run_basp() {
        "-25.9% step time = 1.35x [R]", kNaN, "-"},
       {"W5 llama-3.2-1b 16K B=2", replay::models::llama32_1b(), 16384, 2, kNaN, "-", 2.45, "2.45x [S]"},
   };
-  if (g_smoke) ws = {{"W2 qwen1.5-1.8b 4K B=2 (smoke)", replay::models::qwen15_1_8b(), 4096, 2, 1.315, "1.31-1.32x [R]",
-                      3.10, "3.10x [S]"}};
+  if (g_smoke)
+    ws = {{"W2 qwen1.5-1.8b 4K B=2 (smoke)", replay::models::qwen15_1_8b(), 4096, 2, 1.315, "1.31-1.32x [R]", 3.10,
+           "3.10x [S]"}};
 
-  using partition::BatchAware, partition::Uniform, partition::Zigzag, partition::Hybrid;
   using comm::AllToAll, comm::Ring;
+  using partition::BatchAware, partition::Uniform, partition::Zigzag, partition::Hybrid;
   using Hier = comm::Hierarchical<AllToAll, Ring>;
   std::printf("\n== BASP (2 nodes x 4 %s, ZeRO-3 over 8, checkpointing; training step) ==\n", hw.name.c_str());
-  std::printf("%-26s %-26s %9s %9s %9s %8s %8s %7s %9s %-30s\n", "workload", "strategy", "step ms", "speedup",
-              "paper", "a2a ms", "a2a x", "a2a %", "mem GiB", "paper a2a");
+  std::printf("%-26s %-26s %9s %9s %9s %8s %8s %7s %9s %-30s\n", "workload", "strategy", "step ms", "speedup", "paper",
+              "a2a ms", "a2a x", "a2a %", "mem GiB", "paper a2a");
   for (const BaspWorkload& w : ws) {
     const DocumentBatch batch(std::vector<std::vector<std::int64_t>>(static_cast<std::size_t>(w.batch), {w.seq}));
     const AttentionShape shape = w.model.attention();
@@ -138,16 +141,19 @@ void run_basp() {
     basp_ring.comm.sharding_aware = true;
     Strategy<BatchAware<Hybrid>, Hier>::Arguments basp_hybrid;
     basp_hybrid.partition.group_size = topo.world_size / w.batch;
-    basp_hybrid.partition.inner.cost = plan::hybrid_model_cost(hw, shape, plan::layer_gemm_seconds_per_token(hw, w.model));
+    basp_hybrid.partition.inner.cost =
+        plan::hybrid_model_cost(hw, shape, plan::layer_gemm_seconds_per_token(hw, w.model));
     basp_hybrid.comm.outer.sharding_aware = true;
     Strategy<Zigzag, Hier>::Arguments usp;
     usp.comm.outer.sharding_aware = true;
     const std::vector<plan::Candidate> entries = {
         plan::make_candidate<Strategy<Uniform, AllToAll>>("ulysses", "Strategy<Uniform, AllToAll>"),
-        plan::make_candidate<Strategy<BatchAware<Uniform>, AllToAll>>("basp", "Strategy<BatchAware<Uniform>, AllToAll>", basp),
-        plan::make_candidate<Strategy<Zigzag, Hier>>("usp-zigzag", "Strategy<Zigzag, Hierarchical<AllToAll, Ring{aware}>>", usp),
-        plan::make_candidate<Strategy<BatchAware<Zigzag>, Ring>>("basp-zigzag-ring", "Strategy<BatchAware<Zigzag>, Ring{aware}>",
-                                                  basp_ring),
+        plan::make_candidate<Strategy<BatchAware<Uniform>, AllToAll>>("basp", "Strategy<BatchAware<Uniform>, AllToAll>",
+                                                                      basp),
+        plan::make_candidate<Strategy<Zigzag, Hier>>("usp-zigzag",
+                                                     "Strategy<Zigzag, Hierarchical<AllToAll, Ring{aware}>>", usp),
+        plan::make_candidate<Strategy<BatchAware<Zigzag>, Ring>>(
+            "basp-zigzag-ring", "Strategy<BatchAware<Zigzag>, Ring{aware}>", basp_ring),
         plan::make_candidate<Strategy<BatchAware<Hybrid>, Hier>>(
             "basp-hybrid-hier", "Strategy<BatchAware<Hybrid>, Hierarchical<AllToAll, Ring{aware}>>", basp_hybrid),
     };
@@ -235,8 +241,8 @@ void run_hsap() {
   const std::int64_t seq = g_smoke ? 8192 : 32768;
   const int draws = g_smoke ? 1 : 4;
 
-  using partition::Uniform, partition::Zigzag, partition::Hybrid;
   using comm::AllToAll, comm::Ring;
+  using partition::Uniform, partition::Zigzag, partition::Hybrid;
   using Hier = comm::Hierarchical<AllToAll, Ring>;
   Strategy<Uniform, Hier>::Arguments hsap;
   hsap.comm.inner_size = 8;
@@ -247,22 +253,24 @@ void run_hsap() {
       .comm = hsap.comm};
   Strategy<Uniform, Hier>::Arguments plain_hier;
   plain_hier.comm.inner_size = 8;
-  const plan::Candidate hsap_e = plan::make_candidate<Strategy<Uniform, Hier>>("hsap", "Strategy<Uniform, Hierarchical<AllToAll, Ring{aware}>>", hsap);
-  const plan::Candidate naive_ring = plan::make_candidate<Strategy<Uniform, Ring>>("native-packing-ring", "Strategy<Uniform, Ring>, one causal mask");
-  const plan::Candidate naive_hier = plan::make_candidate<Strategy<Uniform, Hier>>("native-packing-hier",
-                                                          "Strategy<Uniform, Hierarchical<AllToAll, Ring>>, one causal mask",
-                                                          plain_hier);
-  const plan::Candidate naive_zigzag = plan::make_candidate<Strategy<Zigzag, Ring>>("native-packing-zigzag",
-                                                            "Strategy<Zigzag, Ring>, one causal mask");
+  const plan::Candidate hsap_e = plan::make_candidate<Strategy<Uniform, Hier>>(
+      "hsap", "Strategy<Uniform, Hierarchical<AllToAll, Ring{aware}>>", hsap);
+  const plan::Candidate naive_ring =
+      plan::make_candidate<Strategy<Uniform, Ring>>("native-packing-ring", "Strategy<Uniform, Ring>, one causal mask");
+  const plan::Candidate naive_hier = plan::make_candidate<Strategy<Uniform, Hier>>(
+      "native-packing-hier", "Strategy<Uniform, Hierarchical<AllToAll, Ring>>, one causal mask", plain_hier);
+  const plan::Candidate naive_zigzag =
+      plan::make_candidate<Strategy<Zigzag, Ring>>("native-packing-zigzag", "Strategy<Zigzag, Ring>, one causal mask");
   const std::vector<plan::Candidate> beyond = {
-      plan::make_candidate<Strategy<Zigzag, Hier>>("zigzag-hier-aware", "Strategy<Zigzag, Hierarchical<AllToAll, Ring{aware}>>", zz_hier),
-      plan::make_candidate<Strategy<Hybrid, Hier>>("hybrid-hier-aware", "Strategy<Hybrid, Hierarchical<AllToAll, Ring{aware}>>",
-                                    hybrid_hier),
+      plan::make_candidate<Strategy<Zigzag, Hier>>("zigzag-hier-aware",
+                                                   "Strategy<Zigzag, Hierarchical<AllToAll, Ring{aware}>>", zz_hier),
+      plan::make_candidate<Strategy<Hybrid, Hier>>(
+          "hybrid-hier-aware", "Strategy<Hybrid, Hierarchical<AllToAll, Ring{aware}>>", hybrid_hier),
       plan::make_candidate<Strategy<Uniform, AllToAll>>("ulysses-16", "Strategy<Uniform, AllToAll> over 16 ranks"),
   };
 
-  std::printf("\n== HSAP (%d x %s, %s, ZeRO-3 over %d, packed %lldK sequences; tokens/s ratio) ==\n",
-              topo.world_size, hw.name.c_str(), model.name.c_str(), topo.world_size, static_cast<long long>(seq / 1024));
+  std::printf("\n== HSAP (%d x %s, %s, ZeRO-3 over %d, packed %lldK sequences; tokens/s ratio) ==\n", topo.world_size,
+              hw.name.c_str(), model.name.c_str(), topo.world_size, static_cast<long long>(seq / 1024));
   std::printf("%-10s %-22s %-22s %11s %9s %9s  %s\n", "workload", "strategy", "baseline", "tokens/s", "speedup",
               "paper", "notes");
   for (const std::string mix : {"fineweb", "ultrachat"}) {
@@ -324,12 +332,17 @@ void run_hsap() {
                   useful / time[strategy], fmt("%.2fx", r.speedup).c_str(), paper_text.c_str(), notes.c_str());
       g_records.push_back(r);
     };
-    const std::string avg_docs = "avg " + fmt("%.1f", static_cast<double>(docs_total) / draws) + " documents per sequence";
+    const std::string avg_docs =
+        "avg " + fmt("%.1f", static_cast<double>(docs_total) / draws) + " documents per sequence";
     add("hsap", hsap_e.description, "native-packing-ring", 1.42, "+42% = 1.42x [S]", false, avg_docs);
-    add("hsap", hsap_e.description, "native-packing-hier", 1.42, "+42% = 1.42x [S]", false, "baseline on HSAP's own layout");
-    add("hsap", hsap_e.description, "native-packing-zigzag", 1.42, "+42% = 1.42x [S]", false, "load-balanced ring baseline");
-    add("hsap", hsap_e.description, "padding-longest", 2.80, "+180% = 2.80x [S]", false, "padding to the longest document [I]");
-    add("hsap", hsap_e.description, "padding-32k", 2.80, "+180% = 2.80x [S]", false, "every document padded to 32K (brief)");
+    add("hsap", hsap_e.description, "native-packing-hier", 1.42, "+42% = 1.42x [S]", false,
+        "baseline on HSAP's own layout");
+    add("hsap", hsap_e.description, "native-packing-zigzag", 1.42, "+42% = 1.42x [S]", false,
+        "load-balanced ring baseline");
+    add("hsap", hsap_e.description, "padding-longest", 2.80, "+180% = 2.80x [S]", false,
+        "padding to the longest document [I]");
+    add("hsap", hsap_e.description, "padding-32k", 2.80, "+180% = 2.80x [S]", false,
+        "every document padded to 32K (brief)");
     for (const plan::Candidate& e : beyond) add(e.name, e.description, "hsap", kNaN, "", true, "beyond: vs HSAP");
   }
 }
@@ -355,8 +368,8 @@ void run_flashcp() {
   std::vector<std::string> mixes = {"longtail", "pile", "redpajama", "single"};
   if (g_smoke) heads = {{32, 8}}, mixes = {"longtail", "single"};
 
-  using partition::Uniform, partition::Zigzag, partition::PerDoc, partition::Hybrid, partition::WholeDoc;
   using comm::AllGather, comm::AllToAll, comm::Ring;
+  using partition::Uniform, partition::Zigzag, partition::PerDoc, partition::Hybrid, partition::WholeDoc;
   std::printf("\n== FlashCP (8 x %s, one node, %lldK packed tokens, d 128; attention layer fwd+bwd) ==\n",
               hw.name.c_str(), static_cast<long long>(tokens / 1024));
   std::printf("%-24s %8s %8s %8s %8s %8s | %8s %9s %-14s | %8s %8s %8s\n", "workload", "ring", "zigzag", "llama3",
@@ -372,14 +385,16 @@ void run_flashcp() {
       const std::vector<plan::Candidate> baselines = {
           plan::make_candidate<Strategy<Uniform, Ring>>("ring", "Strategy<Uniform, Ring>"),
           plan::make_candidate<Strategy<Zigzag, Ring>>("zigzag-ring", "Strategy<Zigzag, Ring>"),
-          plan::make_candidate<Strategy<Zigzag, AllGather>>("llama3-allgather", "Strategy<Zigzag, AllGather> (Llama 3 CP)"),
+          plan::make_candidate<Strategy<Zigzag, AllGather>>("llama3-allgather",
+                                                            "Strategy<Zigzag, AllGather> (Llama 3 CP)"),
           plan::make_candidate<Strategy<PerDoc, AllGather>>("per-doc", "Strategy<PerDoc, AllGather> (WLB-LLM)"),
       };
       const plan::Candidate method =
           plan::hybrid_candidate<AllGather>("flashcp-hybrid", "Strategy<Hybrid, AllGather{aware}>", hw, 0.0);
       const std::vector<plan::Candidate> beyond = {
           plan::make_candidate<Strategy<Uniform, AllToAll>>("ulysses", "Strategy<Uniform, AllToAll>"),
-          plan::make_candidate<Strategy<WholeDoc, Ring>>("whole-doc", "Strategy<WholeDoc, Ring{aware}>", {.comm = aware.comm}),
+          plan::make_candidate<Strategy<WholeDoc, Ring>>("whole-doc", "Strategy<WholeDoc, Ring{aware}>",
+                                                         {.comm = aware.comm}),
           plan::make_candidate<Strategy<Zigzag, Ring>>("zigzag-ring-aware", "Strategy<Zigzag, Ring{aware}>", aware),
           plan::hybrid_candidate<Ring>("hybrid-ring-aware", "Strategy<Hybrid, Ring{aware}>", hw, 0.0),
       };
@@ -432,14 +447,14 @@ void run_flashcp() {
       const auto ms = [&](const std::string& n) { return fmt("%.2f", t[n] * 1e3); };
       std::printf("%-24s %8s %8s %8s %8s %8s | %8s %9s %-14s | %8s %8s %8s\n", wname.c_str(), ms("ring").c_str(),
                   ms("zigzag-ring").c_str(), ms("llama3-allgather").c_str(), ms("per-doc").c_str(),
-                  ms(method.name).c_str(), fmt("%.2fx", t[best] / t[method.name]).c_str(),
-                  single ? "~1x" : "<=1.63x", best.c_str(), ms("ulysses").c_str(), ms("whole-doc").c_str(),
-                  ms("zigzag-ring-aware").c_str());
+                  ms(method.name).c_str(), fmt("%.2fx", t[best] / t[method.name]).c_str(), single ? "~1x" : "<=1.63x",
+                  best.c_str(), ms("ulysses").c_str(), ms("whole-doc").c_str(), ms("zigzag-ring-aware").c_str());
       for (const auto& [name, reason] : why) std::printf("    %s refused: %s\n", name.c_str(), reason.c_str());
     }
   }
-  std::printf("(times in ms; llama3 = Strategy<Zigzag, AllGather>, per-doc = Strategy<PerDoc, AllGather>, "
-              "flashcp = Strategy<Hybrid, AllGather{aware}>)\n");
+  std::printf(
+      "(times in ms; llama3 = Strategy<Zigzag, AllGather>, per-doc = Strategy<PerDoc, AllGather>, "
+      "flashcp = Strategy<Hybrid, AllGather{aware}>)\n");
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -481,14 +496,16 @@ std::vector<Verdict> verdicts() {
     out.push_back(v);
   }
   if (flash_best > 0) {
-    Verdict v{"FlashCP", "best over mixes (" + flash_best_w + ")", "flashcp-hybrid vs best baseline", flash_best, 1.63, true};
+    Verdict v{"FlashCP", "best over mixes (" + flash_best_w + ")", "flashcp-hybrid vs best baseline", flash_best, 1.63,
+              true};
     v.direction_ok = flash_best > 1.0;
     v.size_ok = flash_best / 1.63 <= kClaimedFactor && 1.63 / flash_best <= kClaimedFactor;
     out.push_back(v);
     // Per mix, for the reader: the paper's bound is over all its settings, so these are not claims.
     for (const auto& [mix, best] : per_mix) {
-      Verdict m{"FlashCP", "best of " + mix + " (" + best.second + ")", "flashcp-hybrid vs best baseline",
-                best.first, 1.63, true};
+      Verdict m{
+          "FlashCP", "best of " + mix + " (" + best.second + ")", "flashcp-hybrid vs best baseline", best.first, 1.63,
+          true};
       // Strict: a mix where Hybrid does not beat the best baseline says so.
       m.direction_ok = best.first > 1.0;
       m.size_ok = best.first <= 1.63 * kClaimedFactor;
@@ -537,7 +554,8 @@ void print_summary(const std::vector<Verdict>& vs) {
   int claimed = 0, held = 0;
   for (const Verdict& v : vs) {
     std::printf("%-8s %-36s %-42s %9s %9s %7s %s\n", v.paper.c_str(), v.workload.c_str(), v.comparison.c_str(),
-                fmt("%.2fx", v.seqpar).c_str(), (std::string(v.bound ? "<=" : "") + fmt("%.2fx", v.paper_value)).c_str(),
+                fmt("%.2fx", v.seqpar).c_str(),
+                (std::string(v.bound ? "<=" : "") + fmt("%.2fx", v.paper_value)).c_str(),
                 fmt("%.2f", v.seqpar / v.paper_value).c_str(), verdict_text(v).c_str());
     if (v.claimed) {
       ++claimed;
@@ -567,20 +585,25 @@ bool write_markdown(const std::string& path, const std::vector<Verdict>& vs) {
     std::fprintf(stderr, "cannot write %s\n", path.c_str());
     return false;
   }
-  std::fprintf(f, "# Paper replays on the seqpar cost model\n\nGenerated by `bench/replay`. Speedup = baseline time / "
-                  "strategy time (HSAP: useful tokens/s ratio). Paper figures: research/seeds.md ([R] read, [S] "
-                  "summary, [I] inference).\n\n");
+  std::fprintf(f,
+               "# Paper replays on the seqpar cost model\n\nGenerated by `bench/replay`. Speedup = baseline time / "
+               "strategy time (HSAP: useful tokens/s ratio). Paper figures: research/seeds.md ([R] read, [S] "
+               "summary, [I] inference).\n\n");
   std::fprintf(f, "## Paper vs seqpar\n\n%s\n", kClaimText);
-  std::fprintf(f, "| paper | workload | comparison | seqpar | paper | seqpar/paper | verdict |\n|---|---|---|---|---|---|---|\n");
+  std::fprintf(
+      f,
+      "| paper | workload | comparison | seqpar | paper | seqpar/paper | verdict |\n|---|---|---|---|---|---|---|\n");
   for (const Verdict& v : vs)
     std::fprintf(f, "| %s | %s | %s | %s | %s%s | %s | %s |\n", v.paper.c_str(), v.workload.c_str(),
                  v.comparison.c_str(), fmt("%.2fx", v.seqpar).c_str(), v.bound ? "<= " : "",
                  fmt("%.2fx", v.paper_value).c_str(), fmt("%.2f", v.seqpar / v.paper_value).c_str(),
                  verdict_text(v).c_str());
   for (const char* paper : {"BASP", "HSAP", "FlashCP"}) {
-    std::fprintf(f, "\n## %s\n\n| workload | strategy | baseline | predicted s | speedup | paper | all-to-all x | notes |\n"
-                    "|---|---|---|---|---|---|---|---|\n",
-                 paper);
+    std::fprintf(
+        f,
+        "\n## %s\n\n| workload | strategy | baseline | predicted s | speedup | paper | all-to-all x | notes |\n"
+        "|---|---|---|---|---|---|---|---|\n",
+        paper);
     for (const Record& r : g_records) {
       if (r.paper != paper) continue;
       if (r.refused) {
@@ -600,10 +623,14 @@ bool write_markdown(const std::string& path, const std::vector<Verdict>& vs) {
 std::string xml_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
-    if (c == '<') o += "&lt;";
-    else if (c == '>') o += "&gt;";
-    else if (c == '&') o += "&amp;";
-    else o += c;
+    if (c == '<')
+      o += "&lt;";
+    else if (c == '>')
+      o += "&gt;";
+    else if (c == '&')
+      o += "&amp;";
+    else
+      o += c;
   }
   return o;
 }
@@ -626,36 +653,62 @@ bool write_svg(const std::string& path, const std::string& title,
     std::fprintf(stderr, "cannot write %s\n", path.c_str());
     return false;
   }
-  std::fprintf(f, R"(<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" font-family="sans-serif" font-size="11">)"
-                  "\n",
-               width + 160, top + height + bottom);
-  std::fprintf(f, R"(<rect width="100%%" height="100%%" fill="white"/><text x="%.0f" y="22" font-size="14">%s</text>)" "\n",
+  std::fprintf(
+      f,
+      R"(<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" font-family="sans-serif" font-size="11">)"
+      "\n",
+      width + 160, top + height + bottom);
+  std::fprintf(f,
+               R"(<rect width="100%%" height="100%%" fill="white"/><text x="%.0f" y="22" font-size="14">%s</text>)"
+               "\n",
                left, xml_escape(title).c_str());
   const double step = ymax <= 4 ? 0.5 : std::ceil(ymax / 8);
   for (double v = 0; v <= ymax + 1e-9; v += step)
-    std::fprintf(f, R"(<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#ddd"/><text x="%.0f" y="%.1f" text-anchor="end">%.1fx</text>)" "\n",
-                 left, width, y(v), y(v), left - 4, y(v) + 4, v);
-  std::fprintf(f, R"(<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#555" stroke-dasharray="4 3"/>)" "\n", left,
-               width, y(1), y(1));
+    std::fprintf(
+        f,
+        R"(<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#ddd"/><text x="%.0f" y="%.1f" text-anchor="end">%.1fx</text>)"
+        "\n",
+        left, width, y(v), y(v), left - 4, y(v) + 4, v);
+  std::fprintf(f,
+               R"(<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#555" stroke-dasharray="4 3"/>)"
+               "\n",
+               left, width, y(1), y(1));
   double x = left + gap / 2;
   for (const auto& [name, s, p, bound] : groups) {
     if (std::isfinite(s))
-      std::fprintf(f, R"(<rect x="%.1f" y="%.1f" width="%.0f" height="%.1f" fill="#3b6fb6"/><text x="%.1f" y="%.1f" text-anchor="middle" font-size="9">%.2f</text>)" "\n",
-                   x, y(s), bar, y(0) - y(s), x + bar / 2, y(s) - 3, s);
+      std::fprintf(
+          f,
+          R"(<rect x="%.1f" y="%.1f" width="%.0f" height="%.1f" fill="#3b6fb6"/><text x="%.1f" y="%.1f" text-anchor="middle" font-size="9">%.2f</text>)"
+          "\n",
+          x, y(s), bar, y(0) - y(s), x + bar / 2, y(s) - 3, s);
     if (std::isfinite(p))
-      std::fprintf(f, R"(<rect x="%.1f" y="%.1f" width="%.0f" height="%.1f" fill="#f4a259" fill-opacity="%s" stroke="#c0671d" %s/><text x="%.1f" y="%.1f" text-anchor="middle" font-size="9">%s%.2f</text>)" "\n",
-                   x + bar, y(p), bar, y(0) - y(p), bound ? "0.25" : "1", bound ? R"(stroke-dasharray="3 2")" : "",
-                   x + 1.5 * bar, y(p) - 3, bound ? "&lt;=" : "", p);
-    std::fprintf(f, R"svg(<text transform="translate(%.1f,%.1f) rotate(-40)" text-anchor="end">%s</text>)svg" "\n", x + bar,
-                 y(0) + 12, xml_escape(name).c_str());
+      std::fprintf(
+          f,
+          R"(<rect x="%.1f" y="%.1f" width="%.0f" height="%.1f" fill="#f4a259" fill-opacity="%s" stroke="#c0671d" %s/><text x="%.1f" y="%.1f" text-anchor="middle" font-size="9">%s%.2f</text>)"
+          "\n",
+          x + bar, y(p), bar, y(0) - y(p), bound ? "0.25" : "1", bound ? R"(stroke-dasharray="3 2")" : "",
+          x + 1.5 * bar, y(p) - 3, bound ? "&lt;=" : "", p);
+    std::fprintf(f,
+                 R"svg(<text transform="translate(%.1f,%.1f) rotate(-40)" text-anchor="end">%s</text>)svg"
+                 "\n",
+                 x + bar, y(0) + 12, xml_escape(name).c_str());
     x += 2 * bar + gap;
   }
-  std::fprintf(f, R"(<rect x="%.0f" y="%.0f" width="12" height="12" fill="#3b6fb6"/><text x="%.0f" y="%.0f">seqpar (cost model)</text>)" "\n",
-               width + 10, top, width + 26, top + 10);
-  std::fprintf(f, R"(<rect x="%.0f" y="%.0f" width="12" height="12" fill="#f4a259" stroke="#c0671d"/><text x="%.0f" y="%.0f">paper</text>)" "\n",
-               width + 10, top + 20, width + 26, top + 30);
-  std::fprintf(f, R"(<rect x="%.0f" y="%.0f" width="12" height="12" fill="#f4a259" fill-opacity="0.25" stroke="#c0671d" stroke-dasharray="3 2"/><text x="%.0f" y="%.0f">paper, "up to"</text>)" "\n",
-               width + 10, top + 40, width + 26, top + 50);
+  std::fprintf(
+      f,
+      R"(<rect x="%.0f" y="%.0f" width="12" height="12" fill="#3b6fb6"/><text x="%.0f" y="%.0f">seqpar (cost model)</text>)"
+      "\n",
+      width + 10, top, width + 26, top + 10);
+  std::fprintf(
+      f,
+      R"(<rect x="%.0f" y="%.0f" width="12" height="12" fill="#f4a259" stroke="#c0671d"/><text x="%.0f" y="%.0f">paper</text>)"
+      "\n",
+      width + 10, top + 20, width + 26, top + 30);
+  std::fprintf(
+      f,
+      R"(<rect x="%.0f" y="%.0f" width="12" height="12" fill="#f4a259" fill-opacity="0.25" stroke="#c0671d" stroke-dasharray="3 2"/><text x="%.0f" y="%.0f">paper, "up to"</text>)"
+      "\n",
+      width + 10, top + 40, width + 26, top + 50);
   std::fprintf(f, "</svg>\n");
   return std::fclose(f) == 0;
 }
@@ -680,7 +733,9 @@ bool write_svgs(const std::string& dir) {
           a2a.emplace_back(r.workload + (std::isinf(r.a2a_speedup) ? " (seqpar: none left)" : ""),
                            std::isinf(r.a2a_speedup) ? kNaN : r.a2a_speedup, r.paper_a2a_speedup, false);
       if (!a2a.empty())
-        ok = write_svg(dir + "/replay_basp_a2a.svg", "BASP vs Ulysses: all-to-all time speedup (2 x 4 A100-40GB)", a2a) && ok;
+        ok = write_svg(dir + "/replay_basp_a2a.svg", "BASP vs Ulysses: all-to-all time speedup (2 x 4 A100-40GB)",
+                       a2a) &&
+             ok;
     } else if (std::string(paper) == "HSAP") {
       title = "HSAP: training throughput ratio (2 x 8 H100, Llama-3.1-8B assumed)";
     } else {
@@ -688,7 +743,8 @@ bool write_svgs(const std::string& dir) {
     }
     if (groups.empty()) continue;
     std::string name = paper;
-    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    std::transform(name.begin(), name.end(), name.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
     ok = write_svg(dir + "/replay_" + name + ".svg", title, groups) && ok;
   }
   return ok;
@@ -701,10 +757,14 @@ int main(int argc, char** argv) {
   std::string json, markdown, svg_dir;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--smoke") g_smoke = true;
-    else if (a == "--json" && i + 1 < argc) json = argv[++i];
-    else if (a == "--markdown" && i + 1 < argc) markdown = argv[++i];
-    else if (a == "--svg-dir" && i + 1 < argc) svg_dir = argv[++i];
+    if (a == "--smoke")
+      g_smoke = true;
+    else if (a == "--json" && i + 1 < argc)
+      json = argv[++i];
+    else if (a == "--markdown" && i + 1 < argc)
+      markdown = argv[++i];
+    else if (a == "--svg-dir" && i + 1 < argc)
+      svg_dir = argv[++i];
     else {
       std::fprintf(stderr, "usage: %s [--smoke] [--json FILE] [--markdown FILE] [--svg-dir DIR]\n", argv[0]);
       return 2;
@@ -712,7 +772,8 @@ int main(int argc, char** argv) {
   }
   if (markdown.empty() && !json.empty()) {
     const auto dot = json.rfind('.');
-    markdown = (dot == std::string::npos || json.find('/', dot) != std::string::npos ? json : json.substr(0, dot)) + ".md";
+    markdown =
+        (dot == std::string::npos || json.find('/', dot) != std::string::npos ? json : json.substr(0, dot)) + ".md";
   }
   const auto t0 = std::chrono::steady_clock::now();
   run_basp();
@@ -720,8 +781,7 @@ int main(int argc, char** argv) {
   run_flashcp();
   const std::vector<Verdict> vs = verdicts();
   print_summary(vs);
-  std::printf("\nreplayed in %.1f s\n",
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  std::printf("\nreplayed in %.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 
   bool ok = true;
   if (!json.empty()) {

@@ -123,11 +123,15 @@ int main(int argc, char** argv) {
   std::string json;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--smoke") c.smoke = true;
-    else if (a == "--json" && i + 1 < argc) json = argv[++i];
-    else if (a == "--max-bytes" && i + 1 < argc) c.max_bytes = std::stoull(argv[++i]);
+    if (a == "--smoke")
+      c.smoke = true;
+    else if (a == "--json" && i + 1 < argc)
+      json = argv[++i];
+    else if (a == "--max-bytes" && i + 1 < argc)
+      c.max_bytes = std::stoull(argv[++i]);
     else {
-      std::fprintf(stderr, "unknown argument %s\nusage: transport [--smoke] [--json FILE] [--max-bytes B]\n", a.c_str());
+      std::fprintf(stderr, "unknown argument %s\nusage: transport [--smoke] [--json FILE] [--max-bytes B]\n",
+                   a.c_str());
       return 2;
     }
   }

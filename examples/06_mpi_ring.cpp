@@ -9,8 +9,8 @@
 // prints OK. run_or_abort turns an exception on any rank into "seqpar: rank R failed: ..." and
 // MPI_Abort, so a failing rank ends the job instead of leaving its peers waiting.
 //   usage: mpiexec -n P 06_mpi_ring [--smoke] [--tokens T]
-#include <seqpar/seqpar.hpp>
 #include <seqpar/backend/mpi.hpp>
+#include <seqpar/seqpar.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -27,9 +27,14 @@ int main(int argc, char** argv) {
   std::int64_t tokens = 4096;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--smoke") tokens = 1024;
-    else if (a == "--tokens" && i + 1 < argc) tokens = std::stoll(argv[++i]);
-    else { std::fprintf(stderr, "unknown argument %s\n", a.c_str()); return 2; }
+    if (a == "--smoke")
+      tokens = 1024;
+    else if (a == "--tokens" && i + 1 < argc)
+      tokens = std::stoll(argv[++i]);
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
+      return 2;
+    }
   }
   return backend::mpi::run_or_abort(MPI_COMM_WORLD, [&](backend::mpi::Transport& t) {
     // One sequence of lognormal documents (median tokens/16) and random inputs, identical on every rank.
@@ -49,7 +54,8 @@ int main(int argc, char** argv) {
 
     ZigzagRing::Arguments args;
     args.comm.sharding_aware = true;  // send each peer only the KV rows its slices read
-    DistributedAttention<ZigzagRing, attention::CpuFlash<float>> attn(t, shape, args, attention::CpuFlash<float>(attention::CpuFlashArguments{}));
+    DistributedAttention<ZigzagRing, attention::CpuFlash<float>> attn(
+        t, shape, args, attention::CpuFlash<float>(attention::CpuFlashArguments{}));
     const auto& plan = attn.plan(batch);
     const auto shard = [&](const ThdTensor<float>& g) {  // (local tokens, heads, d): owned rows in plan order
       ThdTensor<float> l(attn.local_tokens(batch), g.heads, g.head_dim);
@@ -95,12 +101,13 @@ int main(int argc, char** argv) {
       scale = std::max(scale, std::abs(ref.storage[i]));
       err = std::max(err, std::abs(ref.storage[i] - double(o.storage[i])));
     }
-    std::printf("seqpar 06: sharding-aware zigzag ring over MPI, %d ranks, %lld tokens, %zu documents, heads %d:%d, "
-                "d %d\n", t.size(), static_cast<long long>(n), docs.size(), shape.heads_q, shape.heads_kv,
-                shape.head_dim);
+    std::printf(
+        "seqpar 06: sharding-aware zigzag ring over MPI, %d ranks, %lld tokens, %zu documents, heads %d:%d, "
+        "d %d\n",
+        t.size(), static_cast<long long>(n), docs.size(), shape.heads_q, shape.heads_kv, shape.head_dim);
     for (int r = 0; r < t.size(); ++r)
-      std::printf("  rank %d: %lld tokens, forward sent %llu bytes\n", r,
-                  static_cast<long long>(plan.local_tokens(r)), static_cast<unsigned long long>(sent_by[std::size_t(r)]));
+      std::printf("  rank %d: %lld tokens, forward sent %llu bytes\n", r, static_cast<long long>(plan.local_tokens(r)),
+                  static_cast<unsigned long long>(sent_by[std::size_t(r)]));
     std::printf("O vs fp64 reference: max |err| / max |ref| = %.2e\n", err / scale);
     const bool ok = err / scale < 1e-5;  // fp32 storage and accumulation
     std::printf("%s\n", ok ? "OK" : "FAILED: error above tolerance");

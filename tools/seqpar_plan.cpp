@@ -569,8 +569,8 @@ double attention_memory_bytes(const AttentionShape& shape, double value_bytes, s
 
 /// Compiles and simulates one candidate. With `trace`, the simulation keeps the events and moves them there.
 /// `phase` is told when compiling ends and simulating starts (the progress line).
-Row evaluate(const plan::Candidate& candidate, const Problem& p, const replay::SimulationOptions& sim, replay::Trace* trace,
-             const std::function<void(const char*)>& phase) {
+Row evaluate(const plan::Candidate& candidate, const Problem& p, const replay::SimulationOptions& sim,
+             replay::Trace* trace, const std::function<void(const char*)>& phase) {
   Row row;
   row.name = candidate.name;
   row.description = candidate.description;

@@ -28,8 +28,7 @@ class JsonRecord {
     return *this;
   }
   template <class Number>
-    requires std::is_arithmetic_v<Number>
-  JsonRecord& add(const std::string& key, Number value) {
+  requires std::is_arithmetic_v<Number> JsonRecord& add(const std::string& key, Number value) {
     std::ostringstream os;
     if constexpr (std::is_floating_point_v<Number>) {
       if (!std::isfinite(value)) {

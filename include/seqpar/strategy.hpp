@@ -95,7 +95,7 @@ struct Strategy {
   }
 
   /// Everything one rank runs for `batch`: its plan (status false with the reason when refused) and
-  /// programs. DistributedAttention and the cost model's compile_all both come through here.
+  /// programs. DistributedAttention and plan::compile_all both come through here.
   struct Compiled {
     Status status = Status::success();
     const char* refused_by = "";

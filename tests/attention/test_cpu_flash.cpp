@@ -44,7 +44,8 @@ template <class T>
 struct Buf {
   ThdTensor<T> t;
   int pad = 0;
-  Buf(std::int64_t tokens, int heads, int d, bool strided) : t(tokens, heads + (strided ? 3 : 0), d), pad(strided ? 3 : 0) {}
+  Buf(std::int64_t tokens, int heads, int d, bool strided)
+      : t(tokens, heads + (strided ? 3 : 0), d), pad(strided ? 3 : 0) {}
   ThdView<T> view() { return t.view().heads_slice(pad == 0 ? 0 : 1, t.heads - pad); }
 };
 
@@ -131,8 +132,8 @@ void check_case(const Case& c, const attention::CpuFlashArguments& args) {
   // backward accumulates: start from 0.5 and compare to ref + 0.5
   Buf<T> dq(c.q_rows, c.hq, c.d, c.strided), dk(c.k_rows, c.hkv, c.d, c.strided), dv(c.k_rows, c.hkv, c.d, c.strided);
   for (auto* b : {&dq, &dk, &dv}) std::fill(b->t.storage.begin(), b->t.storage.end(), T(0.5));
-  flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), c.slices, dq.view(),
-                 dk.view(), dv.view(), ws);
+  flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), c.slices, dq.view(), dk.view(),
+                 dv.view(), ws);
   for (auto* r : {&dq_ref, &dk_ref, &dv_ref})
     for (double& x : r->storage) x += 0.5;
   CHECK(rel_err<T>(dq.view(), dq_ref.view()) <= Tol<T>::bwd);
@@ -167,7 +168,8 @@ std::vector<Case> small_cases() {
   cs.push_back({"strided heads_slice", 4, 2, 40, 90, 90, self_slices({17, 73}, Mask::causal()), true});
   {  // rows in no slice, and two query blocks sharing keys (zigzag-like)
     Case c{"gaps and shared keys", 2, 1, 64, 80, 70, {}, false};
-    c.slices = {{{0, 20}, {0, 70}, Mask::causal(10)}, {{30, 60}, {10, 70}, Mask::causal(30)},
+    c.slices = {{{0, 20}, {0, 70}, Mask::causal(10)},
+                {{30, 60}, {10, 70}, Mask::causal(30)},
                 {{65, 78}, {5, 40}, Mask::full()}};
     cs.push_back(c);
   }
@@ -187,8 +189,8 @@ TEST_SUITE("attention") {
   TEST_CASE_TEMPLATE("CpuFlash matches Reference at length 1111", T, float, double) {
     Case causal{"1111 causal GQA 2:1", 2, 1, 64, 1111, 1111, {{{0, 1111}, {0, 1111}, Mask::causal()}}, false};
     check_case<T>(causal, {2, 576, 192});
-    Case docs{"1111 document causal d40", 2, 2, 40, 1111, 1111,
-              self_slices({1, 300, 1, 500, 2, 307}, Mask::causal()), true};
+    Case docs{
+        "1111 document causal d40", 2, 2, 40, 1111, 1111, self_slices({1, 300, 1, 500, 2, 307}, Mask::causal()), true};
     check_case<T>(docs, {1, 96, 48});
   }
 
@@ -239,8 +241,8 @@ TEST_SUITE("attention") {
     CHECK_THROWS_AS(flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), o.view(), overlap,
                                    dq.view(), dk.view(), dv.view(), ws),
                     std::invalid_argument);
-    CHECK_THROWS_AS(flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), o.view(), good,
-                                   dq.view(), dq.view(), dv.view(), ws),
+    CHECK_THROWS_AS(flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), o.view(), good, dq.view(),
+                                   dq.view(), dv.view(), ws),
                     std::invalid_argument);
     const std::vector<AttnSlice> out_of_range{{{0, 10}, {0, 13}, Mask::full()}};
     CHECK_THROWS_AS(flash.forward(shape, q.view(), k.view(), v.view(), out_of_range, o.view(), lse.view(), ws),

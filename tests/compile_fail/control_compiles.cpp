@@ -8,8 +8,8 @@
 #include <seqpar/partition/batch_aware.hpp>
 #include <seqpar/partition/uniform.hpp>
 #include <seqpar/partition/zigzag.hpp>
-#include <seqpar/runtime/any_transport.hpp>
 #include <seqpar/plan/selected_attention.hpp>
+#include <seqpar/runtime/any_transport.hpp>
 #include <seqpar/strategy.hpp>
 
 #include <cstddef>

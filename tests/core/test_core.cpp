@@ -9,8 +9,8 @@
 #include <seqpar/core/tensor.hpp>
 #include <seqpar/core/topology.hpp>
 
-#include <stdexcept>
 #include <random>
+#include <stdexcept>
 #include <string>
 
 using namespace seqpar;
@@ -48,8 +48,7 @@ TEST_SUITE("core") {
     CHECK(invalid_message([] { AttentionShape{6, 4, 64}.validate(); }).find("heads_q = 6") != std::string::npos);
     CHECK(invalid_message([] { AttentionShape{0, 1, 64}.validate(); }).find("heads_q = 0") != std::string::npos);
     CHECK(invalid_message([] { AttentionShape{4, 4, -1}.validate(); }).find("head_dim = -1") != std::string::npos);
-    CHECK(invalid_message([] { AttentionShape{4, 4, 8, -1.0}.validate(); }).find("softmax_scale") !=
-          std::string::npos);
+    CHECK(invalid_message([] { AttentionShape{4, 4, 8, -1.0}.validate(); }).find("softmax_scale") != std::string::npos);
     CHECK(AttentionShape{4, 2, 16}.scale() == doctest::Approx(0.25));
     CHECK(AttentionShape{4, 2, 16}.group_size() == 2);
   }
@@ -90,15 +89,15 @@ TEST_SUITE("core") {
       REQUIRE(s.area() == rows);
     }
     // Large slices stay exact (the simulator sums areas of 1M-token batches).
-    CHECK(AttnSlice{{0, 1 << 20}, {0, 1 << 20}, Mask::causal()}.area() == (std::int64_t{1} << 20) * ((1 << 20) + 1) / 2);
+    CHECK(AttnSlice{{0, 1 << 20}, {0, 1 << 20}, Mask::causal()}.area() ==
+          (std::int64_t{1} << 20) * ((1 << 20) + 1) / 2);
   }
 
   TEST_CASE("validate_slices rejects out-of-range and overlapping slices") {
     const std::vector<AttnSlice> overlap{{{0, 4}, {0, 4}, Mask::causal()}, {{3, 6}, {0, 6}, Mask::causal()}};
     CHECK(invalid_message([&] { validate_slices(overlap, 10, 10, "t"); }).find("disjoint") != std::string::npos);
     const std::vector<AttnSlice> oob{{{0, 4}, {0, 12}, Mask::full()}};
-    CHECK(invalid_message([&] { validate_slices(oob, 10, 10, "t"); }).find("slices[0].k_range") !=
-          std::string::npos);
+    CHECK(invalid_message([&] { validate_slices(oob, 10, 10, "t"); }).find("slices[0].k_range") != std::string::npos);
     const std::vector<AttnSlice> win{{{0, 4}, {0, 4}, Mask::sliding_window(0)}};
     CHECK(invalid_message([&] { validate_slices(win, 10, 10, "t"); }).find("window") != std::string::npos);
   }
@@ -113,7 +112,6 @@ TEST_SUITE("core") {
     CHECK(h.heads == 2);
     CHECK(invalid_message([&] { detail::check_view(v, "t", "q", 5, 4, 4); }).find("q.head_dim = 3") !=
           std::string::npos);
-    CHECK(invalid_message([&] { detail::check_view(v, "t", "k", 6, 4, 3); }).find("k.tokens = 5") !=
-          std::string::npos);
+    CHECK(invalid_message([&] { detail::check_view(v, "t", "k", 6, 4, 3); }).find("k.tokens = 5") != std::string::npos);
   }
 }

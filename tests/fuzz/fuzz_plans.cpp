@@ -81,50 +81,52 @@ void check(const std::string& name, const DocumentBatch& batch, const AttentionS
     std::map<std::tuple<std::vector<int>, int, int, int>, std::int64_t> sent, expected;
     std::vector<std::vector<const comm::ExchangeStep*>> exchanges(static_cast<std::size_t>(world));
     for (int r = 0; r < world; ++r) {
-      const comm::Program& p = pass == 0 ? programs[static_cast<std::size_t>(r)].forward
-                                         : programs[static_cast<std::size_t>(r)].backward;
+      const comm::Program& p =
+          pass == 0 ? programs[static_cast<std::size_t>(r)].forward : programs[static_cast<std::size_t>(r)].backward;
       pairs += p.head_pairs();
       // Bytes as the executor and the replay count them (2-byte values, 4-byte LSE).
       const auto bytes_of = [&](comm::BufferId b, const comm::Piece& piece) {
         return static_cast<std::int64_t>(comm::piece_bytes(b, piece, p.head_dim, 2, 4));
       };
       for (const comm::Step& step : p.steps) {
-        std::visit(Overloaded{[&](const comm::ComputeStep& c) {
-                                for (const auto& wave : c.waves) {
-                                  std::int64_t q_rows = 0, k_rows = 0;
-                                  for (const AttnSlice& s : wave)
-                                    q_rows = std::max(q_rows, s.q_range.end), k_rows = std::max(k_rows, s.k_range.end);
-                                  validate_slices(wave, q_rows, k_rows, name.c_str());
-                                }
-                              },
-                              [&](const comm::PostStep& post) {
-                                const auto& members = p.level_members[static_cast<std::size_t>(post.level)];
-                                const int me = static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
-                                for (const comm::Transfer& t : post.sends) {
-                                  std::int64_t n = 0;
-                                  for (const auto& bp : t.pieces) n += bytes_of(bp.buffer, bp.piece);
-                                  sent[{members, post.tag, me, t.peer}] += n;
-                                }
-                                for (const comm::Transfer& t : post.recvs) {
-                                  std::int64_t n = 0;
-                                  for (const auto& bp : t.pieces) n += bytes_of(bp.buffer, bp.piece);
-                                  expected[{members, post.tag, t.peer, me}] += n;
-                                }
-                              },
-                              [&](const comm::ExchangeStep& ex) {
-                                exchanges[static_cast<std::size_t>(r)].push_back(&ex);
-                                const auto& members = p.level_members[static_cast<std::size_t>(ex.level)];
-                                for (const comm::Move& m : ex.moves)
-                                  for (std::size_t peer = 0; peer < m.send.size(); ++peer) {
-                                    std::int64_t sb = 0, eb = 0;
-                                    for (const auto& piece : m.send[peer]) sb += bytes_of(m.src, piece);
-                                    for (const auto& piece : m.recv[peer]) eb += bytes_of(m.dst, piece);
-                                    sent[{members, -1 - static_cast<int>(m.src), ex.self, static_cast<int>(peer)}] += sb;
-                                    expected[{members, -1 - static_cast<int>(m.src), static_cast<int>(peer), ex.self}] += eb;
-                                  }
-                              },
-                              [](const comm::ZeroStep&) {}, [](const comm::WaitStep&) {}},
-                   step);
+        std::visit(
+            Overloaded{[&](const comm::ComputeStep& c) {
+                         for (const auto& wave : c.waves) {
+                           std::int64_t q_rows = 0, k_rows = 0;
+                           for (const AttnSlice& s : wave)
+                             q_rows = std::max(q_rows, s.q_range.end), k_rows = std::max(k_rows, s.k_range.end);
+                           validate_slices(wave, q_rows, k_rows, name.c_str());
+                         }
+                       },
+                       [&](const comm::PostStep& post) {
+                         const auto& members = p.level_members[static_cast<std::size_t>(post.level)];
+                         const int me =
+                             static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
+                         for (const comm::Transfer& t : post.sends) {
+                           std::int64_t n = 0;
+                           for (const auto& bp : t.pieces) n += bytes_of(bp.buffer, bp.piece);
+                           sent[{members, post.tag, me, t.peer}] += n;
+                         }
+                         for (const comm::Transfer& t : post.recvs) {
+                           std::int64_t n = 0;
+                           for (const auto& bp : t.pieces) n += bytes_of(bp.buffer, bp.piece);
+                           expected[{members, post.tag, t.peer, me}] += n;
+                         }
+                       },
+                       [&](const comm::ExchangeStep& ex) {
+                         exchanges[static_cast<std::size_t>(r)].push_back(&ex);
+                         const auto& members = p.level_members[static_cast<std::size_t>(ex.level)];
+                         for (const comm::Move& m : ex.moves)
+                           for (std::size_t peer = 0; peer < m.send.size(); ++peer) {
+                             std::int64_t sb = 0, eb = 0;
+                             for (const auto& piece : m.send[peer]) sb += bytes_of(m.src, piece);
+                             for (const auto& piece : m.recv[peer]) eb += bytes_of(m.dst, piece);
+                             sent[{members, -1 - static_cast<int>(m.src), ex.self, static_cast<int>(peer)}] += sb;
+                             expected[{members, -1 - static_cast<int>(m.src), static_cast<int>(peer), ex.self}] += eb;
+                           }
+                       },
+                       [](const comm::ZeroStep&) {}, [](const comm::WaitStep&) {}},
+            step);
       }
     }
     expect(pairs == batch.causal_area() * shape.heads_q,
@@ -141,8 +143,10 @@ int main(int argc, char** argv) {
   std::uint32_t seed = std::random_device{}();
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--seconds" && i + 1 < argc) seconds = std::stod(argv[++i]);
-    else if (a == "--seed" && i + 1 < argc) seed = static_cast<std::uint32_t>(std::stoul(argv[++i]));
+    if (a == "--seconds" && i + 1 < argc)
+      seconds = std::stod(argv[++i]);
+    else if (a == "--seed" && i + 1 < argc)
+      seed = static_cast<std::uint32_t>(std::stoul(argv[++i]));
     else {
       std::fprintf(stderr, "usage: %s [--seconds S] [--seed N]\n", argv[0]);
       return 2;
@@ -165,8 +169,8 @@ int main(int argc, char** argv) {
         check<typename C::strategy>(C::name(), batch, shape, world, args);
       });
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "FAILED at seed %u (world %d, %d per node, heads %d:%d, %zu documents): %s\n", s, world,
-                   rpn, shape.heads_q, shape.heads_kv, batch.documents().size(), e.what());
+      std::fprintf(stderr, "FAILED at seed %u (world %d, %d per node, heads %d:%d, %zu documents): %s\n", s, world, rpn,
+                   shape.heads_q, shape.heads_kv, batch.documents().size(), e.what());
       return 1;
     }
     ++cases;

@@ -27,7 +27,9 @@ void report(const seqpar::test::Failures& f) {
   for (const auto& m : f.messages()) FAIL_CHECK(m);
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 }  // namespace
 
@@ -62,7 +64,8 @@ TEST_SUITE("mpi") {
     tiny.max_bytes_per_call = 16;
     Transport u(MPI_COMM_WORLD, tiny);
     std::vector<std::size_t> sc, rc;
-    for (int i = 0; i < u.size(); ++i) sc.push_back(17 + static_cast<std::size_t>(i % 2)), rc.push_back(17 + u.rank() % 2);
+    for (int i = 0; i < u.size(); ++i)
+      sc.push_back(17 + static_cast<std::size_t>(i % 2)), rc.push_back(17 + u.rank() % 2);
     std::vector<std::byte> s(17 * sc.size() + sc.size() / 2), r(rc[0] * rc.size());
     CHECK_THROWS_AS(u.all_to_all_v(s, sc, r, rc), std::invalid_argument);
     u.barrier();

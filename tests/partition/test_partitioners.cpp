@@ -47,7 +47,9 @@ struct Rng {
   std::int64_t pareto(double scale, double alpha) {
     return static_cast<std::int64_t>(scale / std::pow(1.0 - uniform(), 1.0 / alpha));
   }
-  std::int64_t between(std::int64_t lo, std::int64_t hi) { return lo + static_cast<std::int64_t>(gen() % static_cast<std::uint64_t>(hi - lo + 1)); }
+  std::int64_t between(std::int64_t lo, std::int64_t hi) {
+    return lo + static_cast<std::int64_t>(gen() % static_cast<std::uint64_t>(hi - lo + 1));
+  }
 };
 
 enum class Mix { kLognormal, kLongTail, kUniform, kSingle };
@@ -59,10 +61,18 @@ Lengths fill(std::int64_t total, Mix mix, Rng& rng) {
   while (left > 0) {
     std::int64_t s = 0;
     switch (mix) {
-      case Mix::kLognormal: s = rng.lognormal(static_cast<double>(total) / 8.0, 1.0); break;
-      case Mix::kLongTail: s = rng.pareto(4.0, 0.8); break;
-      case Mix::kUniform: s = rng.between(1, total); break;
-      case Mix::kSingle: s = total; break;
+      case Mix::kLognormal:
+        s = rng.lognormal(static_cast<double>(total) / 8.0, 1.0);
+        break;
+      case Mix::kLongTail:
+        s = rng.pareto(4.0, 0.8);
+        break;
+      case Mix::kUniform:
+        s = rng.between(1, total);
+        break;
+      case Mix::kSingle:
+        s = total;
+        break;
     }
     s = std::clamp<std::int64_t>(s, 1, left);
     docs.push_back(s);
@@ -94,7 +104,9 @@ std::vector<Case> random_cases() {
   return out;
 }
 
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+  return (a + b - 1) / b;
+}
 
 // Index of the document holding token t.
 std::size_t doc_of(const DocumentBatch& batch, std::int64_t t) {
@@ -118,11 +130,14 @@ std::vector<Range> merged(std::vector<Range> rs) {
 
 // Whether r lies inside a sorted, merged cover.
 bool inside(Range r, const std::vector<Range>& cover) {
-  const auto it = std::upper_bound(cover.begin(), cover.end(), r.begin, [](std::int64_t t, Range c) { return t < c.begin; });
+  const auto it =
+      std::upper_bound(cover.begin(), cover.end(), r.begin, [](std::int64_t t, Range c) { return t < c.begin; });
   return it != cover.begin() && std::prev(it)->end >= r.end;
 }
 
-bool covered_by(Range r, std::vector<Range> cover) { return inside(r, merged(std::move(cover))); }
+bool covered_by(Range r, std::vector<Range> cover) {
+  return inside(r, merged(std::move(cover)));
+}
 
 std::vector<std::int64_t> tokens_per_rank(const ShardPlan& p) {
   std::vector<std::int64_t> t;
@@ -188,7 +203,8 @@ void check_per_doc_compute(const ShardPlan& p, const DocumentBatch& batch) {
     CHECK(*hi - *lo <= 4 * s + 4 * n);
     bound_sum += static_cast<double>(s + n);
   }
-  CHECK(p.balance().compute_imbalance <= 1.0 + 4.0 * static_cast<double>(n) * bound_sum / static_cast<double>(batch.causal_area()));
+  CHECK(p.balance().compute_imbalance <=
+        1.0 + 4.0 * static_cast<double>(n) * bound_sum / static_cast<double>(batch.causal_area()));
 }
 
 // Every document lies inside one owned range of one rank.
@@ -214,7 +230,9 @@ double proxy_cost(const ShardPlan& p) {
 
 using test::invalid_message;
 
-bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+bool contains(const std::string& s, const std::string& what) {
+  return s.find(what) != std::string::npos;
+}
 
 // A lognormal mix of `total` tokens (median 2K, sigma 1), one sequence.
 DocumentBatch lognormal_128k(std::uint64_t seed, std::int64_t total = 128 * 1024) {
@@ -263,7 +281,8 @@ TEST_SUITE("partition") {
     // chunks [0,3) [3,6) [6,8) [8,10): the two remainder tokens go one each to ranks 0 and 1.
     CHECK(p.owned[0] == std::vector<Range>{{0, 3}, {8, 10}});
     CHECK(p.owned[1] == std::vector<Range>{{3, 8}});
-    CHECK(p.slices[0] == std::vector<AttnSlice>{{{0, 3}, {0, 3}, Mask::causal(0)}, {{8, 10}, {0, 10}, Mask::causal(8)}});
+    CHECK(p.slices[0] ==
+          std::vector<AttnSlice>{{{0, 3}, {0, 3}, Mask::causal(0)}, {{8, 10}, {0, 10}, Mask::causal(8)}});
     CHECK(p.slices[1] == std::vector<AttnSlice>{{{3, 8}, {0, 8}, Mask::causal(3)}});
     CHECK(p.groups == std::vector<std::vector<int>>{{0, 1}});
     CHECK(area_per_rank(p) == std::vector<std::int64_t>{6 + 19, 30});
@@ -300,7 +319,8 @@ TEST_SUITE("partition") {
                                                 {{6, 8}, {0, 8}, Mask::causal(6)},
                                                 {{8, 9}, {8, 9}, Mask::causal(0)},
                                                 {{10, 11}, {8, 11}, Mask::causal(2)}});
-    CHECK(p.slices[1] == std::vector<AttnSlice>{{{2, 6}, {0, 6}, Mask::causal(2)}, {{9, 10}, {8, 10}, Mask::causal(1)}});
+    CHECK(p.slices[1] ==
+          std::vector<AttnSlice>{{{2, 6}, {0, 6}, Mask::causal(2)}, {{9, 10}, {8, 10}, Mask::causal(1)}});
     CHECK(tokens_per_rank(p) == std::vector<std::int64_t>{6, 5});
     CHECK(area_per_rank(p) == std::vector<std::int64_t>{3 + 15 + 1 + 3, 18 + 2});
   }
@@ -308,98 +328,99 @@ TEST_SUITE("partition") {
   TEST_CASE("every partitioner, world sizes 1..8, random document mixes") {
     const auto cases = random_cases();
     for (int n = 1; n <= 8; ++n) {
-        const Topology topo{n, n};
-        for (const Case& c : cases) {
-          CAPTURE(c.name);
-          CAPTURE(n);
-          const DocumentBatch& batch = c.batch;
-          {
-            const auto p = Uniform{}.plan(batch, topo);
-            check_plan(p, batch, topo);
-            check_token_balance(p, batch);
-          }
-          {
-            REQUIRE(Zigzag{}.can_implement(batch, topo));
-            const auto p = Zigzag{}.plan(batch, topo);
-            check_plan(p, batch, topo);
-            check_token_balance(p, batch);
-          }
-          {
-            REQUIRE(PerDoc{}.can_implement(batch, topo));
-            const auto p = PerDoc{}.plan(batch, topo);
-            check_plan(p, batch, topo);
-            check_token_balance(p, batch);
-            check_per_doc_compute(p, batch);
-          }
-          {
-            const WholeDoc wd{};
-            const std::int64_t cap = wd.capacity(batch, topo);
-            CHECK(cap == std::max(ceil_div(batch.total_tokens(), n),
-                                  static_cast<std::int64_t>(std::ceil(1.25 * static_cast<double>(batch.total_tokens()) / n))));
-            std::int64_t longest = 0;
-            for (const Document& d : batch.documents()) longest = std::max(longest, d.tokens.size());
-            const Status st = wd.can_implement(batch, topo);
-            if (longest > cap) {
-              CHECK_FALSE(st);
-              CHECK(contains(st.reason, "capacity"));
-              CHECK(contains(invalid_message([&] { (void)wd.plan(batch, topo); }), st.reason));
-            } else if (st) {
-              const auto p = wd.plan(batch, topo);
-              check_plan(p, batch, topo);
-              check_documents_whole(p, batch);
-              const auto t = tokens_per_rank(p);
-              CHECK(*std::max_element(t.begin(), t.end()) <= cap);
-            } else {
-              CHECK(contains(st.reason, "no placement"));
-            }
-            // Capacity that cannot bind: LPT's guarantees on the max per-rank area.
-            const WholeDoc loose{{.capacity_factor = static_cast<double>(n)}};
-            REQUIRE(loose.can_implement(batch, topo));
-            const auto p = loose.plan(batch, topo);
+      const Topology topo{n, n};
+      for (const Case& c : cases) {
+        CAPTURE(c.name);
+        CAPTURE(n);
+        const DocumentBatch& batch = c.batch;
+        {
+          const auto p = Uniform{}.plan(batch, topo);
+          check_plan(p, batch, topo);
+          check_token_balance(p, batch);
+        }
+        {
+          REQUIRE(Zigzag{}.can_implement(batch, topo));
+          const auto p = Zigzag{}.plan(batch, topo);
+          check_plan(p, batch, topo);
+          check_token_balance(p, batch);
+        }
+        {
+          REQUIRE(PerDoc{}.can_implement(batch, topo));
+          const auto p = PerDoc{}.plan(batch, topo);
+          check_plan(p, batch, topo);
+          check_token_balance(p, batch);
+          check_per_doc_compute(p, batch);
+        }
+        {
+          const WholeDoc wd{};
+          const std::int64_t cap = wd.capacity(batch, topo);
+          CHECK(cap ==
+                std::max(ceil_div(batch.total_tokens(), n),
+                         static_cast<std::int64_t>(std::ceil(1.25 * static_cast<double>(batch.total_tokens()) / n))));
+          std::int64_t longest = 0;
+          for (const Document& d : batch.documents()) longest = std::max(longest, d.tokens.size());
+          const Status st = wd.can_implement(batch, topo);
+          if (longest > cap) {
+            CHECK_FALSE(st);
+            CHECK(contains(st.reason, "capacity"));
+            CHECK(contains(invalid_message([&] { (void)wd.plan(batch, topo); }), st.reason));
+          } else if (st) {
+            const auto p = wd.plan(batch, topo);
             check_plan(p, batch, topo);
             check_documents_whole(p, batch);
-            const double mean = static_cast<double>(batch.causal_area()) / n;
-            double biggest = 0;
-            for (const Document& d : batch.documents())
-              biggest = std::max(biggest, static_cast<double>(d.tokens.size() * (d.tokens.size() + 1) / 2));
-            const auto max_area = static_cast<double>(p.balance().max_area);
-            // List scheduling: the rank that ends highest got its last document when it was the
-            // least loaded, so max <= mean + (1 - 1/P) * largest document.
-            CHECK(max_area <= mean + (1.0 - 1.0 / n) * biggest + 1e-6);
-          }
-          {
-            const Hybrid h{};
-            REQUIRE(h.can_implement(batch, topo));
-            const auto rep = h.plan_with_report(batch, topo);
-            const auto& p = rep.plan;
-            check_plan(p, batch, topo);
             const auto t = tokens_per_rank(p);
-            CHECK(*std::max_element(t.begin(), t.end()) <= WholeDoc{}.capacity(batch, topo));
-            CHECK(rep.tokens == t);
-            CHECK(rep.area == area_per_rank(p));
-            int per_doc = 0;
-            for (const Document& d : batch.documents()) per_doc += d.tokens.size() > rep.threshold ? 1 : 0;
-            CHECK(rep.per_doc_documents == per_doc);
-            CHECK(rep.cost == doctest::Approx(proxy_cost(p)));
-            // tau = 0 is exactly PerDoc: the sweep never ends more than `tolerance` above it.
-            CHECK(rep.cost <= 1.01 * proxy_cost(PerDoc{}.plan(batch, topo)) + 1e-9);
-            for (const Document& d : batch.documents()) {
-              if (d.tokens.size() > rep.threshold) continue;
-              int holders = 0;
-              for (const auto& own : p.owned)
-                for (const Range& o : own) holders += (o.begin <= d.tokens.begin && d.tokens.end <= o.end) ? 1 : 0;
-              CHECK(holders == 1);
-            }
+            CHECK(*std::max_element(t.begin(), t.end()) <= cap);
+          } else {
+            CHECK(contains(st.reason, "no placement"));
           }
-          for (int rpn : {n, 2, 3}) {
-            const Topology nodes{n, rpn};
-            CAPTURE(rpn);
-            for (const ShardPlan& p : {BatchAware<Uniform>{}.plan(batch, nodes), BatchAware<Zigzag>{}.plan(batch, nodes),
-                                       BatchAware<PerDoc>{}.plan(batch, nodes), BatchAware<Hybrid>{}.plan(batch, nodes)})
-              check_plan(p, batch, nodes);
+          // Capacity that cannot bind: LPT's guarantees on the max per-rank area.
+          const WholeDoc loose{{.capacity_factor = static_cast<double>(n)}};
+          REQUIRE(loose.can_implement(batch, topo));
+          const auto p = loose.plan(batch, topo);
+          check_plan(p, batch, topo);
+          check_documents_whole(p, batch);
+          const double mean = static_cast<double>(batch.causal_area()) / n;
+          double biggest = 0;
+          for (const Document& d : batch.documents())
+            biggest = std::max(biggest, static_cast<double>(d.tokens.size() * (d.tokens.size() + 1) / 2));
+          const auto max_area = static_cast<double>(p.balance().max_area);
+          // List scheduling: the rank that ends highest got its last document when it was the
+          // least loaded, so max <= mean + (1 - 1/P) * largest document.
+          CHECK(max_area <= mean + (1.0 - 1.0 / n) * biggest + 1e-6);
+        }
+        {
+          const Hybrid h{};
+          REQUIRE(h.can_implement(batch, topo));
+          const auto rep = h.plan_with_report(batch, topo);
+          const auto& p = rep.plan;
+          check_plan(p, batch, topo);
+          const auto t = tokens_per_rank(p);
+          CHECK(*std::max_element(t.begin(), t.end()) <= WholeDoc{}.capacity(batch, topo));
+          CHECK(rep.tokens == t);
+          CHECK(rep.area == area_per_rank(p));
+          int per_doc = 0;
+          for (const Document& d : batch.documents()) per_doc += d.tokens.size() > rep.threshold ? 1 : 0;
+          CHECK(rep.per_doc_documents == per_doc);
+          CHECK(rep.cost == doctest::Approx(proxy_cost(p)));
+          // tau = 0 is exactly PerDoc: the sweep never ends more than `tolerance` above it.
+          CHECK(rep.cost <= 1.01 * proxy_cost(PerDoc{}.plan(batch, topo)) + 1e-9);
+          for (const Document& d : batch.documents()) {
+            if (d.tokens.size() > rep.threshold) continue;
+            int holders = 0;
+            for (const auto& own : p.owned)
+              for (const Range& o : own) holders += (o.begin <= d.tokens.begin && d.tokens.end <= o.end) ? 1 : 0;
+            CHECK(holders == 1);
           }
         }
+        for (int rpn : {n, 2, 3}) {
+          const Topology nodes{n, rpn};
+          CAPTURE(rpn);
+          for (const ShardPlan& p : {BatchAware<Uniform>{}.plan(batch, nodes), BatchAware<Zigzag>{}.plan(batch, nodes),
+                                     BatchAware<PerDoc>{}.plan(batch, nodes), BatchAware<Hybrid>{}.plan(batch, nodes)})
+            check_plan(p, batch, nodes);
+        }
       }
+    }
   }
 
   TEST_CASE("BatchAware: group layout, divisible and equal sequences -> K = N/B consecutive ranks") {
@@ -426,7 +447,9 @@ TEST_SUITE("partition") {
         CHECK(p.groups[static_cast<std::size_t>(g)] == expect);
         // The group owns exactly its sequence.
         std::vector<Range> owned;
-        for (int r : expect) owned.insert(owned.end(), p.owned[static_cast<std::size_t>(r)].begin(), p.owned[static_cast<std::size_t>(r)].end());
+        for (int r : expect)
+          owned.insert(owned.end(), p.owned[static_cast<std::size_t>(r)].begin(),
+                       p.owned[static_cast<std::size_t>(r)].end());
         CHECK(covered_by(batch.sequence(g), owned));
         std::int64_t n_tok = 0;
         for (const Range& o : owned) n_tok += o.size();
@@ -439,7 +462,8 @@ TEST_SUITE("partition") {
     const DocumentBatch batch({{10}, {10}});
     const auto p = BatchAware<Zigzag>{}.plan(batch, {4, 4});
     CHECK(p.owned == std::vector<std::vector<Range>>{{{0, 3}, {8, 10}}, {{3, 8}}, {{10, 13}, {18, 20}}, {{13, 18}}});
-    CHECK(p.slices[2] == std::vector<AttnSlice>{{{10, 13}, {10, 13}, Mask::causal(0)}, {{18, 20}, {10, 20}, Mask::causal(8)}});
+    CHECK(p.slices[2] ==
+          std::vector<AttnSlice>{{{10, 13}, {10, 13}, Mask::causal(0)}, {{18, 20}, {10, 20}, Mask::causal(8)}});
     CHECK(p.slices[3] == std::vector<AttnSlice>{{{13, 18}, {10, 18}, Mask::causal(3)}});
     CHECK(p.groups == std::vector<std::vector<int>>{{0, 1}, {2, 3}});
     check_plan(p, batch, {4, 4});
@@ -460,15 +484,12 @@ TEST_SUITE("partition") {
     const DocumentBatch batch({{100, 100}, {100, 100, 100, 100}, {100, 100}});
     BatchAware<Uniform> basp{};
     // With 4 ranks per node, the 4-rank group goes first so that no group straddles a node.
-    CHECK(basp.layout(batch, {8, 4}) ==
-          std::vector<partition::SequenceGroup>{{0, 4, {1}}, {4, 2, {0}}, {6, 2, {2}}});
+    CHECK(basp.layout(batch, {8, 4}) == std::vector<partition::SequenceGroup>{{0, 4, {1}}, {4, 2, {0}}, {6, 2, {2}}});
     basp.args.respect_nodes = false;
-    CHECK(basp.layout(batch, {8, 4}) ==
-          std::vector<partition::SequenceGroup>{{0, 2, {0}}, {2, 4, {1}}, {6, 2, {2}}});
+    CHECK(basp.layout(batch, {8, 4}) == std::vector<partition::SequenceGroup>{{0, 2, {0}}, {2, 4, {1}}, {6, 2, {2}}});
     // When the given order already straddles no node it is kept.
     basp.args.respect_nodes = true;
-    CHECK(basp.layout(batch, {8, 2}) ==
-          std::vector<partition::SequenceGroup>{{0, 2, {0}}, {2, 4, {1}}, {6, 2, {2}}});
+    CHECK(basp.layout(batch, {8, 2}) == std::vector<partition::SequenceGroup>{{0, 2, {0}}, {2, 4, {1}}, {6, 2, {2}}});
     const auto p = basp.plan(batch, {8, 4});
     check_plan(p, batch, {8, 4});
     CHECK(p.groups == std::vector<std::vector<int>>{{0, 1, 2, 3}, {4, 5}, {6, 7}});
@@ -509,7 +530,8 @@ TEST_SUITE("partition") {
         std::vector<double> cost, size;
         for (const auto& g : groups) {
           double a = 0;
-          for (const Document& d : batch.documents_of(g.sequences[0])) a += static_cast<double>(d.tokens.size() * (d.tokens.size() + 1) / 2);
+          for (const Document& d : batch.documents_of(g.sequences[0]))
+            a += static_cast<double>(d.tokens.size() * (d.tokens.size() + 1) / 2);
           cost.push_back(a);
           size.push_back(g.size);
         }
@@ -574,7 +596,9 @@ TEST_SUITE("partition") {
     const DocumentBatch two({{10}, {10}});
     CHECK(contains(BatchAware<Uniform>{{.group_size = 3}}.can_implement(two, {8, 4}).reason, "does not divide"));
     CHECK(contains(BatchAware<Uniform>{{.group_size = 2}}.can_implement(two, {8, 4}).reason, "4 groups for only 2"));
-    CHECK(contains(invalid_message([&] { (void)BatchAware<Uniform>{{.group_size = 3}}.plan(two, {8, 4}); }),
+    CHECK(contains(invalid_message([&] {
+                     (void)BatchAware<Uniform>{{.group_size = 3}}.plan(two, {8, 4});
+                   }),
                    "does not divide"));
     // BatchAware<WholeDoc>: the refusal of the inner partitioner names the group.
     const DocumentBatch uneven({{10}, {30, 2}});
@@ -620,19 +644,23 @@ TEST_SUITE("partition") {
     const WholeDoc wd{};
     const bool wd_ok = static_cast<bool>(wd.can_implement(batch, topo));
     const auto wb = wd_ok ? wd.plan(batch, topo).balance() : Balance{};
-    MESSAGE("128K lognormal mix, " << batch.documents().size() << " documents, P = 8 (token / compute imbalance): "
+    MESSAGE("128K lognormal mix, "
+            << batch.documents().size() << " documents, P = 8 (token / compute imbalance): "
             << "Uniform " << ub.token_imbalance << " / " << ub.compute_imbalance << ", Zigzag " << zb.token_imbalance
             << " / " << zb.compute_imbalance << ", PerDoc " << pb.token_imbalance << " / " << pb.compute_imbalance
-            << ", WholeDoc " << (wd_ok ? std::to_string(wb.token_imbalance) + " / " + std::to_string(wb.compute_imbalance) : "refused")
+            << ", WholeDoc "
+            << (wd_ok ? std::to_string(wb.token_imbalance) + " / " + std::to_string(wb.compute_imbalance) : "refused")
             << ", Hybrid " << hb.token_imbalance << " / " << hb.compute_imbalance << " (threshold " << hybrid.threshold
             << ", " << hybrid.per_doc_documents << " documents Per-Doc, max KV received "
-            << *std::max_element(hybrid.received_kv_tokens.begin(), hybrid.received_kv_tokens.end()) << " tokens vs PerDoc "
-            << [&] {
-                 const auto p = PerDoc{}.plan(batch, topo);
-                 std::int64_t m = 0;
-                 for (int r = 0; r < 8; ++r) m = std::max(m, partition::received_kv_tokens(p, r));
-                 return m;
-               }() << ")");
+            << *std::max_element(hybrid.received_kv_tokens.begin(), hybrid.received_kv_tokens.end())
+            << " tokens vs PerDoc " <<
+            [&] {
+              const auto p = PerDoc{}.plan(batch, topo);
+              std::int64_t m = 0;
+              for (int r = 0; r < 8; ++r) m = std::max(m, partition::received_kv_tokens(p, r));
+              return m;
+            }()
+            << ")");
     CHECK(hb.compute_imbalance <= 1.05);
     CHECK(pb.compute_imbalance <= 1.01);
     CHECK(hb.token_imbalance <= 1.25 + 1e-9);

@@ -2,9 +2,9 @@
 // The planner's candidates: a Hybrid candidate sweeps its thresholds once.
 #include <doctest/doctest.h>
 
-#include <seqpar/seqpar.hpp>
 #include <seqpar/plan/candidates.hpp>
 #include <seqpar/plan/compile_all.hpp>
+#include <seqpar/seqpar.hpp>
 
 #include <cstddef>
 
@@ -34,7 +34,8 @@ TEST_SUITE("plan") {
     CHECK(compiled.forward.size() == static_cast<std::size_t>(topo.world_size));
     CHECK(compiled.backward.size() == static_cast<std::size_t>(topo.world_size));
     // The same programs as planning through the Strategy.
-    const replay::CompiledStrategy direct = plan::compile_all<Strategy<partition::Hybrid, comm::Ring>>(a, batch, shape, topo);
+    const replay::CompiledStrategy direct =
+        plan::compile_all<Strategy<partition::Hybrid, comm::Ring>>(a, batch, shape, topo);
     REQUIRE(direct.status);
     CHECK(direct.plan.owned == compiled.plan.owned);
     CHECK(calls == 3 * sweep);

@@ -4,10 +4,10 @@
 
 #include "support/expect_error.hpp"
 
-#include <seqpar/seqpar.hpp>
 #include <seqpar/plan/candidates.hpp>
 #include <seqpar/plan/step.hpp>
 #include <seqpar/replay/model_shape.hpp>
+#include <seqpar/seqpar.hpp>
 
 #include <algorithm>
 #include <random>
@@ -69,7 +69,8 @@ TEST_SUITE("plan") {
           std::string::npos);
     auto wrong = opt;
     wrong.model = replay::models::llama31_8b();  // head_dim 128, the programs were compiled for 64
-    CHECK(invalid_message([&] { (void)plan::simulate_step(c, topo, wrong, sim); }).find("head_dim") != std::string::npos);
+    CHECK(invalid_message([&] { (void)plan::simulate_step(c, topo, wrong, sim); }).find("head_dim") !=
+          std::string::npos);
   }
 
   TEST_CASE("BASP beats Ulysses across two A100 nodes, as in the BASP paper (direction)") {
@@ -80,7 +81,8 @@ TEST_SUITE("plan") {
     sim.hardware = replay::profiles::a100_40gb();
     plan::TrainingOptions opt;
     opt.model = model;
-    const auto ulysses = plan::compile_all<Strategy<partition::Uniform, comm::AllToAll>>({}, batch, model.attention(), topo);
+    const auto ulysses =
+        plan::compile_all<Strategy<partition::Uniform, comm::AllToAll>>({}, batch, model.attention(), topo);
     Strategy<partition::BatchAware<partition::Uniform>, comm::AllToAll>::Arguments a;
     a.ranks_per_node = 4;
     const auto basp = plan::compile_all<Strategy<partition::BatchAware<partition::Uniform>, comm::AllToAll>>(
@@ -91,7 +93,8 @@ TEST_SUITE("plan") {
     for (const auto& r : b.ranks) CHECK(r.bytes_inter == 0);
   }
 
-  TEST_CASE("standard candidates all compile or refuse with a reason, and Hybrid's model cost is no worse than Per-Doc") {
+  TEST_CASE(
+      "standard candidates all compile or refuse with a reason, and Hybrid's model cost is no worse than Per-Doc") {
     const DocumentBatch batch({{9000, 300, 120, 2500, 700, 4000, 64, 1600}});
     const AttentionShape shape{8, 2, 64, 0};
     const Topology topo{8, 4};
@@ -143,7 +146,8 @@ TEST_SUITE("plan") {
         const auto report = partition::Hybrid{a.partition}.plan_with_report(batch, topo);
         // The cost the planner used is what predicting the compiled strategy gives.
         a.partition.threshold = report.threshold;
-        const double chosen = replay::predict(plan::compile_all<S>(a, batch, shape, topo), topo, shape, {.hardware = hw}).time_s();
+        const double chosen =
+            replay::predict(plan::compile_all<S>(a, batch, shape, topo), topo, shape, {.hardware = hw}).time_s();
         CHECK(report.cost == doctest::Approx(chosen).epsilon(1e-9));
         // All Per-Doc (tau = 0) and all Whole-Doc (the longest document) are candidates it weighed.
         for (const std::int64_t tau : {std::int64_t{0}, *std::max_element(lengths.begin(), lengths.end())}) {

@@ -17,7 +17,9 @@ namespace workloads = seqpar::plan::workloads;
 namespace {
 using test::invalid_message;
 
-std::int64_t sum(const std::vector<std::int64_t>& v) { return std::accumulate(v.begin(), v.end(), std::int64_t{0}); }
+std::int64_t sum(const std::vector<std::int64_t>& v) {
+  return std::accumulate(v.begin(), v.end(), std::int64_t{0});
+}
 
 double median(std::vector<std::int64_t> v) {
   std::sort(v.begin(), v.end());
@@ -25,16 +27,16 @@ double median(std::vector<std::int64_t> v) {
 }
 
 // The names a user types: parameterised ones filled in.
-const std::vector<std::string> kConcrete = {"single",   "fixed:1000", "uniform:16:4096", "lognormal", "pile",
-                                            "redpajama", "longtail",  "fineweb",         "ultrachat", "commoncrawl"};
+const std::vector<std::string> kConcrete = {"single",    "fixed:1000", "uniform:16:4096", "lognormal", "pile",
+                                            "redpajama", "longtail",   "fineweb",         "ultrachat", "commoncrawl"};
 }  // namespace
 
 TEST_SUITE("plan") {
   TEST_CASE("workloads: every distribution sums exactly to the tokens, documents >= 1") {
     CHECK(workloads::distribution_names().size() == kConcrete.size());
     for (const std::string& name : kConcrete)
-      for (const std::int64_t tokens : {std::int64_t{1}, std::int64_t{7}, std::int64_t{32768}, std::int64_t{131072},
-                                        std::int64_t{1000003}}) {
+      for (const std::int64_t tokens :
+           {std::int64_t{1}, std::int64_t{7}, std::int64_t{32768}, std::int64_t{131072}, std::int64_t{1000003}}) {
         CAPTURE(name);
         CAPTURE(tokens);
         const auto lengths = workloads::sample_lengths(name, tokens, 42);
@@ -55,7 +57,8 @@ TEST_SUITE("plan") {
     // Pinned draws: the transforms are ours on top of mt19937_64, so they must not change across
     // standard libraries (or across edits that would silently change every replay).
     // The integer path uses mt19937_64 and integer arithmetic only: exact on every platform.
-    CHECK(workloads::sample_lengths("uniform:1:100", 300, 1) == std::vector<std::int64_t>{29, 63, 31, 47, 85, 10, 29, 6});
+    CHECK(workloads::sample_lengths("uniform:1:100", 300, 1) ==
+          std::vector<std::int64_t>{29, 63, 31, 47, 85, 10, 29, 6});
     const auto fixed = workloads::sample_lengths("fixed:1000", 3500, 0);
     CHECK(fixed == std::vector<std::int64_t>{1000, 1000, 1000, 500});
     CHECK(workloads::sample_lengths("single", 12345, 3) == std::vector<std::int64_t>{12345});

@@ -93,19 +93,24 @@ TEST_SUITE("replay") {
   }
 
   TEST_CASE("replay::profile_from_json names the key or the text that is wrong") {
-    CHECK(invalid_message([] { (void)replay::profile_from_json(with_value("peak_flops", "\"fast\"")); })
-              .find("value of \"peak_flops\"") != std::string::npos);
-    CHECK(invalid_message([] { (void)replay::profile_from_json(with_value("intra_latency", "abc")); })
-              .find("'abc': is not a finite number") != std::string::npos);
-    CHECK(invalid_message([] { (void)replay::profile_from_json(with_value("ranks_per_node", "2.5")); })
-              .find("ranks_per_node = 2.5: must be an integer") != std::string::npos);
+    CHECK(invalid_message([] {
+            (void)replay::profile_from_json(with_value("peak_flops", "\"fast\""));
+          }).find("value of \"peak_flops\"") != std::string::npos);
+    CHECK(invalid_message([] {
+            (void)replay::profile_from_json(with_value("intra_latency", "abc"));
+          }).find("'abc': is not a finite number") != std::string::npos);
+    CHECK(invalid_message([] {
+            (void)replay::profile_from_json(with_value("ranks_per_node", "2.5"));
+          }).find("ranks_per_node = 2.5: must be an integer") != std::string::npos);
     // Parses, but the profile is invalid: validate names the field.
-    CHECK(invalid_message([] { (void)replay::profile_from_json(with_value("hbm_bandwidth", "0")); })
-              .find("hbm_bandwidth = 0: must be > 0") != std::string::npos);
+    CHECK(invalid_message([] {
+            (void)replay::profile_from_json(with_value("hbm_bandwidth", "0"));
+          }).find("hbm_bandwidth = 0: must be > 0") != std::string::npos);
     std::string unknown = replay::to_json(measured_like());
     unknown.insert(1, "\n  \"warp_size\": 32,");
-    CHECK(invalid_message([&] { (void)replay::profile_from_json(unknown); }).find("'warp_size': is not a HardwareProfile field") !=
-          std::string::npos);
+    CHECK(invalid_message([&] {
+            (void)replay::profile_from_json(unknown);
+          }).find("'warp_size': is not a HardwareProfile field") != std::string::npos);
     std::string twice = replay::to_json(measured_like());
     twice.insert(1, "\n  \"value_bytes\": 4,");
     CHECK(invalid_message([&] { (void)replay::profile_from_json(twice); }).find("'value_bytes': appears twice") !=
@@ -117,8 +122,9 @@ TEST_SUITE("replay") {
           std::string::npos);
     CHECK(invalid_message([] { (void)replay::profile_from_json(""); }).find("was expected") != std::string::npos);
     CHECK(invalid_message([] { (void)replay::profile_from_json("{}"); }).find("is empty") != std::string::npos);
-    CHECK(invalid_message([] { (void)replay::profile_from_json(replay::to_json(measured_like()) + "x"); })
-              .find("text after the object") != std::string::npos);
+    CHECK(invalid_message([] {
+            (void)replay::profile_from_json(replay::to_json(measured_like()) + "x");
+          }).find("text after the object") != std::string::npos);
     CHECK(invalid_message([] { (void)replay::profile_from_json("{\"name\": \"open"); }).find("not terminated") !=
           std::string::npos);
   }
@@ -138,7 +144,8 @@ TEST_SUITE("replay") {
     CHECK(bad.find(path) != std::string::npos);
     CHECK(bad.find("value_bytes = 3") != std::string::npos);
     std::remove(path.c_str());
-    CHECK(invalid_message([] { (void)replay::load_profile("/nonexistent/profile.json"); })
-              .find("path = /nonexistent/profile.json: cannot be opened") != std::string::npos);
+    CHECK(invalid_message([] {
+            (void)replay::load_profile("/nonexistent/profile.json");
+          }).find("path = /nonexistent/profile.json: cannot be opened") != std::string::npos);
   }
 }

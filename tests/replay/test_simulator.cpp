@@ -4,11 +4,11 @@
 
 #include "support/expect_error.hpp"
 
-#include <seqpar/seqpar.hpp>
 #include <seqpar/plan/compile_all.hpp>
 #include <seqpar/replay/costs.hpp>
 #include <seqpar/replay/predict.hpp>
 #include <seqpar/replay/simulator.hpp>
+#include <seqpar/seqpar.hpp>
 
 #include <cmath>
 #include <cstdio>
@@ -118,7 +118,8 @@ TEST_SUITE("replay") {
     // Forward = two exchanges (Q, K, V to head shards; O and LSE back). In each, every rank sends half
     // its off-rank bytes to the other node; one NIC per node carries both of its ranks' share.
     double node_out_first = 0;
-    for (int r = 0; r < 2; ++r) node_out_first += static_cast<double>(rep.ranks[static_cast<std::size_t>(r)].bytes_inter);
+    for (int r = 0; r < 2; ++r)
+      node_out_first += static_cast<double>(rep.ranks[static_cast<std::size_t>(r)].bytes_inter);
     CHECK(rep.ranks[0].bytes_inter > 0);
     CHECK(rep.time_s >= node_out_first / hw.inter.bandwidth);
     CHECK(rep.time_s <= node_out_first / hw.inter.bandwidth + 2 * hw.inter.latency + 1e-9 +
@@ -161,7 +162,8 @@ TEST_SUITE("replay") {
     const std::string s = text.str();
     CHECK(s.rfind("{\"displayTimeUnit\": \"ms\", \"traceEvents\": [", 0) == 0);
     std::size_t complete = 0;
-    for (std::size_t at = s.find("\"ph\": \"X\""); at != std::string::npos; at = s.find("\"ph\": \"X\"", at + 1)) ++complete;
+    for (std::size_t at = s.find("\"ph\": \"X\""); at != std::string::npos; at = s.find("\"ph\": \"X\"", at + 1))
+      ++complete;
     CHECK(complete == p.forward.trace.events.size());
     CHECK(s.find("\"rank 1 comm\"") != std::string::npos);
     std::remove(path.c_str());
@@ -174,8 +176,9 @@ TEST_SUITE("replay") {
     const Topology topo{2, 2};
     auto c = plan::compile_all<Strategy<partition::Zigzag, comm::Ring>>({}, batch, shape, topo);
     const auto opt = options(replay::profiles::h100_sxm());
-    CHECK(invalid_message([&] { (void)replay::Replay(std::span(c.forward).first(1), topo, shape, opt); })
-              .find("programs.size() = 1") != std::string::npos);
+    CHECK(invalid_message([&] {
+            (void)replay::Replay(std::span(c.forward).first(1), topo, shape, opt);
+          }).find("programs.size() = 1") != std::string::npos);
     auto bad = opt;
     bad.hardware.intra.bandwidth = 0;
     CHECK(invalid_message([&] { (void)replay::Replay(c.forward, topo, shape, bad); }).find("intra.bandwidth = 0") !=
@@ -187,7 +190,8 @@ TEST_SUITE("replay") {
     CHECK_THROWS_AS((void)replay::Replay(broken, topo, shape, opt).run(), std::logic_error);
     // Rank 1 skips its all-to-all: rank 0 would wait forever; the replay reports a deadlock.
     auto u = plan::compile_all<Strategy<partition::Uniform, comm::AllToAll>>({}, batch, shape, topo);
-    std::erase_if(u.forward[1].steps, [](const comm::Step& s) { return std::holds_alternative<comm::ExchangeStep>(s); });
+    std::erase_if(u.forward[1].steps,
+                  [](const comm::Step& s) { return std::holds_alternative<comm::ExchangeStep>(s); });
     const replay::Replay stuck(u.forward, topo, shape, opt);
     CHECK_THROWS_WITH_AS((void)stuck.run(), doctest::Contains("deadlock"), std::logic_error);
     CHECK(invalid_message([&] { (void)replay::profiles::by_name("tpu-v9"); }).find("tpu-v9") != std::string::npos);

@@ -30,14 +30,15 @@ DocumentBatch random_batch(std::mt19937& rng) {
   return DocumentBatch(seqs);
 }
 
-constexpr std::uint64_t bit(BufferId b) { return access::bit(b); }
+constexpr std::uint64_t bit(BufferId b) {
+  return access::bit(b);
+}
 
 /// Checks one lowered program; `inputs` are the buffers the caller provides.
 void check_lowered(const comm::Program& program, std::uint64_t inputs) {
-  const LoweredProgram lp = lower(program, sizeof(float), sizeof(float),
-                                  [](const AttentionShape&, std::int64_t q, std::int64_t k) {
-                                    return static_cast<std::uint64_t>(q + k);
-                                  });
+  const LoweredProgram lp =
+      lower(program, sizeof(float), sizeof(float),
+            [](const AttentionShape&, std::int64_t q, std::int64_t k) { return static_cast<std::uint64_t>(q + k); });
   // Bytes sent to other ranks.
   std::uint64_t sent = 0;
   std::uint64_t written = inputs;
@@ -49,46 +50,46 @@ void check_lowered(const comm::Program& program, std::uint64_t inputs) {
     // Message regions are written and read inside one op (exchange) or between a post and its wait.
     CHECK((buffers_read & ~written) == 0);
     written |= op.access.writes;
-    std::visit(Overloaded{[&](const ExchangeOp& ex) {
-                            const auto counts = lp.view(lp.counts, ex.send_counts);
-                            const int self = std::get<comm::ExchangeStep>(program.steps[op.step]).self;
-                            std::uint64_t total = 0;
-                            for (std::size_t p = 0; p < counts.size(); ++p) {
-                              total += counts[p];
-                              if (static_cast<int>(p) != self) sent += counts[p];
-                            }
-                            CHECK(total == ex.send_bytes);
-                            CHECK(ex.send_bytes <= lp.layout.pack_send_bytes);
-                            CHECK(ex.recv_bytes <= lp.layout.pack_recv_bytes);
-                          },
-                          [&](const PostOp& post) {
-                            CHECK_FALSE(posted[static_cast<std::size_t>(post.slot)]);
-                            posted[static_cast<std::size_t>(post.slot)] = true;
-                            for (const TransferEntry& t : lp.view(lp.transfers, post.sends)) {
-                              sent += t.bytes;
-                              CHECK(t.offset + t.bytes <= lp.layout.slot_send_bytes[static_cast<std::size_t>(post.slot)]);
-                            }
-                          },
-                          [&](const WaitOp& w) {
-                            CHECK(posted[static_cast<std::size_t>(w.slot)]);
-                            posted[static_cast<std::size_t>(w.slot)] = false;
-                          },
-                          [&](const AttentionOp& a) {
-                            const auto slices = lp.view(lp.slices, a.slices);
-                            CHECK_NOTHROW(validate_slices(slices, 1 << 30, 1 << 30, "test"));
-                            if (!a.backward) CHECK((op.access.writes & (bit(a.o) | bit(BufferId::kOPart))) != 0);
-                          },
-                          [&](const MergeOp&) { CHECK((op.access.reads & bit(BufferId::kOPart)) != 0); },
-                          [](const ZeroOp&) {}, [](const FillEmptyOp&) {}},
-               op.op);
+    std::visit(
+        Overloaded{[&](const ExchangeOp& ex) {
+                     const auto counts = lp.view(lp.counts, ex.send_counts);
+                     const int self = std::get<comm::ExchangeStep>(program.steps[op.step]).self;
+                     std::uint64_t total = 0;
+                     for (std::size_t p = 0; p < counts.size(); ++p) {
+                       total += counts[p];
+                       if (static_cast<int>(p) != self) sent += counts[p];
+                     }
+                     CHECK(total == ex.send_bytes);
+                     CHECK(ex.send_bytes <= lp.layout.pack_send_bytes);
+                     CHECK(ex.recv_bytes <= lp.layout.pack_recv_bytes);
+                   },
+                   [&](const PostOp& post) {
+                     CHECK_FALSE(posted[static_cast<std::size_t>(post.slot)]);
+                     posted[static_cast<std::size_t>(post.slot)] = true;
+                     for (const TransferEntry& t : lp.view(lp.transfers, post.sends)) {
+                       sent += t.bytes;
+                       CHECK(t.offset + t.bytes <= lp.layout.slot_send_bytes[static_cast<std::size_t>(post.slot)]);
+                     }
+                   },
+                   [&](const WaitOp& w) {
+                     CHECK(posted[static_cast<std::size_t>(w.slot)]);
+                     posted[static_cast<std::size_t>(w.slot)] = false;
+                   },
+                   [&](const AttentionOp& a) {
+                     const auto slices = lp.view(lp.slices, a.slices);
+                     CHECK_NOTHROW(validate_slices(slices, 1 << 30, 1 << 30, "test"));
+                     if (!a.backward) CHECK((op.access.writes & (bit(a.o) | bit(BufferId::kOPart))) != 0);
+                   },
+                   [&](const MergeOp&) { CHECK((op.access.reads & bit(BufferId::kOPart)) != 0); }, [](const ZeroOp&) {},
+                   [](const FillEmptyOp&) {}},
+        op.op);
   }
   for (bool p : posted) CHECK_FALSE(p);  // every post waited for
   CHECK(sent == program.bytes_sent(sizeof(float), sizeof(float)));
   // Regions in order and disjoint.
   const WorkspaceLayout& l = lp.layout;
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> regions{{l.pack_send, l.pack_send_bytes},
-                                                               {l.pack_recv, l.pack_recv_bytes},
-                                                               {l.kernel, l.kernel_bytes}};
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> regions{
+      {l.pack_send, l.pack_send_bytes}, {l.pack_recv, l.pack_recv_bytes}, {l.kernel, l.kernel_bytes}};
   for (int s = 0; s < comm::kNumSlots; ++s) {
     regions.push_back({l.slot_send[static_cast<std::size_t>(s)], l.slot_send_bytes[static_cast<std::size_t>(s)]});
     regions.push_back({l.slot_recv[static_cast<std::size_t>(s)], l.slot_recv_bytes[static_cast<std::size_t>(s)]});
@@ -98,7 +99,8 @@ void check_lowered(const comm::Program& program, std::uint64_t inputs) {
                        static_cast<std::uint64_t>(s.rows) * static_cast<std::uint64_t>(s.heads) *
                            (comm::is_lse(s.id) ? 1u : static_cast<std::uint64_t>(lp.head_dim)) * sizeof(float)});
   std::sort(regions.begin(), regions.end());
-  for (std::size_t i = 1; i < regions.size(); ++i) CHECK(regions[i - 1].first + regions[i - 1].second <= regions[i].first);
+  for (std::size_t i = 1; i < regions.size(); ++i)
+    CHECK(regions[i - 1].first + regions[i - 1].second <= regions[i].first);
   CHECK(regions.back().first + regions.back().second <= l.total);
 }
 

@@ -25,22 +25,33 @@
 namespace {
 thread_local std::size_t t_allocations = 0;
 thread_local bool t_counting = false;
-[[gnu::noinline]] void allocation_while_counting() { asm volatile(""); }  // break here in gdb to see who allocates
+[[gnu::noinline]] void allocation_while_counting() {
+  asm volatile("");
+}  // break here in gdb to see who allocates
 
 void* counted_alloc(std::size_t n, std::size_t align) {
   ++t_allocations;
   if (t_counting) allocation_while_counting();
   if (n == 0) n = 1;
-  void* p = align <= alignof(std::max_align_t) ? std::malloc(n) : std::aligned_alloc(align, (n + align - 1) / align * align);
+  void* p =
+      align <= alignof(std::max_align_t) ? std::malloc(n) : std::aligned_alloc(align, (n + align - 1) / align * align);
   if (p == nullptr) throw std::bad_alloc();
   return p;
 }
 }  // namespace
 
-void* operator new(std::size_t n) { return counted_alloc(n, alignof(std::max_align_t)); }
-void* operator new[](std::size_t n) { return counted_alloc(n, alignof(std::max_align_t)); }
-void* operator new(std::size_t n, std::align_val_t a) { return counted_alloc(n, static_cast<std::size_t>(a)); }
-void* operator new[](std::size_t n, std::align_val_t a) { return counted_alloc(n, static_cast<std::size_t>(a)); }
+void* operator new(std::size_t n) {
+  return counted_alloc(n, alignof(std::max_align_t));
+}
+void* operator new[](std::size_t n) {
+  return counted_alloc(n, alignof(std::max_align_t));
+}
+void* operator new(std::size_t n, std::align_val_t a) {
+  return counted_alloc(n, static_cast<std::size_t>(a));
+}
+void* operator new[](std::size_t n, std::align_val_t a) {
+  return counted_alloc(n, static_cast<std::size_t>(a));
+}
 void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
   try {
     return counted_alloc(n, alignof(std::max_align_t));
@@ -48,14 +59,30 @@ void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
     return nullptr;
   }
 }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::align_val_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::align_val_t) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept {
+  std::free(p);
+}
 
 using namespace seqpar;
 
@@ -155,8 +182,8 @@ TEST_SUITE("runtime") {
           attn.forward(batch, q.view(), q.view(), q.view(), o.view(), lse.view());
         };
         try {
-          call(a);                          // both ranks: a miss, then a cached program for `a`
-          call(t.rank() == 0 ? a : b);      // rank 0 hits its cache, rank 1 misses with another batch
+          call(a);                      // both ranks: a miss, then a cached program for `a`
+          call(t.rank() == 0 ? a : b);  // rank 0 hits its cache, rank 1 misses with another batch
         } catch (const std::exception& e) {
           std::lock_guard lock(mu);
           errors[static_cast<std::size_t>(t.rank())] = e.what();

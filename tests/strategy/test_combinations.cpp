@@ -98,7 +98,7 @@ ShardingAwareRuns check_sharding_aware(unsigned seed) {
   typename Zig::Arguments aware;
   aware.comm.sharding_aware = true;
   ShardingAwareRuns r{test::check_strategy<Zig, attention::Reference<double>>(batch, {4, 4, 8}, 4),
-                         test::check_strategy<Zig, attention::Reference<double>>(batch, {4, 4, 8}, 4, aware)};
+                      test::check_strategy<Zig, attention::Reference<double>>(batch, {4, 4, 8}, 4, aware)};
   CHECK(r.plain.max() < kFp64Tolerance);
   CHECK(r.smart.max() < kFp64Tolerance);
   using Whole = Strategy<partition::WholeDoc, C>;
@@ -149,7 +149,8 @@ TEST_SUITE("strategy") {
     CHECK(r.smart.bytes_forward < r.plain.bytes_forward);
   }
 
-  TEST_CASE("sharding-aware all-gather moves only the keys read: less than the plain gather, nothing for whole documents") {
+  TEST_CASE(
+      "sharding-aware all-gather moves only the keys read: less than the plain gather, nothing for whole documents") {
     const auto r = check_sharding_aware<comm::AllGather>(9);
     CHECK(r.smart.bytes_forward < r.plain.bytes_forward);
     CHECK(r.smart.bytes_backward < r.plain.bytes_backward);

@@ -26,8 +26,9 @@ using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
 struct ThrowingKernel : attention::Reference<double> {
   bool fail = false;
   using Reference<double>::backward;
-  void forward(const HostExec&, const AttentionShape& s, ThdView<const double> q, ThdView<const double> k, ThdView<const double> v,
-               std::span<const AttnSlice> sl, ThdView<double> o, LseView<double> lse, std::span<std::byte> ws = {}) const {
+  void forward(const HostExec&, const AttentionShape& s, ThdView<const double> q, ThdView<const double> k,
+               ThdView<const double> v, std::span<const AttnSlice> sl, ThdView<double> o, LseView<double> lse,
+               std::span<std::byte> ws = {}) const {
     if (fail) throw std::runtime_error("injected kernel failure");
     Reference<double>::forward(s, q, k, v, sl, o, lse, ws);
   }
@@ -38,8 +39,11 @@ struct Local {
   ThdTensor<double> q, k, v, o;
   LseTensor<double> lse;
   Local(std::int64_t n, const AttentionShape& s)
-      : q(n, s.heads_q, s.head_dim), k(n, s.heads_kv, s.head_dim), v(n, s.heads_kv, s.head_dim),
-        o(n, s.heads_q, s.head_dim), lse(s.heads_q, n) {}
+      : q(n, s.heads_q, s.head_dim),
+        k(n, s.heads_kv, s.head_dim),
+        v(n, s.heads_kv, s.head_dim),
+        o(n, s.heads_q, s.head_dim),
+        lse(s.heads_q, n) {}
 };
 
 // Runs `body(rank, transport)` on a world of n ranks with a short timeout; returns each rank's error
@@ -65,7 +69,9 @@ std::pair<std::vector<std::string>, std::string> run_world(int n, Body body, std
   return {errors, root};
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 }  // namespace
 
@@ -117,7 +123,7 @@ TEST_SUITE("strategy") {
       attn.forward(batch, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view());
     });
     CHECK(std::chrono::steady_clock::now() - start < 4s);  // released by the failure, not by the timeout
-    CHECK(contains(errors[2], "rank 2, step 2/"));  // step 1 posts the first transfer
+    CHECK(contains(errors[2], "rank 2, step 2/"));         // step 1 posts the first transfer
     CHECK(contains(errors[2], "injected kernel failure"));
     // Ranks 3 and 0 need what rank 2 never sends (rank 3 its step-2 block, rank 0 rank 3's forward of it).
     // Rank 1 needs nothing more from rank 2 once rank 2 has posted its first transfer: it may finish its

@@ -19,7 +19,8 @@ TEST_SUITE("strategy") {
   TEST_CASE("Ulysses matches the reference: world sizes 1..8, random document mixes, MHA") {
     for (int world : {1, 2, 3, 4, 8}) {
       for (std::uint32_t seed : {1u, 2u}) {
-        const DocumentBatch batch = test::random_batch(2, 61 + 7 * world, 9.0, seed * 100 + static_cast<unsigned>(world));
+        const DocumentBatch batch =
+            test::random_batch(2, 61 + 7 * world, 9.0, seed * 100 + static_cast<unsigned>(world));
         const AttentionShape shape{8, 8, 16};
         const auto err = test::check_strategy<Ulysses, attention::Reference<double>>(batch, shape, world);
         INFO("world " << world << " seed " << seed << " tokens " << batch.total_tokens());
@@ -32,11 +33,12 @@ TEST_SUITE("strategy") {
 
   TEST_CASE("Ulysses GQA: KV heads move once when heads_kv >= degree, replicate below") {
     const DocumentBatch batch = test::random_batch(1, 97, 12.0, 5);
-    struct Case { int world, hq, hkv; };
+    struct Case {
+      int world, hq, hkv;
+    };
     for (const Case c : {Case{4, 8, 4}, Case{2, 8, 2}, Case{8, 8, 2}, Case{4, 4, 1}, Case{3, 6, 3}, Case{8, 16, 4}}) {
       INFO("world " << c.world << " heads " << c.hq << ":" << c.hkv);
-      const auto err =
-          test::check_strategy<Ulysses, attention::Reference<double>>(batch, {c.hq, c.hkv, 8}, c.world);
+      const auto err = test::check_strategy<Ulysses, attention::Reference<double>>(batch, {c.hq, c.hkv, 8}, c.world);
       CHECK(err.max() < kFp64Tolerance);
       CHECK(err.bytes_match);
     }
@@ -44,8 +46,8 @@ TEST_SUITE("strategy") {
 
   TEST_CASE("Ulysses uneven heads: head counts not divisible by the degree split unevenly") {
     const DocumentBatch batch = DocumentBatch({{1, 30, 2, 1}, {17, 4}});
-    for (const auto& [world, hq, hkv] : {std::tuple{3, 4, 4}, std::tuple{4, 6, 6}, std::tuple{3, 5, 5},
-                                         std::tuple{8, 9, 3}, std::tuple{6, 12, 4}}) {
+    for (const auto& [world, hq, hkv] :
+         {std::tuple{3, 4, 4}, std::tuple{4, 6, 6}, std::tuple{3, 5, 5}, std::tuple{8, 9, 3}, std::tuple{6, 12, 4}}) {
       INFO("world " << world << " heads " << hq << ":" << hkv);
       const auto err = test::check_strategy<Ulysses, attention::Reference<double>>(batch, {hq, hkv, 8}, world);
       CHECK(err.max() < kFp64Tolerance);

@@ -38,8 +38,8 @@ inline DocumentBatch random_batch(int sequences, std::int64_t tokens, double med
 }
 
 struct Errors {
-  double o = 0, lse = 0, dq = 0, dk = 0, dv = 0;  ///< max abs error / max abs reference value
-  bool bytes_match = true;                        ///< every rank: declared bytes == counted bytes
+  double o = 0, lse = 0, dq = 0, dk = 0, dv = 0;        ///< max abs error / max abs reference value
+  bool bytes_match = true;                              ///< every rank: declared bytes == counted bytes
   std::uint64_t bytes_forward = 0, bytes_backward = 0;  ///< summed over ranks
   [[nodiscard]] double max() const { return std::max({o, lse, dq, dk, dv}); }
 };
@@ -70,8 +70,8 @@ Errors check_attention(const DocumentBatch& batch, const AttentionShape& shape, 
   const attention::Reference<double> ref;
   const auto slices = batch.document_causal_slices();
   ref.forward(shape, q.view(), k.view(), v.view(), slices, o_ref.view(), lse_ref.view());
-  ref.backward(shape, q.view(), k.view(), v.view(), o_ref.view(), lse_ref.view(), dout.view(), slices,
-               dq_ref.view(), dk_ref.view(), dv_ref.view());
+  ref.backward(shape, q.view(), k.view(), v.view(), o_ref.view(), lse_ref.view(), dout.view(), slices, dq_ref.view(),
+               dk_ref.view(), dv_ref.view());
 
   ThdTensor<double> o_got(n, shape.heads_q, d), dq_got(n, shape.heads_q, d), dk_got(n, shape.heads_kv, d),
       dv_got(n, shape.heads_kv, d);
@@ -115,8 +115,8 @@ Errors check_attention(const DocumentBatch& batch, const AttentionShape& shape, 
     const bool fwd_ok = attn.last_bytes_sent() == prog.forward.bytes_sent(sizeof(T), sizeof(A)) &&
                         per_peer_total(prog.forward) == attn.last_bytes_sent();
     const std::uint64_t fwd_bytes = attn.last_bytes_sent();
-    attn.backward(batch, lq.view(), lk.view(), lv.view(), lo.view(), llse.view(), ldo.view(), ldq.view(),
-                  ldk.view(), ldv.view());
+    attn.backward(batch, lq.view(), lk.view(), lv.view(), lo.view(), llse.view(), ldo.view(), ldq.view(), ldk.view(),
+                  ldv.view());
     const bool bwd_ok = attn.last_bytes_sent() == prog.backward.bytes_sent(sizeof(T), sizeof(A)) &&
                         per_peer_total(prog.backward) == attn.last_bytes_sent();
     std::lock_guard lock(mu);

@@ -63,14 +63,16 @@ inline bool holds(std::span<const std::byte> got, int src, int dst, std::uint32_
     if (got[i] != code(src, dst, i, salt)) return false;
   return true;
 }
-inline std::string at(int rank, const std::string& what) { return "rank " + std::to_string(rank) + ": " + what; }
+inline std::string at(int rank, const std::string& what) {
+  return "rank " + std::to_string(rank) + ": " + what;
+}
 
 /// Bytes of the variable block rank `src` sends to rank `dst` (zero for about one pair in four,
 /// always zero from a rank to rank (src + 1) % n, to cover empty blocks).
 inline std::size_t v_bytes(int src, int dst, int n, std::uint32_t salt) {
   if (dst == (src + 1) % n) return 0;
-  const std::uint32_t h = (static_cast<std::uint32_t>(src) * 7919u + static_cast<std::uint32_t>(dst) * 104729u +
-                           salt * 15485863u) % 1009u;
+  const std::uint32_t h =
+      (static_cast<std::uint32_t>(src) * 7919u + static_cast<std::uint32_t>(dst) * 104729u + salt * 15485863u) % 1009u;
   return h % 4 == 0 ? 0 : 8 * (1 + h % 97);  // multiples of 8: the large-message path (unit = gcd) applies
 }
 
@@ -229,8 +231,8 @@ void all_to_all_v_case(T& t, Failures& f, std::uint32_t rounds = 2) {
     }
     std::vector<std::uint64_t> to_peer(sc.begin(), sc.end());
     to_peer[static_cast<std::size_t>(me)] = 0;
-    const auto messages = static_cast<std::uint64_t>(std::count_if(to_peer.begin(), to_peer.end(),
-                                                                   [](std::uint64_t b) { return b != 0; }));
+    const auto messages = static_cast<std::uint64_t>(
+        std::count_if(to_peer.begin(), to_peer.end(), [](std::uint64_t b) { return b != 0; }));
     cases::expect_traffic(f, t, before, to_peer, messages, "all_to_all_v");
   }
 }
@@ -254,7 +256,8 @@ void all_gather_case(T& t, Failures& f) {
     cases::expect_traffic(f, t, before, to_peer, bytes == 0 ? 0 : un - 1, "all_gather");
   }
   std::vector<std::size_t> counts(un);
-  for (int i = 0; i < n; ++i) counts[static_cast<std::size_t>(i)] = i == n - 1 ? 0 : 8 * static_cast<std::size_t>(3 + 5 * i);
+  for (int i = 0; i < n; ++i)
+    counts[static_cast<std::size_t>(i)] = i == n - 1 ? 0 : 8 * static_cast<std::size_t>(3 + 5 * i);
   const auto s = cases::payload(me, -2, counts[static_cast<std::size_t>(me)], 22);
   std::vector<std::byte> r(std::accumulate(counts.begin(), counts.end(), std::size_t{0}));
   const TrafficCounters before = t.counters();
@@ -326,10 +329,13 @@ void bad_arguments_case(T& t, Failures& f) {
   std::vector<std::size_t> short_counts(static_cast<std::size_t>(n) + 1, 0);
   throws([&] { t.all_to_all_v(s, short_counts, std::span<std::byte>(out), short_counts); },
          "all_to_all_v with size()+1 counts", "send_counts.size()");
-  throws([&] { t.all_to_all_v(s, std::span<const std::size_t>(short_counts).first(static_cast<std::size_t>(n)),
-                              std::span<std::byte>(out), std::span<const std::size_t>(short_counts).first(
-                                                             static_cast<std::size_t>(n))); },
-         "all_to_all_v with counts that do not sum to the buffer", "sum(send_counts)");
+  throws(
+      [&] {
+        t.all_to_all_v(s, std::span<const std::size_t>(short_counts).first(static_cast<std::size_t>(n)),
+                       std::span<std::byte>(out),
+                       std::span<const std::size_t>(short_counts).first(static_cast<std::size_t>(n)));
+      },
+      "all_to_all_v with counts that do not sum to the buffer", "sum(send_counts)");
   throws([&] { t.all_gather(s, std::span<std::byte>(out)); }, "all_gather with a wrong r.size()", "r.size()");
   throws([&] { (void)t.split(-1, 0); }, "split with color -1", "color = -1");
   t.barrier();  // nothing above communicated: every rank still meets here
@@ -395,8 +401,8 @@ inline DocumentBatch small_batch(int sequences, std::uint32_t seed) {
 /// order differs) and its counted bytes with the program's declared bytes. Returns false (checking
 /// nothing) when the strategy refuses the batch on this topology.
 template <class S, Transport T>
-bool strategy_case(T& t, Failures& f, const std::string& name, const DocumentBatch& batch,
-                   const AttentionShape& shape, typename S::Arguments args = {}, std::uint32_t seed = 7) {
+bool strategy_case(T& t, Failures& f, const std::string& name, const DocumentBatch& batch, const AttentionShape& shape,
+                   typename S::Arguments args = {}, std::uint32_t seed = 7) {
   using Kernel = attention::Reference<double>;
   constexpr double kTolerance = 1e-10;
   const int me = t.rank();
@@ -406,9 +412,8 @@ bool strategy_case(T& t, Failures& f, const std::string& name, const DocumentBat
   const int d = shape.head_dim;
   std::mt19937 rng(seed);
   std::normal_distribution<double> normal(0.0, 1.0);
-  ThdTensor<double> q(n, shape.heads_q, d), k(n, shape.heads_kv, d), v(n, shape.heads_kv, d),
-      dout(n, shape.heads_q, d), o(n, shape.heads_q, d), dq(n, shape.heads_q, d), dk(n, shape.heads_kv, d),
-      dv(n, shape.heads_kv, d);
+  ThdTensor<double> q(n, shape.heads_q, d), k(n, shape.heads_kv, d), v(n, shape.heads_kv, d), dout(n, shape.heads_q, d),
+      o(n, shape.heads_q, d), dq(n, shape.heads_q, d), dk(n, shape.heads_kv, d), dv(n, shape.heads_kv, d);
   LseTensor<double> lse(shape.heads_q, n);
   for (auto* x : {&q, &k, &v, &dout})
     for (double& e : x->storage) e = normal(rng);
@@ -458,8 +463,8 @@ bool strategy_case(T& t, Failures& f, const std::string& name, const DocumentBat
   for (const Range& r : owned)
     for (std::int64_t tok = r.begin; tok < r.end; ++tok, ++row)
       for (int h = 0; h < shape.heads_q; ++h)
-        lse_err = std::max(lse_err, std::abs(lse.view()(h, tok) - llse.view()(h, row)) /
-                                        std::max(1.0, std::abs(lse.view()(h, tok))));
+        lse_err = std::max(
+            lse_err, std::abs(lse.view()(h, tok) - llse.view()(h, row)) / std::max(1.0, std::abs(lse.view()(h, tok))));
   const double errs[5] = {rel(o, lo), lse_err, rel(dq, ldq), rel(dk, ldk), rel(dv, ldv)};
   const char* names[5] = {"O", "LSE", "dQ", "dK", "dV"};
   for (int i = 0; i < 5; ++i)

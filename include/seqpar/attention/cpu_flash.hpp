@@ -21,7 +21,8 @@
 /// (query head, query tile) and accumulates dQ += dS K. This recomputes S and dP once more (7 tile matmuls
 /// instead of 5) in exchange for race-free, bit-reproducible gradients for a given `Arguments`.
 /// Work items run largest-first (by visible area) on the execution context's thread pool (`HostExec`; the
-/// kernel's own context has `threads` threads, 1 runs inline on the caller). AVX-512 micro-kernels are used for float when compiled with
+/// kernel's own context has `threads` threads, 1 runs inline on the caller). AVX-512 micro-kernels are used for float
+/// when compiled with
 /// __AVX512F__; otherwise (and for double) a portable auto-vectorised path with the same blocking.
 ///
 /// **Memory.** No allocation in forward/backward: the caller passes `workspace_bytes(shape, q_rows,
@@ -236,9 +237,7 @@ class CpuFlash {
     }
   };
 
-  static constexpr std::size_t round16(std::int64_t n) noexcept {
-    return static_cast<std::size_t>((n + 15) / 16 * 16);
-  }
+  static constexpr std::size_t round16(std::int64_t n) noexcept { return static_cast<std::size_t>((n + 15) / 16 * 16); }
   static constexpr std::size_t align64(std::size_t n) noexcept { return (n + 63) / 64 * 64; }
 
   [[nodiscard]] int q_tile_rows() const noexcept { return (args_.q_tile + kRB - 1) / kRB * kRB; }
@@ -267,17 +266,17 @@ class CpuFlash {
     const Layout l = layout(shape, q_rows, k_rows);
     const auto addr = reinterpret_cast<std::uintptr_t>(workspace.data());
     std::byte* base = workspace.data() + ((64 - addr % 64) % 64);
-    return {reinterpret_cast<Tile*>(base + l.tiles_off), reinterpret_cast<A*>(base + l.delta_off),
-            base + l.threads_off, l.thread_bytes};
+    return {reinterpret_cast<Tile*>(base + l.tiles_off), reinterpret_cast<A*>(base + l.delta_off), base + l.threads_off,
+            l.thread_bytes};
   }
 
   void check(const HostExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
              ThdView<const T> v, std::span<const AttnSlice> slices, std::span<std::byte> workspace,
              const char* where) const {
     if (exec.threads() > args_.threads)
-      seqpar::detail::throw_invalid(where, "exec.threads()", exec.threads(),
-                                    "exceeds args.threads = " + std::to_string(args_.threads) +
-                                        " (the workspace holds one tile set per thread)");
+      seqpar::detail::throw_invalid(
+          where, "exec.threads()", exec.threads(),
+          "exceeds args.threads = " + std::to_string(args_.threads) + " (the workspace holds one tile set per thread)");
     shape.validate(where);
     seqpar::detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.head_dim);
     seqpar::detail::check_view(k, where, "k", k.tokens, shape.heads_kv, shape.head_dim);
@@ -359,8 +358,7 @@ class CpuFlash {
     }
   }
 
-  static void pack_rows(ThdView<const T> src, std::int64_t i0, std::int64_t n, int h, int d, A scale,
-                        A* dst) noexcept {
+  static void pack_rows(ThdView<const T> src, std::int64_t i0, std::int64_t n, int h, int d, A scale, A* dst) noexcept {
     for (std::int64_t r = 0; r < n; ++r) {
       const T* row = src.row(i0 + r, h);
       for (int x = 0; x < d; ++x) dst[r * d + x] = A(row[x]) * scale;
@@ -487,8 +485,7 @@ class CpuFlash {
             A* p = pb + g0 * kKT;
             A* ds = sb + g0 * kKT;
             int pmin = 0, pmax = 0;
-            if (!tile_columns(sl, b0 + g0, rows, tile.row0 - ks, nk, kr.begin - ks, kr.end - ks, lo, hi, pmin,
-                              pmax)) {
+            if (!tile_columns(sl, b0 + g0, rows, tile.row0 - ks, nk, kr.begin - ks, kr.end - ks, lo, hi, pmin, pmax)) {
               std::fill_n(p, rows * kKT, A(0));
               std::fill_n(ds, rows * kKT, A(0));
               continue;
@@ -560,8 +557,7 @@ class CpuFlash {
             std::fill_n(dp + r * kKT, kKT, A(0));
             continue;
           }
-          detail::backward_row(s + r * kKT, dp + r * kKT, lo[r], hi[r], lse(h, i) * kLog2e,
-                               delta[h * q.tokens + i]);
+          detail::backward_row(s + r * kKT, dp + r * kKT, lo[r], hi[r], lse(h, i) * kLog2e, delta[h * q.tokens + i]);
         }
         detail::gemm(rows, d, pmax - pmin, dp + pmin, kKT, 1, kn + pmin * d, d, acc + g0 * d, d, true);
       }

@@ -25,16 +25,16 @@ struct kernel_tag {};
 /// kernel's own context, used when the caller gives none.
 /// Scratch memory comes from the caller: `workspace_bytes` sizes it, the calls never allocate.
 template <class K>
-concept AttentionKernel =
-    std::derived_from<typename K::kernel_category, kernel_tag> && ExecutionContext<typename K::exec_type> &&
+concept AttentionKernel = std::derived_from<typename K::kernel_category, kernel_tag> &&
+    ExecutionContext<typename K::exec_type> &&
     requires(K& k, const K& ck, const typename K::exec_type& exec, const AttentionShape& shape,
              ThdView<const typename K::value_type> in, ThdView<typename K::value_type> out,
              LseView<typename K::accum_type> lse, LseView<const typename K::accum_type> lse_in,
              std::span<const AttnSlice> slices, std::span<std::byte> workspace, std::int64_t rows) {
-      { ck.exec() } -> std::convertible_to<typename K::exec_type>;
-      { k.workspace_bytes(shape, rows, rows) } -> std::convertible_to<std::size_t>;
-      k.forward(exec, shape, in, in, in, slices, out, lse, workspace);
-      k.backward(exec, shape, in, in, in, in, lse_in, in, slices, out, out, out, workspace);
-    };
+  { ck.exec() } -> std::convertible_to<typename K::exec_type>;
+  { k.workspace_bytes(shape, rows, rows) } -> std::convertible_to<std::size_t>;
+  k.forward(exec, shape, in, in, in, slices, out, lse, workspace);
+  k.backward(exec, shape, in, in, in, in, lse_in, in, slices, out, out, out, workspace);
+};
 
 }  // namespace seqpar::attention

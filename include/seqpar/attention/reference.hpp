@@ -91,9 +91,8 @@ class Reference {
   }
 
   void backward(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
-                ThdView<const T> o, LseView<const double> lse, ThdView<const T> dout,
-                std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
-                std::span<std::byte> /*workspace*/ = {}) const {
+                ThdView<const T> o, LseView<const double> lse, ThdView<const T> dout, std::span<const AttnSlice> slices,
+                ThdView<T> dq, ThdView<T> dk, ThdView<T> dv, std::span<std::byte> /*workspace*/ = {}) const {
     constexpr const char* where = "Reference::backward";
     check(shape, q, k, v, slices, where);
     seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);

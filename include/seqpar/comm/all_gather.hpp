@@ -57,8 +57,7 @@ struct AllGather {
     // Global key ranges `reader` gathers from `owner`: sender and receiver compute the same list in
     // the same order, so the packed bytes need no header.
     const auto gathered_from = [&](std::size_t reader, std::size_t owner) {
-      return args.sharding_aware ? keys_needed(slices(reader), tokens(owner))
-                                 : RowMap::concat(tokens(owner)).global;
+      return args.sharding_aware ? keys_needed(slices(reader), tokens(owner)) : RowMap::concat(tokens(owner)).global;
     };
     std::vector<std::vector<Range>> in(k), out(k);
     std::vector<Range> all;
@@ -90,8 +89,10 @@ struct AllGather {
       p.level_members[static_cast<std::size_t>(Level::kGroup)] = members;
       p.staging.push_back({BufferId::kKGather, gathered.rows, shape.heads_kv});
       p.staging.push_back({BufferId::kVGather, gathered.rows, shape.heads_kv});
-      p.steps.push_back(ExchangeStep{Level::kGroup, group.me,
-                                     {gather(BufferId::kK, BufferId::kKGather), gather(BufferId::kV, BufferId::kVGather)}});
+      p.steps.push_back(
+          ExchangeStep{Level::kGroup,
+                       group.me,
+                       {gather(BufferId::kK, BufferId::kKGather), gather(BufferId::kV, BufferId::kVGather)}});
       return p;
     };
     CompiledAttention compiled{base(), base()};
@@ -109,9 +110,10 @@ struct AllGather {
         ZeroStep{{BufferId::kDq, BufferId::kDk, BufferId::kDv, BufferId::kDkGather, BufferId::kDvGather}});
     c.backward = true;
     bwd.steps.push_back(std::move(c));
-    bwd.steps.push_back(ExchangeStep{Level::kGroup, group.me,
-                                     {give_back(BufferId::kDkGather, BufferId::kDk),
-                                      give_back(BufferId::kDvGather, BufferId::kDv)}});
+    bwd.steps.push_back(
+        ExchangeStep{Level::kGroup,
+                     group.me,
+                     {give_back(BufferId::kDkGather, BufferId::kDk), give_back(BufferId::kDvGather, BufferId::kDv)}});
     return compiled;
   }
 };

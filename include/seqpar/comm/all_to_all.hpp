@@ -38,9 +38,10 @@ struct AllToAll {
   [[nodiscard]] Status can_implement(const ShardPlan& plan, const AttentionShape& shape) const {
     for (const auto& g : plan.groups)
       if (static_cast<int>(g.size()) > shape.heads_q)
-        return Status::refuse("AllToAll: a group of " + std::to_string(g.size()) + " ranks needs at least as many "
-                              "query heads, but heads_q = " + std::to_string(shape.heads_q) +
-                              " (use Ring or Hierarchical for a larger degree)");
+        return Status::refuse("AllToAll: a group of " + std::to_string(g.size()) +
+                              " ranks needs at least as many "
+                              "query heads, but heads_q = " +
+                              std::to_string(shape.heads_q) + " (use Ring or Hierarchical for a larger degree)");
     return Status::success();
   }
 
@@ -64,8 +65,9 @@ struct AllToAll {
     CompiledAttention out{p, p};
     // Every rank computes all of the group's queries for its heads, on whole documents.
     const RowMap map = RowMap::concat(spec.gathered());
-    append_head_sharded(out, spec, waves(localize(slices, map, map)),
-                        [](Program&, ComputeStep c) { return std::vector<Step>{std::move(c)}; }, shape);
+    append_head_sharded(
+        out, spec, waves(localize(slices, map, map)),
+        [](Program&, ComputeStep c) { return std::vector<Step>{std::move(c)}; }, shape);
     return out;
   }
 
@@ -84,38 +86,47 @@ struct AllToAll {
     const int self = spec.me;
 
     Program& fwd = out.forward;
-    fwd.staging.insert(fwd.staging.end(), {{BufferId::kQHeads, rows, nq}, {BufferId::kKHeads, rows, nkv},
-                                           {BufferId::kVHeads, rows, nkv}, {BufferId::kOHeads, rows, nq},
+    fwd.staging.insert(fwd.staging.end(), {{BufferId::kQHeads, rows, nq},
+                                           {BufferId::kKHeads, rows, nkv},
+                                           {BufferId::kVHeads, rows, nkv},
+                                           {BufferId::kOHeads, rows, nq},
                                            {BufferId::kLseHeads, rows, nq}});
-    fwd.steps.push_back(ExchangeStep{lvl, self,
-                                     {spec.to_heads(BufferId::kQ, BufferId::kQHeads, false),
-                                      spec.to_heads(BufferId::kK, BufferId::kKHeads, true),
-                                      spec.to_heads(BufferId::kV, BufferId::kVHeads, true)}});
+    fwd.steps.push_back(ExchangeStep{
+        lvl,
+        self,
+        {spec.to_heads(BufferId::kQ, BufferId::kQHeads, false), spec.to_heads(BufferId::kK, BufferId::kKHeads, true),
+         spec.to_heads(BufferId::kV, BufferId::kVHeads, true)}});
     ComputeStep c;
     c.q = BufferId::kQHeads, c.k = BufferId::kKHeads, c.v = BufferId::kVHeads;
     c.o = BufferId::kOHeads, c.lse = BufferId::kLseHeads;
     c.dout = BufferId::kDoutHeads, c.dq = BufferId::kDqHeads, c.dk = BufferId::kDkHeads, c.dv = BufferId::kDvHeads;
     c.waves = std::move(waves);
     c.head_groups = detail::head_groups(my_q, my_kv, shape.group_size());
-    if (c.waves.size() > 1) fwd.staging.insert(fwd.staging.end(), {{BufferId::kOPart, rows, nq}, {BufferId::kLsePart, rows, nq}});
+    if (c.waves.size() > 1)
+      fwd.staging.insert(fwd.staging.end(), {{BufferId::kOPart, rows, nq}, {BufferId::kLsePart, rows, nq}});
     for (Step& s : middle(fwd, c)) fwd.steps.push_back(std::move(s));
-    fwd.steps.push_back(ExchangeStep{lvl, self,
+    fwd.steps.push_back(ExchangeStep{lvl,
+                                     self,
                                      {spec.to_seq(BufferId::kOHeads, BufferId::kO, false, false),
                                       spec.to_seq(BufferId::kLseHeads, BufferId::kLse, false, false)}});
 
     Program& bwd = out.backward;
-    bwd.staging.insert(bwd.staging.end(),
-                       {{BufferId::kQHeads, rows, nq}, {BufferId::kKHeads, rows, nkv}, {BufferId::kVHeads, rows, nkv},
-                        {BufferId::kOHeads, rows, nq}, {BufferId::kLseHeads, rows, nq}, {BufferId::kDoutHeads, rows, nq},
-                        {BufferId::kDqHeads, rows, nq}, {BufferId::kDkHeads, rows, nkv},
-                        {BufferId::kDvHeads, rows, nkv}});
-    bwd.steps.push_back(ExchangeStep{lvl, self,
-                                     {spec.to_heads(BufferId::kQ, BufferId::kQHeads, false),
-                                      spec.to_heads(BufferId::kK, BufferId::kKHeads, true),
-                                      spec.to_heads(BufferId::kV, BufferId::kVHeads, true),
-                                      spec.to_heads(BufferId::kO, BufferId::kOHeads, false),
-                                      spec.to_heads(BufferId::kDout, BufferId::kDoutHeads, false),
-                                      spec.to_heads(BufferId::kLse, BufferId::kLseHeads, false)}});
+    bwd.staging.insert(bwd.staging.end(), {{BufferId::kQHeads, rows, nq},
+                                           {BufferId::kKHeads, rows, nkv},
+                                           {BufferId::kVHeads, rows, nkv},
+                                           {BufferId::kOHeads, rows, nq},
+                                           {BufferId::kLseHeads, rows, nq},
+                                           {BufferId::kDoutHeads, rows, nq},
+                                           {BufferId::kDqHeads, rows, nq},
+                                           {BufferId::kDkHeads, rows, nkv},
+                                           {BufferId::kDvHeads, rows, nkv}});
+    bwd.steps.push_back(ExchangeStep{
+        lvl,
+        self,
+        {spec.to_heads(BufferId::kQ, BufferId::kQHeads, false), spec.to_heads(BufferId::kK, BufferId::kKHeads, true),
+         spec.to_heads(BufferId::kV, BufferId::kVHeads, true), spec.to_heads(BufferId::kO, BufferId::kOHeads, false),
+         spec.to_heads(BufferId::kDout, BufferId::kDoutHeads, false),
+         spec.to_heads(BufferId::kLse, BufferId::kLseHeads, false)}});
     c.backward = true;
     std::vector<Step> middle_bwd = middle(bwd, c);
     if (!middle_bwd.empty() && std::holds_alternative<ComputeStep>(middle_bwd.front()))
@@ -123,7 +134,8 @@ struct AllToAll {
     for (Step& s : middle_bwd) bwd.steps.push_back(std::move(s));
     const bool replicated = spec.heads.kv_replicated;
     if (replicated) bwd.steps.push_back(ZeroStep{{BufferId::kDk, BufferId::kDv}});
-    bwd.steps.push_back(ExchangeStep{lvl, self,
+    bwd.steps.push_back(ExchangeStep{lvl,
+                                     self,
                                      {spec.to_seq(BufferId::kDqHeads, BufferId::kDq, false, false),
                                       spec.to_seq(BufferId::kDkHeads, BufferId::kDk, true, replicated),
                                       spec.to_seq(BufferId::kDvHeads, BufferId::kDv, true, replicated)}});

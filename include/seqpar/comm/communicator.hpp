@@ -44,10 +44,10 @@ struct communicator_tag {};
 /// touches data: the executor runs the programs, the simulator replays them.
 template <class C>
 concept Communicator = std::derived_from<typename C::policy_category, communicator_tag> &&
-                       requires(const C& c, const ShardPlan& plan, const AttentionShape& shape, int rank) {
-                         typename C::Arguments;
-                         { c.can_implement(plan, shape) } -> std::same_as<Status>;
-                         { c.compile(plan, shape, rank) } -> std::same_as<CompiledAttention>;
-                       };
+    requires(const C& c, const ShardPlan& plan, const AttentionShape& shape, int rank) {
+  typename C::Arguments;
+  { c.can_implement(plan, shape) } -> std::same_as<Status>;
+  { c.compile(plan, shape, rank) } -> std::same_as<CompiledAttention>;
+};
 
 }  // namespace seqpar::comm

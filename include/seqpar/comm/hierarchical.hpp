@@ -56,8 +56,8 @@ struct Hierarchical {
       const int k = static_cast<int>(g.size());
       if (inner_size_for(k, plan.topology, shape) == 0)
         return Status::refuse("Hierarchical: inner_size = " + std::to_string(args.inner_size) +
-                              " must divide the group size " + std::to_string(k) + " and be <= heads_q = " +
-                              std::to_string(shape.heads_q));
+                              " must divide the group size " + std::to_string(k) +
+                              " and be <= heads_q = " + std::to_string(shape.heads_q));
     }
     return Status::success();
   }
@@ -109,8 +109,10 @@ struct Hierarchical {
     // World-unique colors: inner groups by their first rank (even), outer rings by theirs (odd).
     p.splits[static_cast<std::size_t>(Level::kInner)] = {2 * member(j, 0), i};
     p.splits[static_cast<std::size_t>(Level::kOuter)] = {2 * member(0, i) + 1, j};
-    for (int ii = 0; ii < inner; ++ii) p.level_members[static_cast<std::size_t>(Level::kInner)].push_back(member(j, ii));
-    for (int jj = 0; jj < outer; ++jj) p.level_members[static_cast<std::size_t>(Level::kOuter)].push_back(member(jj, i));
+    for (int ii = 0; ii < inner; ++ii)
+      p.level_members[static_cast<std::size_t>(Level::kInner)].push_back(member(j, ii));
+    for (int jj = 0; jj < outer; ++jj)
+      p.level_members[static_cast<std::size_t>(Level::kOuter)].push_back(member(jj, i));
     CompiledAttention out{p, p};
     const detail::RingSchedule sched(ring);
     AllToAll::append_head_sharded(
@@ -118,8 +120,10 @@ struct Hierarchical {
         [&](Program& prog, const ComputeStep& c) {
           Program tmp;
           detail::add_ring_staging(tmp, sched, c.backward);
-          if (c.backward) detail::append_ring_backward(tmp, sched);
-          else detail::append_ring_forward(tmp, sched);
+          if (c.backward)
+            detail::append_ring_backward(tmp, sched);
+          else
+            detail::append_ring_forward(tmp, sched);
           prog.staging.insert(prog.staging.end(), tmp.staging.begin(), tmp.staging.end());
           return std::move(tmp.steps);
         },

@@ -2,8 +2,8 @@
 // seqpar: exact distributed attention over packed long-context batches.
 #pragma once
 
-#include <cstddef>
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <variant>
@@ -19,13 +19,36 @@ namespace seqpar::comm {
 /// (local rows = the rank's owned tokens, in plan order); the rest are staging buffers the program
 /// declares and the executor places in its workspace.
 enum class BufferId : std::uint8_t {
-  kQ, kK, kV, kO, kLse, kDout, kDq, kDk, kDv,                 // caller's views
-  kQHeads, kKHeads, kVHeads, kOHeads, kLseHeads,              // head-sharded (Ulysses) staging
-  kDoutHeads, kDqHeads, kDkHeads, kDvHeads,
-  kOPart, kLsePart,                                           // partial results merged into O, LSE
-  kKRing0, kVRing0, kKRing1, kVRing1,                         // KV received in ring steps (two slots)
-  kDkPart, kDvPart,                                           // dK, dV of a received KV block
-  kKGather, kVGather, kDkGather, kDvGather,                   // all-gathered KV and its gradients
+  kQ,
+  kK,
+  kV,
+  kO,
+  kLse,
+  kDout,
+  kDq,
+  kDk,
+  kDv,  // caller's views
+  kQHeads,
+  kKHeads,
+  kVHeads,
+  kOHeads,
+  kLseHeads,  // head-sharded (Ulysses) staging
+  kDoutHeads,
+  kDqHeads,
+  kDkHeads,
+  kDvHeads,
+  kOPart,
+  kLsePart,  // partial results merged into O, LSE
+  kKRing0,
+  kVRing0,
+  kKRing1,
+  kVRing1,  // KV received in ring steps (two slots)
+  kDkPart,
+  kDvPart,  // dK, dV of a received KV block
+  kKGather,
+  kVGather,
+  kDkGather,
+  kDvGather,  // all-gathered KV and its gradients
   kCount
 };
 inline constexpr int kNumBuffers = static_cast<int>(BufferId::kCount);
@@ -179,7 +202,7 @@ void for_each_sent_piece(const Step& step, Fn&& fn) {
 /// The per-rank list of steps a communicator compiles from a plan; run by `Executor`, or replayed by
 /// the simulator. Depends only on document lengths, plan and shape: compiled once per batch shape.
 struct Program {
-  int rank = 0;            ///< rank in the world
+  int rank = 0;  ///< rank in the world
   int head_dim = 0;
   double softmax_scale = 0;
   std::int64_t local_tokens = 0;

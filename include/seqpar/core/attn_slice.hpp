@@ -3,8 +3,8 @@
 #pragma once
 
 #include <algorithm>
-#include <limits>
 #include <cstdint>
+#include <limits>
 #include <ostream>
 #include <span>
 #include <vector>
@@ -30,7 +30,9 @@ struct Mask {
   std::int64_t window = 0;  ///< only for kSlidingWindow: number of visible keys ending at the diagonal, >= 1
 
   [[nodiscard]] static constexpr Mask full() noexcept { return {MaskKind::kFull, 0, 0}; }
-  [[nodiscard]] static constexpr Mask causal(std::int64_t offset = 0) noexcept { return {MaskKind::kCausal, offset, 0}; }
+  [[nodiscard]] static constexpr Mask causal(std::int64_t offset = 0) noexcept {
+    return {MaskKind::kCausal, offset, 0};
+  }
   [[nodiscard]] static constexpr Mask sliding_window(std::int64_t window, std::int64_t offset = 0) noexcept {
     return {MaskKind::kSlidingWindow, offset, window};
   }
@@ -40,9 +42,8 @@ struct Mask {
   [[nodiscard]] constexpr Range visible_keys(std::int64_t qi, std::int64_t k_len) const noexcept {
     if (kind == MaskKind::kFull) return {0, k_len};
     const std::int64_t hi = std::clamp<std::int64_t>(qi + causal_offset + 1, 0, k_len);
-    const std::int64_t lo = kind == MaskKind::kSlidingWindow
-                                ? std::clamp<std::int64_t>(qi + causal_offset + 1 - window, 0, hi)
-                                : 0;
+    const std::int64_t lo =
+        kind == MaskKind::kSlidingWindow ? std::clamp<std::int64_t>(qi + causal_offset + 1 - window, 0, hi) : 0;
     return {lo, hi};
   }
 };
@@ -110,7 +111,8 @@ inline void validate_slices(std::span<const AttnSlice> slices, std::int64_t q_ro
                       "out of the query buffer of " + std::to_string(q_rows) + " rows");
       detail::require(k_ok, where, name + ".k_range", s.k_range,
                       "out of the key buffer of " + std::to_string(k_rows) + " rows");
-      detail::require(window_ok, where, name + ".mask.window", s.mask.window, "a sliding window needs at least one key");
+      detail::require(window_ok, where, name + ".mask.window", s.mask.window,
+                      "a sliding window needs at least one key");
     }
     if (s.q_range.empty()) continue;
     if (s.q_range.begin < last_begin) sorted = false;

@@ -13,12 +13,12 @@ namespace seqpar {
 
 /// Why a distributed operation failed. Values are the error codes of `error_category()`.
 enum class Errc : int {
-  kPeerFailed = 1,     ///< another rank threw; this rank was released from a wait
-  kTimeout = 2,        ///< a wait exceeded the configured bound
-  kTransport = 3,      ///< the transport itself failed (MPI, NCCL, ...)
-  kMismatch = 4,       ///< ranks disagree on batch, shape or strategy
-  kProtocol = 5,       ///< a message of the wrong size or tag arrived
-  kStepFailed = 6,     ///< a step of a program (a kernel call, a copy) threw on this rank
+  kPeerFailed = 1,  ///< another rank threw; this rank was released from a wait
+  kTimeout = 2,     ///< a wait exceeded the configured bound
+  kTransport = 3,   ///< the transport itself failed (MPI, NCCL, ...)
+  kMismatch = 4,    ///< ranks disagree on batch, shape or strategy
+  kProtocol = 5,    ///< a message of the wrong size or tag arrived
+  kStepFailed = 6,  ///< a step of a program (a kernel call, a copy) threw on this rank
 };
 
 namespace detail {
@@ -27,12 +27,18 @@ class SeqparCategory final : public std::error_category {
   [[nodiscard]] const char* name() const noexcept override { return "seqpar"; }
   [[nodiscard]] std::string message(int code) const override {
     switch (static_cast<Errc>(code)) {
-      case Errc::kPeerFailed: return "peer rank failed";
-      case Errc::kTimeout: return "timed out waiting for a peer";
-      case Errc::kTransport: return "transport failure";
-      case Errc::kMismatch: return "ranks disagree";
-      case Errc::kProtocol: return "protocol violation";
-      case Errc::kStepFailed: return "program step failed";
+      case Errc::kPeerFailed:
+        return "peer rank failed";
+      case Errc::kTimeout:
+        return "timed out waiting for a peer";
+      case Errc::kTransport:
+        return "transport failure";
+      case Errc::kMismatch:
+        return "ranks disagree";
+      case Errc::kProtocol:
+        return "protocol violation";
+      case Errc::kStepFailed:
+        return "program step failed";
     }
     return "unknown seqpar error";
   }

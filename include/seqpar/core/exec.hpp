@@ -23,9 +23,9 @@ struct exec_tag {};
 
 template <class E>
 concept ExecutionContext = std::derived_from<typename E::exec_category, exec_tag> && std::copy_constructible<E> &&
-                           requires(E& e) {
-                             { E::kHostSynchronous } -> std::convertible_to<bool>;
-                             e.synchronize();
-                           };
+    requires(E& e) {
+  { E::kHostSynchronous } -> std::convertible_to<bool>;
+  e.synchronize();
+};
 
 }  // namespace seqpar

@@ -26,6 +26,8 @@ struct Range {
   return hi > lo ? Range{lo, hi} : Range{lo, lo};
 }
 
-inline std::ostream& operator<<(std::ostream& os, const Range& r) { return os << '[' << r.begin << ", " << r.end << ')'; }
+inline std::ostream& operator<<(std::ostream& os, const Range& r) {
+  return os << '[' << r.begin << ", " << r.end << ')';
+}
 
 }  // namespace seqpar

@@ -41,8 +41,10 @@ inline void append_range(std::vector<Range>& list, Range r) {
   std::vector<Range> out;
   for (const Range& r : v) {
     if (r.empty()) continue;
-    if (!out.empty() && r.begin <= out.back().end) out.back().end = std::max(out.back().end, r.end);
-    else out.push_back(r);
+    if (!out.empty() && r.begin <= out.back().end)
+      out.back().end = std::max(out.back().end, r.end);
+    else
+      out.push_back(r);
   }
   return out;
 }
@@ -54,7 +56,8 @@ class DisjointRangeIndex {
   explicit DisjointRangeIndex(const std::vector<Range>& ranges) : ranges_(&ranges) {
     for (std::size_t i = 0; i < ranges.size(); ++i)
       if (!ranges[i].empty()) order_.push_back(i);
-    std::sort(order_.begin(), order_.end(), [&](std::size_t a, std::size_t b) { return ranges[a].begin < ranges[b].begin; });
+    std::sort(order_.begin(), order_.end(),
+              [&](std::size_t a, std::size_t b) { return ranges[a].begin < ranges[b].begin; });
   }
   /// Indices (ascending) of the non-empty ranges that overlap `r`.
   void overlapping(Range r, std::vector<std::size_t>& out) const {

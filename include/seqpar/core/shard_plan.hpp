@@ -98,9 +98,8 @@ struct ShardPlan {
     for (int r = 0; r < world_size(); ++r)
       for (const AttnSlice& s : slices[static_cast<std::size_t>(r)]) {
         const auto& rs = owned[static_cast<std::size_t>(r)];
-        const bool inside = std::any_of(rs.begin(), rs.end(), [&](Range o) {
-          return s.q_range.begin >= o.begin && s.q_range.end <= o.end;
-        });
+        const bool inside = std::any_of(rs.begin(), rs.end(),
+                                        [&](Range o) { return s.q_range.begin >= o.begin && s.q_range.end <= o.end; });
         if (!inside) fail("rank " + std::to_string(r) + " has a slice whose queries it does not own");
         area += s.area();
       }

@@ -114,8 +114,10 @@ namespace seqpar {
   for (std::size_t a = 0; a < available.size(); ++a) {
     if (available[a].empty()) continue;
     for (const Range& r : merge_ranges(std::move(need[a]))) {
-      if (!out.empty() && last == prev_nonempty && out.back().end == r.begin) out.back().end = r.end;
-      else out.push_back(r);
+      if (!out.empty() && last == prev_nonempty && out.back().end == r.begin)
+        out.back().end = r.end;
+      else
+        out.push_back(r);
       last = a;
     }
     prev_nonempty = a;

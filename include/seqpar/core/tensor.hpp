@@ -39,8 +39,7 @@ struct ThdView {
     return {data + first * head_stride, tokens, count, head_dim, token_stride, head_stride};
   }
   operator ThdView<const T>() const noexcept  // NOLINT: views convert to const views implicitly
-    requires(!std::is_const_v<T>)
-  {
+      requires(!std::is_const_v<T>) {
     return {data, tokens, heads, head_dim, token_stride, head_stride};
   }
 };
@@ -64,8 +63,7 @@ struct LseView {
     return {data + first * head_stride, count, tokens, head_stride};
   }
   operator LseView<const T>() const noexcept  // NOLINT
-    requires(!std::is_const_v<T>)
-  {
+      requires(!std::is_const_v<T>) {
     return {data, heads, tokens, head_stride};
   }
 };

@@ -28,25 +28,24 @@ struct TrafficCounters {
 ///    by rank (MPI_Comm_split semantics). Every rank of this transport must call it.
 ///  - Any failure (a peer that threw, a timeout, a transport error) raises seqpar::Error.
 template <class T>
-concept Transport =
-    std::movable<T> &&
+concept Transport = std::movable<T> &&
     requires(T& t, const T& ct, std::span<const std::byte> s, std::span<std::byte> r,
              std::span<const std::size_t> counts, int peer, int tag, typename T::Request& req) {
-      { ct.rank() } -> std::same_as<int>;
-      { ct.size() } -> std::same_as<int>;
-      t.send(s, peer, tag);
-      t.recv(r, peer, tag);
-      { t.isend(s, peer, tag) } -> std::same_as<typename T::Request>;
-      { t.irecv(r, peer, tag) } -> std::same_as<typename T::Request>;
-      t.wait(req);
-      t.all_to_all(s, r);
-      t.all_to_all_v(s, counts, r, counts);
-      t.all_gather(s, r);
-      t.all_gather_v(s, r, counts);
-      t.barrier();
-      { t.split(peer, tag) } -> std::same_as<T>;
-      { ct.counters() } -> std::same_as<const TrafficCounters&>;  // live counters, read without a copy
-    };
+  { ct.rank() } -> std::same_as<int>;
+  { ct.size() } -> std::same_as<int>;
+  t.send(s, peer, tag);
+  t.recv(r, peer, tag);
+  { t.isend(s, peer, tag) } -> std::same_as<typename T::Request>;
+  { t.irecv(r, peer, tag) } -> std::same_as<typename T::Request>;
+  t.wait(req);
+  t.all_to_all(s, r);
+  t.all_to_all_v(s, counts, r, counts);
+  t.all_gather(s, r);
+  t.all_gather_v(s, r, counts);
+  t.barrier();
+  { t.split(peer, tag) } -> std::same_as<T>;
+  { ct.counters() } -> std::same_as<const TrafficCounters&>;  // live counters, read without a copy
+};
 
 /// Views a span of trivially copyable values as bytes (the transports move bytes only).
 template <class T>
@@ -54,8 +53,7 @@ template <class T>
   return std::as_bytes(s);
 }
 template <class T>
-  requires(!std::is_const_v<T>)
-[[nodiscard]] std::span<std::byte> as_writable_bytes_of(std::span<T> s) noexcept {
+requires(!std::is_const_v<T>) [[nodiscard]] std::span<std::byte> as_writable_bytes_of(std::span<T> s) noexcept {
   return std::as_writable_bytes(s);
 }
 

@@ -26,7 +26,9 @@ struct SequenceGroup {
 
 /// A partitioner that can be built from its Arguments (every partitioner of this layer can).
 template <class P>
-concept PartitionerFromArguments = Partitioner<P> && requires(const typename P::Arguments& a) { P{a}; };
+concept PartitionerFromArguments = Partitioner<P> && requires(const typename P::Arguments& a) {
+  P{a};
+};
 
 /// Batch-aware sequence parallelism (BASP): the world is cut into disjoint groups of consecutive
 /// ranks, each group owns whole sequences of the batch and runs `Inner` on them alone (Inner plans
@@ -116,7 +118,9 @@ struct BatchAware {
         while (j + 1 < sub.num_sequences() && sub.sequence(j).end <= t) ++j;
         return j;
       };
-      const auto delta = [&](int j) { return batch.sequence(sg.sequences[static_cast<std::size_t>(j)]).begin - sub.sequence(j).begin; };
+      const auto delta = [&](int j) {
+        return batch.sequence(sg.sequences[static_cast<std::size_t>(j)]).begin - sub.sequence(j).begin;
+      };
       for (int i = 0; i < sg.size; ++i) {
         const auto r = static_cast<std::size_t>(sg.first_rank + i);
         for (const Range& piece : sp.owned[static_cast<std::size_t>(i)]) {
@@ -130,7 +134,8 @@ struct BatchAware {
           if (s.q_range.empty()) continue;
           const int j = seq_of(s.q_range.begin);
           const Range seq = sub.sequence(j);
-          if (s.q_range.end > seq.end || (!s.k_range.empty() && (s.k_range.begin < seq.begin || s.k_range.end > seq.end)))
+          if (s.q_range.end > seq.end ||
+              (!s.k_range.empty() && (s.k_range.begin < seq.begin || s.k_range.end > seq.end)))
             throw std::logic_error("partition::BatchAware: Inner produced a slice across sequences");
           p.slices[r].push_back({s.q_range.shifted(delta(j)), s.k_range.shifted(delta(j)), s.mask});
         }
@@ -169,7 +174,9 @@ struct BatchAware {
   [[nodiscard]] static std::vector<std::vector<int>> deal(const std::vector<double>& cost, int groups) {
     std::vector<int> order(cost.size());
     for (std::size_t b = 0; b < cost.size(); ++b) order[b] = static_cast<int>(b);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return cost[static_cast<std::size_t>(a)] > cost[static_cast<std::size_t>(b)]; });
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      return cost[static_cast<std::size_t>(a)] > cost[static_cast<std::size_t>(b)];
+    });
     std::vector<std::vector<int>> out(static_cast<std::size_t>(groups));
     std::vector<double> load(static_cast<std::size_t>(groups), 0.0);
     for (int b : order) {
@@ -258,8 +265,9 @@ struct BatchAware {
       }
       if (n / k > b) {
         *why = "group_size = " + std::to_string(k) + " makes " + std::to_string(n / k) + " groups for only " +
-               std::to_string(b) + " sequences (a group would own nothing); use group_size >= " +
-               std::to_string((n + b - 1) / b) + " dividing " + std::to_string(n);
+               std::to_string(b) +
+               " sequences (a group would own nothing); use group_size >= " + std::to_string((n + b - 1) / b) +
+               " dividing " + std::to_string(n);
         return std::nullopt;
       }
       sizes.assign(static_cast<std::size_t>(n / k), k);

@@ -28,7 +28,8 @@ namespace seqpar::partition {
   for (const AttnSlice& s : plan.slices[static_cast<std::size_t>(rank)])
     if (!s.k_range.empty()) need.push_back(s.k_range);
   std::sort(need.begin(), need.end(), by_begin);
-  std::vector<Range> own(plan.owned[static_cast<std::size_t>(rank)].begin(), plan.owned[static_cast<std::size_t>(rank)].end());
+  std::vector<Range> own(plan.owned[static_cast<std::size_t>(rank)].begin(),
+                         plan.owned[static_cast<std::size_t>(rank)].end());
   std::sort(own.begin(), own.end(), by_begin);
   std::int64_t needed = 0, have = 0, covered_to = std::numeric_limits<std::int64_t>::min();
   std::size_t j = 0;
@@ -48,9 +49,9 @@ namespace seqpar::partition {
 struct HybridCandidate {
   const DocumentBatch& batch;
   const ShardPlan& plan;
-  std::int64_t threshold;                         ///< documents longer than this are Per-Doc
-  std::span<const std::int64_t> tokens;           ///< owned tokens per rank
-  std::span<const std::int64_t> area;             ///< attention pairs per rank (slice area)
+  std::int64_t threshold;                            ///< documents longer than this are Per-Doc
+  std::span<const std::int64_t> tokens;              ///< owned tokens per rank
+  std::span<const std::int64_t> area;                ///< attention pairs per rank (slice area)
   std::span<const std::int64_t> received_kv_tokens;  ///< KV tokens each rank must receive
 };
 
@@ -76,10 +77,10 @@ using HybridCostFunction = std::function<double(const HybridCandidate&)>;
 /// A Hybrid plan together with the choice that produced it.
 struct HybridReport {
   ShardPlan plan;
-  std::int64_t threshold = 0;      ///< chosen: documents longer than this were cut Per-Doc
-  double cost = 0.0;               ///< cost of the chosen candidate under the cost function
-  int per_doc_documents = 0;       ///< how many documents were cut Per-Doc
-  int candidates_evaluated = 0;    ///< feasible thresholds the sweep costed
+  std::int64_t threshold = 0;                                  ///< chosen: documents longer than this were cut Per-Doc
+  double cost = 0.0;                                           ///< cost of the chosen candidate under the cost function
+  int per_doc_documents = 0;                                   ///< how many documents were cut Per-Doc
+  int candidates_evaluated = 0;                                ///< feasible thresholds the sweep costed
   std::vector<std::int64_t> tokens, area, received_kv_tokens;  ///< per rank, of the chosen plan
 };
 
@@ -114,27 +115,28 @@ struct HybridReport {
 struct Hybrid {
   using policy_category = partitioner_tag;
   struct Arguments {
-    double capacity_factor = 1.25;          ///< per-rank token capacity = capacity_factor * T / P (>= 1)
-    double linear_weight = 0.0;             ///< per-token cost added to s(s+1)/2 when packing whole documents
-    double compute_weight = 1.0;            ///< proxy cost of one attention pair
-    double comm_weight = 256.0;             ///< proxy cost of one received KV token
-    double overlap = 0.5;                   ///< proxy: fraction of a rank's compute that hides its KV traffic
-    double tolerance = 0.01;                ///< prefer the largest tau within (1 + tolerance) of the best cost
+    double capacity_factor = 1.25;            ///< per-rank token capacity = capacity_factor * T / P (>= 1)
+    double linear_weight = 0.0;               ///< per-token cost added to s(s+1)/2 when packing whole documents
+    double compute_weight = 1.0;              ///< proxy cost of one attention pair
+    double comm_weight = 256.0;               ///< proxy cost of one received KV token
+    double overlap = 0.5;                     ///< proxy: fraction of a rank's compute that hides its KV traffic
+    double tolerance = 0.01;                  ///< prefer the largest tau within (1 + tolerance) of the best cost
     std::optional<std::int64_t> threshold{};  ///< fixed tau (>= 0); empty = sweep
-    int max_candidates = 64;                ///< sweep at most this many thresholds (0 and log-spaced lengths)
-    HybridCostFunction cost{};              ///< empty = hybrid_proxy_cost(compute_weight, comm_weight, overlap)
+    int max_candidates = 64;                  ///< sweep at most this many thresholds (0 and log-spaced lengths)
+    HybridCostFunction cost{};                ///< empty = hybrid_proxy_cost(compute_weight, comm_weight, overlap)
   };
   Arguments args;
 
   [[nodiscard]] Status can_implement(const DocumentBatch& batch, const Topology& topo) const {
-    if (topo.world_size < 1 || topo.ranks_per_node < 1) return Status::refuse("world_size and ranks_per_node must be >= 1");
+    if (topo.world_size < 1 || topo.ranks_per_node < 1)
+      return Status::refuse("world_size and ranks_per_node must be >= 1");
     if (auto why = check_arguments(); !why.empty()) return Status::refuse(why);
     if (args.threshold && !candidate(batch, topo, *args.threshold))
-      return Status::refuse("threshold = " + std::to_string(*args.threshold) +
-                            ": the whole documents do not fit the per-rank capacity of " +
-                            std::to_string(detail::token_capacity(batch.total_tokens(), topo.world_size,
-                                                                  args.capacity_factor)) +
-                            " tokens; lower the threshold or raise capacity_factor");
+      return Status::refuse(
+          "threshold = " + std::to_string(*args.threshold) +
+          ": the whole documents do not fit the per-rank capacity of " +
+          std::to_string(detail::token_capacity(batch.total_tokens(), topo.world_size, args.capacity_factor)) +
+          " tokens; lower the threshold or raise capacity_factor");
     return Status::success();
   }
 
@@ -144,7 +146,8 @@ struct Hybrid {
 
   [[nodiscard]] HybridReport plan_with_report(const DocumentBatch& batch, const Topology& topo) const {
     topo.validate("partition::Hybrid");
-    if (const Status st = can_implement(batch, topo); !st) throw std::invalid_argument("partition::Hybrid: " + st.reason);
+    if (const Status st = can_implement(batch, topo); !st)
+      throw std::invalid_argument("partition::Hybrid: " + st.reason);
     std::vector<std::int64_t> taus;
     if (args.threshold) {
       taus.push_back(*args.threshold);
@@ -169,7 +172,8 @@ struct Hybrid {
       if (c <= lowest * (1.0 + args.tolerance)) chosen = tau;
     // The chosen plan is rebuilt (cheap) but not costed again: a simulated cost is the expensive part.
     HybridReport best = measure(batch, *candidate(batch, topo, chosen), chosen);
-    best.cost = std::find_if(costed.begin(), costed.end(), [chosen](const auto& tc) { return tc.first == chosen; })->second;
+    best.cost =
+        std::find_if(costed.begin(), costed.end(), [chosen](const auto& tc) { return tc.first == chosen; })->second;
     best.candidates_evaluated = static_cast<int>(costed.size());
     return best;
   }
@@ -179,12 +183,16 @@ struct Hybrid {
     const auto bad = [](double v) { return !(v >= 0.0) || !std::isfinite(v); };
     if (!(args.capacity_factor >= 1.0) || !std::isfinite(args.capacity_factor))
       return "capacity_factor = " + std::to_string(args.capacity_factor) + " must be finite and >= 1";
-    if (bad(args.linear_weight)) return "linear_weight = " + std::to_string(args.linear_weight) + " must be finite and >= 0";
-    if (bad(args.compute_weight)) return "compute_weight = " + std::to_string(args.compute_weight) + " must be finite and >= 0";
+    if (bad(args.linear_weight))
+      return "linear_weight = " + std::to_string(args.linear_weight) + " must be finite and >= 0";
+    if (bad(args.compute_weight))
+      return "compute_weight = " + std::to_string(args.compute_weight) + " must be finite and >= 0";
     if (bad(args.comm_weight)) return "comm_weight = " + std::to_string(args.comm_weight) + " must be finite and >= 0";
-    if (bad(args.overlap) || args.overlap > 1.0) return "overlap = " + std::to_string(args.overlap) + " must be in [0, 1]";
+    if (bad(args.overlap) || args.overlap > 1.0)
+      return "overlap = " + std::to_string(args.overlap) + " must be in [0, 1]";
     if (bad(args.tolerance)) return "tolerance = " + std::to_string(args.tolerance) + " must be finite and >= 0";
-    if (args.threshold && *args.threshold < 0) return "threshold = " + std::to_string(*args.threshold) + " must be >= 0";
+    if (args.threshold && *args.threshold < 0)
+      return "threshold = " + std::to_string(*args.threshold) + " must be >= 0";
     if (args.max_candidates < 2) return "max_candidates = " + std::to_string(args.max_candidates) + " must be >= 2";
     return {};
   }
@@ -239,7 +247,8 @@ struct Hybrid {
     const auto where = detail::pack_whole(lengths, costs, tokens, load, cap);
     if (!where) return std::nullopt;
     std::vector<std::vector<Range>> all = pieces;
-    for (std::size_t k = 0; k < whole.size(); ++k) all[static_cast<std::size_t>((*where)[k])].push_back(docs[whole[k]].tokens);
+    for (std::size_t k = 0; k < whole.size(); ++k)
+      all[static_cast<std::size_t>((*where)[k])].push_back(docs[whole[k]].tokens);
     ShardPlan p;
     p.topology = topo;
     p.owned.resize(n);

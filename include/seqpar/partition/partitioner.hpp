@@ -19,10 +19,10 @@ struct partitioner_tag {};
 /// rank's queries need. It depends only on the document lengths, never on tensor values.
 template <class P>
 concept Partitioner = std::derived_from<typename P::policy_category, partitioner_tag> &&
-                      requires(const P& p, const DocumentBatch& b, const Topology& t) {
-                        typename P::Arguments;
-                        { p.plan(b, t) } -> std::same_as<ShardPlan>;
-                        { p.can_implement(b, t) } -> std::same_as<Status>;
-                      };
+    requires(const P& p, const DocumentBatch& b, const Topology& t) {
+  typename P::Arguments;
+  { p.plan(b, t) } -> std::same_as<ShardPlan>;
+  { p.can_implement(b, t) } -> std::same_as<Status>;
+};
 
 }  // namespace seqpar::partition

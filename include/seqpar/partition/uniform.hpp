@@ -39,7 +39,8 @@ struct Uniform {
     for (std::int64_t r = 0; r < n; ++r) {
       const std::int64_t len = total / n + (r < total % n ? 1 : 0);
       p.owned[static_cast<std::size_t>(r)] = {Range{begin, begin + len}};
-      p.slices[static_cast<std::size_t>(r)] = detail::document_causal_slices_for(p.owned[static_cast<std::size_t>(r)], batch);
+      p.slices[static_cast<std::size_t>(r)] =
+          detail::document_causal_slices_for(p.owned[static_cast<std::size_t>(r)], batch);
       begin += len;
     }
     p.groups.emplace_back(static_cast<std::size_t>(n));

@@ -19,7 +19,6 @@ namespace detail {
   return Status::success();
 }
 
-
 // Code in seqpar::partition that names `detail::x` must keep finding seqpar::detail's helpers
 // (document_causal_slices_for, require) now that this namespace exists: qualified lookup follows
 // this using-directive when a name is not declared here.
@@ -97,7 +96,8 @@ struct Zigzag {
     p.topology = topo;
     p.owned.resize(static_cast<std::size_t>(topo.world_size));
     std::int64_t cursor = 0;
-    for (int b = 0; b < batch.num_sequences(); ++b) detail::zigzag_cut(batch.sequence(b), topo.world_size, cursor, p.owned);
+    for (int b = 0; b < batch.num_sequences(); ++b)
+      detail::zigzag_cut(batch.sequence(b), topo.world_size, cursor, p.owned);
     detail::finish_single_group_plan(p, batch);
     return p;
   }

@@ -11,15 +11,15 @@
 #include "seqpar/comm/all_to_all.hpp"
 #include "seqpar/comm/hierarchical.hpp"
 #include "seqpar/comm/ring.hpp"
-#include "seqpar/plan/hybrid_cost.hpp"
-#include "seqpar/replay/model_shape.hpp"
-#include "seqpar/plan/compile_all.hpp"
 #include "seqpar/partition/batch_aware.hpp"
 #include "seqpar/partition/hybrid.hpp"
 #include "seqpar/partition/per_doc.hpp"
 #include "seqpar/partition/uniform.hpp"
 #include "seqpar/partition/whole_doc.hpp"
 #include "seqpar/partition/zigzag.hpp"
+#include "seqpar/plan/compile_all.hpp"
+#include "seqpar/plan/hybrid_cost.hpp"
+#include "seqpar/replay/model_shape.hpp"
 #include "seqpar/strategy.hpp"
 
 namespace seqpar::plan {
@@ -42,12 +42,12 @@ inline constexpr double kMaxPlannedSlices = 1e7;
 [[nodiscard]] inline Status check_split_budget(double split_documents, int ranks) {
   const double slices = 4.0 * split_documents * ranks * ranks;
   if (slices <= kMaxPlannedSlices) return Status::success();
-  return Status::refuse("Per-Doc would cut " + std::to_string(static_cast<long long>(split_documents)) +
-                        " documents into " + std::to_string(2 * ranks) + " pieces each: ~" +
-                        std::to_string(static_cast<long long>(slices / 1e6)) +
-                        " M slices to plan across all ranks (budget " +
-                        std::to_string(static_cast<long long>(kMaxPlannedSlices / 1e6)) + " M); use fewer ranks per "
-                        "ring (Hierarchical, BatchAware) or longer documents");
+  return Status::refuse(
+      "Per-Doc would cut " + std::to_string(static_cast<long long>(split_documents)) + " documents into " +
+      std::to_string(2 * ranks) + " pieces each: ~" + std::to_string(static_cast<long long>(slices / 1e6)) +
+      " M slices to plan across all ranks (budget " + std::to_string(static_cast<long long>(kMaxPlannedSlices / 1e6)) +
+      " M); use fewer ranks per "
+      "ring (Hierarchical, BatchAware) or longer documents");
 }
 
 /// Plain AllGather lists, on every rank, every peer's ranges for K and V both ways: ~8 P^2 x sequences
@@ -56,8 +56,10 @@ inline constexpr double kMaxPlannedSlices = 1e7;
   const double pieces = 8.0 * sequences * static_cast<double>(ranks) * ranks;
   if (pieces <= kMaxPlannedSlices) return Status::success();
   return Status::refuse("AllGather over " + std::to_string(ranks) + " ranks would list ~" +
-                        std::to_string(static_cast<long long>(pieces / 1e6)) + " M KV pieces across all ranks "
-                        "(budget " + std::to_string(static_cast<long long>(kMaxPlannedSlices / 1e6)) +
+                        std::to_string(static_cast<long long>(pieces / 1e6)) +
+                        " M KV pieces across all ranks "
+                        "(budget " +
+                        std::to_string(static_cast<long long>(kMaxPlannedSlices / 1e6)) +
                         " M); gather within smaller groups (BatchAware) or use a ring");
 }
 
@@ -77,9 +79,9 @@ template <class S>
 /// budget and the communicator, then compiled per rank (each threshold costed once, whatever the cost
 /// function: a simulated one replays every candidate's layer).
 template <class Communicator>
-[[nodiscard]] replay::CompiledStrategy compile_hybrid(const typename Strategy<partition::Hybrid, Communicator>::Arguments& args,
-                                                      const DocumentBatch& batch, const AttentionShape& shape,
-                                                      const Topology& topo) {
+[[nodiscard]] replay::CompiledStrategy compile_hybrid(
+    const typename Strategy<partition::Hybrid, Communicator>::Arguments& args, const DocumentBatch& batch,
+    const AttentionShape& shape, const Topology& topo) {
   using S = Strategy<partition::Hybrid, Communicator>;
   typename S::Planned planned;
   const partition::Hybrid partitioner{args.partition};
@@ -111,36 +113,41 @@ template <class Communicator>
 }
 
 /// Seconds of one layer's GEMMs (forward + backward, with recompute) per token of `model` on `hw`.
-[[nodiscard]] inline double layer_gemm_seconds_per_token(const replay::HardwareProfile& hw, const replay::ModelShape& model,
-                                                         bool checkpointing = true) {
+[[nodiscard]] inline double layer_gemm_seconds_per_token(const replay::HardwareProfile& hw,
+                                                         const replay::ModelShape& model, bool checkpointing = true) {
   return (checkpointing ? 4.0 : 3.0) * model.layer_gemm_flops_per_token() / hw.gemm_rate();
 }
 
 /// Every composition seqpar ships, with the arguments a user would start from. Hybrid placements are
 /// chosen with the cost model of `hardware` (hybrid_model_cost) when one is given, else with the proxy;
 /// with `model`, the placement also weighs the GEMM time of the tokens each rank owns (training).
-[[nodiscard]] inline std::vector<Candidate> standard_candidates(std::optional<replay::HardwareProfile> hardware = std::nullopt,
-                                                                std::optional<replay::ModelShape> model = std::nullopt) {
+[[nodiscard]] inline std::vector<Candidate> standard_candidates(
+    std::optional<replay::HardwareProfile> hardware = std::nullopt,
+    std::optional<replay::ModelShape> model = std::nullopt) {
   const double per_token = hardware && model ? layer_gemm_seconds_per_token(*hardware, *model) : 0.0;
+  using comm::AllGather, comm::AllToAll, comm::Ring;
   using partition::BatchAware, partition::Hybrid, partition::PerDoc, partition::Uniform, partition::WholeDoc,
       partition::Zigzag;
-  using comm::AllGather, comm::AllToAll, comm::Ring;
   using Hier = comm::Hierarchical<AllToAll, Ring>;
   std::vector<Candidate> c;
-  c.push_back(make_candidate<Strategy<Uniform, AllToAll>>("ulysses", "Strategy<Uniform, AllToAll> (DeepSpeed-Ulysses)"));
+  c.push_back(
+      make_candidate<Strategy<Uniform, AllToAll>>("ulysses", "Strategy<Uniform, AllToAll> (DeepSpeed-Ulysses)"));
   c.push_back(make_candidate<Strategy<Uniform, Ring>>("ring", "Strategy<Uniform, Ring> (ring attention)"));
-  c.push_back(make_candidate<Strategy<Zigzag, Ring>>("zigzag-ring", "Strategy<Zigzag, Ring> (Megatron/TE context parallel)"));
+  c.push_back(
+      make_candidate<Strategy<Zigzag, Ring>>("zigzag-ring", "Strategy<Zigzag, Ring> (Megatron/TE context parallel)"));
   {
     Strategy<Zigzag, Ring>::Arguments a;
     a.comm.sharding_aware = true;
-    c.push_back(make_candidate<Strategy<Zigzag, Ring>>("zigzag-ring-aware", "Strategy<Zigzag, Ring{sharding_aware}>", a));
+    c.push_back(
+        make_candidate<Strategy<Zigzag, Ring>>("zigzag-ring-aware", "Strategy<Zigzag, Ring{sharding_aware}>", a));
   }
   {
     Strategy<PerDoc, Ring>::Arguments a;
     a.comm.sharding_aware = true;
-    Candidate cand = make_candidate<Strategy<PerDoc, Ring>>("per-doc-aware", "Strategy<PerDoc, Ring{sharding_aware}> (FlashCP Per-Doc)", a);
+    Candidate cand = make_candidate<Strategy<PerDoc, Ring>>(
+        "per-doc-aware", "Strategy<PerDoc, Ring{sharding_aware}> (FlashCP Per-Doc)", a);
     cand.compile = [inner = std::move(cand.compile)](const DocumentBatch& batch, const AttentionShape& shape,
-                                                      const Topology& topo) {
+                                                     const Topology& topo) {
       replay::CompiledStrategy out;
       out.status = check_split_budget(static_cast<double>(batch.documents().size()), topo.world_size);
       return out.status ? inner(batch, shape, topo) : out;
@@ -148,9 +155,10 @@ template <class Communicator>
     c.push_back(std::move(cand));
   }
   {
-    Candidate cand = make_candidate<Strategy<Zigzag, AllGather>>("allgather", "Strategy<Zigzag, AllGather> (Llama 3 CP)");
+    Candidate cand =
+        make_candidate<Strategy<Zigzag, AllGather>>("allgather", "Strategy<Zigzag, AllGather> (Llama 3 CP)");
     cand.compile = [inner = std::move(cand.compile)](const DocumentBatch& batch, const AttentionShape& shape,
-                                                      const Topology& topo) {
+                                                     const Topology& topo) {
       replay::CompiledStrategy out;
       out.status = check_gather_budget(batch.num_sequences(), topo.world_size);
       return out.status ? inner(batch, shape, topo) : out;
@@ -160,24 +168,28 @@ template <class Communicator>
   {
     Strategy<WholeDoc, Ring>::Arguments a;
     a.comm.sharding_aware = true;
-    c.push_back(make_candidate<Strategy<WholeDoc, Ring>>("whole-doc", "Strategy<WholeDoc, Ring{sharding_aware}> (FlashCP Whole-Doc)", a));
+    c.push_back(make_candidate<Strategy<WholeDoc, Ring>>(
+        "whole-doc", "Strategy<WholeDoc, Ring{sharding_aware}> (FlashCP Whole-Doc)", a));
   }
-  c.push_back(hybrid_candidate<Ring>("hybrid-aware", "Strategy<Hybrid, Ring{sharding_aware}> (FlashCP placement, ring exchange)",
+  c.push_back(hybrid_candidate<Ring>("hybrid-aware",
+                                     "Strategy<Hybrid, Ring{sharding_aware}> (FlashCP placement, ring exchange)",
                                      hardware, per_token));
-  c.push_back(hybrid_candidate<AllGather>("hybrid-allgather-aware",
-                                          "Strategy<Hybrid, AllGather{sharding_aware}> (FlashCP)", hardware, per_token));
+  c.push_back(hybrid_candidate<AllGather>(
+      "hybrid-allgather-aware", "Strategy<Hybrid, AllGather{sharding_aware}> (FlashCP)", hardware, per_token));
   {
     Strategy<Zigzag, Hier>::Arguments a;
     a.comm.outer.sharding_aware = true;
     c.push_back(make_candidate<Strategy<Zigzag, Hier>>(
         "hierarchical", "Strategy<Zigzag, Hierarchical<AllToAll, Ring{sharding_aware}>> (USP / HSAP)", a));
   }
-  c.push_back(make_candidate<Strategy<BatchAware<Uniform>, AllToAll>>("basp", "Strategy<BatchAware<Uniform>, AllToAll> (BASP)"));
+  c.push_back(make_candidate<Strategy<BatchAware<Uniform>, AllToAll>>(
+      "basp", "Strategy<BatchAware<Uniform>, AllToAll> (BASP)"));
   {
     using S = Strategy<BatchAware<Hybrid>, Hier>;
-    Candidate cand{"basp-hybrid-hierarchical",
-                   "Strategy<BatchAware<Hybrid>, Hierarchical<AllToAll, Ring{sharding_aware}>>", {}};
-    cand.compile = [hw = hardware, per_token](const DocumentBatch& batch, const AttentionShape& shape, const Topology& topo) {
+    Candidate cand{
+        "basp-hybrid-hierarchical", "Strategy<BatchAware<Hybrid>, Hierarchical<AllToAll, Ring{sharding_aware}>>", {}};
+    cand.compile = [hw = hardware, per_token](const DocumentBatch& batch, const AttentionShape& shape,
+                                              const Topology& topo) {
       S::Arguments a;
       a.comm.outer.sharding_aware = true;
       a.ranks_per_node = topo.ranks_per_node;

@@ -44,8 +44,8 @@ template <class S>
 /// compile_all + replay::predict in one call.
 template <class S>
 [[nodiscard]] replay::AttentionPrediction predict(const typename S::Arguments& args, const DocumentBatch& batch,
-                                          const AttentionShape& shape, const Topology& topology,
-                                          const replay::SimulationOptions& options) {
+                                                  const AttentionShape& shape, const Topology& topology,
+                                                  const replay::SimulationOptions& options) {
   return replay::predict(compile_all<S>(args, batch, shape, topology), topology, shape, options);
 }
 

@@ -8,10 +8,10 @@
 #include "seqpar/comm/all_gather.hpp"
 #include "seqpar/comm/ring.hpp"
 #include "seqpar/core/attention_shape.hpp"
+#include "seqpar/partition/hybrid.hpp"
 #include "seqpar/replay/costs.hpp"
 #include "seqpar/replay/hardware.hpp"
 #include "seqpar/replay/simulator.hpp"
-#include "seqpar/partition/hybrid.hpp"
 
 namespace seqpar::plan {
 
@@ -31,8 +31,8 @@ namespace seqpar::plan {
 /// It prices each rank's global slices, not the per-step pieces a ring cuts them into (one per KV
 /// owner), so it underrates Per-Doc: on 128K pile-like mixes at P = 8 by about 2x (bench/replay).
 [[nodiscard]] inline partition::HybridCostFunction hybrid_estimated_cost(const replay::HardwareProfile& hw,
-                                                                        const AttentionShape& shape,
-                                                                        double seconds_per_token = 0.0) {
+                                                                         const AttentionShape& shape,
+                                                                         double seconds_per_token = 0.0) {
   return [hw, shape, seconds_per_token](const partition::HybridCandidate& c) {
     const Topology& topo = c.plan.topology;
     const int p = topo.world_size;
@@ -69,8 +69,9 @@ inline constexpr int kSimulatedHybridRanks = 16;
 /// picked thresholds whose simulated layer was 1.4x slower than Whole-Doc's on pile, Hq16/Hkv8). Under
 /// Hierarchical or BatchAware the exchange simulated is the group's flat one, an approximation.
 template <class Communicator = comm::Ring>
-[[nodiscard]] partition::HybridCostFunction hybrid_model_cost(const replay::HardwareProfile& hw, const AttentionShape& shape,
-                                                             double seconds_per_token = 0.0) {
+[[nodiscard]] partition::HybridCostFunction hybrid_model_cost(const replay::HardwareProfile& hw,
+                                                              const AttentionShape& shape,
+                                                              double seconds_per_token = 0.0) {
   const partition::HybridCostFunction estimate = hybrid_estimated_cost(hw, shape, seconds_per_token);
   return [hw, shape, seconds_per_token, estimate](const partition::HybridCandidate& c) {
     const int p = c.plan.world_size();

@@ -47,7 +47,7 @@ class SelectedAttention final : public runtime::AttentionEngine<Kernel> {
   struct Arguments {
     std::tuple<typename Strategies::Arguments...> strategies{};
     std::array<std::string, kCount> names{};  ///< for reports; empty = "strategy <i>"
-    replay::SimulationOptions simulation{};     ///< hardware the choice is made for
+    replay::SimulationOptions simulation{};   ///< hardware the choice is made for
     /// The rest of the layer (projections, MLP) per token a rank owns, forward + backward: strategies
     /// that balance attention by giving ranks unequal token counts pay for it here
     /// (layer_gemm_seconds_per_token). 0 = attention alone decides.
@@ -59,9 +59,9 @@ class SelectedAttention final : public runtime::AttentionEngine<Kernel> {
   struct Choice {
     int index = -1;
     std::string name;
-    double predicted_s = 0;                       ///< of the chosen strategy, one layer forward + backward
-    std::array<double, kCount> predictions{};     ///< every candidate's; NaN where it refused the batch
-    std::array<std::string, kCount> refusals{};   ///< the refusal reasons
+    double predicted_s = 0;                      ///< of the chosen strategy, one layer forward + backward
+    std::array<double, kCount> predictions{};    ///< every candidate's; NaN where it refused the batch
+    std::array<std::string, kCount> refusals{};  ///< the refusal reasons
   };
 
   template <Transport Tr>
@@ -126,7 +126,8 @@ class SelectedAttention final : public runtime::AttentionEngine<Kernel> {
     };
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (consider(std::integral_constant<std::size_t, I>{}), ...);
-    }(std::make_index_sequence<kCount>{});
+    }
+    (std::make_index_sequence<kCount>{});
     if (c.index < 0) {
       std::string why;
       for (std::size_t i = 0; i < kCount; ++i) why += (i ? "; " : "") + args_.names[i] + ": " + c.refusals[i];

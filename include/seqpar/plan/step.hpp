@@ -20,31 +20,31 @@ namespace seqpar::plan {
 
 struct TrainingOptions {
   replay::ModelShape model;
-  int zero_ranks = 0;          ///< ZeRO-3 over this many consecutive ranks (0 = the whole world, 1 = no sharding)
-  bool checkpointing = true;   ///< full activation recompute of every layer in backward
-  int micro_batches = 1;       ///< gradient accumulation: forward+backward repeats, parameter gathers too
-  bool zero_prefetch = true;   ///< the next layer's parameter all-gather overlaps this layer's compute
+  int zero_ranks = 0;         ///< ZeRO-3 over this many consecutive ranks (0 = the whole world, 1 = no sharding)
+  bool checkpointing = true;  ///< full activation recompute of every layer in backward
+  int micro_batches = 1;      ///< gradient accumulation: forward+backward repeats, parameter gathers too
+  bool zero_prefetch = true;  ///< the next layer's parameter all-gather overlaps this layer's compute
 };
 
 /// One rank's share of a simulated training step (seconds unless named otherwise).
 struct StepRank {
   double end_s = 0;
-  double gemm_s = 0;            ///< projections, MLP, embedding and LM head (roofline)
-  double attention_s = 0;       ///< attention kernels and the programs' local copies
-  double comm_s = 0;            ///< attention transfers + ZeRO-3 collectives (busy time)
-  double exposed_comm_s = 0;    ///< time blocked on either
-  double bubble_s = 0;          ///< idle at the end of the step, waiting for the slowest rank
+  double gemm_s = 0;          ///< projections, MLP, embedding and LM head (roofline)
+  double attention_s = 0;     ///< attention kernels and the programs' local copies
+  double comm_s = 0;          ///< attention transfers + ZeRO-3 collectives (busy time)
+  double exposed_comm_s = 0;  ///< time blocked on either
+  double bubble_s = 0;        ///< idle at the end of the step, waiting for the slowest rank
   double peak_memory_bytes = 0;
-  std::int64_t tokens = 0;      ///< tokens this rank owns (its GEMM rows)
+  std::int64_t tokens = 0;                         ///< tokens this rank owns (its GEMM rows)
   std::uint64_t bytes_intra = 0, bytes_inter = 0;  ///< attention bytes sent in the step
 };
 
 struct StepReport {
   double step_s = 0, tokens_per_s = 0;
   double attention_fwd_s = 0, attention_bwd_s = 0;  ///< one layer, replay time from a common start
-  double attention_comm_s = 0;   ///< one layer fwd+bwd: max over ranks of the attention programs' transfer time
+  double attention_comm_s = 0;  ///< one layer fwd+bwd: max over ranks of the attention programs' transfer time
   double zero_s = 0, zero_exposed_s = 0;  ///< ZeRO-3 collectives of the step, and the part compute does not hide
-  double error_bound_s = 0;  ///< step_s is exact within this (layers replayed from a nearby earlier run)
+  double error_bound_s = 0;               ///< step_s is exact within this (layers replayed from a nearby earlier run)
   std::vector<StepRank> ranks;
   replay::Trace trace;
 
@@ -136,9 +136,8 @@ class ShiftCachedReplay {
   sim.hardware.validate(where);
   detail::require(static_cast<bool>(attention.status), where, "attention.status", attention.status.reason,
                   "the strategy refused the batch");
-  detail::require(static_cast<int>(attention.forward.size()) == topology.world_size, where,
-                  "attention.forward.size()", attention.forward.size(),
-                  "must equal topology.world_size = " + std::to_string(topology.world_size));
+  detail::require(static_cast<int>(attention.forward.size()) == topology.world_size, where, "attention.forward.size()",
+                  attention.forward.size(), "must equal topology.world_size = " + std::to_string(topology.world_size));
   detail::require(options.micro_batches >= 1, where, "options.micro_batches", options.micro_batches, "must be >= 1");
   detail::require(options.zero_ranks >= 0 && options.zero_ranks <= topology.world_size, where, "options.zero_ranks",
                   options.zero_ranks, "must be in [0, world_size]");
@@ -153,7 +152,8 @@ class ShiftCachedReplay {
   const int zero = options.zero_ranks == 0 ? n : options.zero_ranks;
   const auto un = static_cast<std::size_t>(n);
 
-  step_detail::ShiftCachedReplay fwd(attention.forward, topology, shape, sim), bwd(attention.backward, topology, shape, sim);
+  step_detail::ShiftCachedReplay fwd(attention.forward, topology, shape, sim),
+      bwd(attention.backward, topology, shape, sim);
 
   // Per-rank GEMM times of one layer (forward), split around attention.
   const double h = m.hidden, qd = static_cast<double>(m.heads_q) * m.head_dim,
@@ -165,18 +165,22 @@ class ShiftCachedReplay {
   for (int r = 0; r < n; ++r) {
     const auto tok = static_cast<double>(attention.plan.local_tokens(r));
     rep.ranks[static_cast<std::size_t>(r)].tokens = attention.plan.local_tokens(r);
-    const double qkv_flops = 2.0 * tok * h * (qd + 2 * kvd), qkv_bytes = vb * (h * (qd + 2 * kvd) + tok * (h + qd + 2 * kvd));
+    const double qkv_flops = 2.0 * tok * h * (qd + 2 * kvd),
+                 qkv_bytes = vb * (h * (qd + 2 * kvd) + tok * (h + qd + 2 * kvd));
     const double rest_flops = 2.0 * tok * (qd * h + 3.0 * h * m.ffn);
     const double rest_bytes = vb * (qd * h + 3.0 * h * m.ffn + tok * (qd + 3 * h + 3.0 * m.ffn));
     pre[static_cast<std::size_t>(r)] = tok > 0 ? replay::gemm_seconds(hw, qkv_flops, qkv_bytes) : 0.0;
     post[static_cast<std::size_t>(r)] = tok > 0 ? replay::gemm_seconds(hw, rest_flops, rest_bytes) : 0.0;
     head_fwd[static_cast<std::size_t>(r)] =
-        tok > 0 ? replay::gemm_seconds(hw, 2.0 * tok * h * m.vocab, vb * (static_cast<double>(m.vocab) * h + tok * m.vocab)) : 0.0;
+        tok > 0
+            ? replay::gemm_seconds(hw, 2.0 * tok * h * m.vocab, vb * (static_cast<double>(m.vocab) * h + tok * m.vocab))
+            : 0.0;
   }
   // ZeRO-3 collectives of one layer over `zero` ranks (groups of consecutive ranks).
   const double layer_bytes = 2.0 * m.layer_params();  // bf16 parameters and gradients
   const double gather_s = zero > 1 ? replay::ring_collective_seconds(hw, topology, zero, layer_bytes) : 0.0;
-  const double embed_gather_s = zero > 1 ? replay::ring_collective_seconds(hw, topology, zero, 2.0 * m.embedding_params()) : 0.0;
+  const double embed_gather_s =
+      zero > 1 ? replay::ring_collective_seconds(hw, topology, zero, 2.0 * m.embedding_params()) : 0.0;
 
   std::vector<double> t(un, 0.0), zstream(un, 0.0);
   const auto group_max = [&](std::vector<double>& v) {  // collectives start when their last member is there

@@ -41,7 +41,9 @@ namespace detail {
 inline constexpr std::int64_t kMaxDocument = 131072;
 
 /// Uniform in [0, 1) from the top 53 bits (every value a multiple of 2^-53).
-[[nodiscard]] inline double unit(std::mt19937_64& g) { return static_cast<double>(g() >> 11) * 0x1.0p-53; }
+[[nodiscard]] inline double unit(std::mt19937_64& g) {
+  return static_cast<double>(g() >> 11) * 0x1.0p-53;
+}
 
 /// Standard normal by Box-Muller (one of the pair; the other is dropped to keep the stream simple).
 [[nodiscard]] inline double normal(std::mt19937_64& g) {
@@ -54,7 +56,8 @@ inline constexpr std::int64_t kMaxDocument = 131072;
 /// Integer uniform in [lo, hi], unbiased (rejection of the incomplete last block of 2^64).
 [[nodiscard]] inline std::int64_t uniform_int(std::mt19937_64& g, std::int64_t lo, std::int64_t hi) {
   const std::uint64_t range = static_cast<std::uint64_t>(hi - lo) + 1;
-  const std::uint64_t limit = std::numeric_limits<std::uint64_t>::max() - std::numeric_limits<std::uint64_t>::max() % range;
+  const std::uint64_t limit =
+      std::numeric_limits<std::uint64_t>::max() - std::numeric_limits<std::uint64_t>::max() % range;
   std::uint64_t x = g();
   while (x >= limit) x = g();
   return lo + static_cast<std::int64_t>(x % range);
@@ -69,7 +72,7 @@ enum class Kind : std::uint8_t { kSingle, kFixed, kUniform, kLognormal, kLongtai
 /// A parsed distribution: a family and its parameters.
 struct Spec {
   Kind kind = Kind::kSingle;
-  std::int64_t a = 0, b = 0;          // fixed: a = length; uniform: [a, b]
+  std::int64_t a = 0, b = 0;         // fixed: a = length; uniform: [a, b]
   double median = 0.0, sigma = 0.0;  // lognormal families
 };
 
@@ -142,8 +145,8 @@ struct Spec {
 
 /// Names of the document-length distributions sample_lengths knows, for --help and error messages.
 [[nodiscard]] inline std::vector<std::string> distribution_names() {
-  return {"single",   "fixed:<len>", "uniform:<lo>:<hi>", "lognormal", "pile",
-          "redpajama", "longtail",   "fineweb",           "ultrachat", "commoncrawl"};
+  return {"single",    "fixed:<len>", "uniform:<lo>:<hi>", "lognormal", "pile",
+          "redpajama", "longtail",    "fineweb",           "ultrachat", "commoncrawl"};
 }
 
 /// Document lengths summing exactly to `tokens`, drawn from the named distribution with `seed`
@@ -160,14 +163,21 @@ struct Spec {
   for (std::int64_t left = tokens; left > 0;) {
     double x = 0.0;
     switch (spec.kind) {
-      case detail::Kind::kFixed: x = static_cast<double>(spec.a); break;
-      case detail::Kind::kUniform: x = static_cast<double>(detail::uniform_int(g, spec.a, spec.b)); break;
-      case detail::Kind::kLognormal: x = detail::lognormal(g, spec.median, spec.sigma); break;
+      case detail::Kind::kFixed:
+        x = static_cast<double>(spec.a);
+        break;
+      case detail::Kind::kUniform:
+        x = static_cast<double>(detail::uniform_int(g, spec.a, spec.b));
+        break;
+      case detail::Kind::kLognormal:
+        x = detail::lognormal(g, spec.median, spec.sigma);
+        break;
       case detail::Kind::kLongtail:
         x = detail::unit(g) < 0.1 ? static_cast<double>(detail::uniform_int(g, spec.a, spec.b))
                                   : detail::lognormal(g, spec.median, spec.sigma);
         break;
-      case detail::Kind::kSingle: break;
+      case detail::Kind::kSingle:
+        break;
     }
     const bool capped = spec.kind == detail::Kind::kLognormal || spec.kind == detail::Kind::kLongtail;
     const double cap = capped ? static_cast<double>(detail::kMaxDocument) : static_cast<double>(left);

@@ -32,15 +32,15 @@ namespace seqpar::replay {
     std::int64_t rows = q;
     if (s.mask.kind != MaskKind::kFull) {
       const std::int64_t first = std::clamp<std::int64_t>(-off, 0, q);
-      const std::int64_t last = s.mask.kind == MaskKind::kSlidingWindow
-                                    ? std::clamp<std::int64_t>(k + s.mask.window - off - 1, 0, q)
-                                    : q;
+      const std::int64_t last =
+          s.mask.kind == MaskKind::kSlidingWindow ? std::clamp<std::int64_t>(k + s.mask.window - off - 1, 0, q) : q;
       rows = std::max<std::int64_t>(0, last - first);
     }
     return static_cast<double>(s.area()) + overhead * static_cast<double>(rows);
   }
   const std::int64_t q_blocks = (q + t - 1) / t;
-  if (s.mask.kind == MaskKind::kFull) return static_cast<double>(q_blocks) * (static_cast<double>((k + t - 1) / t) + overhead) * tile * tile;
+  if (s.mask.kind == MaskKind::kFull)
+    return static_cast<double>(q_blocks) * (static_cast<double>((k + t - 1) / t) + overhead) * tile * tile;
   double blocks = 0;
   for (std::int64_t b = 0; b < q_blocks; ++b) {
     const std::int64_t r0 = b * t, r1 = std::min(q, r0 + t) - 1;
@@ -93,7 +93,8 @@ namespace seqpar::replay {
   if (ranks <= 1 || total_bytes <= 0) return 0.0;
   const bool spans_nodes = ranks > topo.ranks_per_node;
   const double alpha = spans_nodes ? hw.inter.latency : hw.intra.latency;
-  return alpha + (ranks - 1) * (spans_nodes ? 2.7e-6 : 0.6e-6) + (ranks - 1.0) / ranks * total_bytes / ring_busbw(hw, topo, ranks);
+  return alpha + (ranks - 1) * (spans_nodes ? 2.7e-6 : 0.6e-6) +
+         (ranks - 1.0) / ranks * total_bytes / ring_busbw(hw, topo, ranks);
 }
 
 }  // namespace seqpar::replay

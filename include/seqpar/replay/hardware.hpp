@@ -42,14 +42,14 @@ struct HardwareProfile {
   /// Backward kernels reach this fraction of the forward's FLOP rate (FlashAttention counts 2.5x the
   /// forward FLOPs for backward; FA3 on H100 runs backward at ~0.9x the forward rate, anchors-hw.md 2).
   double attention_backward_factor = 0.9;
-  double kernel_launch = 5e-6;        ///< s added per attention kernel call
-  double hbm_bandwidth = 0.0;         ///< bytes/s, roofline memory bound
-  LinkClass intra;                    ///< rank to rank inside a node (NVLink / shared memory), per rank
-  LinkClass inter;                    ///< one NIC across nodes
-  int ranks_per_node = 8;             ///< GPUs per node
-  int nics_per_node = 8;              ///< inter-node bandwidth of a node = nics_per_node * inter.bandwidth
-  double memory_bytes = 0.0;          ///< per rank
-  int value_bytes = 2;                ///< bytes of one activation element (bf16 = 2, CPU fp32 = 4)
+  double kernel_launch = 5e-6;  ///< s added per attention kernel call
+  double hbm_bandwidth = 0.0;   ///< bytes/s, roofline memory bound
+  LinkClass intra;              ///< rank to rank inside a node (NVLink / shared memory), per rank
+  LinkClass inter;              ///< one NIC across nodes
+  int ranks_per_node = 8;       ///< GPUs per node
+  int nics_per_node = 8;        ///< inter-node bandwidth of a node = nics_per_node * inter.bandwidth
+  double memory_bytes = 0.0;    ///< per rank
+  int value_bytes = 2;          ///< bytes of one activation element (bf16 = 2, CPU fp32 = 4)
   /// Processors a node's ranks share (CPU ranks as threads or processes on few cores); 0 = each rank has
   /// its own device. With more ranks on a node than cores, compute is time-shared: each rank's kernels
   /// take ranks_on_node / cores_per_node times longer.
@@ -72,7 +72,8 @@ struct HardwareProfile {
     detail::require(attention_efficiency > 0 && attention_efficiency <= 1, where, "attention_efficiency",
                     attention_efficiency, "must be in (0, 1]");
     detail::require(attention_tile >= 1, where, "attention_tile", attention_tile, "must be >= 1");
-    detail::require(attention_tile_overhead >= 0, where, "attention_tile_overhead", attention_tile_overhead, "must be >= 0");
+    detail::require(attention_tile_overhead >= 0, where, "attention_tile_overhead", attention_tile_overhead,
+                    "must be >= 0");
     detail::require(attention_half_length >= 0, where, "attention_half_length", attention_half_length, "must be >= 0");
     detail::require(attention_backward_factor > 0 && attention_backward_factor <= 2, where, "attention_backward_factor",
                     attention_backward_factor, "must be in (0, 2]");
@@ -137,8 +138,8 @@ inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 /// H100-SXM5-80GB, DGX/HGX: 8 per node, NVLink 4 (NCCL ~370 GB/s busbw, nccl-tests#212), one 400 Gb/s
 /// NDR NIC per GPU (~46-49 GB/s achievable, nccl-tests#319). 989 TFLOP/s bf16 dense; FA3 616 TFLOP/s
-/// on 16K causal, 292 on 512-token documents (efficiency 0.65 with 128-blocks gives 620 and 292); MFU ~40% (Llama 3: 38-43%); HBM3 3.35 TB/s; alpha 3 us p2p intra
-/// (nccl#1487), ~15 us inter.
+/// on 16K causal, 292 on 512-token documents (efficiency 0.65 with 128-blocks gives 620 and 292); MFU ~40% (Llama 3:
+/// 38-43%); HBM3 3.35 TB/s; alpha 3 us p2p intra (nccl#1487), ~15 us inter.
 [[nodiscard]] inline HardwareProfile h100_sxm() {
   HardwareProfile p;
   p.name = "h100-sxm";
@@ -166,7 +167,9 @@ inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   return p;
 }
 
-[[nodiscard]] inline std::vector<std::string> names() { return {"a100-40gb", "a800-80gb", "h100-sxm", "h200"}; }
+[[nodiscard]] inline std::vector<std::string> names() {
+  return {"a100-40gb", "a800-80gb", "h100-sxm", "h200"};
+}
 
 /// The named profile (case-insensitive; "a100", "a800", "h100" accepted). Throws naming the name.
 [[nodiscard]] inline HardwareProfile by_name(std::string_view name) {
@@ -178,7 +181,8 @@ inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   if (n == "h200") return h200();
   std::string known;
   for (const auto& k : names()) known += (known.empty() ? "" : ", ") + k;
-  detail::throw_invalid("replay::profiles::by_name", "name", std::string(name), "is not a known profile (" + known + ")");
+  detail::throw_invalid("replay::profiles::by_name", "name", std::string(name),
+                        "is not a known profile (" + known + ")");
 }
 
 }  // namespace profiles

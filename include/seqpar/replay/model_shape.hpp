@@ -53,14 +53,30 @@ struct ModelShape {
 namespace models {
 
 // Shapes from the models' published config.json files (Hugging Face hub) and the LLaMA paper (Table 2).
-[[nodiscard]] inline ModelShape llama31_8b() { return {"llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256, false}; }
-[[nodiscard]] inline ModelShape llama32_1b() { return {"llama-3.2-1b", 16, 2048, 32, 8, 64, 8192, 128256, true}; }
-[[nodiscard]] inline ModelShape llama32_3b() { return {"llama-3.2-3b", 28, 3072, 24, 8, 128, 8192, 128256, true}; }
-[[nodiscard]] inline ModelShape qwen15_1_8b() { return {"qwen1.5-1.8b", 24, 2048, 16, 16, 128, 5504, 151936, false}; }
-[[nodiscard]] inline ModelShape qwen25_3b() { return {"qwen2.5-3b", 36, 2048, 16, 2, 128, 11008, 151936, true}; }
-[[nodiscard]] inline ModelShape llama_7b() { return {"llama-7b", 32, 4096, 32, 32, 128, 11008, 32000, false}; }
-[[nodiscard]] inline ModelShape llama_13b() { return {"llama-13b", 40, 5120, 40, 40, 128, 13824, 32000, false}; }
-[[nodiscard]] inline ModelShape llama_30b() { return {"llama-30b", 60, 6656, 52, 52, 128, 17920, 32000, false}; }
+[[nodiscard]] inline ModelShape llama31_8b() {
+  return {"llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256, false};
+}
+[[nodiscard]] inline ModelShape llama32_1b() {
+  return {"llama-3.2-1b", 16, 2048, 32, 8, 64, 8192, 128256, true};
+}
+[[nodiscard]] inline ModelShape llama32_3b() {
+  return {"llama-3.2-3b", 28, 3072, 24, 8, 128, 8192, 128256, true};
+}
+[[nodiscard]] inline ModelShape qwen15_1_8b() {
+  return {"qwen1.5-1.8b", 24, 2048, 16, 16, 128, 5504, 151936, false};
+}
+[[nodiscard]] inline ModelShape qwen25_3b() {
+  return {"qwen2.5-3b", 36, 2048, 16, 2, 128, 11008, 151936, true};
+}
+[[nodiscard]] inline ModelShape llama_7b() {
+  return {"llama-7b", 32, 4096, 32, 32, 128, 11008, 32000, false};
+}
+[[nodiscard]] inline ModelShape llama_13b() {
+  return {"llama-13b", 40, 5120, 40, 40, 128, 13824, 32000, false};
+}
+[[nodiscard]] inline ModelShape llama_30b() {
+  return {"llama-30b", 60, 6656, 52, 52, 128, 17920, 32000, false};
+}
 
 [[nodiscard]] inline std::vector<ModelShape> all() {
   return {llama31_8b(), llama32_1b(), llama32_3b(), qwen15_1_8b(), qwen25_3b(), llama_7b(), llama_13b(), llama_30b()};

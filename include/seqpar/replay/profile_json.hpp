@@ -41,7 +41,9 @@ namespace seqpar::replay {
     return std::string(buf);
   };
   std::string s = "{\n  \"name\": \"" + name + "\"";
-  const auto add = [&](const char* key, const std::string& value) { s += ",\n  \"" + std::string(key) + "\": " + value; };
+  const auto add = [&](const char* key, const std::string& value) {
+    s += ",\n  \"" + std::string(key) + "\": " + value;
+  };
   add("peak_flops", num(p.peak_flops));
   add("gemm_efficiency", num(p.gemm_efficiency));
   add("attention_efficiency", num(p.attention_efficiency));
@@ -89,8 +91,10 @@ class ProfileReader {
       if (k == kKeys.size()) fail("key", key, "is not a HardwareProfile field");
       if (seen[k]) fail("key", key, "appears twice");
       seen[k] = true;
-      if (key == "name") p.name = string_token("the value of \"name\"");
-      else assign(p, key, number(key));
+      if (key == "name")
+        p.name = string_token("the value of \"name\"");
+      else
+        assign(p, key, number(key));
       skip_space();
       if (peek() == ',') {
         ++at_;
@@ -108,13 +112,25 @@ class ProfileReader {
   }
 
  private:
-  static constexpr std::array<std::string_view, 19> kKeys = {
-      "name",           "peak_flops",     "gemm_efficiency",         "attention_efficiency",
-      "attention_tile", "attention_tile_overhead",                   "attention_half_length",
-      "attention_backward_factor",      "kernel_launch",           "hbm_bandwidth",
-      "intra_bandwidth", "intra_latency", "inter_bandwidth",         "inter_latency",
-      "ranks_per_node", "nics_per_node",  "memory_bytes",            "value_bytes",
-      "cores_per_node"};
+  static constexpr std::array<std::string_view, 19> kKeys = {"name",
+                                                             "peak_flops",
+                                                             "gemm_efficiency",
+                                                             "attention_efficiency",
+                                                             "attention_tile",
+                                                             "attention_tile_overhead",
+                                                             "attention_half_length",
+                                                             "attention_backward_factor",
+                                                             "kernel_launch",
+                                                             "hbm_bandwidth",
+                                                             "intra_bandwidth",
+                                                             "intra_latency",
+                                                             "inter_bandwidth",
+                                                             "inter_latency",
+                                                             "ranks_per_node",
+                                                             "nics_per_node",
+                                                             "memory_bytes",
+                                                             "value_bytes",
+                                                             "cores_per_node"};
 
   [[noreturn]] void fail(std::string_view what, const std::string& value, std::string_view why) const {
     throw_invalid("replay::profile_from_json", std::string(what) + " (at offset " + std::to_string(at_) + ")",
@@ -126,8 +142,9 @@ class ProfileReader {
   [[nodiscard]] char peek() const { return at_ < text_.size() ? text_[at_] : '\0'; }
   void expect(char c) {
     skip_space();
-    if (peek() != c) fail("character", at_ < text_.size() ? std::string(1, text_[at_]) : "end of text",
-                          std::string("found where '") + c + "' was expected");
+    if (peek() != c)
+      fail("character", at_ < text_.size() ? std::string(1, text_[at_]) : "end of text",
+           std::string("found where '") + c + "' was expected");
     ++at_;
   }
   std::string string_token(std::string_view what) {
@@ -163,24 +180,42 @@ class ProfileReader {
     out = static_cast<int>(x);
   }
   void assign(replay::HardwareProfile& p, const std::string& key, double x) const {
-    if (key == "peak_flops") p.peak_flops = x;
-    else if (key == "gemm_efficiency") p.gemm_efficiency = x;
-    else if (key == "attention_efficiency") p.attention_efficiency = x;
-    else if (key == "attention_tile") p.attention_tile = x;
-    else if (key == "attention_tile_overhead") p.attention_tile_overhead = x;
-    else if (key == "attention_half_length") p.attention_half_length = x;
-    else if (key == "attention_backward_factor") p.attention_backward_factor = x;
-    else if (key == "kernel_launch") p.kernel_launch = x;
-    else if (key == "hbm_bandwidth") p.hbm_bandwidth = x;
-    else if (key == "intra_bandwidth") p.intra.bandwidth = x;
-    else if (key == "intra_latency") p.intra.latency = x;
-    else if (key == "inter_bandwidth") p.inter.bandwidth = x;
-    else if (key == "inter_latency") p.inter.latency = x;
-    else if (key == "ranks_per_node") integer(key, x, p.ranks_per_node);
-    else if (key == "nics_per_node") integer(key, x, p.nics_per_node);
-    else if (key == "memory_bytes") p.memory_bytes = x;
-    else if (key == "value_bytes") integer(key, x, p.value_bytes);
-    else if (key == "cores_per_node") integer(key, x, p.cores_per_node);
+    if (key == "peak_flops")
+      p.peak_flops = x;
+    else if (key == "gemm_efficiency")
+      p.gemm_efficiency = x;
+    else if (key == "attention_efficiency")
+      p.attention_efficiency = x;
+    else if (key == "attention_tile")
+      p.attention_tile = x;
+    else if (key == "attention_tile_overhead")
+      p.attention_tile_overhead = x;
+    else if (key == "attention_half_length")
+      p.attention_half_length = x;
+    else if (key == "attention_backward_factor")
+      p.attention_backward_factor = x;
+    else if (key == "kernel_launch")
+      p.kernel_launch = x;
+    else if (key == "hbm_bandwidth")
+      p.hbm_bandwidth = x;
+    else if (key == "intra_bandwidth")
+      p.intra.bandwidth = x;
+    else if (key == "intra_latency")
+      p.intra.latency = x;
+    else if (key == "inter_bandwidth")
+      p.inter.bandwidth = x;
+    else if (key == "inter_latency")
+      p.inter.latency = x;
+    else if (key == "ranks_per_node")
+      integer(key, x, p.ranks_per_node);
+    else if (key == "nics_per_node")
+      integer(key, x, p.nics_per_node);
+    else if (key == "memory_bytes")
+      p.memory_bytes = x;
+    else if (key == "value_bytes")
+      integer(key, x, p.value_bytes);
+    else if (key == "cores_per_node")
+      integer(key, x, p.cores_per_node);
   }
 
   std::string_view text_;

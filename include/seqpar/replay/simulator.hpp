@@ -36,12 +36,12 @@ struct SimulationOptions {
 /// What one rank did during a replay. Times are seconds from the replay's time origin.
 struct RankTiming {
   double start_s = 0, end_s = 0;
-  double compute_s = 0;        ///< attention kernels
-  double copy_s = 0;           ///< packing, unpacking, local copies, zero fills
-  double comm_s = 0;           ///< transfers this rank took part in, summed (link busy time)
-  double exposed_comm_s = 0;   ///< time blocked on a transfer or a collective (includes waiting for slower peers)
+  double compute_s = 0;       ///< attention kernels
+  double copy_s = 0;          ///< packing, unpacking, local copies, zero fills
+  double comm_s = 0;          ///< transfers this rank took part in, summed (link busy time)
+  double exposed_comm_s = 0;  ///< time blocked on a transfer or a collective (includes waiting for slower peers)
   std::uint64_t bytes_intra = 0, bytes_inter = 0;  ///< sent, by link class
-  double staging_bytes = 0;    ///< the program's staging buffers
+  double staging_bytes = 0;                        ///< the program's staging buffers
 };
 
 namespace report_detail {
@@ -156,7 +156,8 @@ class Replay {
           case OpKind::kCompute:
           case OpKind::kCopy:
             if (traced(r) && op.seconds > 0)
-              rep.trace.events.push_back({r, 0, op.kind == OpKind::kCompute ? op.label : "copy", now, op.seconds, op.amount});
+              rep.trace.events.push_back(
+                  {r, 0, op.kind == OpKind::kCompute ? op.label : "copy", now, op.seconds, op.amount});
             (op.kind == OpKind::kCompute ? rt.compute_s : rt.copy_s) += op.seconds;
             now += op.seconds;
             break;
@@ -234,8 +235,8 @@ class Replay {
     if (finished < n) {
       int stuck = 0;
       while (done[static_cast<std::size_t>(stuck)]) ++stuck;
-      throw std::logic_error("replay::Replay: the programs deadlock (rank " + std::to_string(stuck) + " blocked at op " +
-                             std::to_string(pc[static_cast<std::size_t>(stuck)]) +
+      throw std::logic_error("replay::Replay: the programs deadlock (rank " + std::to_string(stuck) +
+                             " blocked at op " + std::to_string(pc[static_cast<std::size_t>(stuck)]) +
                              "): their transfers or collectives do not match");
     }
     double first = std::numeric_limits<double>::infinity(), last = 0;
@@ -253,7 +254,7 @@ class Replay {
   enum class OpKind : std::uint8_t { kCompute, kCopy, kPost, kWait, kCollective };
   struct Op {
     OpKind kind{};
-    double seconds = 0;  // compute, copy
+    double seconds = 0;      // compute, copy
     int begin = 0, end = 0;  // post/wait: range of LoweredRank::msgs; collective: begin = instance
     const char* label = "";
     double amount = 0;  // trace argument: FLOPs or bytes
@@ -353,110 +354,127 @@ class Replay {
       std::array<double, comm::kNumSlots> slot_unpack{};             // bytes it receives (unpacked at the wait)
       std::unordered_map<std::string, int> group_seen;
       for (const comm::Step& step : p.steps) {
-        std::visit(Overloaded{[&](const comm::ComputeStep& c) {
-          double sec = 0, flops = 0, merged = 0;
-          for (const auto& wave : c.waves)
-            for (const comm::HeadGroup& g : c.head_groups) {
-              const int heads = static_cast<int>(g.q_heads.size());
-              sec += attention_seconds(hw, wave, heads, d, c.backward);
-              flops += attention_flops(static_cast<double>(total_area(wave)) * heads, d, c.backward);
-              if (c.merge)
-                for (const AttnSlice& s : wave) merged += static_cast<double>(s.q_range.size()) * heads * d * vb;
-            }
-          lr.ops.push_back({OpKind::kCompute, sec * share, 0, 0, c.backward ? "attention bwd" : "attention fwd", flops});
-          if (merged > 0) lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, 1.5 * merged), 0, 0, "merge", merged});
-        }, [&](const comm::ZeroStep& z) {
-          double bytes = 0;
-          for (comm::BufferId b : z.buffers) {
-            if (const comm::BufferSpec* s = p.staging_spec(b)) bytes += static_cast<double>(s->rows) * s->heads * d * vb;
-            else bytes += static_cast<double>(p.local_tokens) * shape.heads_q * d * vb;  // caller gradient (upper bound)
-          }
-          lr.ops.push_back({OpKind::kCopy, 0.5 * copy_seconds(hw, bytes), 0, 0, comm::step_name(step), bytes});
-        }, [&](const comm::PostStep& post) {
-          const int begin = static_cast<int>(lr.msgs.size());
-          double packed = 0, intra_out = 0;
-          for (const comm::Transfer& tr : post.sends) {
-            const int dst = world_of(post.level, tr.peer);
-            double bytes = 0;
-            for (const comm::BufferPiece& bp : tr.pieces) bytes += bytes_of(bp.buffer, bp.piece);
-            packed += bytes;
-            const bool inter = !topo_.same_node(r, dst);
-            (inter ? lr.bytes_inter : lr.bytes_intra) += static_cast<std::uint64_t>(bytes);
-            if (inter) {
-              nic_out[nic_key(nic_of(r), post.level, post.tag)] += bytes;
-              nic_in[nic_key(nic_of(dst), post.level, post.tag)] += bytes;
-            } else {
-              intra_out += bytes;
-            }
-            const int id = static_cast<int>(messages_.size());
-            messages_.push_back({r, dst, static_cast<std::uint64_t>(bytes), inter, 0.0});
-            message_post.push_back({post.level, post.tag, 0.0});
-            sends_by_key[key_of(r, dst, post.level, post.tag)].push_back(id);
-            lr.msgs.push_back(id);
-          }
-          for (std::size_t i = static_cast<std::size_t>(begin); i < lr.msgs.size(); ++i)
-            message_post[static_cast<std::size_t>(lr.msgs[i])].intra_out = intra_out;
-          double unpacked = 0;
-          for (const comm::Transfer& tr : post.recvs) {
-            const int src = world_of(post.level, tr.peer);
-            for (const comm::BufferPiece& bp : tr.pieces) unpacked += bytes_of(bp.buffer, bp.piece);
-            const std::uint64_t key = key_of(src, r, post.level, post.tag);
-            recvs.push_back({r, lr.msgs.size(), key, recv_ordinal[key]++});
-            lr.msgs.push_back(-1);  // resolved below
-          }
-          if (packed > 0) lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, packed), 0, 0, "pack", packed});
-          lr.ops.push_back({OpKind::kPost, 0, begin, static_cast<int>(lr.msgs.size()), comm::step_name(step), packed});
-          slot_msgs[static_cast<std::size_t>(post.slot)] = {begin, static_cast<int>(lr.msgs.size())};
-          slot_unpack[static_cast<std::size_t>(post.slot)] = unpacked;
-        }, [&](const comm::WaitStep& w) {
-          const auto [b, e] = slot_msgs[static_cast<std::size_t>(w.slot)];
-          lr.ops.push_back({OpKind::kWait, 0, b, e, comm::step_name(step), 0});
-          const double unpacked = slot_unpack[static_cast<std::size_t>(w.slot)];
-          if (unpacked > 0) lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, unpacked), 0, 0, "unpack", unpacked});
-        }, [&](const comm::ExchangeStep& ex) {
-          const auto& members = p.level_members[static_cast<std::size_t>(ex.level)];
-          std::string gkey = std::to_string(static_cast<int>(ex.level)) + ':';
-          for (int m : members) gkey += std::to_string(m) + ',';
-          const int ordinal = group_seen[gkey]++;
-          auto& list = group_instances[gkey];
-          if (static_cast<int>(list.size()) <= ordinal) {
-            list.push_back(static_cast<int>(instances_.size()));
-            instances_.push_back({static_cast<int>(members.size()), 0.0});
-            inst_bytes.emplace_back();
-          }
-          const int inst = list[static_cast<std::size_t>(ordinal)];
-          InstanceBytes& ib = inst_bytes[static_cast<std::size_t>(inst)];
-          double sent = 0, local = 0, received = 0;
-          for (const comm::Move& mv : ex.moves) {
-            for (std::size_t peer = 0; peer < mv.send.size(); ++peer) {
-              double bytes = 0;
-              for (const comm::Piece& pc : mv.send[peer]) bytes += bytes_of(mv.src, pc);
-              if (static_cast<int>(peer) == ex.self) {
-                local += bytes;
-                continue;
-              }
-              const int dst = world_of(ex.level, static_cast<int>(peer));
-              sent += bytes;
-              if (!topo_.same_node(r, dst)) {
-                ib.spans_nodes = true;
-                ib.nic_out[nic_of(r)] += bytes;
-                ib.nic_in[nic_of(dst)] += bytes;
-                lr.bytes_inter += static_cast<std::uint64_t>(bytes);
-              } else {
-                ib.intra_out[r] += bytes;
-                ib.intra_in[dst] += bytes;
-                lr.bytes_intra += static_cast<std::uint64_t>(bytes);
-              }
-            }
-            for (std::size_t peer = 0; peer < mv.recv.size(); ++peer)
-              if (static_cast<int>(peer) != ex.self)
-                for (const comm::Piece& pc : mv.recv[peer]) received += bytes_of(mv.dst, pc);
-          }
-          ib.bytes += sent;
-          if (sent + local > 0) lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, sent + local), 0, 0, "pack", sent + local});
-          lr.ops.push_back({OpKind::kCollective, 0, inst, 0, "all_to_all", sent});
-          if (received > 0) lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, received), 0, 0, "unpack", received});
-        }}, step);
+        std::visit(
+            Overloaded{
+                [&](const comm::ComputeStep& c) {
+                  double sec = 0, flops = 0, merged = 0;
+                  for (const auto& wave : c.waves)
+                    for (const comm::HeadGroup& g : c.head_groups) {
+                      const int heads = static_cast<int>(g.q_heads.size());
+                      sec += attention_seconds(hw, wave, heads, d, c.backward);
+                      flops += attention_flops(static_cast<double>(total_area(wave)) * heads, d, c.backward);
+                      if (c.merge)
+                        for (const AttnSlice& s : wave)
+                          merged += static_cast<double>(s.q_range.size()) * heads * d * vb;
+                    }
+                  lr.ops.push_back(
+                      {OpKind::kCompute, sec * share, 0, 0, c.backward ? "attention bwd" : "attention fwd", flops});
+                  if (merged > 0)
+                    lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, 1.5 * merged), 0, 0, "merge", merged});
+                },
+                [&](const comm::ZeroStep& z) {
+                  double bytes = 0;
+                  for (comm::BufferId b : z.buffers) {
+                    if (const comm::BufferSpec* s = p.staging_spec(b))
+                      bytes += static_cast<double>(s->rows) * s->heads * d * vb;
+                    else
+                      bytes += static_cast<double>(p.local_tokens) * shape.heads_q * d *
+                               vb;  // caller gradient (upper bound)
+                  }
+                  lr.ops.push_back({OpKind::kCopy, 0.5 * copy_seconds(hw, bytes), 0, 0, comm::step_name(step), bytes});
+                },
+                [&](const comm::PostStep& post) {
+                  const int begin = static_cast<int>(lr.msgs.size());
+                  double packed = 0, intra_out = 0;
+                  for (const comm::Transfer& tr : post.sends) {
+                    const int dst = world_of(post.level, tr.peer);
+                    double bytes = 0;
+                    for (const comm::BufferPiece& bp : tr.pieces) bytes += bytes_of(bp.buffer, bp.piece);
+                    packed += bytes;
+                    const bool inter = !topo_.same_node(r, dst);
+                    (inter ? lr.bytes_inter : lr.bytes_intra) += static_cast<std::uint64_t>(bytes);
+                    if (inter) {
+                      nic_out[nic_key(nic_of(r), post.level, post.tag)] += bytes;
+                      nic_in[nic_key(nic_of(dst), post.level, post.tag)] += bytes;
+                    } else {
+                      intra_out += bytes;
+                    }
+                    const int id = static_cast<int>(messages_.size());
+                    messages_.push_back({r, dst, static_cast<std::uint64_t>(bytes), inter, 0.0});
+                    message_post.push_back({post.level, post.tag, 0.0});
+                    sends_by_key[key_of(r, dst, post.level, post.tag)].push_back(id);
+                    lr.msgs.push_back(id);
+                  }
+                  for (std::size_t i = static_cast<std::size_t>(begin); i < lr.msgs.size(); ++i)
+                    message_post[static_cast<std::size_t>(lr.msgs[i])].intra_out = intra_out;
+                  double unpacked = 0;
+                  for (const comm::Transfer& tr : post.recvs) {
+                    const int src = world_of(post.level, tr.peer);
+                    for (const comm::BufferPiece& bp : tr.pieces) unpacked += bytes_of(bp.buffer, bp.piece);
+                    const std::uint64_t key = key_of(src, r, post.level, post.tag);
+                    recvs.push_back({r, lr.msgs.size(), key, recv_ordinal[key]++});
+                    lr.msgs.push_back(-1);  // resolved below
+                  }
+                  if (packed > 0) lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, packed), 0, 0, "pack", packed});
+                  lr.ops.push_back(
+                      {OpKind::kPost, 0, begin, static_cast<int>(lr.msgs.size()), comm::step_name(step), packed});
+                  slot_msgs[static_cast<std::size_t>(post.slot)] = {begin, static_cast<int>(lr.msgs.size())};
+                  slot_unpack[static_cast<std::size_t>(post.slot)] = unpacked;
+                },
+                [&](const comm::WaitStep& w) {
+                  const auto [b, e] = slot_msgs[static_cast<std::size_t>(w.slot)];
+                  lr.ops.push_back({OpKind::kWait, 0, b, e, comm::step_name(step), 0});
+                  const double unpacked = slot_unpack[static_cast<std::size_t>(w.slot)];
+                  if (unpacked > 0)
+                    lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, unpacked), 0, 0, "unpack", unpacked});
+                },
+                [&](const comm::ExchangeStep& ex) {
+                  const auto& members = p.level_members[static_cast<std::size_t>(ex.level)];
+                  std::string gkey = std::to_string(static_cast<int>(ex.level)) + ':';
+                  for (int m : members) gkey += std::to_string(m) + ',';
+                  const int ordinal = group_seen[gkey]++;
+                  auto& list = group_instances[gkey];
+                  if (static_cast<int>(list.size()) <= ordinal) {
+                    list.push_back(static_cast<int>(instances_.size()));
+                    instances_.push_back({static_cast<int>(members.size()), 0.0});
+                    inst_bytes.emplace_back();
+                  }
+                  const int inst = list[static_cast<std::size_t>(ordinal)];
+                  InstanceBytes& ib = inst_bytes[static_cast<std::size_t>(inst)];
+                  double sent = 0, local = 0, received = 0;
+                  for (const comm::Move& mv : ex.moves) {
+                    for (std::size_t peer = 0; peer < mv.send.size(); ++peer) {
+                      double bytes = 0;
+                      for (const comm::Piece& pc : mv.send[peer]) bytes += bytes_of(mv.src, pc);
+                      if (static_cast<int>(peer) == ex.self) {
+                        local += bytes;
+                        continue;
+                      }
+                      const int dst = world_of(ex.level, static_cast<int>(peer));
+                      sent += bytes;
+                      if (!topo_.same_node(r, dst)) {
+                        ib.spans_nodes = true;
+                        ib.nic_out[nic_of(r)] += bytes;
+                        ib.nic_in[nic_of(dst)] += bytes;
+                        lr.bytes_inter += static_cast<std::uint64_t>(bytes);
+                      } else {
+                        ib.intra_out[r] += bytes;
+                        ib.intra_in[dst] += bytes;
+                        lr.bytes_intra += static_cast<std::uint64_t>(bytes);
+                      }
+                    }
+                    for (std::size_t peer = 0; peer < mv.recv.size(); ++peer)
+                      if (static_cast<int>(peer) != ex.self)
+                        for (const comm::Piece& pc : mv.recv[peer]) received += bytes_of(mv.dst, pc);
+                  }
+                  ib.bytes += sent;
+                  if (sent + local > 0)
+                    lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, sent + local), 0, 0, "pack", sent + local});
+                  lr.ops.push_back({OpKind::kCollective, 0, inst, 0, "all_to_all", sent});
+                  if (received > 0)
+                    lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, received), 0, 0, "unpack", received});
+                }},
+            step);
       }
     }
 
@@ -467,7 +485,8 @@ class Replay {
       if (it == sends_by_key.end() || static_cast<int>(it->second.size()) <= pr.ordinal)
         throw std::logic_error("replay::Replay: rank " + std::to_string(pr.rank) +
                                " receives a message no rank sends: the programs do not match");
-      ranks_[static_cast<std::size_t>(pr.rank)].msgs[pr.slot_in_msgs] = it->second[static_cast<std::size_t>(pr.ordinal)];
+      ranks_[static_cast<std::size_t>(pr.rank)].msgs[pr.slot_in_msgs] =
+          it->second[static_cast<std::size_t>(pr.ordinal)];
     }
     for (const auto& [key, ids] : sends_by_key)
       if (static_cast<int>(ids.size()) != recv_ordinal[key])

@@ -62,10 +62,16 @@ class AnyTransport {
     explicit Model(Holder h) : held(std::move(h)) {}
     Holder held;  // Tr* (reference) or Tr (owned)
     Tr& t() {
-      if constexpr (std::is_pointer_v<Holder>) return *held; else return held;
+      if constexpr (std::is_pointer_v<Holder>)
+        return *held;
+      else
+        return held;
     }
     const Tr& t() const {
-      if constexpr (std::is_pointer_v<Holder>) return *held; else return held;
+      if constexpr (std::is_pointer_v<Holder>)
+        return *held;
+      else
+        return held;
     }
     int rank() const override { return t().rank(); }
     int size() const override { return t().size(); }
@@ -84,8 +90,7 @@ class AnyTransport {
       t().all_to_all_v(s, sc, r, rc);
     }
     void all_gather(std::span<const std::byte> s, std::span<std::byte> r) override { t().all_gather(s, r); }
-    void all_gather_v(std::span<const std::byte> s, std::span<std::byte> r,
-                      std::span<const std::size_t> c) override {
+    void all_gather_v(std::span<const std::byte> s, std::span<std::byte> r, std::span<const std::size_t> c) override {
       t().all_gather_v(s, r, c);
     }
     void barrier() override { t().barrier(); }
@@ -135,8 +140,8 @@ class AnyTransport {
 
   /// Refers to `transport`, which must outlive this object.
   template <Transport Tr>
-    requires(!std::same_as<std::remove_cvref_t<Tr>, AnyTransport>)
-  explicit AnyTransport(Tr& transport) : impl_(std::make_unique<Model<Tr, Tr*>>(&transport)) {}
+  requires(!std::same_as<std::remove_cvref_t<Tr>, AnyTransport>) explicit AnyTransport(Tr& transport)
+      : impl_(std::make_unique<Model<Tr, Tr*>>(&transport)) {}
 
   [[nodiscard]] int rank() const { return impl_->rank(); }
   [[nodiscard]] int size() const { return impl_->size(); }

@@ -83,7 +83,8 @@ struct DataOps<HostExec> {
                     std::span<const AttnSlice> slices) {
     for (const AttnSlice& s : slices) {
       const std::int64_t r0 = s.q_range.begin, n = s.q_range.size();
-      attention::merge_into(o.tokens_slice(r0, n), lse.tokens_slice(r0, n), ThdView<const T>(o_part.tokens_slice(r0, n)),
+      attention::merge_into(o.tokens_slice(r0, n), lse.tokens_slice(r0, n),
+                            ThdView<const T>(o_part.tokens_slice(r0, n)),
                             LseView<const A>(lse_part.tokens_slice(r0, n)));
     }
   }

@@ -46,7 +46,8 @@ class DistributedAttention final : public AttentionEngine<Kernel> {
  private:
   [[nodiscard]] static std::uint64_t signature_of(int ranks_per_node) {
     std::uint64_t h = 14695981039346656037ull;
-    for (const char* c = typeid(StrategyT).name(); *c != '\0'; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
+    for (const char* c = typeid(StrategyT).name(); *c != '\0'; ++c)
+      h = (h ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
     return h ^ static_cast<std::uint64_t>(ranks_per_node) * 0x9e3779b97f4a7c15ull;
   }
   [[nodiscard]] std::uint64_t strategy_signature() const override { return signature_; }

@@ -90,8 +90,8 @@ class AttentionEngine {
   /// dQ, dK, dV of the rank's local tokens (overwritten), from the forward's O and LSE and dO.
   void backward(const DocumentBatch& batch, ThdView<const value_type> q, ThdView<const value_type> k,
                 ThdView<const value_type> v, ThdView<const value_type> o, LseView<const accum_type> lse,
-                ThdView<const value_type> dout, ThdView<value_type> dq, ThdView<value_type> dk,
-                ThdView<value_type> dv, std::span<std::byte> workspace = {}) {
+                ThdView<const value_type> dout, ThdView<value_type> dq, ThdView<value_type> dk, ThdView<value_type> dv,
+                std::span<std::byte> workspace = {}) {
     agree(batch, 1);
     Entry& e = entry(batch);
     const std::int64_t n = e.plan.local_tokens(rank());
@@ -127,15 +127,15 @@ class AttentionEngine {
       : world_(transport), shape_(shape), kernel_(std::move(kernel)), exec_(kernel_.exec()) {
     shape_.validate("DistributedAttention");
     seqpar::detail::require(ranks_per_node >= 0, "DistributedAttention", "args.ranks_per_node", ranks_per_node,
-            "must be >= 0 (0 = one node)");
+                            "must be >= 0 (0 = one node)");
     topology_ = Topology{world_.size(), ranks_per_node == 0 ? world_.size() : ranks_per_node};
   }
 
  private:
   // The views both passes take: q, k, v, o of n local rows, lse (Hq, n).
   template <class O, class L>
-  void check_forward_views(const char* where, std::int64_t n, ThdView<const value_type> q,
-                           ThdView<const value_type> k, ThdView<const value_type> v, const O& o, const L& lse) const {
+  void check_forward_views(const char* where, std::int64_t n, ThdView<const value_type> q, ThdView<const value_type> k,
+                           ThdView<const value_type> v, const O& o, const L& lse) const {
     seqpar::detail::check_view(q, where, "q", n, shape_.heads_q, shape_.head_dim);
     seqpar::detail::check_view(k, where, "k", n, shape_.heads_kv, shape_.head_dim);
     seqpar::detail::check_view(v, where, "v", n, shape_.heads_kv, shape_.head_dim);
@@ -254,8 +254,8 @@ class AttentionEngine {
     for (std::size_t l = 0; l < comm::kNumLevels; ++l)
       if (levels[l] != nullptr)
         levels[l]->reserve_receives(std::max(e.forward.lowered().receives[l], e.backward.lowered().receives[l]),
-                               static_cast<std::size_t>(std::max(e.forward.lowered().largest_receive[l],
-                                                                 e.backward.lowered().largest_receive[l])));
+                                    static_cast<std::size_t>(std::max(e.forward.lowered().largest_receive[l],
+                                                                      e.backward.lowered().largest_receive[l])));
     cache_.push_front(std::move(e));
     if (cache_.size() > kCacheEntries) cache_.pop_back();
     return cache_.front();

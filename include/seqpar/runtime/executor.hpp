@@ -133,8 +133,8 @@ class Executor {
     std::byte* recv = c.at(c.lp.layout.pack_recv);
     Ops::pack(c.exec, c.b, c.lp.view(c.lp.copies, op.pack), send, c.lp.head_dim);
     c.before_transport();
-    t.all_to_all_v(std::span<const std::byte>(send, op.send_bytes), send_counts, std::span<std::byte>(recv, op.recv_bytes),
-                   recv_counts);
+    t.all_to_all_v(std::span<const std::byte>(send, op.send_bytes), send_counts,
+                   std::span<std::byte>(recv, op.recv_bytes), recv_counts);
     Ops::unpack(c.exec, c.b, c.lp.view(c.lp.copies, op.unpack), recv, c.lp.head_dim);
   }
 
@@ -150,7 +150,9 @@ class Executor {
     const int q0 = static_cast<int>(g.q_heads.begin), nq = static_cast<int>(g.q_heads.size());
     const int k0 = static_cast<int>(g.kv_heads.begin), nk = static_cast<int>(g.kv_heads.size());
     const AttentionShape shape{nq, nk, c.lp.head_dim, c.lp.softmax_scale};
-    const auto in = [&](BufferId id, int first, int n) { return ThdView<const value_type>(c.b[id].heads_slice(first, n)); };
+    const auto in = [&](BufferId id, int first, int n) {
+      return ThdView<const value_type>(c.b[id].heads_slice(first, n));
+    };
     const auto slices = c.lp.view(c.lp.slices, op.slices);
     const auto kernel_ws = c.workspace.subspan(c.lp.layout.kernel, c.lp.layout.kernel_bytes);
     const auto q = in(op.q, q0, nq), k = in(op.k, k0, nk), v = in(op.v, k0, nk);

@@ -46,12 +46,20 @@ struct TableSpan {
 namespace access {
 inline constexpr int kPackSend = kNumBuffers;
 inline constexpr int kPackRecv = kNumBuffers + 1;
-[[nodiscard]] constexpr int slot_send(int slot) noexcept { return kNumBuffers + 2 + slot; }
-[[nodiscard]] constexpr int slot_recv(int slot) noexcept { return kNumBuffers + 2 + kNumSlots + slot; }
+[[nodiscard]] constexpr int slot_send(int slot) noexcept {
+  return kNumBuffers + 2 + slot;
+}
+[[nodiscard]] constexpr int slot_recv(int slot) noexcept {
+  return kNumBuffers + 2 + kNumSlots + slot;
+}
 inline constexpr int kNumResources = kNumBuffers + 2 + 2 * kNumSlots;
 static_assert(kNumResources <= 64, "runtime::Access: resources no longer fit one 64-bit set");
-[[nodiscard]] constexpr std::uint64_t bit(int resource) noexcept { return std::uint64_t{1} << resource; }
-[[nodiscard]] constexpr std::uint64_t bit(BufferId b) noexcept { return bit(static_cast<int>(b)); }
+[[nodiscard]] constexpr std::uint64_t bit(int resource) noexcept {
+  return std::uint64_t{1} << resource;
+}
+[[nodiscard]] constexpr std::uint64_t bit(BufferId b) noexcept {
+  return bit(static_cast<int>(b));
+}
 }  // namespace access
 
 /// What an op reads and writes (sets of access:: bits). An accumulating write also reads.
@@ -207,11 +215,11 @@ class Lowering {
     for (std::size_t i = 0; i < p_.steps.size(); ++i) {
       step_ = static_cast<std::uint32_t>(i);
       kind_ = comm::step_name(p_.steps[i]);
-      std::visit(Overloaded{[&](const comm::ExchangeStep& s) { exchange(s); },
-                            [&](const comm::ZeroStep& s) { zero(s); },
-                            [&](const comm::ComputeStep& s) { compute(s, kernel_bytes); },
-                            [&](const comm::PostStep& s) { post(s); }, [&](const comm::WaitStep& s) { wait(s); }},
-                 p_.steps[i]);
+      std::visit(
+          Overloaded{[&](const comm::ExchangeStep& s) { exchange(s); }, [&](const comm::ZeroStep& s) { zero(s); },
+                     [&](const comm::ComputeStep& s) { compute(s, kernel_bytes); },
+                     [&](const comm::PostStep& s) { post(s); }, [&](const comm::WaitStep& s) { wait(s); }},
+          p_.steps[i]);
     }
     place();
     return std::move(out_);
@@ -308,8 +316,7 @@ class Lowering {
         }
         continue;
       }
-      if (!c.merge && c.waves.empty())
-        emit(FillEmptyOp{c.o, c.lse, g}, {0, access::bit(c.o) | access::bit(c.lse)});
+      if (!c.merge && c.waves.empty()) emit(FillEmptyOp{c.o, c.lse, g}, {0, access::bit(c.o) | access::bit(c.lse)});
       const auto result = access::bit(c.o) | access::bit(c.lse);
       const auto part = access::bit(BufferId::kOPart) | access::bit(BufferId::kLsePart);
       for (std::size_t w = 0; w < c.waves.size(); ++w) {

@@ -17,10 +17,10 @@ struct step_order_tag {};
 /// pipeline) is a batch-level scheduler's job (schedule/).
 template <class S>
 concept StepOrder = std::derived_from<typename S::policy_category, step_order_tag> &&
-                    requires(const S& s, comm::CompiledAttention& program) {
-                      typename S::Arguments;
-                      s.order(program);
-                    };
+    requires(const S& s, comm::CompiledAttention& program) {
+  typename S::Arguments;
+  s.order(program);
+};
 
 /// The order the communicator compiled: its posts already come before the compute they overlap.
 struct StaticOrder {

@@ -36,10 +36,10 @@ struct Chunk {
 
 template <class S>
 concept Scheduler = std::derived_from<typename S::policy_category, scheduler_tag> &&
-                    requires(const S& s, const DocumentBatch& batch) {
-                      typename S::Arguments;
-                      { s.chunks(batch) } -> std::convertible_to<std::vector<Chunk>>;
-                    };
+    requires(const S& s, const DocumentBatch& batch) {
+  typename S::Arguments;
+  { s.chunks(batch) } -> std::convertible_to<std::vector<Chunk>>;
+};
 
 /// Runs the batch as given, in one chunk.
 struct Static {

@@ -146,10 +146,14 @@ using GemmBlockFn = void (*)(int, const float*, std::int64_t, std::int64_t, cons
 template <int R>
 inline GemmBlockFn gemm_block_for(int nv) noexcept {
   switch (nv) {
-    case 1: return &gemm_block<R, 1>;
-    case 2: return &gemm_block<R, 2>;
-    case 3: return &gemm_block<R, 3>;
-    default: return &gemm_block<R, 4>;
+    case 1:
+      return &gemm_block<R, 1>;
+    case 2:
+      return &gemm_block<R, 2>;
+    case 3:
+      return &gemm_block<R, 3>;
+    default:
+      return &gemm_block<R, 4>;
   }
 }
 
@@ -163,12 +167,24 @@ inline void gemm(int m, int n, int kdim, const float* a, std::int64_t ai, std::i
       const int r = std::min(kRowBlock, m - i0);
       GemmBlockFn fn = nullptr;
       switch (r) {
-        case 1: fn = gemm_block_for<1>(nv); break;
-        case 2: fn = gemm_block_for<2>(nv); break;
-        case 3: fn = gemm_block_for<3>(nv); break;
-        case 4: fn = gemm_block_for<4>(nv); break;
-        case 5: fn = gemm_block_for<5>(nv); break;
-        default: fn = gemm_block_for<6>(nv); break;
+        case 1:
+          fn = gemm_block_for<1>(nv);
+          break;
+        case 2:
+          fn = gemm_block_for<2>(nv);
+          break;
+        case 3:
+          fn = gemm_block_for<3>(nv);
+          break;
+        case 4:
+          fn = gemm_block_for<4>(nv);
+          break;
+        case 5:
+          fn = gemm_block_for<5>(nv);
+          break;
+        default:
+          fn = gemm_block_for<6>(nv);
+          break;
       }
       if (nv == 4 && r == kRowBlock && w == 64) {  // the hot case, inlined
         gemm_block<6, 4>(kdim, a + i0 * ai, ai, ak, b + j0, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
@@ -266,7 +282,8 @@ SEQPAR_ALWAYS_INLINE void gemm_block(int kdim, const float* a, std::int64_t ai, 
   for (int k = 0; k < kdim; ++k) {
     const float* bk = b + k * ldb;
     __m256 bv[NV];
-    for (int v = 0; v < NV; ++v) bv[v] = v + 1 < NV ? _mm256_loadu_ps(bk + 8 * v) : _mm256_maskload_ps(bk + 8 * v, tail);
+    for (int v = 0; v < NV; ++v)
+      bv[v] = v + 1 < NV ? _mm256_loadu_ps(bk + 8 * v) : _mm256_maskload_ps(bk + 8 * v, tail);
     const float* ak_ptr = a + k * ak;
     for (int i = 0; i < R; ++i) {
       const __m256 x = _mm256_broadcast_ss(ak_ptr + i * ai);
@@ -304,12 +321,24 @@ inline void gemm(int m, int n, int kdim, const float* a, std::int64_t ai, std::i
       }
       GemmBlockFn fn = nullptr;
       switch (r) {
-        case 1: fn = gemm_block_for<1>(nv); break;
-        case 2: fn = gemm_block_for<2>(nv); break;
-        case 3: fn = gemm_block_for<3>(nv); break;
-        case 4: fn = gemm_block_for<4>(nv); break;
-        case 5: fn = gemm_block_for<5>(nv); break;
-        default: fn = gemm_block_for<6>(nv); break;
+        case 1:
+          fn = gemm_block_for<1>(nv);
+          break;
+        case 2:
+          fn = gemm_block_for<2>(nv);
+          break;
+        case 3:
+          fn = gemm_block_for<3>(nv);
+          break;
+        case 4:
+          fn = gemm_block_for<4>(nv);
+          break;
+        case 5:
+          fn = gemm_block_for<5>(nv);
+          break;
+        default:
+          fn = gemm_block_for<6>(nv);
+          break;
       }
       fn(kdim, a + i0 * ai, ai, ak, b + j0, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
     }

@@ -354,7 +354,8 @@ class Transport {
 
   void check_peer_tag(std::string_view where, int peer, int tag) const {
     if (peer < 0 || peer >= size())
-      seqpar::detail::throw_invalid(where, "peer", peer, "must be in [0, size()) = [0, " + std::to_string(size()) + ")");
+      seqpar::detail::throw_invalid(where, "peer", peer,
+                                    "must be in [0, size()) = [0, " + std::to_string(size()) + ")");
     seqpar::detail::require(tag >= 0, where, "tag", tag, "must be >= 0");
   }
 

@@ -150,10 +150,9 @@ class Transport {
     constexpr std::string_view where = "mpi::Transport";
     seqpar::detail::require(options.timeout.count() > 0, where, "options.timeout",
                             std::to_string(options.timeout.count()) + " ms", "must be > 0");
-    seqpar::detail::require(options.max_bytes_per_call >= 1 &&
-                                options.max_bytes_per_call <= static_cast<std::size_t>(INT_MAX),
-                            where, "options.max_bytes_per_call", options.max_bytes_per_call,
-                            "must be in [1, INT_MAX]");
+    seqpar::detail::require(
+        options.max_bytes_per_call >= 1 && options.max_bytes_per_call <= static_cast<std::size_t>(INT_MAX), where,
+        "options.max_bytes_per_call", options.max_bytes_per_call, "must be in [1, INT_MAX]");
     seqpar::detail::require(comm != MPI_COMM_NULL, where, "comm", "MPI_COMM_NULL", "is not a communicator");
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
@@ -436,8 +435,8 @@ class Transport {
     std::size_t unit = 0;
     for (std::size_t c : counts) unit = std::gcd(unit, c);
     seqpar::detail::require(total / unit <= limit, where, "sum(" + std::string(name) + ")", total,
-                            "exceeds " + std::to_string(limit) + " units of gcd(" + std::string(name) + ") = " +
-                                std::to_string(unit) + " bytes (MPI counts are int): split the call");
+                            "exceeds " + std::to_string(limit) + " units of gcd(" + std::string(name) +
+                                ") = " + std::to_string(unit) + " bytes (MPI counts are int): split the call");
     return unit;
   }
 
@@ -616,7 +615,7 @@ namespace detail {
 /// MPI_COMM_WORLD rank) to stderr and calls MPI_Abort(comm, 1): the job ends with that message
 /// instead of its other ranks hanging in their next receive (DESIGN.md invariant 3).
 template <class F>
-  requires std::invocable<F&, Transport&>
+requires std::invocable<F&, Transport&>
 decltype(auto) run_or_abort(MPI_Comm comm, F&& fn, Transport::Options options = {}) {
   try {
     Transport transport(comm, options);

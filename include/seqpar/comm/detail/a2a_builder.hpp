@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "seqpar/comm/detail/head_split.hpp"
-#include "seqpar/core/slice_algebra.hpp"
 #include "seqpar/comm/program.hpp"
+#include "seqpar/core/slice_algebra.hpp"
 
 namespace seqpar::comm::detail {
 

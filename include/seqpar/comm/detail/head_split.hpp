@@ -42,8 +42,7 @@ struct HeadAssignment {
   } else {
     a.kv_replicated = true;
     a.q = even_split(shape.heads_q, k);
-    for (const Range& r : a.q)
-      a.kv.push_back(r.empty() ? Range{0, 0} : Range{r.begin / g, (r.end - 1) / g + 1});
+    for (const Range& r : a.q) a.kv.push_back(r.empty() ? Range{0, 0} : Range{r.begin / g, (r.end - 1) / g + 1});
   }
   return a;
 }

@@ -7,8 +7,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "seqpar/core/slice_algebra.hpp"
 #include "seqpar/comm/program.hpp"
+#include "seqpar/core/slice_algebra.hpp"
 
 namespace seqpar::comm::detail {
 
@@ -75,8 +75,10 @@ class RingSchedule {
     const std::int64_t key = static_cast<std::int64_t>(member) * k_ + src;
     auto it = needed_.find(key);
     if (it == needed_.end())
-      it = needed_.emplace(key, keys_needed(spec_.slices[static_cast<std::size_t>(member)],
-                                            spec_.tokens[static_cast<std::size_t>(src)])).first;
+      it = needed_
+               .emplace(key, keys_needed(spec_.slices[static_cast<std::size_t>(member)],
+                                         spec_.tokens[static_cast<std::size_t>(src)]))
+               .first;
     return it->second;
   }
   const std::vector<Range>& nonempty(int src) const {
@@ -118,8 +120,8 @@ inline void add_ring_staging(Program& p, const RingSchedule& sched, bool backwar
 }
 
 /// Pieces of K and V (heads [0, kv_heads)) covering `ranges`, located through `map` in buffers k, v.
-inline std::vector<BufferPiece> kv_pieces(const std::vector<Range>& ranges, const RowMap& map, BufferId k,
-                                          BufferId v, int kv_heads) {
+inline std::vector<BufferPiece> kv_pieces(const std::vector<Range>& ranges, const RowMap& map, BufferId k, BufferId v,
+                                          int kv_heads) {
   std::vector<BufferPiece> out;
   for (BufferId b : {k, v}) {
     std::size_t hint = 0;
@@ -145,8 +147,8 @@ inline PostStep ring_kv_post(const RingSchedule& sched, int s) {
     const int to = (me + s) % k;
     const std::vector<Range>& out = sched.received(to, s);
     if (!out.empty())
-      post.sends.push_back(
-          {to, kv_pieces(out, RowMap::concat(spec.tokens[static_cast<std::size_t>(me)]), spec.k, spec.v, spec.kv_heads)});
+      post.sends.push_back({to, kv_pieces(out, RowMap::concat(spec.tokens[static_cast<std::size_t>(me)]), spec.k,
+                                          spec.v, spec.kv_heads)});
   } else {
     const int to = (me + 1) % k;
     const std::vector<Range>& out = sched.received(to, s);  // = what I held at s - 1
@@ -154,8 +156,8 @@ inline PostStep ring_kv_post(const RingSchedule& sched, int s) {
       if (s == 1)
         post.sends.push_back({to, kv_pieces(out, RowMap::concat(out), spec.k, spec.v, spec.kv_heads)});
       else
-        post.sends.push_back({to, kv_pieces(out, RowMap::concat(out), kRingK[(s - 1) % 2], kRingV[(s - 1) % 2],
-                                            spec.kv_heads)});
+        post.sends.push_back(
+            {to, kv_pieces(out, RowMap::concat(out), kRingK[(s - 1) % 2], kRingV[(s - 1) % 2], spec.kv_heads)});
     }
   }
   return post;
@@ -211,8 +213,8 @@ inline void append_ring_backward(Program& p, const RingSchedule& sched) {
       p.steps.push_back(ZeroStep{{BufferId::kDkPart, BufferId::kDvPart}});
       p.steps.push_back(std::move(c));
       const std::vector<Range>& in = sched.received(me, s);
-      ret.sends.push_back({sched.owner(me, s), kv_pieces(in, RowMap::concat(in), BufferId::kDkPart,
-                                                          BufferId::kDvPart, spec.kv_heads)});
+      ret.sends.push_back(
+          {sched.owner(me, s), kv_pieces(in, RowMap::concat(in), BufferId::kDkPart, BufferId::kDvPart, spec.kv_heads)});
     }
     // The member that held my KV at step s returns its gradient, if it computed on it.
     const int holder = (me + s) % k;

@@ -7,9 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <span>
 #include <map>
 #include <mutex>
+#include <span>
 #include <utility>
 #include <vector>
 

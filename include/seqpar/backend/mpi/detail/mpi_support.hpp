@@ -78,8 +78,10 @@ class UnitType {
       MPI_Type_free(&chunk);
     }
     if (rc_ == MPI_SUCCESS) rc_ = MPI_Type_commit(&type_);
-    if (rc_ == MPI_SUCCESS) owned_ = true;
-    else type_ = MPI_BYTE;
+    if (rc_ == MPI_SUCCESS)
+      owned_ = true;
+    else
+      type_ = MPI_BYTE;
   }
   UnitType(UnitType&& other) noexcept
       : type_(std::exchange(other.type_, MPI_BYTE)), rc_(other.rc_), owned_(std::exchange(other.owned_, false)) {}

@@ -225,8 +225,7 @@ struct Batch {
   DocumentBatch documents;
   std::int64_t area = 0;  // visible (query, key) pairs
   std::vector<float> o_sample;
-  explicit Batch(const DocumentBatch& batch)
-      : documents(batch), area(total_area(batch.document_causal_slices())) {}
+  explicit Batch(const DocumentBatch& batch) : documents(batch), area(total_area(batch.document_causal_slices())) {}
 };
 
 struct Row {
@@ -268,8 +267,8 @@ std::vector<Row> run_baseline(Batch& batch, const Config& c) {
   // overwrites its outputs, zeroing included), so it is timed.
   const auto backward = [&] {
     for (auto* t : {&dq, &dk, &dv}) std::fill(t->storage.begin(), t->storage.end(), 0.f);
-    flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), slices, dq.view(),
-                   dk.view(), dv.view(), ws);
+    flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), slices, dq.view(), dk.view(),
+                   dv.view(), ws);
   };
   Row fwd{.name = "cpu-flash", .ranks = 1, .threads_per_rank = c.threads, .pass = "fwd"};
   Row both{.name = "cpu-flash", .ranks = 1, .threads_per_rank = c.threads, .pass = "fwd+bwd"};

@@ -78,16 +78,10 @@ class SelectedAttention final : public runtime::AttentionEngine<Kernel> {
   /// The strategy chosen for `batch` (planning and simulating it on first sight of its shape).
   [[nodiscard]] const Choice& choice(const DocumentBatch& batch) {
     (void)this->plan(batch);  // compiles (and chooses) on a cache miss
-    return choices_.at(key_of(batch));
+    return choices_.at(this->key_of(batch));
   }
 
  private:
-  static std::vector<std::int64_t> key_of(const DocumentBatch& batch) {
-    std::vector<std::int64_t> key(batch.cu_seqlens().begin(), batch.cu_seqlens().end());
-    for (int b = 0; b < batch.num_sequences(); ++b) key.push_back(batch.sequence(b).begin);
-    return key;
-  }
-
   [[nodiscard]] std::uint64_t strategy_signature() const override {
     std::uint64_t h = 1469598103934665603ull;
     const auto mix = [&h](const std::string& s) {
@@ -139,7 +133,7 @@ class SelectedAttention final : public runtime::AttentionEngine<Kernel> {
     plan = std::move(best.plan);
     program.forward = std::move(best.forward[r]);
     program.backward = std::move(best.backward[r]);
-    choices_[key_of(batch)] = std::move(c);
+    choices_[this->key_of(batch)] = std::move(c);
   }
 
   Arguments args_;

@@ -28,4 +28,13 @@ concept ExecutionContext = std::derived_from<typename E::exec_category, exec_tag
   e.synchronize();
 };
 
+/// A stream-ordered context that can drive a stream-ordered transport: its comm queue (what the
+/// transport enqueues on, a cudaStream_t behind void*) and event orderings between the two queues.
+template <class E>
+concept StreamOrderedExec = ExecutionContext<E> && !E::kHostSynchronous && requires(const E& e) {
+  { e.comm_queue() } -> std::convertible_to<void*>;
+  e.comm_after_compute();
+  e.compute_after_comm();
+};
+
 }  // namespace seqpar

@@ -38,8 +38,10 @@ struct ThdView {
   [[nodiscard]] ThdView heads_slice(int first, int count) const noexcept {
     return {data + first * head_stride, tokens, count, head_dim, token_stride, head_stride};
   }
-  operator ThdView<const T>() const noexcept  // NOLINT: views convert to const views implicitly
-      requires(!std::is_const_v<T>) {
+  // Views convert to const views implicitly. A template, so that ThdView<const T> declares no
+  // conversion to itself (nvcc warns about one even when its constraint removes it).
+  template <class U>
+  requires(std::is_same_v<U, const T> && !std::is_const_v<T>) operator ThdView<U>() const noexcept {  // NOLINT
     return {data, tokens, heads, head_dim, token_stride, head_stride};
   }
 };
@@ -62,8 +64,9 @@ struct LseView {
   [[nodiscard]] LseView heads_slice(int first, int count) const noexcept {
     return {data + first * head_stride, count, tokens, head_stride};
   }
-  operator LseView<const T>() const noexcept  // NOLINT
-      requires(!std::is_const_v<T>) {
+  template <class U>
+  requires(std::is_same_v<U, const T> && !std::is_const_v<T>) operator LseView<U>()
+      const noexcept {  // NOLINT (a template: see ThdView)
     return {data, heads, tokens, head_stride};
   }
 };

@@ -47,6 +47,18 @@ concept Transport = std::movable<T> &&
   { ct.counters() } -> std::same_as<const TrafficCounters&>;  // live counters, read without a copy
 };
 
+/// A stream-ordered transport (NCCL; the one-GPU device world of kernels/seqpar/cuda) enqueues its
+/// transfers on a device queue instead of completing them on the calling thread. It declares
+/// `static constexpr bool kStreamOrdered = true` and takes the queue before each operation with
+/// `set_queue(void*)` (a cudaStream_t; opaque here, so that include/ names no vendor API). Its calls
+/// return once the transfer is enqueued; `wait(request)` orders the queue after that transfer without
+/// waiting on the host. Buffers must stay untouched until the queue has run the transfer. The executor
+/// orders its execution context's compute work before and after (ExecutionContext's stream members).
+template <class T>
+concept StreamOrderedTransport = Transport<T> && T::kStreamOrdered && requires(T& t, void* queue) {
+  t.set_queue(queue);
+};
+
 /// Views a span of trivially copyable values as bytes (the transports move bytes only).
 template <class T>
 [[nodiscard]] std::span<const std::byte> as_bytes_of(std::span<T> s) noexcept {

@@ -45,6 +45,8 @@ class AnyTransport {
     virtual void reserve_receives(std::size_t, std::size_t) = 0;
     virtual std::unique_ptr<Interface> split(int, int) = 0;
     [[nodiscard]] virtual const TrafficCounters& counters() const = 0;
+    [[nodiscard]] virtual bool stream_ordered() const = 0;
+    virtual void set_queue(void*) = 0;
   };
 
   template <Transport Tr, class Holder>
@@ -101,6 +103,10 @@ class AnyTransport {
       return std::make_unique<Model<Tr, Tr>>(t().split(color, key));
     }
     const TrafficCounters& counters() const override { return t().counters(); }
+    bool stream_ordered() const override { return StreamOrderedTransport<Tr>; }
+    void set_queue(void* queue) override {
+      if constexpr (StreamOrderedTransport<Tr>) t().set_queue(queue);
+    }
   };
 
   explicit AnyTransport(std::unique_ptr<Interface> impl) : impl_(std::move(impl)) {}
@@ -177,6 +183,11 @@ class AnyTransport {
   void reserve_receives(std::size_t messages, std::size_t bytes) { impl_->reserve_receives(messages, bytes); }
   [[nodiscard]] AnyTransport split(int color, int key) { return AnyTransport(impl_->split(color, key)); }
   [[nodiscard]] const TrafficCounters& counters() const { return impl_->counters(); }
+  /// Whether the wrapped transport is a StreamOrderedTransport (decided at run time: the executor
+  /// orders its context's streams around it instead of synchronizing).
+  [[nodiscard]] bool stream_ordered() const { return impl_->stream_ordered(); }
+  /// Forwards to a stream-ordered transport's set_queue; a no-op for the others.
+  void set_queue(void* queue) { impl_->set_queue(queue); }
 
  private:
   std::unique_ptr<Interface> impl_;

@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "seqpar/attention/merge.hpp"
+#include "seqpar/core/aligned_bytes.hpp"
 #include "seqpar/core/host_exec.hpp"
 #include "seqpar/core/tensor.hpp"
 #include "seqpar/runtime/lowered_program.hpp"
@@ -34,25 +35,52 @@ struct BufferTable {
   [[nodiscard]] const LseView<A>& lse_of(BufferId b) const noexcept { return lse[static_cast<std::size_t>(b)]; }
 };
 
+/// Rows of a lowered table as the executor hands them to `DataOps` and kernels: `host` is the
+/// LoweredProgram's own view (sizes, host-side decisions), `mirror` the same rows in the context's
+/// memory (uploaded once by `DataOps<Exec>::upload`; for HostExec, the host rows themselves).
+template <class T>
+struct TableSlice {
+  std::span<const T> host;
+  const T* mirror = nullptr;
+  /// The rows in the context's memory.
+  [[nodiscard]] std::span<const T> in_context() const noexcept { return {mirror, host.size()}; }
+};
+
 /// Data movement on an execution context. The primary template is left undefined: a context without
 /// a specialization is a compile error naming DataOps<YourExec>.
 template <class Exec>
 struct DataOps;
 
+/// Members of a specialization (HostExec's below is the model):
+///  - `Tables upload(exec, lowered)`: the lowered copy and slice tables in the context's memory,
+///    once per cached program (`Tables::copies`, `Tables::slices`: base pointers of the mirrors);
+///  - `Workspace allocate(exec, bytes)`: owning memory of the context (`.span()`), for engines that
+///    own their workspace;
+///  - pack, unpack, zero, fill_empty, merge: issued on the context, in its order.
 template <>
 struct DataOps<HostExec> {
+  struct Tables {
+    const PieceCopy* copies = nullptr;
+    const AttnSlice* slices = nullptr;
+  };
+  [[nodiscard]] static Tables upload(const HostExec&, const LoweredProgram& lp) noexcept {
+    return {lp.copies.data(), lp.slices.data()};
+  }
+  using Workspace = seqpar::detail::AlignedBytes;
+  [[nodiscard]] static Workspace allocate(const HostExec&, std::size_t bytes) { return Workspace(bytes); }
+
   /// Copies the pieces of `copies` out of their buffers into `region` at their offsets.
   template <class T, class A>
-  static void pack(const HostExec&, const BufferTable<T, A>& b, std::span<const PieceCopy> copies, std::byte* region,
+  static void pack(const HostExec&, const BufferTable<T, A>& b, TableSlice<PieceCopy> copies, std::byte* region,
                    int head_dim) {
-    for (const PieceCopy& c : copies) move_piece<false>(b, c, region + c.offset, head_dim);
+    for (const PieceCopy& c : copies.host) move_piece<false>(b, c, region + c.offset, head_dim);
   }
 
   /// Copies (or, with PieceCopy::accumulate, adds) the pieces of `copies` from `region` into their buffers.
   template <class T, class A>
-  static void unpack(const HostExec&, const BufferTable<T, A>& b, std::span<const PieceCopy> copies,
-                     const std::byte* region, int head_dim) {
-    for (const PieceCopy& c : copies) move_piece<true>(b, c, const_cast<std::byte*>(region) + c.offset, head_dim);
+  static void unpack(const HostExec&, const BufferTable<T, A>& b, TableSlice<PieceCopy> copies, const std::byte* region,
+                     int head_dim) {
+    for (const PieceCopy& c : copies.host) move_piece<true>(b, c, const_cast<std::byte*>(region) + c.offset, head_dim);
   }
 
   template <class T, class A>
@@ -80,8 +108,8 @@ struct DataOps<HostExec> {
   /// Folds the partial (o_part, lse_part) into (o, lse) on the query rows of `slices`.
   template <class T, class A>
   static void merge(const HostExec&, ThdView<T> o, LseView<A> lse, ThdView<T> o_part, LseView<A> lse_part,
-                    std::span<const AttnSlice> slices) {
-    for (const AttnSlice& s : slices) {
+                    TableSlice<AttnSlice> slices) {
+    for (const AttnSlice& s : slices.host) {
       const std::int64_t r0 = s.q_range.begin, n = s.q_range.size();
       attention::merge_into(o.tokens_slice(r0, n), lse.tokens_slice(r0, n),
                             ThdView<const T>(o_part.tokens_slice(r0, n)),

@@ -296,7 +296,7 @@ class AttentionEngine {
   void run(Entry& e, Executor& executor, typename Executor::Buffers& b, std::span<std::byte> workspace) {
     const std::size_t need = executor.workspace_bytes();
     if (workspace.data() == nullptr) {
-      if (workspace_.size() < need) workspace_ = seqpar::detail::AlignedBytes(need);  // only on a cache miss
+      if (workspace_.size() < need) workspace_ = DataOps<exec_type>::allocate(exec_, need);  // only on a cache miss
       workspace = workspace_.span();
     }
     const typename Executor::Levels levels{e.group, e.inner, e.outer};
@@ -320,7 +320,7 @@ class AttentionEngine {
   Topology topology_;
   std::list<Entry> cache_;
   std::map<std::vector<int>, std::unique_ptr<AnyTransport>> groups_;
-  seqpar::detail::AlignedBytes workspace_;
+  typename DataOps<exec_type>::Workspace workspace_;  // in the context's memory
   std::uint64_t last_bytes_sent_ = 0;
   std::vector<CallSignature> signatures_;
 };

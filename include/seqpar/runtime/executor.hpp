@@ -55,6 +55,7 @@ class Executor {
       requests_[s].clear();
       requests_[s].reserve(lowered_.max_requests[s]);
     }
+    tables_ = Ops::upload(kernel.exec(), lowered_);
   }
 
   [[nodiscard]] const LoweredProgram& lowered() const noexcept { return lowered_; }
@@ -96,6 +97,13 @@ class Executor {
  private:
   using Ops = DataOps<exec_type>;
 
+  [[nodiscard]] TableSlice<PieceCopy> copies(TableSpan s) const noexcept {
+    return {lowered_.view(lowered_.copies, s), tables_.copies + s.first};
+  }
+  [[nodiscard]] TableSlice<AttnSlice> slices(TableSpan s) const noexcept {
+    return {lowered_.view(lowered_.slices, s), tables_.slices + s.first};
+  }
+
   struct Context {
     const LoweredProgram& lp;
     Levels transports;
@@ -110,10 +118,35 @@ class Executor {
       return *t;
     }
     // A host-ordered transport reads and writes memory now: work issued before must have finished.
-    void before_transport() const {
-      if constexpr (!exec_type::kHostSynchronous) exec.synchronize();
+    // A stream-ordered one enqueues on the context's comm queue, which first waits for the compute
+    // queue (an event, no host wait).
+    void before_transport(Tr& t) const {
+      if (Executor::stream_ordered(t)) {
+        if constexpr (StreamOrderedExec<exec_type>) {
+          exec.comm_after_compute();
+          t.set_queue(exec.comm_queue());
+        } else {
+          throw std::invalid_argument(
+              "runtime::Executor: a stream-ordered transport needs a stream-ordered execution context "
+              "(StreamOrderedExec: a CUDA context), not a host-synchronous one");
+        }
+      } else if constexpr (!exec_type::kHostSynchronous) {
+        exec.synchronize();
+      }
+    }
+    // What a transport delivered is read by compute work issued next.
+    void after_transport(Tr& t) const {
+      if constexpr (StreamOrderedExec<exec_type>)
+        if (Executor::stream_ordered(t)) exec.compute_after_comm();
     }
   };
+
+  [[nodiscard]] static bool stream_ordered(const Tr& t) {
+    if constexpr (requires { t.stream_ordered(); })
+      return t.stream_ordered();  // AnyTransport: known at run time
+    else
+      return StreamOrderedTransport<Tr>;
+  }
 
   // A failure names the step, so that this rank's error (and its peers' "rank R failed: ...") says
   // where the program stopped.
@@ -131,11 +164,12 @@ class Executor {
                              " peers on a transport of " + std::to_string(t.size()));
     std::byte* send = c.at(c.lp.layout.pack_send);
     std::byte* recv = c.at(c.lp.layout.pack_recv);
-    Ops::pack(c.exec, c.b, c.lp.view(c.lp.copies, op.pack), send, c.lp.head_dim);
-    c.before_transport();
+    Ops::pack(c.exec, c.b, copies(op.pack), send, c.lp.head_dim);
+    c.before_transport(t);
     t.all_to_all_v(std::span<const std::byte>(send, op.send_bytes), send_counts,
                    std::span<std::byte>(recv, op.recv_bytes), recv_counts);
-    Ops::unpack(c.exec, c.b, c.lp.view(c.lp.copies, op.unpack), recv, c.lp.head_dim);
+    c.after_transport(t);
+    Ops::unpack(c.exec, c.b, copies(op.unpack), recv, c.lp.head_dim);
   }
 
   void execute(const Context& c, const ZeroOp& op) { Ops::zero(c.exec, c.b, c.lp.view(c.lp.buffers, op.buffers)); }
@@ -153,7 +187,8 @@ class Executor {
     const auto in = [&](BufferId id, int first, int n) {
       return ThdView<const value_type>(c.b[id].heads_slice(first, n));
     };
-    const auto slices = c.lp.view(c.lp.slices, op.slices);
+    // The kernel reads the slices in its context's memory (their device mirror on a GPU).
+    const auto slices = this->slices(op.slices).in_context();
     const auto kernel_ws = c.workspace.subspan(c.lp.layout.kernel, c.lp.layout.kernel_bytes);
     const auto q = in(op.q, q0, nq), k = in(op.k, k0, nk), v = in(op.v, k0, nk);
     if (op.backward) {
@@ -174,7 +209,7 @@ class Executor {
     const int q0 = static_cast<int>(op.heads.q_heads.begin), nq = static_cast<int>(op.heads.q_heads.size());
     Ops::merge(c.exec, c.b[op.o].heads_slice(q0, nq), c.b.lse_of(op.lse).heads_slice(q0, nq),
                c.b[BufferId::kOPart].heads_slice(0, nq), c.b.lse_of(BufferId::kLsePart).heads_slice(0, nq),
-               c.lp.view(c.lp.slices, op.slices));
+               slices(op.slices));
   }
 
   void execute(const Context& c, const PostOp& op) {
@@ -184,8 +219,8 @@ class Executor {
     std::byte* send = c.at(c.lp.layout.slot_send[slot]);
     std::byte* recv = c.at(c.lp.layout.slot_recv[slot]);
     const auto sends = c.lp.view(c.lp.transfers, op.sends);
-    for (const TransferEntry& e : sends) Ops::pack(c.exec, c.b, c.lp.view(c.lp.copies, e.copies), send, c.lp.head_dim);
-    c.before_transport();
+    for (const TransferEntry& e : sends) Ops::pack(c.exec, c.b, copies(e.copies), send, c.lp.head_dim);
+    c.before_transport(t);
     for (const TransferEntry& e : sends)
       requests_[slot].push_back(t.isend(std::span<const std::byte>(send + e.offset, e.bytes), e.peer, op.tag));
     for (const TransferEntry& e : c.lp.view(c.lp.transfers, op.recvs))
@@ -197,10 +232,12 @@ class Executor {
     Tr* t = level_of_slot_[slot];
     for (auto& r : requests_[slot]) t->wait(r);
     requests_[slot].clear();
-    Ops::unpack(c.exec, c.b, c.lp.view(c.lp.copies, op.unpack), c.at(c.lp.layout.slot_recv[slot]), c.lp.head_dim);
+    c.after_transport(*t);
+    Ops::unpack(c.exec, c.b, copies(op.unpack), c.at(c.lp.layout.slot_recv[slot]), c.lp.head_dim);
   }
 
   LoweredProgram lowered_;
+  typename Ops::Tables tables_{};
   std::array<std::vector<typename Tr::Request>, comm::kNumSlots> requests_;
   std::array<Tr*, comm::kNumSlots> level_of_slot_{};
 };

@@ -235,8 +235,11 @@ class Lowering {
     return offset + bytes(b, piece);
   }
   TableSpan add_slices(std::span<const AttnSlice> s) {
+    // Slices without query rows do nothing in any kernel; dropping them bounds a call's slice count
+    // by its query rows, which device kernels size their tile tables by.
     const std::size_t first = out_.slices.size();
-    out_.slices.insert(out_.slices.end(), s.begin(), s.end());
+    for (const AttnSlice& x : s)
+      if (!x.q_range.empty()) out_.slices.push_back(x);
     return span_from(first, out_.slices.size());
   }
 

@@ -1,0 +1,53 @@
+# SPDX-License-Identifier: Apache-2.0
+# Device kernels (kernels/seqpar/<backend>/): the design card's top-level kernels/, apart from the
+# pure C++20 headers of include/ (as stdexec keeps nvexec/ apart), each behind its own target and option.
+#
+# seqpar::cuda (SEQPAR_ENABLE_CUDA AUTO|ON|OFF): CUDA attention kernels over slice tables
+# (attention::CudaFlash), the executor's pack / unpack / zero / merge kernels
+# (runtime::DataOps<cuda::CudaExec>) and the stream-ordered execution context cuda::CudaExec. AUTO
+# builds it when nvcc is found. Header-only like the rest: the .cuh headers are compiled by the
+# user's .cu translation units; the .hpp headers (context, memory, errors) also compile with g++.
+# Included by the top-level CMakeLists.txt, not added as a subdirectory: a language must be enabled in
+# the highest directory whose targets (tests/, bench/) compile it.
+# (A STRING, not option(): option() would turn AUTO into OFF.)
+set(SEQPAR_ENABLE_CUDA AUTO CACHE STRING "Build the CUDA kernels seqpar::cuda: AUTO|ON|OFF")
+set_property(CACHE SEQPAR_ENABLE_CUDA PROPERTY STRINGS AUTO ON OFF)
+string(TOUPPER "${SEQPAR_ENABLE_CUDA}" _seqpar_cuda_mode)
+set(SEQPAR_WITH_CUDA OFF)
+if(NOT _seqpar_cuda_mode STREQUAL "OFF")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    enable_language(CUDA)
+    if(CMAKE_VERSION VERSION_LESS 3.26 AND CMAKE_CUDA_COMPILER_ID STREQUAL "NVIDIA")
+      # CMake 3.25 knows no CUDA20 flag for nvcc ("...dialect CUDA20 ... not support"): deps.md §4.
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
+    set(CMAKE_CUDA_STANDARD 20)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    set(CMAKE_CUDA_EXTENSIONS OFF)
+    find_package(CUDAToolkit REQUIRED)
+    set(SEQPAR_WITH_CUDA ON)
+  elseif(_seqpar_cuda_mode STREQUAL "ON")
+    message(FATAL_ERROR "SEQPAR_ENABLE_CUDA=ON but no CUDA compiler (nvcc) was found")
+  endif()
+endif()
+if(SEQPAR_WITH_CUDA)
+  add_library(seqpar_cuda INTERFACE)
+  add_library(seqpar::cuda ALIAS seqpar_cuda)
+  set_target_properties(seqpar_cuda PROPERTIES EXPORT_NAME cuda)
+  target_include_directories(seqpar_cuda INTERFACE $<BUILD_INTERFACE:${CMAKE_CURRENT_LIST_DIR}>)
+  target_link_libraries(seqpar_cuda INTERFACE seqpar::seqpar CUDA::cudart)
+  target_compile_definitions(seqpar_cuda INTERFACE SEQPAR_ENABLE_CUDA=1)
+  # The host-only headers (.hpp: context, memory, errors, slice upload, tile arithmetic) compile with
+  # the C++ compiler too; they are a header set, checked alone by all_verify_interface_header_sets.
+  # The .cuh headers need nvcc and are compiled by the CUDA tests and benchmarks.
+  file(GLOB_RECURSE SEQPAR_CUDA_HOST_HEADERS CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/seqpar/cuda/*.hpp)
+  target_sources(seqpar_cuda INTERFACE FILE_SET HEADERS BASE_DIRS ${CMAKE_CURRENT_LIST_DIR}
+                 FILES ${SEQPAR_CUDA_HOST_HEADERS})
+  set_target_properties(seqpar_cuda PROPERTIES VERIFY_INTERFACE_HEADER_SETS ${SEQPAR_VERIFY_HEADERS})
+  # Device lambdas and constexpr host functions (AttnSlice::area, Mask) called from device code.
+  target_compile_options(seqpar_cuda INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:--extended-lambda --expt-relaxed-constexpr>)
+endif()
+message(STATUS "seqpar: CUDA kernels (seqpar::cuda): ${SEQPAR_WITH_CUDA} (SEQPAR_ENABLE_CUDA=${SEQPAR_ENABLE_CUDA})")

@@ -1,0 +1,286 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+/// @file
+/// `attention::CudaFlash<T>`: the attention kernel of the CUDA path, FlashAttention-2's algorithm
+/// over a slice list in device memory, satisfying `attention::AttentionKernel` with the
+/// stream-ordered context `cuda::CudaExec`, so that every strategy runs on it unchanged.
+///
+/// - T: float (tests: exact fp32 FMAs), __half or __nv_bfloat16 (tensor cores through WMMA); fp32
+///   accumulation, fp32 LSE. Head dim 64 or 128. GQA reads each kv head in place (no copies).
+/// - Slices: the same `AttnSlice` semantics as CpuFlash (full, causal with explicit alignment,
+///   sliding window; disjoint query ranges per call), in device memory: checked once where they reach
+///   the device (`cuda::DeviceSlices`, or the executor's lowering), not at every call.
+/// - Work: a tile table of (slice, query tile) built on the device each call (CUB scan + radix sort,
+///   detail/tile_table.cuh), longest tiles first; blocks are (tile, head).
+/// - Forward writes O and LSE on every query row (rows in no slice: O = 0, LSE = -inf). Backward
+///   adds (+=) into dQ, dK, dV, deterministically (detail/flash_backward.cuh).
+/// - Everything is enqueued on `exec.stream()`; nothing waits on the host; the workspace
+///   (`workspace_bytes`, device memory) holds the tile table and the backward's row sums.
+///
+/// @code
+/// attention::CudaFlash<__nv_bfloat16> flash;                  // streams of its own on the current device
+/// cuda::DeviceSlices slices(batch.document_causal_slices(), n, n);
+/// cuda::DeviceBytes ws(flash.workspace_bytes(shape, n, n));
+/// flash.forward(flash.exec(), shape, q, k, v, slices.device(), o, lse, ws.span());
+/// flash.exec().synchronize();
+/// @endcode
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "seqpar/attention/kernel.hpp"
+#include "seqpar/core/attention_shape.hpp"
+#include "seqpar/core/attn_slice.hpp"
+#include "seqpar/core/error.hpp"
+#include "seqpar/core/tensor.hpp"
+#include "seqpar/cuda/check.hpp"
+#include "seqpar/cuda/detail/flash_backward.cuh"
+#include "seqpar/cuda/detail/flash_forward.cuh"
+#include "seqpar/cuda/detail/tile_table.cuh"
+#include "seqpar/cuda/exec.hpp"
+
+namespace seqpar::attention {
+
+template <class T>
+class CudaFlash {
+  static_assert(cuda::detail::kIsStorageType<T>, "CudaFlash<T>: T must be float, __half or __nv_bfloat16");
+
+ public:
+  using kernel_category = kernel_tag;
+  using value_type = T;
+  using accum_type = float;
+  using exec_type = cuda::CudaExec;
+
+  /// Streams of its own on the calling thread's current device.
+  CudaFlash() : CudaFlash(cuda::CudaExec{}) {}
+  explicit CudaFlash(cuda::CudaExec exec) : exec_(std::move(exec)) {}
+
+  [[nodiscard]] const cuda::CudaExec& exec() const noexcept { return exec_; }
+
+  /// Device bytes of scratch for a call over q_rows query rows (forward or backward).
+  [[nodiscard]] std::size_t workspace_bytes(const AttentionShape& shape, std::int64_t q_rows,
+                                            std::int64_t /*k_rows*/) const {
+    if (q_rows <= 0) return 0;
+    const std::size_t delta =
+        aligned(sizeof(float) * static_cast<std::size_t>(shape.heads_q) * static_cast<std::size_t>(q_rows));
+    return delta + table_layout(q_rows, static_cast<int>(q_rows), "CudaFlash::workspace_bytes").bytes;
+  }
+
+  void forward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
+               ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o, LseView<float> lse,
+               std::span<std::byte> workspace) {
+    constexpr const char* where = "CudaFlash::forward";
+    check_inputs(shape, q, k, v, slices, where);
+    seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
+    seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
+    check_workspace(shape, q.tokens, k.tokens, workspace, where);
+    SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
+    const cudaStream_t stream = exec.stream();
+    if (q.tokens == 0) return;
+    fill_empty(o, lse, shape, stream, where);
+    if (slices.empty()) return;
+    if (shape.head_dim == 64) {
+      launch_forward<64>(exec, shape, q, k, v, slices, o, lse, workspace, where);
+    } else {
+      launch_forward<128>(exec, shape, q, k, v, slices, o, lse, workspace, where);
+    }
+  }
+
+  void backward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
+                ThdView<const T> v, ThdView<const T> o, LseView<const float> lse, ThdView<const T> dout,
+                std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
+                std::span<std::byte> workspace) {
+    constexpr const char* where = "CudaFlash::backward";
+    check_inputs(shape, q, k, v, slices, where);
+    seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
+    seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
+    seqpar::detail::check_view(dout, where, "dout", q.tokens, shape.heads_q, shape.head_dim);
+    seqpar::detail::check_view(dq, where, "dq", q.tokens, shape.heads_q, shape.head_dim);
+    seqpar::detail::check_view(dk, where, "dk", k.tokens, shape.heads_kv, shape.head_dim);
+    seqpar::detail::check_view(dv, where, "dv", k.tokens, shape.heads_kv, shape.head_dim);
+    check_workspace(shape, q.tokens, k.tokens, workspace, where);
+    SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
+    if (q.tokens == 0 || k.tokens == 0 || slices.empty()) return;
+    if (shape.head_dim == 64) {
+      launch_backward<64>(exec, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace, where);
+    } else {
+      launch_backward<128>(exec, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace, where);
+    }
+  }
+
+  /// On the kernel's own context.
+  void forward(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
+               std::span<const AttnSlice> slices, ThdView<T> o, LseView<float> lse, std::span<std::byte> workspace) {
+    forward(exec_, shape, q, k, v, slices, o, lse, workspace);
+  }
+  void backward(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
+                ThdView<const T> o, LseView<const float> lse, ThdView<const T> dout, std::span<const AttnSlice> slices,
+                ThdView<T> dq, ThdView<T> dk, ThdView<T> dv, std::span<std::byte> workspace) {
+    backward(exec_, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace);
+  }
+
+ private:
+  static constexpr std::size_t aligned(std::size_t n) noexcept { return (n + 255) / 256 * 256; }
+
+  // The table is sized for q_rows slices and q_rows tiles: every tile and every slice (after
+  // dropping those without rows) holds at least one of the call's disjoint query rows.
+  static cuda::detail::TileTableLayout table_layout(std::int64_t q_rows, int num_tiles, const char* where) {
+    const int n = static_cast<int>(q_rows);
+    return cuda::detail::TileTableLayout(n, n, cuda::detail::TileTableLayout::cub_bytes(n, num_tiles, where));
+  }
+
+  static void check_inputs(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
+                           std::span<const AttnSlice> slices, const char* where) {
+    shape.validate(where);
+    seqpar::detail::require(shape.head_dim == 64 || shape.head_dim == 128, where, "shape.head_dim", shape.head_dim,
+                            "the CUDA kernels are built for head dims 64 and 128");
+    seqpar::detail::require(q.tokens < std::numeric_limits<int>::max(), where, "q.tokens", q.tokens,
+                            "must be below 2^31 (tile tables index rows with 32 bits)");
+    seqpar::detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.head_dim);
+    seqpar::detail::check_view(k, where, "k", k.tokens, shape.heads_kv, shape.head_dim);
+    seqpar::detail::check_view(v, where, "v", k.tokens, shape.heads_kv, shape.head_dim);
+    // The slices themselves are in device memory (checked where they were uploaded); their count
+    // bounds the tile table.
+    if (static_cast<std::int64_t>(slices.size()) > q.tokens)
+      seqpar::detail::throw_invalid(where, "slices.size()", slices.size(),
+                                    "exceeds q.tokens = " + std::to_string(q.tokens) +
+                                        ": drop slices without query rows (cuda::DeviceSlices does)");
+  }
+
+  void check_workspace(const AttentionShape& shape, std::int64_t q_rows, std::int64_t k_rows,
+                       std::span<std::byte> workspace, const char* where) const {
+    const std::size_t need = workspace_bytes(shape, q_rows, k_rows);
+    if (workspace.size() < need)
+      seqpar::detail::throw_invalid(where, "workspace.size()", workspace.size(),
+                                    "needs workspace_bytes() = " + std::to_string(need));
+  }
+
+  static cuda::detail::DeviceThd<const T> device(ThdView<const T> v) { return {v.data, v.token_stride, v.head_stride}; }
+  static cuda::detail::DeviceThd<T> device(ThdView<T> v) { return {v.data, v.token_stride, v.head_stride}; }
+
+  static void fill_empty(ThdView<T> o, LseView<float> lse, const AttentionShape& shape, cudaStream_t stream,
+                         const char* where) {
+    const std::int64_t n = o.tokens * shape.heads_q * shape.head_dim;
+    const int blocks = static_cast<int>(std::min<std::int64_t>((n + 255) / 256, 4096));
+    cuda::detail::fill_empty_kernel<T>
+        <<<blocks, 256, 0, stream>>>(device(o), {lse.data, lse.head_stride}, o.tokens, shape.heads_q, shape.head_dim);
+    SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
+  }
+
+  // Builds the tile table of `slices` for tiles of `rows` query rows in the workspace after `skip` bytes.
+  static std::pair<cuda::detail::TileTable, std::int64_t> tile_table(std::span<const AttnSlice> slices,
+                                                                     std::int64_t q_rows, int rows,
+                                                                     std::span<std::byte> workspace, std::size_t skip,
+                                                                     cudaStream_t stream, const char* where) {
+    const std::int64_t tiles = cuda::detail::max_tiles(q_rows, static_cast<std::int64_t>(slices.size()), rows);
+    const auto layout = table_layout(q_rows, static_cast<int>(tiles), where);
+    const auto table =
+        cuda::detail::build_tile_table(slices.data(), static_cast<int>(slices.size()), rows, static_cast<int>(tiles),
+                                       layout, workspace.data() + skip, stream, where);
+    return {table, tiles};
+  }
+
+  template <class Kernel>
+  static void allow_shared(Kernel kernel, std::size_t bytes, const cuda::CudaExec& exec, const char* where) {
+    if (bytes > static_cast<std::size_t>(exec.max_shared_bytes()))
+      throw Error(Errc::kStepFailed, std::string(where) + ": the kernel needs " + std::to_string(bytes) +
+                                         " bytes of shared memory per block, the device allows " +
+                                         std::to_string(exec.max_shared_bytes()));
+    SEQPAR_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)), where);
+  }
+
+  static unsigned grid_of(std::int64_t blocks, const char* where) {
+    if (blocks > std::numeric_limits<int>::max())
+      throw std::invalid_argument(std::string(where) + ": " + std::to_string(blocks) +
+                                  " blocks exceed the grid's limit (2^31 - 1)");
+    return static_cast<unsigned>(blocks);
+  }
+
+  template <int D>
+  void launch_forward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
+                      ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o, LseView<float> lse,
+                      std::span<std::byte> workspace, const char* where) const {
+    using Plan = cuda::detail::ForwardPlan<T, D>;
+    const cudaStream_t stream = exec.stream();
+    const auto [table, tiles] = tile_table(slices, q.tokens, Plan::kRows, workspace, 0, stream, where);
+    cuda::detail::ForwardParams<T> p{device(q),
+                                     device(k),
+                                     device(v),
+                                     device(o),
+                                     {lse.data, lse.head_stride},
+                                     shape.heads_q,
+                                     shape.group_size(),
+                                     static_cast<float>(shape.scale()),
+                                     slices.data(),
+                                     table};
+    const auto kernel = cuda::detail::flash_forward_kernel<T, D>;
+    allow_shared(kernel, Plan::kBytes, exec, where);
+    kernel<<<grid_of(tiles * shape.heads_q, where), Plan::kThreads, Plan::kBytes, stream>>>(p);
+    SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
+  }
+
+  template <int D>
+  void launch_backward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
+                       ThdView<const T> v, ThdView<const T> o, LseView<const float> lse, ThdView<const T> dout,
+                       std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
+                       std::span<std::byte> workspace, const char* where) const {
+    using DqPlan = cuda::detail::DqPlan<T, D>;
+    using DkvPlan = cuda::detail::DkvPlan<T, D>;
+    const cudaStream_t stream = exec.stream();
+    auto* delta = reinterpret_cast<float*>(workspace.data());
+    const std::size_t delta_bytes =
+        aligned(sizeof(float) * static_cast<std::size_t>(shape.heads_q) * static_cast<std::size_t>(q.tokens));
+    const auto [table, tiles] = tile_table(slices, q.tokens, DqPlan::kRows, workspace, delta_bytes, stream, where);
+    cuda::detail::BackwardParams<T> p{device(q),
+                                      device(k),
+                                      device(v),
+                                      device(o),
+                                      device(dout),
+                                      device(dq),
+                                      device(dk),
+                                      device(dv),
+                                      {lse.data, lse.head_stride},
+                                      {delta, q.tokens},
+                                      q.tokens,
+                                      k.tokens,
+                                      shape.heads_q,
+                                      shape.heads_kv,
+                                      shape.group_size(),
+                                      shape.head_dim,
+                                      static_cast<float>(shape.scale()),
+                                      slices.data(),
+                                      static_cast<int>(slices.size()),
+                                      table};
+    const std::int64_t warps = q.tokens * shape.heads_q;
+    cuda::detail::delta_kernel<T><<<grid_of((warps + 7) / 8, where), 256, 0, stream>>>(p);
+    SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
+
+    const auto dq_kernel = cuda::detail::flash_dq_kernel<T, D>;
+    allow_shared(dq_kernel, DqPlan::kBytes, exec, where);
+    dq_kernel<<<grid_of(tiles * shape.heads_q, where), DqPlan::kThreads, DqPlan::kBytes, stream>>>(p);
+    SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
+
+    const auto dkv_kernel = cuda::detail::flash_dkv_kernel<T, D>;
+    allow_shared(dkv_kernel, DkvPlan::kBytes, exec, where);
+    const dim3 grid(grid_of((k.tokens + DkvPlan::kKeys - 1) / DkvPlan::kKeys, where),
+                    static_cast<unsigned>(shape.heads_kv));
+    dkv_kernel<<<grid, DkvPlan::kThreads, DkvPlan::kBytes, stream>>>(p);
+    SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
+  }
+
+  cuda::CudaExec exec_;
+};
+
+static_assert(AttentionKernel<CudaFlash<float>>);
+
+}  // namespace seqpar::attention

@@ -246,8 +246,8 @@ class AttentionEngine {
     e.forward.initialize(e.program.forward, kernel_);
     e.backward.initialize(e.program.backward, kernel_);
     e.group = &group_transport(e.plan);
-    e.inner = level_transport(e.program.forward.splits[static_cast<std::size_t>(comm::Level::kInner)]);
-    e.outer = level_transport(e.program.forward.splits[static_cast<std::size_t>(comm::Level::kOuter)]);
+    e.inner = level_transport(e.program.forward.splits[static_cast<std::size_t>(comm::Level::kInner)], 0, e.plan);
+    e.outer = level_transport(e.program.forward.splits[static_cast<std::size_t>(comm::Level::kOuter)], 1, e.plan);
     // An eagerly buffering transport holds at most what one run receives: room for it now, so that
     // steady-state calls allocate nothing whatever the threads' timing.
     AnyTransport* const levels[] = {e.group, e.inner, e.outer};
@@ -283,10 +283,18 @@ class AttentionEngine {
     return *it->second;
   }
 
-  // A communicator's inner/outer level as a split of the world (collective; cached per color/key).
-  AnyTransport* level_transport(const comm::Program::LevelSplit& split) {
+  // A communicator's inner/outer level as a split of the world (collective on a cache miss). Cached
+  // under the plan's grouping as well as this rank's (color, key): the grouping is the same on every
+  // rank, so every rank hits or misses together. Keyed by (color, key) alone, a rank could find its
+  // level cached from an earlier batch with another grouping while a peer must split, and the two
+  // would call different collectives (found running chunked batches under BatchAware x Hierarchical).
+  AnyTransport* level_transport(const comm::Program::LevelSplit& split, int level, const ShardPlan& plan) {
     if (split.color < 0) return nullptr;
-    const std::vector<int> signature{-2, split.color, split.key};
+    std::vector<int> signature{-2 - level, split.color, split.key};
+    for (const auto& g : plan.groups) {
+      signature.insert(signature.end(), g.begin(), g.end());
+      signature.push_back(-1);
+    }
     auto it = groups_.find(signature);
     if (it == groups_.end())
       it = groups_.emplace(signature, std::make_unique<AnyTransport>(world_.split(split.color, split.key))).first;

@@ -17,6 +17,7 @@
 /// @endcode
 
 #include <concepts>
+#include <cstdint>
 #include <vector>
 
 #include "seqpar/core/document_batch.hpp"
@@ -27,11 +28,25 @@ namespace seqpar::schedule {
 /// Opt-in tag of batch-level schedulers.
 struct scheduler_tag {};
 
-/// A piece of work a batch-level scheduler hands to the attention: a batch of its own, and the global
-/// token ranges of the scheduled batch it covers, in the chunk's token order.
+/// What a chunk is made of (DPP's chunk types).
+enum class ChunkKind : std::uint8_t {
+  kWhole,    ///< the batch as given (Static)
+  kSplit,    ///< one balanced slice of a long document
+  kBatched,  ///< short documents packed together
+  kHybrid,   ///< a long document's tail slice plus short documents
+};
+
+/// A piece of work a batch-level scheduler hands to the attention: a batch of its own, the global
+/// token ranges of the scheduled batch it covers (in the chunk's token order; concatenated they are
+/// the chunk batch's tokens), and for each range the global keys its queries also attend to, carried
+/// from earlier chunks (a split document's earlier slices; empty for a whole document). A range with
+/// a prefix is one document piece of the chunk batch, and its prefix is that document's tokens before it.
 struct Chunk {
   DocumentBatch batch;
   std::vector<Range> tokens;
+  std::vector<Range> prefix;  ///< same size as tokens
+  ChunkKind kind = ChunkKind::kWhole;
+  double cost = 0;  ///< the scheduler's cost estimate (DynamicChunk: its cost model's units)
 };
 
 template <class S>
@@ -47,7 +62,7 @@ struct Static {
   struct Arguments {};
   Arguments args;
   [[nodiscard]] std::vector<Chunk> chunks(const DocumentBatch& batch) const {
-    return {Chunk{batch, {Range{0, batch.total_tokens()}}}};
+    return {Chunk{batch, {Range{0, batch.total_tokens()}}, {Range{0, 0}}, ChunkKind::kWhole, 0.0}};
   }
 };
 

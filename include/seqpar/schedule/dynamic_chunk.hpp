@@ -1,0 +1,258 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+/// @file
+/// `schedule::DynamicChunk`: DPP's workload-balanced chunking (InfiniPipe / Concertina, Alg. 1;
+/// ../shared/research/seeds.md section 4). A batch becomes an ordered list of chunks:
+///  - split chunks: every long document is cut by one slicing mesh into slices of equal *cost*
+///    (causal attention makes later positions dearer, so later slices are shorter);
+///  - batched chunks: short documents packed best-fit-decreasing under the token capacity and the
+///    time target;
+///  - hybrid chunks: a long document's tail slice (what remains after its last mesh cut) plus short
+///    documents packed with it.
+/// The mesh comes from the longest document: K slices of equal cost c(L) / K, whose cost is the time
+/// target T_t. Because the cost of a slice depends only on its positions, the same mesh gives every
+/// long document equal-cost slices and a cheaper tail. A slice's queries attend to its document's
+/// earlier tokens too: the chunk names them as its prefix (carried from earlier chunks by
+/// `ChunkedAttention`, never recomputed). Chunks are ordered so that a document's slices run in
+/// order: split chunks (longest document first, slice by slice), then the packed chunks by cost.
+///
+/// Cost model (`ChunkCost`): time of document positions [a, b) = per_token * (b - a) +
+/// per_pair * (causal (query, key) pairs of those rows) — GEMMs per token, attention per pair, in any
+/// unit (e.g. seconds from `replay::`'s hardware profile, or per_pair = 1 and per_token = 6 x hidden,
+/// the FLOP ratio of a transformer layer's GEMMs to its attention).
+///
+/// @code
+/// schedule::DynamicChunk sched{{.token_capacity = 16384}};          // K: the fewest slices that fit
+/// for (const schedule::Chunk& c : sched.chunks(batch)) { ... }      // split, hybrid, batched
+/// @endcode
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "seqpar/core/document_batch.hpp"
+#include "seqpar/core/error.hpp"
+#include "seqpar/core/range.hpp"
+#include "seqpar/schedule/static.hpp"
+
+namespace seqpar::schedule {
+
+/// Linear cost of document positions: GEMMs per token plus attention per causal (query, key) pair.
+struct ChunkCost {
+  double per_token = 0.0;
+  double per_pair = 1.0;
+
+  /// Causal pairs of the rows [a, b) of a document: row i sees i + 1 keys.
+  [[nodiscard]] static constexpr double pairs(std::int64_t a, std::int64_t b) noexcept {
+    const auto tri = [](std::int64_t n) { return 0.5 * static_cast<double>(n) * static_cast<double>(n + 1); };
+    return tri(b) - tri(a);
+  }
+  /// Cost of the rows [a, b) of one document.
+  [[nodiscard]] constexpr double of(std::int64_t a, std::int64_t b) const noexcept {
+    return per_token * static_cast<double>(b - a) + per_pair * pairs(a, b);
+  }
+  /// The smallest x in [0, limit] with of(0, x) >= target (limit when none).
+  [[nodiscard]] std::int64_t position_of(double target, std::int64_t limit) const noexcept {
+    if (target <= 0) return 0;
+    // of(0, x) = per_pair x (x + 1) / 2 + per_token x: solve the quadratic, then fix the rounding.
+    double x = 0;
+    if (per_pair > 0) {
+      const double b = per_token + per_pair / 2;
+      x = (-b + std::sqrt(b * b + 2 * per_pair * target)) / per_pair;
+    } else {
+      x = target / per_token;
+    }
+    auto n = std::clamp<std::int64_t>(static_cast<std::int64_t>(x), 0, limit);
+    while (n > 0 && of(0, n - 1) >= target) --n;
+    while (n < limit && of(0, n) < target) ++n;
+    return n;
+  }
+  void validate(const char* where) const {
+    seqpar::detail::require(std::isfinite(per_token) && per_token >= 0, where, "args.cost.per_token", per_token,
+                            "must be finite and >= 0");
+    seqpar::detail::require(std::isfinite(per_pair) && per_pair >= 0 && per_pair + per_token > 0, where,
+                            "args.cost.per_pair", per_pair, "must be finite and >= 0, and per_pair + per_token > 0");
+  }
+};
+
+/// A piece of one document inside a chunk: document index (in the batch), rows [begin, end) of it.
+struct ChunkPiece {
+  int document = 0;
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+};
+
+/// The chunk plan with what it was made from (for tools, tests and the pipeline scheduler).
+struct ChunkPlan {
+  std::vector<Chunk> chunks;
+  std::vector<std::vector<ChunkPiece>> pieces;  ///< per chunk, in the chunk's token order
+  std::vector<std::int64_t> mesh;               ///< cut positions b_1 < ... < b_K = longest length
+  double time_target = 0;                       ///< T_t after any loosening
+  int slices = 0;                               ///< K
+};
+
+struct DynamicChunk {
+  using policy_category = scheduler_tag;
+  struct Arguments {
+    /// Most tokens in one chunk (DPP's T_m, the memory cap), >= 1.
+    std::int64_t token_capacity = 0;
+    /// Most cost in one chunk (T_t); 0: the cost of one mesh slice, c(longest) / slices.
+    double time_target = 0;
+    /// Slices of the longest document (K); 0: the fewest whose slices fit token_capacity.
+    int slices = 0;
+    ChunkCost cost{};
+  };
+  Arguments args;
+
+  [[nodiscard]] std::vector<Chunk> chunks(const DocumentBatch& batch) const { return plan(batch).chunks; }
+
+  [[nodiscard]] ChunkPlan plan(const DocumentBatch& batch) const {
+    constexpr const char* where = "schedule::DynamicChunk";
+    seqpar::detail::require(args.token_capacity >= 1, where, "args.token_capacity", args.token_capacity,
+                            "must be >= 1");
+    seqpar::detail::require(args.slices >= 0, where, "args.slices", args.slices, "must be >= 0 (0 = automatic)");
+    seqpar::detail::require(std::isfinite(args.time_target) && args.time_target >= 0, where, "args.time_target",
+                            args.time_target, "must be finite and >= 0 (0 = one mesh slice)");
+    args.cost.validate(where);
+    seqpar::detail::require(batch.total_tokens() > 0, where, "batch.total_tokens()", batch.total_tokens(),
+                            "an empty batch has nothing to chunk");
+    const auto docs = batch.documents();
+    std::int64_t longest = 0;
+    for (const Document& d : docs) longest = std::max(longest, d.tokens.size());
+
+    ChunkPlan out;
+    out.slices = args.slices;
+    if (out.slices == 0) {
+      // The first slice of an equal-cost mesh is the longest in tokens: grow K until it fits.
+      out.slices = 1;
+      while (mesh(longest, out.slices).front() > args.token_capacity) ++out.slices;
+    }
+    out.mesh = mesh(longest, out.slices);
+    for (std::size_t i = 0; i < out.mesh.size(); ++i) {
+      const std::int64_t len = out.mesh[i] - (i == 0 ? 0 : out.mesh[i - 1]);
+      if (len > args.token_capacity)
+        seqpar::detail::throw_invalid(where, "args.slices", args.slices,
+                                      "slice " + std::to_string(i) + " of the longest document (" +
+                                          std::to_string(longest) + " tokens) has " + std::to_string(len) +
+                                          " tokens, more than args.token_capacity = " +
+                                          std::to_string(args.token_capacity) + " (use more slices, or 0)");
+    }
+    const double slice_cost = args.cost.of(0, longest) / static_cast<double>(out.mesh.size());
+    double target = args.time_target > 0 ? args.time_target : slice_cost;
+
+    // Long documents: cut by the mesh. Every piece but the last is a full slice (its own chunk); the
+    // last is full when the length is a mesh position, otherwise a tail that seeds a bucket.
+    struct Bucket {
+      std::vector<ChunkPiece> pieces;
+      std::int64_t tokens = 0;
+      double cost = 0;
+      bool has_tail = false;
+    };
+    std::vector<int> order(docs.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      return docs[static_cast<std::size_t>(a)].tokens.size() > docs[static_cast<std::size_t>(b)].tokens.size();
+    });
+    std::vector<std::vector<ChunkPiece>> split_chunks;
+    std::vector<Bucket> buckets;
+    std::vector<int> shorts;
+    for (int di : order) {
+      const std::int64_t n = docs[static_cast<std::size_t>(di)].tokens.size();
+      if (n <= out.mesh.front()) {
+        shorts.push_back(di);
+        continue;
+      }
+      std::int64_t at = 0;
+      for (std::int64_t cut : out.mesh) {
+        if (cut > n) break;
+        split_chunks.push_back({{di, at, cut}});
+        at = cut;
+      }
+      if (at < n) buckets.push_back({{{di, at, n}}, n - at, args.cost.of(at, n), true});
+    }
+    // Short documents, dearest first, best fit: among the buckets with room, the one with the least
+    // cost per token (the least long-document share); if none is under the time target, the target
+    // is loosened to the cheapest fit (Alg. 1); if none has room, a new bucket.
+    std::stable_sort(shorts.begin(), shorts.end(), [&](int a, int b) {
+      return docs[static_cast<std::size_t>(a)].tokens.size() > docs[static_cast<std::size_t>(b)].tokens.size();
+    });
+    for (int di : shorts) {
+      const std::int64_t n = docs[static_cast<std::size_t>(di)].tokens.size();
+      const double c = args.cost.of(0, n);
+      Bucket* best = nullptr;
+      Bucket* cheapest = nullptr;
+      for (Bucket& b : buckets) {
+        if (b.tokens + n > args.token_capacity) continue;
+        if (cheapest == nullptr || b.cost < cheapest->cost) cheapest = &b;
+        if (b.cost + c > target) continue;
+        const double ratio = b.cost / static_cast<double>(b.tokens);
+        if (best == nullptr || ratio < best->cost / static_cast<double>(best->tokens)) best = &b;
+      }
+      if (best == nullptr && cheapest != nullptr && c <= target) {
+        target = cheapest->cost + c;  // loosen T_t to the cheapest bucket that has room
+        best = cheapest;
+      }
+      if (best == nullptr) {
+        buckets.push_back({{}, 0, 0.0, false});
+        best = &buckets.back();
+      }
+      best->pieces.push_back({di, 0, n});
+      best->tokens += n;
+      best->cost += c;
+    }
+    out.time_target = target;
+
+    std::stable_sort(buckets.begin(), buckets.end(), [](const Bucket& a, const Bucket& b) { return a.cost > b.cost; });
+    for (auto& pieces : split_chunks) add_chunk(batch, pieces, ChunkKind::kSplit, out);
+    for (Bucket& b : buckets) add_chunk(batch, b.pieces, b.has_tail ? ChunkKind::kHybrid : ChunkKind::kBatched, out);
+    return out;
+  }
+
+  /// Cut positions b_1 < ... < b_K = length of K equal-cost slices of a document of `length` tokens
+  /// (fewer when length < K: a slice has at least one token).
+  [[nodiscard]] std::vector<std::int64_t> mesh(std::int64_t length, int slices) const {
+    const double total = args.cost.of(0, length);
+    std::vector<std::int64_t> cuts;
+    for (int i = 1; i <= slices; ++i) {
+      const std::int64_t x =
+          i == slices ? length : args.cost.position_of(total * static_cast<double>(i) / slices, length);
+      if (x > (cuts.empty() ? 0 : cuts.back())) cuts.push_back(x);
+    }
+    return cuts;
+  }
+
+ private:
+  // A chunk batch keeps the pieces' sequences apart (one chunk sequence per original sequence,
+  // in order), so that batch-aware partitioners still see sequences.
+  void add_chunk(const DocumentBatch& batch, std::vector<ChunkPiece> pieces, ChunkKind kind, ChunkPlan& out) const {
+    const auto docs = batch.documents();
+    std::stable_sort(pieces.begin(), pieces.end(), [&](const ChunkPiece& a, const ChunkPiece& b) {
+      return docs[static_cast<std::size_t>(a.document)].sequence < docs[static_cast<std::size_t>(b.document)].sequence;
+    });
+    std::vector<std::vector<std::int64_t>> sequences;
+    int last = -1;
+    Chunk c;
+    c.kind = kind;
+    for (const ChunkPiece& p : pieces) {
+      const Document& d = docs[static_cast<std::size_t>(p.document)];
+      if (d.sequence != last) sequences.emplace_back();
+      last = d.sequence;
+      sequences.back().push_back(p.end - p.begin);
+      c.tokens.push_back({d.tokens.begin + p.begin, d.tokens.begin + p.end});
+      c.prefix.push_back({d.tokens.begin, d.tokens.begin + p.begin});
+      c.cost += args.cost.of(p.begin, p.end);
+    }
+    c.batch = DocumentBatch(sequences);
+    out.chunks.push_back(std::move(c));
+    out.pieces.push_back(std::move(pieces));
+  }
+};
+
+static_assert(Scheduler<DynamicChunk>);
+
+}  // namespace seqpar::schedule

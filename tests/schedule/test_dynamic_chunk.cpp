@@ -1,0 +1,250 @@
+// SPDX-License-Identifier: Apache-2.0
+// DynamicChunk (DPP's workload-balanced chunking) and ChunkedAttention (chunk-by-chunk attention with
+// the KV prefix carried): the chunk plan's invariants on random batches, and, for every partitioner x
+// communicator combination on 1..8 in-process ranks, forward and backward over all chunks equal to
+// attention over the whole batch (fp64 reference), with long documents split 2-8 ways.
+#include <doctest/doctest.h>
+
+#include <seqpar/schedule/chunked_attention.hpp>
+#include <seqpar/schedule/dynamic_chunk.hpp>
+#include <seqpar/seqpar.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <random>
+#include <string>
+
+#include "support/distributed_check.hpp"
+#include "support/strategy_list.hpp"
+
+using namespace seqpar;
+
+namespace {
+
+// Long documents (a few times the capacity) among lognormal short ones, over `sequences` sequences.
+DocumentBatch long_tail_batch(int sequences, std::int64_t capacity, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<std::int64_t>> seqs;
+  for (int b = 0; b < sequences; ++b) {
+    std::vector<std::int64_t> docs = test::lognormal_docs(20 + static_cast<std::int64_t>(rng() % 30), 6.0, 1.0, rng);
+    if (b % 2 == 0) docs.push_back(capacity + static_cast<std::int64_t>(rng() % static_cast<unsigned>(3 * capacity)));
+    std::shuffle(docs.begin(), docs.end(), rng);
+    seqs.push_back(docs);
+  }
+  return DocumentBatch(seqs);
+}
+
+void check_plan(const DocumentBatch& batch, const schedule::DynamicChunk& sched) {
+  const schedule::ChunkPlan plan = sched.plan(batch);
+  const auto& a = sched.args;
+  std::vector<int> seen(static_cast<std::size_t>(batch.total_tokens()), 0);
+  std::vector<std::int64_t> next(batch.documents().size(), 0);  // next row of each document to run
+  REQUIRE(plan.chunks.size() == plan.pieces.size());
+  const double slice_cost = a.cost.of(0, plan.mesh.back()) / static_cast<double>(plan.mesh.size());
+  for (std::size_t c = 0; c < plan.chunks.size(); ++c) {
+    const schedule::Chunk& ch = plan.chunks[c];
+    REQUIRE(ch.tokens.size() == ch.prefix.size());
+    CHECK(ch.batch.total_tokens() <= a.token_capacity);
+    std::int64_t tokens = 0;
+    for (std::size_t i = 0; i < ch.tokens.size(); ++i) {
+      const schedule::ChunkPiece& p = plan.pieces[c][i];
+      const Document& d = batch.documents()[static_cast<std::size_t>(p.document)];
+      CHECK(ch.tokens[i] == Range{d.tokens.begin + p.begin, d.tokens.begin + p.end});
+      CHECK(ch.prefix[i] == Range{d.tokens.begin, d.tokens.begin + p.begin});
+      CHECK(next[static_cast<std::size_t>(p.document)] == p.begin);  // a document's slices run in order
+      next[static_cast<std::size_t>(p.document)] = p.end;
+      for (std::int64_t t = ch.tokens[i].begin; t < ch.tokens[i].end; ++t) ++seen[static_cast<std::size_t>(t)];
+      tokens += ch.tokens[i].size();
+      CHECK(ch.batch.documents()[i].tokens.size() == ch.tokens[i].size());
+    }
+    CHECK(tokens == ch.batch.total_tokens());
+    if (ch.kind == schedule::ChunkKind::kSplit) {
+      REQUIRE(ch.tokens.size() == 1);
+      const auto& p = plan.pieces[c][0];
+      // Equal cost up to one token's worth (mesh positions are whole tokens).
+      CHECK(std::abs(a.cost.of(p.begin, p.end) - slice_cost) <= a.cost.of(p.end - 1, p.end + 1) + 1e-9);
+    } else {
+      CHECK(ch.cost <= plan.time_target * (1 + 1e-12));
+      int tails = 0;
+      for (const Range& pre : ch.prefix) tails += pre.empty() ? 0 : 1;
+      CHECK(tails == (ch.kind == schedule::ChunkKind::kHybrid ? 1 : 0));
+    }
+  }
+  for (int s : seen) CHECK(s == 1);
+  for (std::size_t d = 0; d < next.size(); ++d) CHECK(next[d] == batch.documents()[d].tokens.size());
+}
+
+// Runs `chunks` chunk by chunk with the attention `make` builds on `world` ranks and compares with the
+// reference on the whole batch.
+test::Errors check_chunked(const DocumentBatch& batch, const std::vector<schedule::Chunk>& chunks,
+                           const AttentionShape& shape, int world,
+                           const test::AttentionFactory<attention::Reference<double>>& make, std::uint32_t seed) {
+  using Kernel = attention::Reference<double>;
+  const std::int64_t n = batch.total_tokens();
+  const int d = shape.head_dim;
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  ThdTensor<double> q(n, shape.heads_q, d), k(n, shape.heads_kv, d), v(n, shape.heads_kv, d), dout(n, shape.heads_q, d);
+  for (auto* t : {&q, &k, &v, &dout})
+    for (auto& x : t->storage) x = normal(rng);
+  ThdTensor<double> o_ref(n, shape.heads_q, d), dq_ref(n, shape.heads_q, d), dk_ref(n, shape.heads_kv, d),
+      dv_ref(n, shape.heads_kv, d);
+  LseTensor<double> lse_ref(shape.heads_q, n);
+  const attention::Reference<double> ref;
+  const auto slices = batch.document_causal_slices();
+  ref.forward(shape, q.view(), k.view(), v.view(), slices, o_ref.view(), lse_ref.view());
+  ref.backward(shape, q.view(), k.view(), v.view(), o_ref.view(), lse_ref.view(), dout.view(), slices, dq_ref.view(),
+               dk_ref.view(), dv_ref.view());
+  ThdTensor<double> o_got(n, shape.heads_q, d), dq_got(n, shape.heads_q, d), dk_got(n, shape.heads_kv, d),
+      dv_got(n, shape.heads_kv, d);
+  LseTensor<double> lse_got(shape.heads_q, n);
+  std::mutex mu;
+  backend::inproc::World(world).run([&](backend::inproc::Transport& transport) {
+    const auto owner = make(transport);
+    schedule::ChunkedAttention<Kernel> chunked(*owner, transport);
+    chunked.begin(chunks);
+    const int nc = chunked.num_chunks();
+    struct Local {
+      ThdTensor<double> q, k, v, o, dout, dq, dk, dv;
+      LseTensor<double> lse;
+    };
+    std::vector<Local> loc(static_cast<std::size_t>(nc));
+    const auto gather = [&](int c, const ThdTensor<double>& g) {
+      ThdTensor<double> l(chunked.local_tokens(c), g.heads, d);
+      std::int64_t row = 0;
+      for (const Range& r : chunked.owned_global(c))
+        for (std::int64_t t = r.begin; t < r.end; ++t, ++row)
+          for (int h = 0; h < g.heads; ++h) std::copy_n(g.view().row(t, h), d, l.view().row(row, h));
+      return l;
+    };
+    for (int c = 0; c < nc; ++c) {
+      Local& l = loc[static_cast<std::size_t>(c)];
+      const std::int64_t m = chunked.local_tokens(c);
+      l.q = gather(c, q), l.k = gather(c, k), l.v = gather(c, v), l.dout = gather(c, dout);
+      l.o = ThdTensor<double>(m, shape.heads_q, d);
+      l.lse = LseTensor<double>(shape.heads_q, m);
+      chunked.forward(c, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view());
+    }
+    for (int c = nc - 1; c >= 0; --c) {
+      Local& l = loc[static_cast<std::size_t>(c)];
+      const std::int64_t m = chunked.local_tokens(c);
+      l.dq = ThdTensor<double>(m, shape.heads_q, d);
+      l.dk = ThdTensor<double>(m, shape.heads_kv, d);
+      l.dv = ThdTensor<double>(m, shape.heads_kv, d);
+      chunked.backward(c, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view(), l.dout.view(), l.dq.view(),
+                       l.dk.view(), l.dv.view());
+    }
+    std::lock_guard lock(mu);
+    for (int c = 0; c < nc; ++c) {
+      const Local& l = loc[static_cast<std::size_t>(c)];
+      std::int64_t row = 0;
+      for (const Range& r : chunked.owned_global(c))
+        for (std::int64_t t = r.begin; t < r.end; ++t, ++row) {
+          for (int h = 0; h < shape.heads_q; ++h) {
+            std::copy_n(l.o.view().row(row, h), d, o_got.view().row(t, h));
+            std::copy_n(l.dq.view().row(row, h), d, dq_got.view().row(t, h));
+            lse_got.view()(h, t) = l.lse.view()(h, row);
+          }
+          for (int h = 0; h < shape.heads_kv; ++h) {
+            std::copy_n(l.dk.view().row(row, h), d, dk_got.view().row(t, h));
+            std::copy_n(l.dv.view().row(row, h), d, dv_got.view().row(t, h));
+          }
+        }
+    }
+  });
+  const auto rel = [](const std::vector<double>& got, const std::vector<double>& want) {
+    double scale = 0, e = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      scale = std::max(scale, std::abs(want[i]));
+      e = std::max(e, std::abs(got[i] - want[i]));
+    }
+    return scale > 0 ? e / scale : e;
+  };
+  test::Errors err;
+  err.o = rel(o_got.storage, o_ref.storage);
+  err.lse = rel(lse_got.storage, lse_ref.storage);
+  err.dq = rel(dq_got.storage, dq_ref.storage);
+  err.dk = rel(dk_got.storage, dk_ref.storage);
+  err.dv = rel(dv_got.storage, dv_ref.storage);
+  return err;
+}
+
+}  // namespace
+
+TEST_SUITE("schedule") {
+  TEST_CASE("DynamicChunk: the mesh has equal-cost slices; the plan covers every token once, in order") {
+    std::mt19937 rng(5);
+    for (int trial = 0; trial < 60; ++trial) {
+      const std::int64_t cap = 16 + static_cast<std::int64_t>(rng() % 48);
+      const DocumentBatch batch = long_tail_batch(1 + trial % 4, cap, 100u + static_cast<unsigned>(trial));
+      schedule::DynamicChunk sched;
+      sched.args.token_capacity = cap;
+      sched.args.slices = trial % 3 == 0 ? 0 : 0;
+      sched.args.cost = trial % 2 == 0 ? schedule::ChunkCost{0.0, 1.0} : schedule::ChunkCost{24.0, 1.0};
+      INFO("trial " << trial << ", capacity " << cap);
+      check_plan(batch, sched);
+    }
+  }
+
+  TEST_CASE("DynamicChunk: explicit K, split 2-8 ways; later slices are shorter; bad arguments are named") {
+    const DocumentBatch batch({{400, 3, 9, 17}, {250, 40, 1, 2}});
+    for (int k = 2; k <= 8; ++k) {
+      schedule::DynamicChunk sched{{.token_capacity = 400, .time_target = 0, .slices = k, .cost = {}}};
+      const auto plan = sched.plan(batch);
+      CHECK(plan.mesh.size() == static_cast<std::size_t>(k));
+      for (std::size_t i = 1; i + 1 < plan.mesh.size(); ++i)
+        CHECK(plan.mesh[i] - plan.mesh[i - 1] >= plan.mesh[i + 1] - plan.mesh[i]);
+      check_plan(batch, sched);
+    }
+    CHECK_THROWS_WITH_AS((schedule::DynamicChunk{{.token_capacity = 0}}.plan(batch)),
+                         doctest::Contains("args.token_capacity"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(
+        (schedule::DynamicChunk{{.token_capacity = 100, .time_target = 0, .slices = 2, .cost = {}}}.plan(batch)),
+        doctest::Contains("args.slices"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(
+        (schedule::DynamicChunk{{.token_capacity = 100, .time_target = 0, .slices = 0, .cost = {-1.0, 1.0}}}.plan(
+            batch)),
+        doctest::Contains("args.cost.per_token"), std::invalid_argument);
+  }
+
+  TEST_CASE("ChunkedAttention over every strategy equals attention over the whole batch (fp64, 1..8 ranks)") {
+    int runs = 0;
+    test::for_each_combination([&]<class C>(C) {
+      using S = typename C::strategy;
+      typename S::Arguments args = C::arguments();
+      for (int world : {1, 2, 3, 4, 6, 8}) {
+        const std::int64_t cap = 24 + 4 * world;
+        const DocumentBatch batch = long_tail_batch(1 + world % 3, cap, 7u * static_cast<unsigned>(world) + 3u);
+        schedule::DynamicChunk sched;
+        sched.args.token_capacity = cap;
+        sched.args.slices = 2 + (world + static_cast<int>(C::name().size())) % 7;  // 2..8 ways
+        // The longest document may need more slices than asked to fit the capacity.
+        try {
+          (void)sched.plan(batch);
+        } catch (const std::invalid_argument&) {
+          sched.args.slices = 0;
+        }
+        const auto chunks = sched.chunks(batch);
+        const AttentionShape shape = world % 2 == 0 ? AttentionShape{4, 2, 8} : AttentionShape{2, 2, 8};
+        args.ranks_per_node = world >= 4 ? world / 2 : world;
+        bool ok = true;
+        for (const auto& ch : chunks)
+          ok = ok && S::can_implement(args, ch.batch, shape, Topology{world, args.ranks_per_node}).ok;
+        if (!ok) continue;  // refusals are the strategy tests' business
+        INFO(C::name() << ": world " << world << ", " << chunks.size() << " chunks, " << batch.documents().size()
+                       << " documents");
+        const auto err = check_chunked(
+            batch, chunks, shape, world,
+            [&](backend::inproc::Transport& t)
+                -> std::unique_ptr<runtime::AttentionEngine<attention::Reference<double>>> {
+              return std::make_unique<DistributedAttention<S, attention::Reference<double>>>(t, shape, args);
+            },
+            11u * static_cast<unsigned>(world));
+        CHECK(err.max() < 1e-9);
+        ++runs;
+      }
+    });
+    CHECK(runs > 100);
+  }
+}

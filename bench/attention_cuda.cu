@@ -1,0 +1,527 @@
+// SPDX-License-Identifier: Apache-2.0
+// CudaFlash forward/backward throughput on one GPU: bf16, 16 query and 16 KV heads, head dim 64 and
+// 128, 16K tokens as 1 x 16K, 4 x 4K and 32 x 512 causal sequences and as one packed sequence of
+// lognormal documents (document-causal). FLOPs = 4 * d * Hq * (visible pairs) forward, 2.5x that
+// backward, the FlashAttention convention, so that the figures compare with torch's SDPA backends
+// timed on the same shapes by bench/device/torch_peers.py (which reads --mixes-out).
+// Timing: CUDA events on the kernel's stream around `inner` back-to-back calls (inner chosen so that a
+// sample lasts a few milliseconds: launch gaps stay out of short cases), after warm-up; the figure is
+// the median over the samples, per call. dq/dk/dv accumulate, so they are zeroed before each backward
+// sample, outside the events. The device-to-device copy bandwidth of a 1 GiB buffer is measured in
+// the same run as the memory ceiling. Each forward is spot-checked against an fp64 reference on a few
+// rows, and every output is scanned for non-finite values: a fast wrong kernel does not pass unseen.
+//   attention_cuda [--smoke] [--json FILE] [--mixes-out FILE] [--head-dim D] [--reps N]
+// Without a CUDA device it says so and exits 77 (CTest: skipped), after writing --mixes-out.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "seqpar/core/attention_shape.hpp"
+#include "seqpar/core/attn_slice.hpp"
+#include "seqpar/core/document_batch.hpp"
+#include "seqpar/core/tensor.hpp"
+#include "seqpar/cuda/check.hpp"
+#include "seqpar/cuda/device_memory.hpp"
+#include "seqpar/cuda/exec.hpp"
+#include "seqpar/cuda/flash.cuh"
+#include "seqpar/cuda/slices.hpp"
+#include "support/json.hpp"
+
+// Inside seqpar::bench rather than `using namespace seqpar`: at global scope that would make `cuda`
+// ambiguous (seqpar::cuda, libcu++'s ::cuda) in the host stubs nvcc generates for CUB's kernels.
+namespace seqpar::bench {
+namespace {
+
+constexpr const char* kWhere = "attention_cuda";
+
+// ---- the token mixes ----------------------------------------------------------------------------
+// splitmix64 and Box-Muller written out rather than std::lognormal_distribution, whose algorithm is
+// the standard library's own: bench/device/torch_peers.py regenerates exactly these lengths when it
+// is given no --mixes file. sigma * z and median * exp(.) are single roundings (no add after a
+// multiply that a compiler could fuse), so C++ and Python on one libm agree bit for bit.
+struct SplitMix64 {
+  std::uint64_t state;
+  std::uint64_t next() {
+    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return (static_cast<double>(next() >> 11) + 0.5) * 0x1.0p-53; }  // in (0, 1)
+};
+
+std::vector<std::int64_t> lognormal_docs(std::int64_t tokens, double median, double sigma, std::uint64_t seed) {
+  SplitMix64 rng{seed};
+  std::vector<std::int64_t> docs;
+  for (std::int64_t left = tokens; left > 0;) {
+    const double u1 = rng.uniform(), u2 = rng.uniform();
+    const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+    const double x = median * std::exp(sigma * z);
+    const std::int64_t len = std::clamp<std::int64_t>(static_cast<std::int64_t>(x), 1, left);
+    docs.push_back(len);
+    left -= len;
+  }
+  return docs;
+}
+
+struct Mix {
+  std::string name;
+  std::vector<std::vector<std::int64_t>> sequences;  // document lengths per sequence
+};
+
+struct LognormalSpec {
+  double median, sigma;
+  std::uint64_t seed;
+};
+
+std::vector<Mix> make_mixes(std::int64_t tokens, const LognormalSpec& ln) {
+  std::vector<Mix> mixes;
+  for (std::int64_t seqs : {std::int64_t{1}, std::int64_t{4}, std::int64_t{32}}) {
+    if (tokens % seqs != 0 || tokens / seqs < 1) continue;
+    Mix m{std::to_string(seqs) + "x" + std::to_string(tokens / seqs), {}};
+    m.sequences.assign(static_cast<std::size_t>(seqs), {tokens / seqs});
+    mixes.push_back(std::move(m));
+  }
+  mixes.push_back({"lognormal", {lognormal_docs(tokens, ln.median, ln.sigma, ln.seed)}});
+  return mixes;
+}
+
+bool write_mixes(const std::string& path, std::int64_t tokens, const LognormalSpec& ln, const std::vector<Mix>& mixes) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    return false;
+  }
+  std::fprintf(f,
+               "{\"tokens\": %lld, \"lognormal\": {\"median\": %.17g, \"sigma\": %.17g, \"seed\": %llu, "
+               "\"generator\": \"splitmix64 + Box-Muller, see bench/attention_cuda.cu\"},\n \"mixes\": [\n",
+               static_cast<long long>(tokens), ln.median, ln.sigma, static_cast<unsigned long long>(ln.seed));
+  for (std::size_t i = 0; i < mixes.size(); ++i) {
+    std::fprintf(f, "  {\"name\": \"%s\", \"sequences\": [", mixes[i].name.c_str());
+    for (std::size_t s = 0; s < mixes[i].sequences.size(); ++s) {
+      std::fprintf(f, "%s[", s ? ", " : "");
+      const auto& docs = mixes[i].sequences[s];
+      for (std::size_t d = 0; d < docs.size(); ++d)
+        std::fprintf(f, "%s%lld", d ? ", " : "", static_cast<long long>(docs[d]));
+      std::fprintf(f, "]");
+    }
+    std::fprintf(f, "]}%s\n", i + 1 < mixes.size() ? "," : "");
+  }
+  std::fprintf(f, " ]\n}\n");
+  return std::fclose(f) == 0;
+}
+
+// ---- device helpers -----------------------------------------------------------------------------
+template <class T>
+__host__ __device__ float to_float(T x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat162float(x);
+  else if constexpr (std::is_same_v<T, __half>)
+    return __half2float(x);
+  else
+    return static_cast<float>(x);
+}
+
+template <class T>
+__device__ T from_float(float x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16(x);
+  else if constexpr (std::is_same_v<T, __half>)
+    return __float2half(x);
+  else
+    return static_cast<T>(x);
+}
+
+__device__ std::uint64_t mix64(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/// Standard normal values from a counter-based hash: inputs drawn on the device (a host generator
+/// would spend seconds on 16K x 16 x 128 x 4 values), never zeros, which can time faster than real data.
+template <class T>
+__global__ void fill_normal_kernel(T* p, std::size_t n, std::uint64_t seed) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const std::uint64_t h = mix64(seed * 0x9E3779B97F4A7C15ull + i);
+    const float u1 = (static_cast<float>(h >> 40) + 0.5f) * 0x1.0p-24f;
+    const float u2 = static_cast<float>((h >> 16) & 0xFFFFFF) * 0x1.0p-24f;
+    p[i] = from_float<T>(sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2));
+  }
+}
+
+template <class T>
+__global__ void count_nonfinite_kernel(const T* p, std::size_t n, unsigned long long* count) {
+  unsigned long long local = 0;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    local += isfinite(to_float(p[i])) ? 0 : 1;
+  if (local != 0) atomicAdd(count, local);
+}
+
+template <class T>
+void fill_normal(cudaStream_t s, const cuda::DeviceArray<T>& a, std::uint64_t seed) {
+  fill_normal_kernel<<<1024, 256, 0, s>>>(a.data(), a.size(), seed);
+  SEQPAR_CUDA_CHECK(cudaGetLastError(), "attention_cuda: fill_normal");
+}
+
+template <class T>
+unsigned long long count_nonfinite(cudaStream_t s, const cuda::DeviceArray<T>& a,
+                                   const cuda::DeviceArray<unsigned long long>& counter) {
+  SEQPAR_CUDA_CHECK(cudaMemsetAsync(counter.data(), 0, sizeof(unsigned long long), s), kWhere);
+  count_nonfinite_kernel<<<1024, 256, 0, s>>>(a.data(), a.size(), counter.data());
+  SEQPAR_CUDA_CHECK(cudaGetLastError(), "attention_cuda: count_nonfinite");
+  SEQPAR_CUDA_CHECK(cudaStreamSynchronize(s), kWhere);
+  return counter.to_host()[0];
+}
+
+// ---- timing -------------------------------------------------------------------------------------
+class Events {
+ public:
+  Events() {
+    SEQPAR_CUDA_CHECK(cudaEventCreate(&start_), kWhere);
+    SEQPAR_CUDA_CHECK(cudaEventCreate(&stop_), kWhere);
+  }
+  Events(const Events&) = delete;
+  Events& operator=(const Events&) = delete;
+  ~Events() {
+    (void)cudaEventDestroy(start_);
+    (void)cudaEventDestroy(stop_);
+  }
+  /// Milliseconds the stream spent on `body`.
+  template <class Body>
+  float time(cudaStream_t s, Body&& body) {
+    SEQPAR_CUDA_CHECK(cudaEventRecord(start_, s), kWhere);
+    body();
+    SEQPAR_CUDA_CHECK(cudaEventRecord(stop_, s), kWhere);
+    SEQPAR_CUDA_CHECK(cudaEventSynchronize(stop_), kWhere);
+    float ms = 0;
+    SEQPAR_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_), kWhere);
+    return ms;
+  }
+
+ private:
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
+struct Timing {
+  double ms = 0;  ///< median per call
+  double min_ms = 0;
+  int inner = 1;  ///< calls per sample
+  int samples = 0;
+};
+
+struct TimingPlan {
+  int warmup = 3;
+  int samples = 15;
+  double sample_ms = 4.0;  ///< a sample's target length: back-to-back calls hide the launch gaps
+  int max_inner = 100;
+};
+
+/// `before` runs outside the events before each sample (resets), `call` is what is timed.
+template <class Before, class Call>
+Timing time_calls(cudaStream_t s, const TimingPlan& plan, Before&& before, Call&& call) {
+  Events ev;
+  for (int i = 0; i < plan.warmup; ++i) {
+    before();
+    call();
+  }
+  before();
+  const double one = ev.time(s, call);
+  Timing t;
+  t.inner = std::clamp(static_cast<int>(std::ceil(plan.sample_ms / std::max(one, 1e-3))), 1, plan.max_inner);
+  std::vector<double> per_call;
+  for (int r = 0; r < plan.samples; ++r) {
+    before();
+    const double ms = ev.time(s, [&] {
+      for (int i = 0; i < t.inner; ++i) call();
+    });
+    per_call.push_back(ms / t.inner);
+  }
+  std::sort(per_call.begin(), per_call.end());
+  t.samples = plan.samples;
+  t.ms = per_call[per_call.size() / 2];
+  t.min_ms = per_call.front();
+  return t;
+}
+
+// ---- the fp64 spot check ------------------------------------------------------------------------
+struct Spot {
+  double o_err = 0, lse_err = 0;  ///< max abs error / max abs reference value (o); max abs error (lse)
+  int rows = 0;
+};
+
+/// A few (token, head) rows of the forward against an fp64 reference computed from the same bf16
+/// inputs: the last token of the longest document, a first token, and rows spread over the batch.
+template <class T>
+Spot spot_check(const DocumentBatch& batch, const AttentionShape& shape, const cuda::DeviceArray<T>& q,
+                const cuda::DeviceArray<T>& k, const cuda::DeviceArray<T>& v, const cuda::DeviceArray<T>& o,
+                const cuda::DeviceArray<float>& lse) {
+  SEQPAR_CUDA_CHECK(cudaDeviceSynchronize(), kWhere);  // to_host copies on the legacy stream, not the kernel's
+  const std::vector<T> hq = q.to_host(), hk = k.to_host(), hv = v.to_host(), ho = o.to_host();
+  const std::vector<float> hl = lse.to_host();
+  const std::int64_t n = batch.total_tokens();
+  const int d = shape.head_dim, H = shape.heads_q, Hk = shape.heads_kv;
+  std::vector<std::int64_t> tokens{0, n - 1, n / 3, (2 * n) / 3 + 1};
+  const auto docs = batch.documents();
+  const auto longest =
+      std::max_element(docs.begin(), docs.end(), [](auto& a, auto& b) { return a.tokens.size() < b.tokens.size(); });
+  tokens.push_back(longest->tokens.end - 1);
+  Spot spot;
+  double max_ref = 0, max_diff = 0;
+  for (std::int64_t t : tokens) {
+    t = std::clamp<std::int64_t>(t, 0, n - 1);
+    std::int64_t begin = 0;
+    for (const Document& doc : docs)
+      if (doc.tokens.begin <= t && t < doc.tokens.end) begin = doc.tokens.begin;
+    for (int h : {0, H - 1}) {
+      const int kv_head = h / shape.group_size();
+      const auto at = [&](const std::vector<T>& x, std::int64_t tok, int head, int heads, int c) {
+        return static_cast<double>(to_float(x[static_cast<std::size_t>((tok * heads + head) * d + c)]));
+      };
+      std::vector<double> s;
+      double m = -INFINITY;
+      for (std::int64_t j = begin; j <= t; ++j) {
+        double dot = 0;
+        for (int c = 0; c < d; ++c) dot += at(hq, t, h, H, c) * at(hk, j, kv_head, Hk, c);
+        s.push_back(dot * shape.scale());
+        m = std::max(m, s.back());
+      }
+      double sum = 0;
+      for (double& x : s) sum += (x = std::exp(x - m));
+      for (int c = 0; c < d; ++c) {
+        double ref = 0;
+        for (std::size_t j = 0; j < s.size(); ++j)
+          ref += s[j] * at(hv, begin + static_cast<std::int64_t>(j), kv_head, Hk, c);
+        ref /= sum;
+        max_ref = std::max(max_ref, std::abs(ref));
+        max_diff = std::max(max_diff, std::abs(ref - at(ho, t, h, H, c)));
+      }
+      const double lse_ref = m + std::log(sum);
+      spot.lse_err = std::max(spot.lse_err, std::abs(lse_ref - hl[static_cast<std::size_t>(h * n + t)]));
+      ++spot.rows;
+    }
+  }
+  spot.o_err = max_ref > 0 ? max_diff / max_ref : max_diff;
+  if (!std::isfinite(spot.o_err)) spot.o_err = INFINITY;
+  return spot;
+}
+
+// ---- one mix, one head dim ----------------------------------------------------------------------
+struct Options {
+  bool smoke = false;
+  std::string json, mixes_out;
+  int head_dim = 0;  // 0: 64 and 128
+  int reps = 0;      // 0: the plan's default
+};
+
+constexpr int kHeads = 16;
+constexpr double kCheckTolerance = 2e-2;  // O: bf16 output rounding is ~4e-3; a broken kernel is O(1)
+constexpr double kLseTolerance = 1e-2;    // LSE: fp32, natural log of the scaled scores (as CpuFlash)
+
+template <class T>
+void run_case(attention::CudaFlash<T>& flash, const Mix& mix, int d, int heads, const TimingPlan& plan,
+              std::vector<JsonRecord>& records) {
+  const cuda::CudaExec& exec = flash.exec();
+  const cudaStream_t s = exec.stream();
+  const DocumentBatch batch(mix.sequences);
+  const std::int64_t n = batch.total_tokens();
+  const std::vector<AttnSlice> slices = batch.document_causal_slices();
+  const std::int64_t area = total_area(slices);
+  const AttentionShape shape{heads, heads, d, 0.0};
+  const std::size_t elems = static_cast<std::size_t>(n) * static_cast<std::size_t>(heads) * static_cast<std::size_t>(d);
+
+  const cuda::DeviceSlices dslices(slices, n, n);
+  cuda::DeviceArray<T> q(elems), k(elems), v(elems), o(elems), dout(elems), dq(elems), dk(elems), dv(elems);
+  cuda::DeviceArray<float> lse(static_cast<std::size_t>(heads) * static_cast<std::size_t>(n));
+  cuda::DeviceBytes workspace(flash.workspace_bytes(shape, n, n));
+  const cuda::DeviceArray<unsigned long long> counter(1);
+  std::uint64_t seed = 1;
+  for (const auto* a : {&q, &k, &v, &dout}) fill_normal(s, *a, seed++);
+
+  const auto view = [&](const cuda::DeviceArray<T>& a) { return ThdView<T>::dense(a.data(), n, heads, d); };
+  const auto cview = [&](const cuda::DeviceArray<T>& a) { return ThdView<const T>::dense(a.data(), n, heads, d); };
+  const LseView<float> lse_view = LseView<float>::dense(lse.data(), heads, n);
+  const auto forward = [&] {
+    flash.forward(exec, shape, cview(q), cview(k), cview(v), dslices.device(), view(o), lse_view, workspace.span());
+  };
+  const auto backward = [&] {
+    flash.backward(exec, shape, cview(q), cview(k), cview(v), cview(o), LseView<const float>(lse_view), cview(dout),
+                   dslices.device(), view(dq), view(dk), view(dv), workspace.span());
+  };
+  const auto zero_grads = [&] {
+    for (const auto* a : {&dq, &dk, &dv})
+      SEQPAR_CUDA_CHECK(cudaMemsetAsync(a->data(), 0, a->size() * sizeof(T), s), kWhere);
+  };
+
+  const double fwd_flops = 4.0 * d * heads * static_cast<double>(area);
+  std::size_t docs = 0;
+  for (const auto& seq : mix.sequences) docs += seq.size();
+  const auto record = [&](const char* pass) {
+    JsonRecord r;
+    r.add("kind", "attention").add("kernel", "CudaFlash").add("dtype", "bf16").add("pass", pass);
+    r.add("mix", mix.name).add("sequences", mix.sequences.size()).add("documents", docs).add("tokens", n);
+    r.add("head_dim", d).add("heads_q", heads).add("heads_kv", heads).add("mask", "document-causal");
+    r.add("visible_pairs", area);
+    return r;
+  };
+
+  Spot spot;
+  try {
+    const Timing tf = time_calls(
+        s, plan, [] {}, forward);
+    spot = spot_check(batch, shape, q, k, v, o, lse);
+    const unsigned long long bad = count_nonfinite(s, o, counter) + count_nonfinite(s, lse, counter);
+    const bool ok = spot.o_err <= kCheckTolerance && spot.lse_err <= kLseTolerance && bad == 0;
+    JsonRecord r = record("fwd");
+    r.add("flops", fwd_flops).add("ms", tf.ms).add("min_ms", tf.min_ms).add("tflops", fwd_flops / tf.ms * 1e-9);
+    r.add("inner", tf.inner).add("samples", tf.samples).add("nonfinite", bad);
+    r.add("check_rows", spot.rows).add("check_o_rel_err", spot.o_err).add("check_lse_abs_err", spot.lse_err);
+    r.add("check_ok", ok);
+    records.push_back(r);
+    std::printf("%-4s %-10s %5zu %4d %7lld %9.3f %9.1f %9llu %9.1e %s\n", "fwd", mix.name.c_str(), docs, d,
+                static_cast<long long>(n), tf.ms, fwd_flops / tf.ms * 1e-9, bad, spot.o_err, ok ? "ok" : "WRONG");
+  } catch (const std::exception& e) {
+    records.push_back(record("fwd").add("error", e.what()));
+    std::printf("%-4s %-10s %5zu %4d %7lld  error: %s\n", "fwd", mix.name.c_str(), docs, d, static_cast<long long>(n),
+                e.what());
+  }
+  std::fflush(stdout);
+
+  try {
+    const Timing tb = time_calls(s, plan, zero_grads, backward);
+    unsigned long long bad = 0;
+    for (const auto* a : {&dq, &dk, &dv}) bad += count_nonfinite(s, *a, counter);
+    const double flops = 2.5 * fwd_flops;
+    JsonRecord r = record("bwd");
+    r.add("flops", flops).add("ms", tb.ms).add("min_ms", tb.min_ms).add("tflops", flops / tb.ms * 1e-9);
+    r.add("inner", tb.inner).add("samples", tb.samples).add("nonfinite", bad).add("check_ok", bad == 0);
+    records.push_back(r);
+    std::printf("%-4s %-10s %5zu %4d %7lld %9.3f %9.1f %9llu %9s %s\n", "bwd", mix.name.c_str(), docs, d,
+                static_cast<long long>(n), tb.ms, flops / tb.ms * 1e-9, bad, "", bad == 0 ? "ok" : "WRONG");
+  } catch (const std::exception& e) {
+    records.push_back(record("bwd").add("error", e.what()));
+    std::printf("%-4s %-10s %5zu %4d %7lld  error: %s\n", "bwd", mix.name.c_str(), docs, d, static_cast<long long>(n),
+                e.what());
+  }
+  std::fflush(stdout);
+}
+
+/// Device-to-device copy of `bytes`: the memory ceiling, counting bytes read plus bytes written.
+JsonRecord copy_bandwidth(cudaStream_t s, std::size_t bytes, const TimingPlan& plan) {
+  const cuda::DeviceBytes src(bytes), dst(bytes);
+  SEQPAR_CUDA_CHECK(cudaMemsetAsync(src.data(), 0x5a, bytes, s), kWhere);
+  TimingPlan p = plan;
+  p.max_inner = 1;  // a 1 GiB copy lasts ~0.5 ms: no launch gap to hide
+  const Timing t = time_calls(
+      s, p, [] {},
+      [&] { SEQPAR_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, s), kWhere); });
+  const double gbps = 2.0 * static_cast<double>(bytes) / t.ms * 1e-6;
+  std::printf("device copy: %.3f MiB D2D in %.3f ms = %.0f GB/s (read + write)\n\n",
+              static_cast<double>(bytes) / 1048576.0, t.ms, gbps);
+  JsonRecord r;
+  r.add("kind", "copy").add("bytes", bytes).add("ms", t.ms).add("min_ms", t.min_ms).add("gbps_read_plus_write", gbps);
+  r.add("samples", t.samples);
+  return r;
+}
+
+int run(const Options& opt, const std::vector<Mix>& mixes) {
+  attention::CudaFlash<__nv_bfloat16> flash;
+  const cudaStream_t s = flash.exec().stream();
+  cudaDeviceProp prop{};
+  SEQPAR_CUDA_CHECK(cudaGetDeviceProperties(&prop, flash.exec().device()), kWhere);
+  int driver = 0, runtime = 0;
+  SEQPAR_CUDA_CHECK(cudaDriverGetVersion(&driver), kWhere);
+  SEQPAR_CUDA_CHECK(cudaRuntimeGetVersion(&runtime), kWhere);
+  std::printf("device %d: %s, sm_%d%d, %d SMs, %.0f MiB L2, %.1f GiB; driver %d, runtime %d\n", flash.exec().device(),
+              prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.l2CacheSize / 1048576.0,
+              static_cast<double>(prop.totalGlobalMem) / (1u << 30), driver, runtime);
+
+  std::vector<JsonRecord> records;
+  JsonRecord dev;
+  dev.add("kind", "device").add("name", prop.name).add("sm", prop.major * 10 + prop.minor);
+  dev.add("multiprocessors", prop.multiProcessorCount).add("l2_bytes", prop.l2CacheSize);
+  dev.add("memory_bytes", prop.totalGlobalMem).add("driver", driver).add("runtime", runtime).add("smoke", opt.smoke);
+  records.push_back(dev);
+
+  TimingPlan plan;
+  if (opt.smoke) plan = {0, 1, 0.0, 1};
+  if (opt.reps > 0) plan.samples = opt.reps;
+  records.push_back(copy_bandwidth(s, opt.smoke ? (std::size_t{16} << 20) : (std::size_t{1} << 30), plan));
+
+  std::printf("%-4s %-10s %5s %4s %7s %9s %9s %9s %9s\n", "pass", "mix", "docs", "d", "tokens", "ms", "TFLOP/s",
+              "nonfinite", "o err");
+  const int heads = opt.smoke ? 2 : kHeads;
+  for (int d : {64, 128}) {
+    if (opt.head_dim != 0 && d != opt.head_dim) continue;
+    for (const Mix& mix : mixes) run_case(flash, mix, d, heads, plan, records);
+  }
+
+  bool all_ok = true;
+  for (const JsonRecord& r : records) {
+    const std::string str = r.str();
+    if (str.find("\"check_ok\": false") != std::string::npos || str.find("\"error\":") != std::string::npos)
+      all_ok = false;
+  }
+  if (!opt.json.empty() && !bench::write_json(opt.json, records)) return 1;
+  if (!all_ok) std::printf("\nsome cases failed their check or raised an error (see above)\n");
+  return all_ok ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace seqpar::bench
+
+int main(int argc, char** argv) {
+  using namespace seqpar::bench;
+  Options opt;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--smoke")
+      opt.smoke = true;
+    else if (a == "--json" && i + 1 < argc)
+      opt.json = argv[++i];
+    else if (a == "--mixes-out" && i + 1 < argc)
+      opt.mixes_out = argv[++i];
+    else if (a == "--head-dim" && i + 1 < argc)
+      opt.head_dim = std::atoi(argv[++i]);
+    else if (a == "--reps" && i + 1 < argc)
+      opt.reps = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: %s [--smoke] [--json FILE] [--mixes-out FILE] [--head-dim 64|128] [--reps N]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  // Smoke: tiny, and still every kind of mix (a lognormal mix of short documents included).
+  const std::int64_t tokens = opt.smoke ? 256 : 16384;
+  const LognormalSpec ln{opt.smoke ? 16.0 : 256.0, 1.0, 20240607};
+  const std::vector<Mix> mixes = make_mixes(tokens, ln);
+  std::printf("attention_cuda: %lld tokens; lognormal mix: %zu documents (median %.0f, sigma %.1f, seed %llu)\n",
+              static_cast<long long>(tokens), mixes.back().sequences[0].size(), ln.median, ln.sigma,
+              static_cast<unsigned long long>(ln.seed));
+  if (!opt.mixes_out.empty() && !write_mixes(opt.mixes_out, tokens, ln, mixes)) return 1;
+
+  if (seqpar::cuda::device_count() == 0) {
+    std::printf("attention_cuda: no CUDA device (or driver) on this machine: skipped\n");
+    return 77;
+  }
+  try {
+    return run(opt, mixes);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "attention_cuda: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Run on the build machine before a device run: copies into build/device_carry (ignored by git) what
+# the device build needs and the GPU machine's image lacks, so that the device tool's `carry` takes it
+# along. Today that is doctest (tests/CMakeLists.txt: find_package(doctest REQUIRED)): its header and
+# its CMake package, with the package's install prefix made relative (Debian's says /usr, where the
+# GPU machine has no doctest.h).
+#   bench/device/prepare.sh [DEST]      (DEST defaults to build/device_carry)
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+dest=${1:-$root/build/device_carry}
+
+header=""
+for dir in /usr/include /usr/local/include; do
+  [[ -f $dir/doctest/doctest.h ]] && header=$dir/doctest/doctest.h && break
+done
+package=""
+for dir in /usr/lib/cmake/doctest /usr/local/lib/cmake/doctest /usr/lib/x86_64-linux-gnu/cmake/doctest \
+  /usr/share/doctest/cmake; do
+  [[ -f $dir/doctestConfig.cmake ]] && package=$dir && break
+done
+if [[ -z $header || -z $package ]]; then
+  echo "prepare.sh: doctest not found (header: '${header}', CMake package: '${package}'):" \
+    "install doctest-dev (cmake/install_deps.sh) and run again" >&2
+  exit 1
+fi
+
+rm -rf "$dest/doctest"
+mkdir -p "$dest/doctest/include/doctest" "$dest/doctest/lib/cmake/doctest"
+cp "$header" "$dest/doctest/include/doctest/"
+cp "$package"/*.cmake "$dest/doctest/lib/cmake/doctest/"
+# The same layout as the install (<prefix>/include, <prefix>/lib/cmake/doctest), so the prefix is
+# three folders above the package wherever the folder lands.
+# shellcheck disable=SC2016  # ${CMAKE_CURRENT_LIST_DIR} is CMake's, not the shell's
+sed -i 's|^set(_IMPORT_PREFIX ".*")$|get_filename_component(_IMPORT_PREFIX "${CMAKE_CURRENT_LIST_DIR}/../../.." ABSOLUTE)|' \
+  "$dest/doctest/lib/cmake/doctest/doctestTargets.cmake"
+if grep -q '^set(_IMPORT_PREFIX "/' "$dest/doctest/lib/cmake/doctest/doctestTargets.cmake"; then
+  echo "prepare.sh: doctestTargets.cmake still names an absolute prefix" >&2
+  exit 1
+fi
+
+# Check: a CMake project that finds the copy sees its include folder, not the system's.
+check=$(mktemp -d)
+trap 'rm -rf "$check"' EXIT
+cat >"$check/CMakeLists.txt" <<'EOF'
+cmake_minimum_required(VERSION 3.25)
+project(doctest_carry_check LANGUAGES NONE)
+find_package(doctest REQUIRED)
+get_target_property(inc doctest::doctest INTERFACE_INCLUDE_DIRECTORIES)
+message(STATUS "doctest_include=${inc}")
+EOF
+found=$(cmake -S "$check" -B "$check/build" -Ddoctest_DIR="$dest/doctest/lib/cmake/doctest" 2>&1 |
+  sed -n 's/^-- doctest_include=//p')
+if [[ $found != "$dest/doctest/include" || ! -f $found/doctest/doctest.h ]]; then
+  echo "prepare.sh: the copied package points at '$found', not $dest/doctest/include" >&2
+  exit 1
+fi
+
+cat >"$dest/README" <<EOF
+Made by bench/device/prepare.sh on $(hostname) at $(date -u +%FT%TZ); carried to the GPU machine by the
+device tool (carry: build/device_carry). doctest from $header and $package.
+EOF
+echo "prepare.sh: $dest ready ($(du -sh "$dest" | cut -f1)); pass carry: [\"${dest#"$root"/}\"] to the device run"

@@ -1,0 +1,307 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+/// @file
+/// DPP's pipeline scheduling over a chunk plan (../shared/research/seeds.md section 4):
+///  - 1F1B over the chunks of a pipeline on d_p stages (`one_f_one_b`): stage p runs d_p - 1 - p
+///    warm-up forwards, then alternates forward and backward, then drains; backward order equals
+///    forward order, so at any time a stage holds a contiguous window of chunks;
+///  - stage-aware, chunk-level adaptive checkpointing with the diagonal constraint: chunk k on stage p
+///    checkpoints C[k + d_p - 1 - p] of its stage's layers, one integer per schedule diagonal
+///    (n + d_p - 1 of them), because a recomputation delay on one stage propagates as the same
+///    bubble to all stages of its diagonal. Minimize sum C (recomputation time, F-hat x sum C)
+///    subject to every stage's memory at every forward: static + sum over the window of
+///    (I[k] - F[k] C) <= cap. `solve_checkpointing` is the greedy; `checkpoint_milp.hpp` has the
+///    exact integer program (GLPK) behind an optional target;
+///  - grouping of sequences into several 1F1B pipelines by DPP's dynamic program over sequences
+///    ordered by chunk count (`group_pipelines`): dp[i] = min_k dp[k] + delta + T_ckpt(group k..i).
+///
+/// @code
+/// schedule::PipelineModel m{.stages = 4, .layers_per_stage = 8, .memory_cap = 60e9, ...};
+/// auto groups = schedule::group_pipelines(plan, m);     // pipelines, their order and checkpointing
+/// @endcode
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "seqpar/core/error.hpp"
+#include "seqpar/schedule/dynamic_chunk.hpp"
+
+namespace seqpar::schedule {
+
+/// What the pipeline scheduler needs to know about the model and the machine.
+struct PipelineModel {
+  int stages = 1;                         ///< d_p
+  int layers_per_stage = 1;               ///< L / d_p: most layers a chunk can checkpoint on a stage
+  double static_bytes = 0;                ///< M_ms: weights, gradients, optimizer state per stage
+  double memory_cap = 0;                  ///< G: bytes per stage
+  double activation_bytes_per_token = 0;  ///< one layer's activations for one token, not checkpointed
+  double kept_bytes_per_token = 0;        ///< what a checkpointed layer keeps per token (its input)
+  double seconds_per_cost = 0;            ///< a chunk's cost (ChunkCost units) -> forward seconds per layer
+
+  void validate(const char* where) const {
+    seqpar::detail::require(stages >= 1, where, "model.stages", stages, "must be >= 1");
+    seqpar::detail::require(layers_per_stage >= 1, where, "model.layers_per_stage", layers_per_stage, "must be >= 1");
+    seqpar::detail::require(memory_cap > 0, where, "model.memory_cap", memory_cap, "must be > 0 bytes");
+    seqpar::detail::require(activation_bytes_per_token >= kept_bytes_per_token && kept_bytes_per_token >= 0, where,
+                            "model.kept_bytes_per_token", kept_bytes_per_token,
+                            "must be in [0, activation_bytes_per_token]");
+    seqpar::detail::require(seconds_per_cost >= 0, where, "model.seconds_per_cost", seconds_per_cost, "must be >= 0");
+  }
+  /// I[k]: a chunk's activations on one stage without checkpointing.
+  [[nodiscard]] double full_bytes(std::int64_t tokens) const noexcept {
+    return activation_bytes_per_token * static_cast<double>(tokens) * layers_per_stage;
+  }
+  /// F[k]: bytes one checkpointed layer of the chunk saves.
+  [[nodiscard]] double saved_bytes(std::int64_t tokens) const noexcept {
+    return (activation_bytes_per_token - kept_bytes_per_token) * static_cast<double>(tokens);
+  }
+};
+
+/// One step of a stage: forward or backward of a chunk (index into the pipeline's chunks).
+struct StageOp {
+  bool backward = false;
+  int chunk = 0;
+  friend bool operator==(const StageOp&, const StageOp&) = default;
+};
+
+/// The 1F1B order of `chunks` chunks on each of `stages` stages.
+[[nodiscard]] inline std::vector<std::vector<StageOp>> one_f_one_b(int chunks, int stages) {
+  std::vector<std::vector<StageOp>> out(static_cast<std::size_t>(stages));
+  for (int p = 0; p < stages; ++p) {
+    auto& ops = out[static_cast<std::size_t>(p)];
+    const int warmup = std::min(stages - 1 - p, chunks);
+    int f = 0, b = 0;
+    for (; f < warmup; ++f) ops.push_back({false, f});
+    while (f < chunks) {
+      ops.push_back({false, f++});
+      ops.push_back({true, b++});
+    }
+    while (b < chunks) ops.push_back({true, b++});
+  }
+  return out;
+}
+
+/// A memory constraint of the checkpointing problem: after a forward on `stage`, the chunks
+/// [first, last] are in flight.
+struct MemoryWindow {
+  int stage = 0;
+  int first = 0;
+  int last = 0;
+};
+
+/// Every (stage, window) of a 1F1B schedule: one per forward (memory peaks right after a forward).
+[[nodiscard]] inline std::vector<MemoryWindow> memory_windows(int chunks, int stages) {
+  std::vector<MemoryWindow> out;
+  const auto order = one_f_one_b(chunks, stages);
+  for (int p = 0; p < stages; ++p) {
+    int oldest = 0;
+    for (const StageOp& op : order[static_cast<std::size_t>(p)]) {
+      if (op.backward)
+        oldest = op.chunk + 1;
+      else
+        out.push_back({p, oldest, op.chunk});
+    }
+  }
+  return out;
+}
+
+/// The checkpointing problem of one pipeline: chunk token counts and the model.
+struct CheckpointProblem {
+  std::vector<std::int64_t> tokens;  ///< per chunk, in pipeline order
+  PipelineModel model;
+
+  [[nodiscard]] int chunks() const noexcept { return static_cast<int>(tokens.size()); }
+  [[nodiscard]] int diagonals() const noexcept { return chunks() + model.stages - 1; }
+  /// The diagonal of chunk k on stage p.
+  [[nodiscard]] int diagonal(int k, int p) const noexcept { return k + model.stages - 1 - p; }
+  /// Memory of stage p with window w under decisions c (bytes).
+  [[nodiscard]] double memory(const MemoryWindow& w, const std::vector<int>& c) const {
+    double m = model.static_bytes;
+    for (int k = w.first; k <= w.last; ++k) {
+      const auto t = tokens[static_cast<std::size_t>(k)];
+      m += model.full_bytes(t) - model.saved_bytes(t) * c[static_cast<std::size_t>(diagonal(k, w.stage))];
+    }
+    return m;
+  }
+};
+
+/// Checkpointing decisions: layers per diagonal, and the memory they leave.
+struct CheckpointPlan {
+  bool feasible = false;
+  std::vector<int> diagonals;       ///< C[j], j in [0, n + d_p - 1)
+  std::vector<double> peak_bytes;   ///< per stage
+  long long layers_recomputed = 0;  ///< sum C: the objective
+  std::string solver;               ///< "greedy", "glpk", ...
+
+  /// Layers chunk k checkpoints on stage p.
+  [[nodiscard]] int layers(int k, int p, int stages) const {
+    return diagonals[static_cast<std::size_t>(k + stages - 1 - p)];
+  }
+};
+
+/// Fills peak_bytes and feasibility of decisions `c`.
+[[nodiscard]] inline CheckpointPlan evaluate(const CheckpointProblem& prob, std::vector<int> c, std::string solver) {
+  CheckpointPlan plan;
+  plan.diagonals = std::move(c);
+  plan.solver = std::move(solver);
+  plan.peak_bytes.assign(static_cast<std::size_t>(prob.model.stages), prob.model.static_bytes);
+  plan.feasible = true;
+  for (const MemoryWindow& w : memory_windows(prob.chunks(), prob.model.stages)) {
+    const double m = prob.memory(w, plan.diagonals);
+    auto& peak = plan.peak_bytes[static_cast<std::size_t>(w.stage)];
+    peak = std::max(peak, m);
+    if (m > prob.model.memory_cap * (1 + 1e-12)) plan.feasible = false;
+  }
+  plan.layers_recomputed = std::accumulate(plan.diagonals.begin(), plan.diagonals.end(), 0LL);
+  return plan;
+}
+
+/// Greedy checkpointing: while a window exceeds the cap, add one checkpointed layer to the diagonal
+/// that removes the most excess bytes summed over the windows still over the cap. Not optimal in
+/// general (the MILP is); feasible whenever full checkpointing is.
+[[nodiscard]] inline CheckpointPlan solve_checkpointing(const CheckpointProblem& prob) {
+  prob.model.validate("schedule::solve_checkpointing");
+  const int stages = prob.model.stages, n = prob.chunks();
+  std::vector<int> c(static_cast<std::size_t>(prob.diagonals()), 0);
+  const auto windows = memory_windows(n, stages);
+  const double cap = prob.model.memory_cap;
+  for (;;) {
+    std::vector<double> gain(c.size(), 0.0);
+    bool over = false;
+    for (const MemoryWindow& w : windows) {
+      const double excess = prob.memory(w, c) - cap;
+      if (excess <= cap * 1e-12) continue;
+      over = true;
+      for (int k = w.first; k <= w.last; ++k) {
+        const auto j = static_cast<std::size_t>(prob.diagonal(k, w.stage));
+        if (c[j] < prob.model.layers_per_stage)
+          gain[j] += std::min(excess, prob.model.saved_bytes(prob.tokens[static_cast<std::size_t>(k)]));
+      }
+    }
+    if (!over) break;
+    const auto best = static_cast<std::size_t>(std::max_element(gain.begin(), gain.end()) - gain.begin());
+    if (gain[best] <= 0) break;  // infeasible even with everything on the violated windows checkpointed
+    ++c[best];
+  }
+  return evaluate(prob, std::move(c), "greedy");
+}
+
+/// A 1F1B pipeline of the plan: its chunks (indices into the chunk plan, in run order), its
+/// checkpointing and its predicted time.
+struct Pipeline {
+  std::vector<int> chunks;
+  CheckpointPlan checkpointing;
+  double seconds = 0;  ///< delta + steady time + recomputation
+};
+
+struct PipelineSchedule {
+  std::vector<Pipeline> pipelines;
+  double seconds = 0;
+};
+
+/// The units DPP groups: a document with all its chunks (a split document's slices and the hybrid
+/// chunk of its tail; chunks linked by a shared document stay together), in plan order.
+[[nodiscard]] inline std::vector<std::vector<int>> sequence_units(const ChunkPlan& plan) {
+  const int n = static_cast<int>(plan.chunks.size());
+  std::vector<int> parent(static_cast<std::size_t>(n));
+  std::iota(parent.begin(), parent.end(), 0);
+  const std::function<int(int)> find = [&](int x) {
+    while (parent[static_cast<std::size_t>(x)] != x)
+      x = parent[static_cast<std::size_t>(x)] = parent[static_cast<std::size_t>(parent[static_cast<std::size_t>(x)])];
+    return x;
+  };
+  std::vector<int> first_chunk_of_doc;
+  for (int c = 0; c < n; ++c)
+    for (const ChunkPiece& p : plan.pieces[static_cast<std::size_t>(c)]) {
+      if (p.document >= static_cast<int>(first_chunk_of_doc.size()))
+        first_chunk_of_doc.resize(static_cast<std::size_t>(p.document) + 1, -1);
+      int& f = first_chunk_of_doc[static_cast<std::size_t>(p.document)];
+      if (f < 0)
+        f = c;
+      else
+        parent[static_cast<std::size_t>(find(c))] = find(f);
+    }
+  std::vector<std::vector<int>> units;
+  std::vector<int> unit_of(static_cast<std::size_t>(n), -1);
+  for (int c = 0; c < n; ++c) {
+    const int root = find(c);
+    if (unit_of[static_cast<std::size_t>(root)] < 0) {
+      unit_of[static_cast<std::size_t>(root)] = static_cast<int>(units.size());
+      units.emplace_back();
+    }
+    units[static_cast<std::size_t>(unit_of[static_cast<std::size_t>(root)])].push_back(c);
+  }
+  // Longer sequences (more chunks) first: within a 1F1B pipeline they must lead (DPP).
+  std::stable_sort(units.begin(), units.end(), [](const auto& a, const auto& b) { return a.size() > b.size(); });
+  return units;
+}
+
+/// Checkpointing solver used by the grouping (the greedy, or the MILP of checkpoint_milp.hpp).
+using CheckpointSolver = std::function<CheckpointPlan(const CheckpointProblem&)>;
+
+/// DPP's grouping of sequences into 1F1B pipelines run one after another: over the units ordered by
+/// chunk count, dp[i] = min over k < i of dp[k] + delta + T_ckpt(units k..i-1), delta = (d_p - 1) x
+/// the average chunk's forward + backward time (warm-up and drain), T_ckpt = the recomputed layers'
+/// forward time. A group whose checkpointing is infeasible is not a candidate. Throws
+/// std::invalid_argument when no grouping fits the memory cap.
+[[nodiscard]] inline PipelineSchedule group_pipelines(const ChunkPlan& plan, const PipelineModel& model,
+                                                      const CheckpointSolver& solve = solve_checkpointing) {
+  constexpr const char* where = "schedule::group_pipelines";
+  model.validate(where);
+  const auto units = sequence_units(plan);
+  const int u = static_cast<int>(units.size());
+  const auto chunk_seconds = [&](int c) {  // forward + backward (2x) of one chunk on one stage
+    return 3.0 * plan.chunks[static_cast<std::size_t>(c)].cost * model.seconds_per_cost * model.layers_per_stage;
+  };
+  const auto build = [&](int from, int to) {  // units [from, to)
+    Pipeline p;
+    for (int i = from; i < to; ++i)
+      for (int c : units[static_cast<std::size_t>(i)]) p.chunks.push_back(c);
+    std::sort(p.chunks.begin(), p.chunks.end());  // the plan's order keeps each document's slices in order
+    CheckpointProblem prob{{}, model};
+    double total = 0, recompute_per_layer = 0;
+    for (int c : p.chunks) {
+      prob.tokens.push_back(plan.chunks[static_cast<std::size_t>(c)].batch.total_tokens());
+      total += chunk_seconds(c);
+      recompute_per_layer += chunk_seconds(c) / 3.0 / model.layers_per_stage;
+    }
+    p.checkpointing = solve(prob);
+    const double avg = total / static_cast<double>(p.chunks.size());
+    const double f_hat = recompute_per_layer / static_cast<double>(p.chunks.size());
+    p.seconds = (model.stages - 1) * avg + total + f_hat * static_cast<double>(p.checkpointing.layers_recomputed);
+    return p;
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> dp(static_cast<std::size_t>(u) + 1, inf);
+  std::vector<int> from(static_cast<std::size_t>(u) + 1, -1);
+  dp[0] = 0;
+  for (int i = 1; i <= u; ++i)
+    for (int k = 0; k < i; ++k) {
+      if (dp[static_cast<std::size_t>(k)] == inf) continue;
+      const Pipeline p = build(k, i);
+      if (!p.checkpointing.feasible) continue;
+      const double t = dp[static_cast<std::size_t>(k)] + p.seconds;
+      if (t < dp[static_cast<std::size_t>(i)]) {
+        dp[static_cast<std::size_t>(i)] = t;
+        from[static_cast<std::size_t>(i)] = k;
+      }
+    }
+  if (dp[static_cast<std::size_t>(u)] == inf)
+    seqpar::detail::throw_invalid(where, "model.memory_cap", model.memory_cap,
+                                  "no grouping of the chunks fits, even with full checkpointing");
+  PipelineSchedule out;
+  for (int i = u; i > 0; i = from[static_cast<std::size_t>(i)])
+    out.pipelines.insert(out.pipelines.begin(), build(from[static_cast<std::size_t>(i)], i));
+  out.seconds = dp[static_cast<std::size_t>(u)];
+  return out;
+}
+
+}  // namespace seqpar::schedule

@@ -48,8 +48,8 @@ schedule::CheckpointPlan brute_force(const CheckpointProblem& prob) {
 CheckpointProblem random_problem(std::mt19937& rng) {
   CheckpointProblem p;
   p.model.stages = 1 + static_cast<int>(rng() % 3);
-  p.model.layers_per_stage = 1 + static_cast<int>(rng() % 3);
-  const int n = 1 + static_cast<int>(rng() % 4);
+  const int n = 1 + static_cast<int>(rng() % 6);
+  p.model.layers_per_stage = 1 + static_cast<int>(rng() % (n > 4 ? 2 : 3));  // enumeration stays small
   for (int k = 0; k < n; ++k) p.tokens.push_back(1 + static_cast<std::int64_t>(rng() % 100));
   p.model.activation_bytes_per_token = 10;
   p.model.kept_bytes_per_token = 2;

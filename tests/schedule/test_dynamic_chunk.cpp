@@ -7,11 +7,13 @@
 
 #include <seqpar/schedule/chunked_attention.hpp>
 #include <seqpar/schedule/dynamic_chunk.hpp>
+#include <seqpar/schedule/pipeline.hpp>
 #include <seqpar/seqpar.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <numeric>
 #include <random>
 #include <string>
 
@@ -78,7 +80,7 @@ void check_plan(const DocumentBatch& batch, const schedule::DynamicChunk& sched)
 // Runs `chunks` chunk by chunk with the attention `make` builds on `world` ranks and compares with the
 // reference on the whole batch.
 test::Errors check_chunked(const DocumentBatch& batch, const std::vector<schedule::Chunk>& chunks,
-                           const AttentionShape& shape, int world,
+                           const std::vector<schedule::StageOp>& ops, const AttentionShape& shape, int world,
                            const test::AttentionFactory<attention::Reference<double>>& make, std::uint32_t seed) {
   using Kernel = attention::Reference<double>;
   const std::int64_t n = batch.total_tokens();
@@ -118,22 +120,23 @@ test::Errors check_chunked(const DocumentBatch& batch, const std::vector<schedul
           for (int h = 0; h < g.heads; ++h) std::copy_n(g.view().row(t, h), d, l.view().row(row, h));
       return l;
     };
-    for (int c = 0; c < nc; ++c) {
+    REQUIRE(ops.size() == static_cast<std::size_t>(2 * nc));
+    for (const schedule::StageOp& op : ops) {
+      const int c = op.chunk;
       Local& l = loc[static_cast<std::size_t>(c)];
       const std::int64_t m = chunked.local_tokens(c);
-      l.q = gather(c, q), l.k = gather(c, k), l.v = gather(c, v), l.dout = gather(c, dout);
-      l.o = ThdTensor<double>(m, shape.heads_q, d);
-      l.lse = LseTensor<double>(shape.heads_q, m);
-      chunked.forward(c, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view());
-    }
-    for (int c = nc - 1; c >= 0; --c) {
-      Local& l = loc[static_cast<std::size_t>(c)];
-      const std::int64_t m = chunked.local_tokens(c);
-      l.dq = ThdTensor<double>(m, shape.heads_q, d);
-      l.dk = ThdTensor<double>(m, shape.heads_kv, d);
-      l.dv = ThdTensor<double>(m, shape.heads_kv, d);
-      chunked.backward(c, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view(), l.dout.view(), l.dq.view(),
-                       l.dk.view(), l.dv.view());
+      if (!op.backward) {
+        l.q = gather(c, q), l.k = gather(c, k), l.v = gather(c, v), l.dout = gather(c, dout);
+        l.o = ThdTensor<double>(m, shape.heads_q, d);
+        l.lse = LseTensor<double>(shape.heads_q, m);
+        chunked.forward(c, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view());
+      } else {
+        l.dq = ThdTensor<double>(m, shape.heads_q, d);
+        l.dk = ThdTensor<double>(m, shape.heads_kv, d);
+        l.dv = ThdTensor<double>(m, shape.heads_kv, d);
+        chunked.backward(c, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view(), l.dout.view(), l.dq.view(),
+                         l.dk.view(), l.dv.view());
+      }
     }
     std::lock_guard lock(mu);
     for (int c = 0; c < nc; ++c) {
@@ -208,6 +211,36 @@ TEST_SUITE("schedule") {
         doctest::Contains("args.cost.per_token"), std::invalid_argument);
   }
 
+  TEST_CASE("ChunkedAttention refuses an order that would lose prefix gradients, naming the chunks") {
+    const DocumentBatch batch({{90, 5, 7}});
+    const auto chunks =
+        schedule::DynamicChunk{{.token_capacity = 40, .time_target = 0, .slices = 0, .cost = {}}}.chunks(batch);
+    REQUIRE(chunks.size() >= 3);
+    backend::inproc::World(1).run([&](backend::inproc::Transport& t) {
+      const AttentionShape shape{2, 2, 8};
+      DistributedAttention<Strategy<partition::Uniform, comm::AllToAll>, attention::Reference<double>> attn(t, shape);
+      schedule::ChunkedAttention<attention::Reference<double>> chunked(attn, t);
+      chunked.begin(chunks);
+      std::vector<ThdTensor<double>> x;
+      std::vector<LseTensor<double>> l;
+      for (int c = 0; c < chunked.num_chunks(); ++c) {
+        x.emplace_back(chunked.local_tokens(c), 2, 8);
+        l.emplace_back(2, chunked.local_tokens(c));
+      }
+      CHECK_THROWS_WITH_AS(chunked.forward(1, x[1].view(), x[1].view(), x[1].view(), x[1].view(), l[1].view()),
+                           doctest::Contains("whose forward has not run"), std::invalid_argument);
+      for (int c = 0; c < chunked.num_chunks(); ++c)
+        chunked.forward(c, x[static_cast<std::size_t>(c)].view(), x[static_cast<std::size_t>(c)].view(),
+                        x[static_cast<std::size_t>(c)].view(), x[static_cast<std::size_t>(c)].view(),
+                        l[static_cast<std::size_t>(c)].view());
+      CHECK_THROWS_WITH_AS(chunked.backward(0, x[0].view(), x[0].view(), x[0].view(), x[0].view(), l[0].view(),
+                                            x[0].view(), x[0].view(), x[0].view(), x[0].view()),
+                           doctest::Contains("must run backward first"), std::invalid_argument);
+      CHECK_THROWS_WITH_AS(chunked.forward(99, x[0].view(), x[0].view(), x[0].view(), x[0].view(), l[0].view()),
+                           doctest::Contains("num_chunks()"), std::invalid_argument);
+    });
+  }
+
   TEST_CASE("ChunkedAttention over every strategy equals attention over the whole batch (fp64, 1..8 ranks)") {
     int runs = 0;
     test::for_each_combination([&]<class C>(C) {
@@ -225,7 +258,19 @@ TEST_SUITE("schedule") {
         } catch (const std::invalid_argument&) {
           sched.args.slices = 0;
         }
-        const auto chunks = sched.chunks(batch);
+        const schedule::ChunkPlan plan = sched.plan(batch);
+        const auto& chunks = plan.chunks;
+        // Even worlds: all forwards, then all backwards in reverse. Odd: the first stage's 1F1B order of
+        // a 3-stage pipeline, split documents backward last slice first (schedule::backward_order).
+        std::vector<int> all(chunks.size());
+        std::iota(all.begin(), all.end(), 0);
+        std::vector<schedule::StageOp> ops;
+        if (world % 2 == 0) {
+          for (int c : all) ops.push_back({false, c});
+          for (auto it = all.rbegin(); it != all.rend(); ++it) ops.push_back({true, *it});
+        } else {
+          ops = schedule::one_f_one_b(schedule::backward_order(plan, all), 3)[0];
+        }
         const AttentionShape shape = world % 2 == 0 ? AttentionShape{4, 2, 8} : AttentionShape{2, 2, 8};
         args.ranks_per_node = world >= 4 ? world / 2 : world;
         bool ok = true;
@@ -235,7 +280,7 @@ TEST_SUITE("schedule") {
         INFO(C::name() << ": world " << world << ", " << chunks.size() << " chunks, " << batch.documents().size()
                        << " documents");
         const auto err = check_chunked(
-            batch, chunks, shape, world,
+            batch, chunks, ops, shape, world,
             [&](backend::inproc::Transport& t)
                 -> std::unique_ptr<runtime::AttentionEngine<attention::Reference<double>>> {
               return std::make_unique<DistributedAttention<S, attention::Reference<double>>>(t, shape, args);

@@ -8,7 +8,9 @@
 #include <seqpar/schedule/dynamic_chunk.hpp>
 #include <seqpar/schedule/pipeline.hpp>
 
+#include <algorithm>
 #include <functional>
+#include <numeric>
 #include <random>
 #include <set>
 
@@ -85,8 +87,46 @@ TEST_SUITE("schedule") {
           }
           CHECK(live.empty());
         }
-        for (const auto& w : schedule::memory_windows(n, stages)) CHECK(w.last - w.first + 1 <= stages - w.stage);
+        for (const auto& w : schedule::memory_windows(n, stages))
+          CHECK(static_cast<int>(w.chunks.size()) <= stages - w.stage);
       }
+  }
+
+  TEST_CASE("1F1B with a split document's backward last slice first: valid order, windows match a replay") {
+    std::mt19937 rng(9);
+    for (int trial = 0; trial < 200; ++trial) {
+      const int stages = 1 + static_cast<int>(rng() % 5), n = 1 + static_cast<int>(rng() % 9);
+      // Chunks [a, b) reversed: a document split into b - a slices.
+      std::vector<int> order(static_cast<std::size_t>(n));
+      std::iota(order.begin(), order.end(), 0);
+      const int a = static_cast<int>(rng() % static_cast<unsigned>(n));
+      const int b = a + 1 + static_cast<int>(rng() % static_cast<unsigned>(n - a));
+      std::reverse(order.begin() + a, order.begin() + b);
+      const auto ops = schedule::one_f_one_b(order, stages);
+      std::size_t window = 0;
+      const auto windows = schedule::memory_windows(order, stages);
+      for (int p = 0; p < stages; ++p) {
+        std::set<int> forwarded, live;
+        std::size_t next_b = 0;
+        int next_f = 0;
+        for (const auto& op : ops[static_cast<std::size_t>(p)]) {
+          if (op.backward) {
+            CHECK(op.chunk == order[next_b++]);
+            CHECK(forwarded.count(op.chunk) == 1);  // never before its forward
+            live.erase(op.chunk);
+          } else {
+            CHECK(op.chunk == next_f++);
+            forwarded.insert(op.chunk);
+            live.insert(op.chunk);
+            REQUIRE(window < windows.size());
+            CHECK(std::set<int>(windows[window].chunks.begin(), windows[window].chunks.end()) == live);
+            ++window;
+          }
+        }
+        CHECK(next_b == order.size());
+        CHECK(next_f == n);
+      }
+    }
   }
 
   TEST_CASE("checkpointing: the greedy is feasible when the optimum is, never better, and every window fits") {

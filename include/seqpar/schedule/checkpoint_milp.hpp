@@ -27,8 +27,8 @@ namespace seqpar::schedule {
 /// the cap). Bytes are scaled by the cap, so that GLPK sees coefficients of order one.
 [[nodiscard]] inline CheckpointPlan solve_checkpointing_milp(const CheckpointProblem& prob) {
   prob.model.validate("schedule::solve_checkpointing_milp");
-  const int n = prob.chunks(), stages = prob.model.stages, m = prob.diagonals();
-  const auto windows = memory_windows(n, stages);
+  const int stages = prob.model.stages, m = prob.diagonals();
+  const auto windows = memory_windows(prob.order(), stages);
   const double cap = prob.model.memory_cap;
   const std::unique_ptr<glp_prob, decltype(&glp_delete_prob)> lp(glp_create_prob(), &glp_delete_prob);
   glp_set_obj_dir(lp.get(), GLP_MIN);
@@ -45,7 +45,7 @@ namespace seqpar::schedule {
     double need = prob.model.static_bytes - cap;
     idx.assign(1, 0);
     val.assign(1, 0.0);
-    for (int k = w.first; k <= w.last; ++k) {
+    for (int k : w.chunks) {
       const auto t = prob.tokens[static_cast<std::size_t>(k)];
       need += prob.model.full_bytes(t);
       idx.push_back(prob.diagonal(k, w.stage) + 1);

@@ -15,10 +15,12 @@
 /// dK/dV sent back to the ranks that hold the prefix rows, accumulated there and added to those rows'
 /// gradients when their own chunk's backward runs. The result is attention over the whole batch.
 ///
-/// Every rank calls `begin` with the same chunks, then `forward(c)` for c = 0, 1, ... and
-/// `backward(c)` for c = n - 1, ..., 0, with the chunk's local rows (`owned_global(c)`: the global
-/// tokens of the batch they hold, in row order). Host memory (CPU kernels); the carry holds the K/V of
-/// the prefix rows this rank owns.
+/// Every rank calls `begin` with the same chunks, then `forward(c)` and `backward(c)` in the same
+/// order: a chunk's forward after the forwards of the chunks its prefixes read, its backward after its
+/// forward and after the backwards of the chunks that read it (a split document goes backward last
+/// slice first; 1F1B interleaves the rest, schedule/pipeline.hpp), with the chunk's local rows (`owned_global(c)`: the
+/// global tokens of the batch they hold, in row order). Host memory (CPU kernels); the carry holds the K/V of the
+/// prefix rows this rank owns.
 ///
 /// @code
 /// DistributedAttention<Strategy<Zigzag, Ring>, attention::CpuFlash<float>> attn(t, shape);
@@ -97,6 +99,18 @@ class ChunkedAttention {
             if (!i.empty()) held_[static_cast<std::size_t>(r)].push_back(i);
           }
     for (auto& h : held_) h = merge(std::move(h));
+    // Order constraints: chunk c reads the prefix rows of the chunks it depends on.
+    reads_.assign(chunks_.size(), {});
+    for (std::size_t c = 0; c < chunks_.size(); ++c)
+      for (std::size_t e = 0; e < chunks_.size(); ++e) {
+        bool reads = false;
+        for (const Range& pre : chunks_[c].prefix)
+          for (const Range& t : chunks_[e].tokens)
+            reads = reads || std::max(pre.begin, t.begin) < std::min(pre.end, t.end);
+        if (reads) reads_[c].push_back(static_cast<int>(e));
+      }
+    forward_done_.assign(chunks_.size(), false);
+    backward_done_.assign(chunks_.size(), false);
     // This rank's carry slots: one row per held prefix row.
     slots_.clear();
     std::int64_t rows = 0;
@@ -109,8 +123,6 @@ class ChunkedAttention {
     carry_v_ = ThdTensor<T>(rows, s.heads_kv, s.head_dim);
     carry_dk_ = ThdTensor<T>(rows, s.heads_kv, s.head_dim);
     carry_dv_ = ThdTensor<T>(rows, s.heads_kv, s.head_dim);
-    next_forward_ = 0;
-    next_backward_ = static_cast<int>(chunks_.size()) - 1;
   }
 
   [[nodiscard]] int num_chunks() const noexcept { return static_cast<int>(chunks_.size()); }
@@ -130,13 +142,16 @@ class ChunkedAttention {
 
   void forward(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<T> o, LseView<A> lse) {
     constexpr const char* where = "ChunkedAttention::forward";
-    seqpar::detail::require(c == next_forward_, where, "c", c,
-                            "chunks run forward in order: expected " + std::to_string(next_forward_));
+    check_chunk(c, where);
+    seqpar::detail::require(!forward_done_[static_cast<std::size_t>(c)], where, "c", c, "ran forward already");
+    for (int e : reads_[static_cast<std::size_t>(c)])
+      seqpar::detail::require(forward_done_[static_cast<std::size_t>(e)], where, "c", c,
+                              "reads the prefix rows of chunk " + std::to_string(e) + ", whose forward has not run");
     const Chunk& ch = chunks_[static_cast<std::size_t>(c)];
     attention_.forward(ch.batch, q, k, v, o, lse);
     keep(c, k, carry_k_.view());
     keep(c, v, carry_v_.view());
-    ++next_forward_;
+    forward_done_[static_cast<std::size_t>(c)] = true;
     Prefix p = fetch(c);
     if (p.slices.empty()) return;
     const AttentionShape& s = attention_.shape();
@@ -155,12 +170,21 @@ class ChunkedAttention {
   void backward(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<const T> o,
                 LseView<const A> lse, ThdView<const T> dout, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv) {
     constexpr const char* where = "ChunkedAttention::backward";
-    seqpar::detail::require(next_forward_ == num_chunks(), where, "c", c, "every chunk's forward must run first");
-    seqpar::detail::require(c == next_backward_, where, "c", c,
-                            "chunks run backward in reverse order: expected " + std::to_string(next_backward_));
-    const Chunk& ch = chunks_[static_cast<std::size_t>(c)];
+    check_chunk(c, where);
+    const auto ci = static_cast<std::size_t>(c);
+    seqpar::detail::require(forward_done_[ci] && !backward_done_[ci], where, "c", c,
+                            backward_done_[ci] ? "ran backward already" : "has not run forward");
+    // Every chunk that reads this chunk's rows as prefix sends their gradients back in its backward.
+    for (std::size_t e = 0; e < chunks_.size(); ++e)
+      for (int r : reads_[e])
+        if (r == c)
+          seqpar::detail::require(backward_done_[e], where, "c", c,
+                                  "chunk " + std::to_string(e) +
+                                      " reads its rows as prefix and must run backward first (a split document "
+                                      "goes backward last slice first)");
+    const Chunk& ch = chunks_[ci];
     attention_.backward(ch.batch, q, k, v, o, lse, dout, dq, dk, dv);
-    --next_backward_;
+    backward_done_[ci] = true;
     Prefix p = fetch(c);
     if (p.exchanged) {  // collective: also on ranks that hold none of the chunk's prefixed queries
       const AttentionShape& s = attention_.shape();
@@ -180,6 +204,12 @@ class ChunkedAttention {
     Range global;
     std::int64_t row;
   };
+
+  void check_chunk(int c, const char* where) const {
+    if (c < 0 || c >= num_chunks())
+      seqpar::detail::throw_invalid(where, "c", c,
+                                    "must be in [0, num_chunks()) = [0, " + std::to_string(num_chunks()) + ")");
+  }
   // The prefix rows this rank gathered for chunk c: K, V in piece-contiguous blocks, the slices over
   // them, and how the rows came (to send gradients back the same way).
   struct Prefix {
@@ -435,8 +465,8 @@ class ChunkedAttention {
   std::vector<Slot> slots_;                             ///< this rank's carry rows
   ThdTensor<T> carry_k_, carry_v_, carry_dk_, carry_dv_;
   seqpar::detail::AlignedBytes workspace_;
-  int next_forward_ = 0;
-  int next_backward_ = -1;
+  std::vector<std::vector<int>> reads_;  ///< [chunk] chunks whose tokens its prefixes cover
+  std::vector<bool> forward_done_, backward_done_;
 };
 
 }  // namespace seqpar::schedule

@@ -16,7 +16,8 @@
 /// long document equal-cost slices and a cheaper tail. A slice's queries attend to its document's
 /// earlier tokens too: the chunk names them as its prefix (carried from earlier chunks by
 /// `ChunkedAttention`, never recomputed). Chunks are ordered so that a document's slices run in
-/// order: split chunks (longest document first, slice by slice), then the packed chunks by cost.
+/// order and back to back: per long document (longest first) its split chunks, then the hybrid chunk of
+/// its tail; then the batched chunks by cost.
 ///
 /// Cost model (`ChunkCost`): time of document positions [a, b) = per_token * (b - a) +
 /// per_pair * (causal (query, key) pairs of those rows) — GEMMs per token, attention per pair, in any
@@ -207,9 +208,25 @@ struct DynamicChunk {
     }
     out.time_target = target;
 
-    std::stable_sort(buckets.begin(), buckets.end(), [](const Bucket& a, const Bucket& b) { return a.cost > b.cost; });
-    for (auto& pieces : split_chunks) add_chunk(batch, pieces, ChunkKind::kSplit, out);
-    for (Bucket& b : buckets) add_chunk(batch, b.pieces, b.has_tail ? ChunkKind::kHybrid : ChunkKind::kBatched, out);
+    // Each long document's chunks run back to back (its slices, then the hybrid chunk of its tail),
+    // longest document first: a pipeline can then run a document's backward (last slice first, as the
+    // carried prefix requires) soon after its forward. The batched chunks follow, dearest first.
+    std::vector<const Bucket*> hybrid_of(docs.size(), nullptr);
+    for (const Bucket& b : buckets)
+      if (b.has_tail) hybrid_of[static_cast<std::size_t>(b.pieces.front().document)] = &b;
+    std::vector<const Bucket*> batched;
+    for (const Bucket& b : buckets)
+      if (!b.has_tail) batched.push_back(&b);
+    std::stable_sort(batched.begin(), batched.end(),
+                     [](const Bucket* a, const Bucket* b) { return a->cost > b->cost; });
+    std::size_t next_split = 0;
+    for (int di : order) {
+      while (next_split < split_chunks.size() && split_chunks[next_split].front().document == di)
+        add_chunk(batch, split_chunks[next_split++], ChunkKind::kSplit, out);
+      if (const Bucket* b = hybrid_of[static_cast<std::size_t>(di)])
+        add_chunk(batch, b->pieces, ChunkKind::kHybrid, out);
+    }
+    for (const Bucket* b : batched) add_chunk(batch, b->pieces, ChunkKind::kBatched, out);
     return out;
   }
 

@@ -15,7 +15,8 @@
 ///    (I[k] - F[k] C) <= cap. `solve_checkpointing` is the greedy; `checkpoint_milp.hpp` has the
 ///    exact integer program (GLPK) behind an optional target;
 ///  - grouping of sequences into several 1F1B pipelines by DPP's dynamic program over sequences
-///    ordered by chunk count (`group_pipelines`): dp[i] = min_k dp[k] + delta + T_ckpt(group k..i).
+///    ordered by chunk count (`group_pipelines`): dp[i] = min_k dp[k] + delta + T_ckpt(group k..i),
+///    cut between chunk-count classes as DPP does (or between any two sequences: `GroupingOptions`).
 ///
 /// @code
 /// schedule::PipelineModel m{.stages = 4, .layers_per_stage = 8, .memory_cap = 60e9, ...};
@@ -72,60 +73,91 @@ struct StageOp {
   friend bool operator==(const StageOp&, const StageOp&) = default;
 };
 
-/// The 1F1B order of `chunks` chunks on each of `stages` stages.
-[[nodiscard]] inline std::vector<std::vector<StageOp>> one_f_one_b(int chunks, int stages) {
+/// The 1F1B order of `backward_order.size()` chunks on each of `stages` stages. Forwards run in chunk
+/// order; backwards in `backward_order` (a permutation: a split document's chunks backward last slice
+/// first, since a slice's prefix gradients come from the later slices). Stage p warms up with
+/// d_p - 1 - p forwards, then alternates forward and backward; a backward whose chunk has not been
+/// forwarded on the stage yet waits for more forwards.
+[[nodiscard]] inline std::vector<std::vector<StageOp>> one_f_one_b(const std::vector<int>& backward_order, int stages) {
+  const int n = static_cast<int>(backward_order.size());
   std::vector<std::vector<StageOp>> out(static_cast<std::size_t>(stages));
   for (int p = 0; p < stages; ++p) {
     auto& ops = out[static_cast<std::size_t>(p)];
-    const int warmup = std::min(stages - 1 - p, chunks);
-    int f = 0, b = 0;
+    const int warmup = std::min(stages - 1 - p, n);
+    int f = 0;
     for (; f < warmup; ++f) ops.push_back({false, f});
-    while (f < chunks) {
-      ops.push_back({false, f++});
-      ops.push_back({true, b++});
+    for (int b : backward_order) {
+      if (f < n) ops.push_back({false, f++});
+      while (f <= b) ops.push_back({false, f++});
+      ops.push_back({true, b});
     }
-    while (b < chunks) ops.push_back({true, b++});
   }
   return out;
 }
+/// 1F1B with backward order = forward order (no split documents).
+[[nodiscard]] inline std::vector<std::vector<StageOp>> one_f_one_b(int chunks, int stages) {
+  std::vector<int> order(static_cast<std::size_t>(chunks));
+  std::iota(order.begin(), order.end(), 0);
+  return one_f_one_b(order, stages);
+}
 
-/// A memory constraint of the checkpointing problem: after a forward on `stage`, the chunks
-/// [first, last] are in flight.
+/// A memory constraint of the checkpointing problem: after a forward on `stage`, `chunks` are in
+/// flight (forwarded, not yet backwarded).
 struct MemoryWindow {
   int stage = 0;
-  int first = 0;
-  int last = 0;
+  std::vector<int> chunks;
 };
 
 /// Every (stage, window) of a 1F1B schedule: one per forward (memory peaks right after a forward).
-[[nodiscard]] inline std::vector<MemoryWindow> memory_windows(int chunks, int stages) {
+[[nodiscard]] inline std::vector<MemoryWindow> memory_windows(const std::vector<int>& backward_order, int stages) {
   std::vector<MemoryWindow> out;
-  const auto order = one_f_one_b(chunks, stages);
+  const auto order = one_f_one_b(backward_order, stages);
   for (int p = 0; p < stages; ++p) {
-    int oldest = 0;
+    std::vector<int> live;
     for (const StageOp& op : order[static_cast<std::size_t>(p)]) {
-      if (op.backward)
-        oldest = op.chunk + 1;
-      else
-        out.push_back({p, oldest, op.chunk});
+      if (op.backward) {
+        live.erase(std::find(live.begin(), live.end(), op.chunk));
+      } else {
+        live.push_back(op.chunk);
+        out.push_back({p, live});
+      }
     }
   }
   return out;
 }
+[[nodiscard]] inline std::vector<MemoryWindow> memory_windows(int chunks, int stages) {
+  std::vector<int> order(static_cast<std::size_t>(chunks));
+  std::iota(order.begin(), order.end(), 0);
+  return memory_windows(order, stages);
+}
 
-/// The checkpointing problem of one pipeline: chunk token counts and the model.
+/// The checkpointing problem of one pipeline: chunk token counts, the backward order and the model.
+/// The decision for chunk k on stage p is C[position of k in the backward order + d_p - 1 - p]: the
+/// schedule diagonal its backward lies on (DPP's ckpt(p, k) = C[f2b[k] + d_p - p], 0-based).
 struct CheckpointProblem {
-  std::vector<std::int64_t> tokens;  ///< per chunk, in pipeline order
+  std::vector<std::int64_t> tokens;  ///< per chunk, in forward order
   PipelineModel model;
+  std::vector<int> backward_order;  ///< empty: forward order
 
   [[nodiscard]] int chunks() const noexcept { return static_cast<int>(tokens.size()); }
   [[nodiscard]] int diagonals() const noexcept { return chunks() + model.stages - 1; }
+  [[nodiscard]] std::vector<int> order() const {
+    if (!backward_order.empty()) return backward_order;
+    std::vector<int> o(tokens.size());
+    std::iota(o.begin(), o.end(), 0);
+    return o;
+  }
   /// The diagonal of chunk k on stage p.
-  [[nodiscard]] int diagonal(int k, int p) const noexcept { return k + model.stages - 1 - p; }
+  [[nodiscard]] int diagonal(int k, int p) const {
+    int pos = k;
+    if (!backward_order.empty())
+      pos = static_cast<int>(std::find(backward_order.begin(), backward_order.end(), k) - backward_order.begin());
+    return pos + model.stages - 1 - p;
+  }
   /// Memory of stage p with window w under decisions c (bytes).
   [[nodiscard]] double memory(const MemoryWindow& w, const std::vector<int>& c) const {
     double m = model.static_bytes;
-    for (int k = w.first; k <= w.last; ++k) {
+    for (int k : w.chunks) {
       const auto t = tokens[static_cast<std::size_t>(k)];
       m += model.full_bytes(t) - model.saved_bytes(t) * c[static_cast<std::size_t>(diagonal(k, w.stage))];
     }
@@ -142,8 +174,8 @@ struct CheckpointPlan {
   std::string solver;               ///< "greedy", "glpk", ...
 
   /// Layers chunk k checkpoints on stage p.
-  [[nodiscard]] int layers(int k, int p, int stages) const {
-    return diagonals[static_cast<std::size_t>(k + stages - 1 - p)];
+  [[nodiscard]] int layers(const CheckpointProblem& prob, int k, int p) const {
+    return diagonals[static_cast<std::size_t>(prob.diagonal(k, p))];
   }
 };
 
@@ -154,7 +186,7 @@ struct CheckpointPlan {
   plan.solver = std::move(solver);
   plan.peak_bytes.assign(static_cast<std::size_t>(prob.model.stages), prob.model.static_bytes);
   plan.feasible = true;
-  for (const MemoryWindow& w : memory_windows(prob.chunks(), prob.model.stages)) {
+  for (const MemoryWindow& w : memory_windows(prob.order(), prob.model.stages)) {
     const double m = prob.memory(w, plan.diagonals);
     auto& peak = plan.peak_bytes[static_cast<std::size_t>(w.stage)];
     peak = std::max(peak, m);
@@ -169,9 +201,8 @@ struct CheckpointPlan {
 /// general (the MILP is); feasible whenever full checkpointing is.
 [[nodiscard]] inline CheckpointPlan solve_checkpointing(const CheckpointProblem& prob) {
   prob.model.validate("schedule::solve_checkpointing");
-  const int stages = prob.model.stages, n = prob.chunks();
   std::vector<int> c(static_cast<std::size_t>(prob.diagonals()), 0);
-  const auto windows = memory_windows(n, stages);
+  const auto windows = memory_windows(prob.order(), prob.model.stages);
   const double cap = prob.model.memory_cap;
   for (;;) {
     std::vector<double> gain(c.size(), 0.0);
@@ -180,7 +211,7 @@ struct CheckpointPlan {
       const double excess = prob.memory(w, c) - cap;
       if (excess <= cap * 1e-12) continue;
       over = true;
-      for (int k = w.first; k <= w.last; ++k) {
+      for (int k : w.chunks) {
         const auto j = static_cast<std::size_t>(prob.diagonal(k, w.stage));
         if (c[j] < prob.model.layers_per_stage)
           gain[j] += std::min(excess, prob.model.saved_bytes(prob.tokens[static_cast<std::size_t>(k)]));
@@ -197,7 +228,8 @@ struct CheckpointPlan {
 /// A 1F1B pipeline of the plan: its chunks (indices into the chunk plan, in run order), its
 /// checkpointing and its predicted time.
 struct Pipeline {
-  std::vector<int> chunks;
+  std::vector<int> chunks;          ///< forward order (indices into the chunk plan)
+  std::vector<int> backward_order;  ///< positions in `chunks`, in backward order
   CheckpointPlan checkpointing;
   double seconds = 0;  ///< delta + steady time + recomputation
 };
@@ -244,16 +276,66 @@ struct PipelineSchedule {
   return units;
 }
 
+/// Backward order of a pipeline's chunks (positions in `chunks`, which are in forward order): a chunk
+/// goes backward only after every later chunk that reads its tokens as prefix, so the chunks of a
+/// split document go last slice first; otherwise forward order. Each backward is placed as early as
+/// that allows: right after the last chunk that reads it.
+[[nodiscard]] inline std::vector<int> backward_order(const ChunkPlan& plan, const std::vector<int>& chunks) {
+  const int n = static_cast<int>(chunks.size());
+  // reader[i]: the last position j > i whose prefix overlaps chunk i's tokens (i itself when none).
+  std::vector<int> last_reader(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    last_reader[static_cast<std::size_t>(i)] = i;
+    const Chunk& ci = plan.chunks[static_cast<std::size_t>(chunks[static_cast<std::size_t>(i)])];
+    for (int j = i + 1; j < n; ++j) {
+      const Chunk& cj = plan.chunks[static_cast<std::size_t>(chunks[static_cast<std::size_t>(j)])];
+      bool reads = false;
+      for (const Range& pre : cj.prefix)
+        for (const Range& t : ci.tokens) reads = reads || std::max(pre.begin, t.begin) < std::min(pre.end, t.end);
+      if (reads) last_reader[static_cast<std::size_t>(i)] = std::max(last_reader[static_cast<std::size_t>(i)], j);
+    }
+  }
+  // Reading is transitive through the slices of a document; close it.
+  for (int i = n - 1; i >= 0; --i)
+    for (int j = i + 1; j <= last_reader[static_cast<std::size_t>(i)]; ++j)
+      last_reader[static_cast<std::size_t>(i)] =
+          std::max(last_reader[static_cast<std::size_t>(i)], last_reader[static_cast<std::size_t>(j)]);
+  std::vector<int> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  // By the position of the last reader, later positions first among equal readers.
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    const int ra = last_reader[static_cast<std::size_t>(a)], rb = last_reader[static_cast<std::size_t>(b)];
+    return ra != rb ? ra < rb : a > b;
+  });
+  return order;
+}
+
 /// Checkpointing solver used by the grouping (the greedy, or the MILP of checkpoint_milp.hpp).
 using CheckpointSolver = std::function<CheckpointPlan(const CheckpointProblem&)>;
+
+/// Where `group_pipelines` may cut the units (ordered by chunk count) into pipelines.
+enum class GroupBoundaries : std::uint8_t {
+  /// DPP's classes: only between units of different chunk counts (S[i] = the sequences of i chunks),
+  /// O(classes^2) checkpointing solves, classes <= slices + 1. When no grouping at these cuts fits,
+  /// every unit boundary is tried (a pipeline of fewer chunks than stages has smaller 1F1B windows,
+  /// so cutting inside a class can fit what the whole class cannot).
+  kChunkCount,
+  /// Between any two units: O(units^2) solves; never worse than kChunkCount, much slower at scale.
+  kEveryUnit,
+};
+
+struct GroupingOptions {
+  GroupBoundaries boundaries = GroupBoundaries::kChunkCount;
+};
 
 /// DPP's grouping of sequences into 1F1B pipelines run one after another: over the units ordered by
 /// chunk count, dp[i] = min over k < i of dp[k] + delta + T_ckpt(units k..i-1), delta = (d_p - 1) x
 /// the average chunk's forward + backward time (warm-up and drain), T_ckpt = the recomputed layers'
-/// forward time. A group whose checkpointing is infeasible is not a candidate. Throws
-/// std::invalid_argument when no grouping fits the memory cap.
+/// forward time; i and k range over the boundaries `options` allows. A group whose checkpointing is
+/// infeasible is not a candidate. Throws std::invalid_argument when no grouping fits the memory cap.
 [[nodiscard]] inline PipelineSchedule group_pipelines(const ChunkPlan& plan, const PipelineModel& model,
-                                                      const CheckpointSolver& solve = solve_checkpointing) {
+                                                      const CheckpointSolver& solve = solve_checkpointing,
+                                                      GroupingOptions options = {}) {
   constexpr const char* where = "schedule::group_pipelines";
   model.validate(where);
   const auto units = sequence_units(plan);
@@ -266,7 +348,9 @@ using CheckpointSolver = std::function<CheckpointPlan(const CheckpointProblem&)>
     for (int i = from; i < to; ++i)
       for (int c : units[static_cast<std::size_t>(i)]) p.chunks.push_back(c);
     std::sort(p.chunks.begin(), p.chunks.end());  // the plan's order keeps each document's slices in order
-    CheckpointProblem prob{{}, model};
+    CheckpointProblem prob{{}, model, {}};
+    p.backward_order = backward_order(plan, p.chunks);
+    prob.backward_order = p.backward_order;
     double total = 0, recompute_per_layer = 0;
     for (int c : p.chunks) {
       prob.tokens.push_back(plan.chunks[static_cast<std::size_t>(c)].batch.total_tokens());
@@ -279,28 +363,44 @@ using CheckpointSolver = std::function<CheckpointPlan(const CheckpointProblem&)>
     p.seconds = (model.stages - 1) * avg + total + f_hat * static_cast<double>(p.checkpointing.layers_recomputed);
     return p;
   };
-  const double inf = std::numeric_limits<double>::infinity();
-  std::vector<double> dp(static_cast<std::size_t>(u) + 1, inf);
-  std::vector<int> from(static_cast<std::size_t>(u) + 1, -1);
-  dp[0] = 0;
-  for (int i = 1; i <= u; ++i)
-    for (int k = 0; k < i; ++k) {
-      if (dp[static_cast<std::size_t>(k)] == inf) continue;
-      const Pipeline p = build(k, i);
-      if (!p.checkpointing.feasible) continue;
-      const double t = dp[static_cast<std::size_t>(k)] + p.seconds;
-      if (t < dp[static_cast<std::size_t>(i)]) {
-        dp[static_cast<std::size_t>(i)] = t;
-        from[static_cast<std::size_t>(i)] = k;
+  // The DP over the allowed cuts; each cut's best last pipeline is kept, so nothing is solved twice.
+  const auto group = [&](GroupBoundaries boundaries) {
+    std::vector<int> cuts{0};
+    for (int i = 1; i < u; ++i)
+      if (boundaries == GroupBoundaries::kEveryUnit ||
+          units[static_cast<std::size_t>(i)].size() != units[static_cast<std::size_t>(i) - 1].size())
+        cuts.push_back(i);
+    cuts.push_back(u);
+    const std::size_t m = cuts.size();
+    const double inf = std::numeric_limits<double>::infinity();
+    std::vector<double> dp(m, inf);
+    std::vector<std::size_t> from(m, 0);
+    std::vector<Pipeline> last(m);
+    dp[0] = 0;
+    for (std::size_t i = 1; i < m; ++i)
+      for (std::size_t k = 0; k < i; ++k) {
+        if (dp[k] == inf) continue;
+        Pipeline p = build(cuts[k], cuts[i]);
+        if (!p.checkpointing.feasible) continue;
+        const double t = dp[k] + p.seconds;
+        if (t < dp[i]) {
+          dp[i] = t;
+          from[i] = k;
+          last[i] = std::move(p);
+        }
       }
-    }
-  if (dp[static_cast<std::size_t>(u)] == inf)
+    PipelineSchedule out;
+    out.seconds = dp[m - 1];
+    if (dp[m - 1] == inf) return out;
+    for (std::size_t i = m - 1; i > 0; i = from[i]) out.pipelines.insert(out.pipelines.begin(), std::move(last[i]));
+    return out;
+  };
+  PipelineSchedule out = group(options.boundaries);
+  if (out.pipelines.empty() && options.boundaries != GroupBoundaries::kEveryUnit)
+    out = group(GroupBoundaries::kEveryUnit);
+  if (out.pipelines.empty())
     seqpar::detail::throw_invalid(where, "model.memory_cap", model.memory_cap,
                                   "no grouping of the chunks fits, even with full checkpointing");
-  PipelineSchedule out;
-  for (int i = u; i > 0; i = from[static_cast<std::size_t>(i)])
-    out.pipelines.insert(out.pipelines.begin(), build(from[static_cast<std::size_t>(i)], i));
-  out.seconds = dp[static_cast<std::size_t>(u)];
   return out;
 }
 

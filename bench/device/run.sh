@@ -121,7 +121,7 @@ fi
 # may be half-installed on the GPU image); CUDA is required, for sm_90a only (one pass per kernel).
 stage configure hard 120 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" -DSEQPAR_ENABLE_CUDA=ON -DSEQPAR_ENABLE_MPI=OFF \
-  -DSEQPAR_BUILD_TESTS=$tests -DSEQPAR_BUILD_BENCH=ON -DSEQPAR_BUILD_EXAMPLES=OFF -DSEQPAR_BUILD_TOOLS=OFF \
+  -DSEQPAR_BUILD_TESTS=$tests -DSEQPAR_BUILD_BENCH=ON -DSEQPAR_BUILD_EXAMPLES=ON -DSEQPAR_BUILD_TOOLS=OFF \
   -DSEQPAR_VERIFY_HEADERS=OFF -DSEQPAR_INSTALL=OFF "${doctest_flags[@]}"
 configured=$?
 [[ $tests == OFF ]] && failed_hard=1
@@ -133,7 +133,7 @@ if [[ $configured -eq 0 ]]; then
     read -r -a targets <<<"$SEQPAR_DEVICE_TARGETS"
   else
     mapfile -t targets < <(ninja -C "$build" -t targets all 2>/dev/null | sed -n 's/^\([A-Za-z0-9_]*\): .*/\1/p' |
-      grep -E '^(seqpar_test_[A-Za-z0-9_]+|seqpar_tests_cuda_host|attention_cuda|runtime_cuda)$' | sort -u)
+      grep -E '^(seqpar_test_[A-Za-z0-9_]+|seqpar_tests_cuda_host|seqpar_tests_nccl|seqpar_tests_nccl_host|attention_cuda|runtime_cuda|transport_nccl|07_nccl_ring)$' | sort -u)
   fi
   echo "targets: ${targets[*]:-none}"
   if ((${#targets[@]} > 0)); then
@@ -153,7 +153,7 @@ bench_exe() { for p in "$build/bench/$1" "$build/$1"; do [[ -x $p ]] && echo "$p
 if [[ $configured -eq 0 && $tests == ON ]]; then
   # -j 4: the tests share the one GPU; they are independent processes. Label regex cuda also selects
   # cuda_host and the CUDA benches' smoke cases (bench_smoke.attention_cuda).
-  reserve=130 stage ctest hard 180 ctest --test-dir "$build" -L cuda --output-on-failure -j 4 \
+  reserve=130 stage ctest hard 180 ctest --test-dir "$build" -L 'cuda|nccl' --output-on-failure -j 4 \
     --output-junit "$logs/ctest_junit.xml"
 else
   skip ctest "tests not configured"
@@ -176,6 +176,12 @@ if [[ -n $runtime ]]; then
   stage runtime_cuda bench 120 "$runtime" --json "$out/runtime_cuda.json"
 else
   skip runtime_cuda "no runtime_cuda target or not built"
+fi
+nccl_bench=$(bench_exe transport_nccl)
+if [[ -n $nccl_bench ]]; then
+  stage transport_nccl bench 90 "$nccl_bench" --json "$out/transport_nccl.json"
+else
+  skip transport_nccl "not built (SEQPAR_ENABLE_NCCL)"
 fi
 
 # ---- 5. memcheck of the kernels on the smoke shapes ---------------------------------------------------------

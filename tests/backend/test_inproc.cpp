@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <numeric>
 #include <span>
@@ -93,6 +94,26 @@ std::chrono::milliseconds expect_boom(World world, F&& fn) {
 }
 
 using seqpar::test::invalid_message;
+
+// A World::Options::memory that counts what goes through it (the device world's shape, on the host).
+namespace counting {
+std::atomic<std::uint64_t> copied{0}, fences{0}, live{0}, allocations{0};
+void copy(std::byte* to, const std::byte* from, std::size_t bytes) {
+  copied += bytes;
+  std::memcpy(to, from, bytes);
+}
+void fence() {
+  ++fences;
+}
+void* allocate(std::size_t bytes) {
+  ++live, ++allocations;
+  return ::operator new(bytes);
+}
+void release(void* p) noexcept {
+  --live;
+  ::operator delete(p);
+}
+}  // namespace counting
 
 }  // namespace
 
@@ -562,6 +583,54 @@ TEST_SUITE("backend") {
       std::vector<std::byte> s(t.rank() == 0 ? 4 : 6), r(s.size());
       t.all_to_all(cbytes(s), wbytes(r));
     });
+  }
+
+  TEST_CASE("inproc: every payload byte goes through World::Options::memory, mailbox buffers too") {
+    constexpr int kRanks = 4;
+    constexpr std::size_t kMessage = 100;
+    counting::copied = counting::fences = counting::live = counting::allocations = 0;
+    seqpar::backend::inproc::Memory memory;
+    memory.copy = &counting::copy;
+    memory.fence = &counting::fence;
+    memory.allocate = &counting::allocate;
+    memory.release = &counting::release;
+    Failures f;
+    World(kRanks, {.timeout = 10s, .memory = memory}).run([&](Transport& t) {
+      const int me = t.rank(), next = (me + 1) % kRanks, prev = (me + kRanks - 1) % kRanks;
+      // A ring of sends: each message copied into the receiver's mailbox and out of it.
+      const auto out = block(me, next, kMessage);
+      std::vector<std::byte> in(kMessage);
+      t.send(cbytes(out), next, 1);
+      t.recv(wbytes(in), prev, 1);
+      f.expect(in == block(prev, me, kMessage), at(me, "ring message"));
+      // all_to_all_v: (src + 1) * 10 bytes from every src to every dst, self included.
+      std::vector<std::size_t> sc(kRanks, static_cast<std::size_t>(me + 1) * 10), rc(kRanks);
+      std::vector<std::byte> s, r;
+      for (int dst = 0; dst < kRanks; ++dst) {
+        const auto b = block(me, dst, sc[0]);
+        s.insert(s.end(), b.begin(), b.end());
+        rc[static_cast<std::size_t>(dst)] = static_cast<std::size_t>(dst + 1) * 10;
+      }
+      r.resize(std::accumulate(rc.begin(), rc.end(), std::size_t{0}));
+      t.all_to_all_v(cbytes(s), sc, wbytes(r), rc);
+      std::size_t at_byte = 0;
+      for (int src = 0; src < kRanks; ++src) {
+        const auto want = block(src, me, rc[static_cast<std::size_t>(src)]);
+        f.expect(std::equal(want.begin(), want.end(), r.begin() + static_cast<std::ptrdiff_t>(at_byte)),
+                 at(me, "all_to_all_v block from " + std::to_string(src)));
+        at_byte += want.size();
+      }
+      t.barrier();
+    });
+    f.check();
+    // 4 messages x 2 copies x 100 bytes, and every all_to_all_v block once: 4 x 10 x (1 + 2 + 3 + 4).
+    CHECK(counting::copied == kRanks * 2 * kMessage + kRanks * 10 * (1 + 2 + 3 + 4));
+    CHECK(counting::fences >= 2 * kRanks + kRanks);  // a send, a receive, a collective: each completes its copies
+    CHECK(counting::allocations > 0);
+    CHECK(counting::live == 0);  // every mailbox buffer went back when the world ended
+    seqpar::backend::inproc::Memory no_copy;
+    no_copy.copy = nullptr;
+    CHECK(invalid_message([&] { World(2, {.memory = no_copy}); }).find("options.memory") != std::string::npos);
   }
 
   TEST_CASE("inproc: bad arguments throw std::invalid_argument naming the argument and value") {

@@ -47,7 +47,7 @@ concept Transport = std::movable<T> &&
   { ct.counters() } -> std::same_as<const TrafficCounters&>;  // live counters, read without a copy
 };
 
-/// A stream-ordered transport (NCCL; the one-GPU device world of kernels/seqpar/cuda) enqueues its
+/// A stream-ordered transport (NCCL; not the one-GPU device world, which is host-ordered) enqueues its
 /// transfers on a device queue instead of completing them on the calling thread. It declares
 /// `static constexpr bool kStreamOrdered = true` and takes the queue before each operation with
 /// `set_queue(void*)` (a cudaStream_t; opaque here, so that include/ names no vendor API). Its calls

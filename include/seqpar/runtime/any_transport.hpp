@@ -144,9 +144,10 @@ class AnyTransport {
     RequestBase* impl_ = nullptr;
   };
 
-  /// Refers to `transport`, which must outlive this object.
-  template <Transport Tr>
-  requires(!std::same_as<std::remove_cvref_t<Tr>, AnyTransport>) explicit AnyTransport(Tr& transport)
+  /// Refers to `transport`, which must outlive this object. (The exclusion is checked before the
+  /// concept: nvcc's front end would otherwise check Transport<AnyTransport> inside itself.)
+  template <class Tr>
+  requires(!std::same_as<std::remove_cvref_t<Tr>, AnyTransport> && Transport<Tr>) explicit AnyTransport(Tr& transport)
       : impl_(std::make_unique<Model<Tr, Tr*>>(&transport)) {}
 
   [[nodiscard]] int rank() const { return impl_->rank(); }

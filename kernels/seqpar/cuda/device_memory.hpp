@@ -58,11 +58,13 @@ class DeviceArray {
  public:
   DeviceArray() noexcept = default;
   explicit DeviceArray(std::size_t n) : bytes_(n * sizeof(T)), size_(n) {}
-  /// A device copy of `host` (synchronous: the host memory may be reused at once).
+  /// A device copy of `host`, complete when this returns. (cudaMemcpy from pageable memory may return
+  /// before the DMA lands, and kernels on non-blocking streams do not wait for the legacy stream it
+  /// runs on: the device is synchronized. For setup and tests, not for a hot path.)
   explicit DeviceArray(std::span<const T> host) : DeviceArray(host.size()) {
-    if (!host.empty())
-      SEQPAR_CUDA_CHECK(cudaMemcpy(data(), host.data(), host.size_bytes(), cudaMemcpyHostToDevice),
-                        "cuda::DeviceArray");
+    if (host.empty()) return;
+    SEQPAR_CUDA_CHECK(cudaMemcpy(data(), host.data(), host.size_bytes(), cudaMemcpyHostToDevice), "cuda::DeviceArray");
+    SEQPAR_CUDA_CHECK(cudaDeviceSynchronize(), "cuda::DeviceArray");
   }
   explicit DeviceArray(const std::vector<T>& host) : DeviceArray(std::span<const T>(host)) {}
 
@@ -70,12 +72,13 @@ class DeviceArray {
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
   [[nodiscard]] std::span<T> span() const noexcept { return {data(), size_}; }
 
-  /// Copies the array back to the host (synchronous).
+  /// Copies the array back to the host, after everything issued on the device (synchronous).
   [[nodiscard]] std::vector<T> to_host() const {
     std::vector<T> out(size_);
-    if (size_ != 0)
-      SEQPAR_CUDA_CHECK(cudaMemcpy(out.data(), data(), size_ * sizeof(T), cudaMemcpyDeviceToHost),
-                        "cuda::DeviceArray::to_host");
+    if (size_ == 0) return out;
+    SEQPAR_CUDA_CHECK(cudaDeviceSynchronize(), "cuda::DeviceArray::to_host");
+    SEQPAR_CUDA_CHECK(cudaMemcpy(out.data(), data(), size_ * sizeof(T), cudaMemcpyDeviceToHost),
+                      "cuda::DeviceArray::to_host");
     return out;
   }
 

@@ -88,6 +88,9 @@ class Request {
 ///  - Counters: bytes and messages to other ranks of this object (self-traffic is free): every
 ///    send to another rank is a message; a collective counts one message per non-empty block to
 ///    another rank. barrier and split move no payload and count nothing.
+///  - Memory: every payload byte is copied with the world's `Memory::copy` (std::memcpy by default)
+///    and mailbox buffers come from its `Memory::allocate` (World::Options::memory); a world whose
+///    ranks share a GPU copies with the CUDA runtime (kernels/seqpar/cuda/device_world.hpp).
 ///  - Cost: a message is copied twice (into the mailbox, out of it) and, once warm, allocates
 ///    nothing (mailbox nodes and buffers are recycled); a
 ///    collective copies each byte once and synchronizes twice. Not thread-safe: one thread per
@@ -381,9 +384,12 @@ class Transport {
     seqpar::detail::require(!overlap, where, "r", "<buffer>", "overlaps s (in-place collectives are not supported)");
   }
 
-  static void copy_bytes(const std::byte* from, std::size_t bytes, std::byte* to) noexcept {
-    if (bytes != 0) std::memcpy(to, from, bytes);
+  // Every payload byte moves through the world's copy function (std::memcpy unless the world says
+  // otherwise); a collective's copies are completed by finish_copies() before its ranks depart.
+  void copy_bytes(const std::byte* from, std::size_t bytes, std::byte* to) const {
+    if (bytes != 0) comm_->world().memory().copy(to, from, bytes);
   }
+  void finish_copies() const { comm_->world().memory().finish(); }
 
   [[nodiscard]] Error protocol_error(std::string_view op, int src, std::size_t theirs, std::string_view what,
                                      std::size_t ours) const {
@@ -420,7 +426,17 @@ class Transport {
         throw Error(Errc::kProtocol, who() + " called " + detail::op_name(op) + " while rank " + std::to_string(r) +
                                          " called " + detail::op_name(rv.peer(r).op));
     }
-    read(sequence);
+    // Peers reuse their buffers once every rank has departed: this rank's copies out of them end first.
+    try {
+      read(sequence);
+    } catch (...) {
+      try {
+        finish_copies();
+      } catch (...) {  // the first error is the one to report
+      }
+      throw;
+    }
+    finish_copies();
   }
 
   void count_message(int peer, std::size_t bytes) noexcept {

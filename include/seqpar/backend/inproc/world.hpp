@@ -14,6 +14,7 @@
 
 #include "seqpar/backend/inproc/detail/comm_state.hpp"
 #include "seqpar/backend/inproc/detail/world_state.hpp"
+#include "seqpar/backend/inproc/memory.hpp"
 #include "seqpar/backend/inproc/transport.hpp"
 #include "seqpar/core/error.hpp"
 
@@ -48,6 +49,8 @@ class World {
   struct Options {
     /// Longest a rank may block in one operation before it throws Errc::kTimeout.
     std::chrono::milliseconds timeout{std::chrono::seconds{120}};
+    /// Where payloads live and how they are copied (host memory and std::memcpy by default).
+    Memory memory{};
   };
 
   explicit World(int n) : World(n, Options{}) {}
@@ -55,6 +58,9 @@ class World {
     seqpar::detail::require(n >= 1, "inproc::World", "n", n, "must be >= 1");
     seqpar::detail::require(options.timeout.count() > 0, "inproc::World", "options.timeout",
                             std::to_string(options.timeout.count()) + " ms", "must be > 0");
+    const Memory& m = options.memory;
+    seqpar::detail::require(m.copy != nullptr && m.allocate != nullptr && m.release != nullptr, "inproc::World",
+                            "options.memory", "a null function", "copy, allocate and release must be set");
   }
 
   [[nodiscard]] int size() const noexcept { return size_; }
@@ -65,7 +71,7 @@ class World {
   template <class F>
   requires std::invocable<F&, Transport&>
   void run(F&& fn) {
-    auto world = std::make_shared<detail::WorldState>(options_.timeout);
+    auto world = std::make_shared<detail::WorldState>(options_.timeout, options_.memory);
     std::vector<int> ranks(static_cast<std::size_t>(size_));
     std::iota(ranks.begin(), ranks.end(), 0);
     const auto comm = detail::CommState::create(world, std::move(ranks));

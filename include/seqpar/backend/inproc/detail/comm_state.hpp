@@ -23,7 +23,7 @@ class CommState final : public Wakeable {
   CommState(std::shared_ptr<WorldState> world, std::vector<int> world_ranks)
       : world_(std::move(world)), world_ranks_(std::move(world_ranks)), rendezvous_(size()) {
     inboxes_.reserve(world_ranks_.size());
-    for (std::size_t i = 0; i < world_ranks_.size(); ++i) inboxes_.push_back(std::make_unique<Inbox>());
+    for (std::size_t i = 0; i < world_ranks_.size(); ++i) inboxes_.push_back(std::make_unique<Inbox>(world_->memory()));
   }
 
   /// Creates a communicator and registers it for failure wake-ups.

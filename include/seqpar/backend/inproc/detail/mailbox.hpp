@@ -6,7 +6,6 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <span>
@@ -14,15 +13,77 @@
 #include <vector>
 
 #include "seqpar/backend/inproc/detail/world_state.hpp"
+#include "seqpar/backend/inproc/memory.hpp"
 
 namespace seqpar::backend::inproc::detail {
+
+/// A mailbox buffer in the world's memory (host memory unless the world says otherwise): the
+/// `size()` bytes of one message in a buffer of `capacity()` bytes. Move-only.
+class Payload {
+ public:
+  explicit Payload(const Memory& memory) noexcept : memory_(&memory) {}
+  Payload(Payload&& other) noexcept
+      : memory_(other.memory_),
+        data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)),
+        capacity_(std::exchange(other.capacity_, 0)) {}
+  Payload& operator=(Payload&& other) noexcept {
+    if (this != &other) {
+      free();
+      memory_ = other.memory_;
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+      capacity_ = std::exchange(other.capacity_, 0);
+    }
+    return *this;
+  }
+  Payload(const Payload&) = delete;
+  Payload& operator=(const Payload&) = delete;
+  ~Payload() { free(); }
+
+  [[nodiscard]] const std::byte* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+
+  /// Room for `bytes` bytes; the content is not kept when the buffer grows.
+  void reserve(std::size_t bytes) {
+    if (bytes <= capacity_) return;
+    void* fresh = memory_->allocate(bytes);  // on failure this buffer stays as it was
+    free();
+    data_ = static_cast<std::byte*>(fresh);
+    capacity_ = bytes;
+  }
+
+  /// Holds a copy of `bytes` bytes at `from` once it returns.
+  void assign(const std::byte* from, std::size_t bytes) {
+    reserve(bytes);
+    size_ = 0;
+    if (bytes != 0) {
+      memory_->copy(data_, from, bytes);
+      memory_->finish();
+    }
+    size_ = bytes;
+  }
+
+ private:
+  void free() noexcept {
+    if (data_ != nullptr) memory_->release(data_);
+    data_ = nullptr;
+    size_ = capacity_ = 0;
+  }
+  const Memory* memory_;
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+  std::size_t capacity_ = 0;
+};
 
 /// The messages addressed to one rank of one communicator, one FIFO channel per (source, tag).
 ///
 /// Receives are matched in the order they are posted, not the order they are waited on: every
 /// receive takes a ticket from its channel at post time and completes with the message of that
 /// index. So `irecv(a); recv(b); wait(a)` gives `a` the first message, as MPI does.
-/// Senders copy the payload in (eager); only the owning rank posts and takes.
+/// Senders copy the payload in (eager); only the owning rank posts and takes. Payloads live in the
+/// world's memory and are copied with its copy function (inproc::Memory).
 ///
 /// Steady state allocates nothing: channels are kept once created, and a taken message's map node
 /// (with its payload buffer) goes to a free list that the next delivery reuses; payload buffers are
@@ -31,6 +92,9 @@ namespace seqpar::backend::inproc::detail {
 /// can have (everything one run receives), otherwise it doubles when it runs dry.
 class Inbox {
  public:
+  /// `memory` (the world's) outlives the inbox.
+  explicit Inbox(const Memory& memory) noexcept : memory_(memory) {}
+
   /// Appends a copy of `payload` to channel (src, tag) and wakes the owner.
   void deliver(int src, int tag, std::span<const std::byte> payload) {
     {
@@ -50,16 +114,20 @@ class Inbox {
         nodes_ += grow;
         for (std::size_t i = 0; i < grow; ++i) {
           Messages fresh;  // a node of its own, to be moved into the channel
-          auto spare = fresh.extract(fresh.emplace(0, std::vector<std::byte>()).first);
+          auto spare = fresh.extract(fresh.emplace(0, Payload(memory_)).first);
           spare.mapped().reserve(largest_);
           free_.push_back(std::move(spare));
         }
       }
       Messages::node_type node = std::move(free_.back());
       free_.pop_back();
+      try {
+        node.mapped().assign(payload.data(), payload.size());
+      } catch (...) {
+        free_.push_back(std::move(node));  // a failed copy (a device error) keeps the node for later
+        throw;
+      }
       node.key() = ch.delivered;
-      std::vector<std::byte>& buffer = node.mapped();
-      buffer.assign(payload.begin(), payload.end());
       ++ch.delivered;
       ch.messages.insert(std::move(node));
     }
@@ -78,7 +146,7 @@ class Inbox {
     free_.reserve(free_.size() + (messages - nodes_));
     for (; nodes_ < messages; ++nodes_) {
       Messages fresh;
-      auto spare = fresh.extract(fresh.emplace(0, std::vector<std::byte>()).first);
+      auto spare = fresh.extract(fresh.emplace(0, Payload(memory_)).first);
       spare.mapped().reserve(largest_);
       free_.push_back(std::move(spare));
     }
@@ -105,7 +173,16 @@ class Inbox {
     auto node = ch->second.messages.extract(ticket);
     lock.unlock();
     const std::size_t size = node.mapped().size();
-    if (size == out.size() && size != 0) std::memcpy(out.data(), node.mapped().data(), size);
+    if (size == out.size() && size != 0) {
+      try {
+        memory_.copy(out.data(), node.mapped().data(), size);
+        memory_.finish();
+      } catch (...) {
+        lock.lock();
+        free_.push_back(std::move(node));
+        throw;
+      }
+    }
     lock.lock();
     if (node.mapped().capacity() < largest_) node.mapped().reserve(largest_);  // grown since it was made
     free_.push_back(std::move(node));
@@ -118,12 +195,13 @@ class Inbox {
   }
 
  private:
-  using Messages = std::map<std::uint64_t, std::vector<std::byte>>;
+  using Messages = std::map<std::uint64_t, Payload>;
   struct Channel {
     std::uint64_t posted = 0;     // receives posted so far (next ticket)
     std::uint64_t delivered = 0;  // messages delivered so far (next message index)
     Messages messages;
   };
+  const Memory& memory_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::map<std::pair<int, int>, Channel> channels_;

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "seqpar/backend/inproc/memory.hpp"
 #include "seqpar/core/error.hpp"
 
 namespace seqpar::backend::inproc::detail {
@@ -29,16 +30,17 @@ class Wakeable {
   ~Wakeable() = default;
 };
 
-/// State shared by every rank and every communicator of one World::run: the timeout and the
-/// failure record (first failing rank, its message and its exception).
+/// State shared by every rank and every communicator of one World::run: the timeout, the memory the
+/// payloads live in, and the failure record (first failing rank, its message and its exception).
 ///
 /// Lock order: WorldState::mutex_ is never held while a communicator's mutex is taken, so a
 /// waiter may read the failure record (immutable once failed() is true) under its own lock.
 class WorldState {
  public:
-  explicit WorldState(std::chrono::milliseconds timeout) : timeout_(timeout) {}
+  explicit WorldState(std::chrono::milliseconds timeout, Memory memory = {}) : timeout_(timeout), memory_(memory) {}
 
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  [[nodiscard]] const Memory& memory() const noexcept { return memory_; }
   [[nodiscard]] Clock::time_point deadline() const noexcept { return Clock::now() + timeout_; }
 
   [[nodiscard]] bool failed() const noexcept { return failed_.load(std::memory_order_acquire); }
@@ -100,6 +102,7 @@ class WorldState {
 
  private:
   std::chrono::milliseconds timeout_;
+  Memory memory_;
   mutable std::mutex mutex_;
   std::atomic<bool> failed_{false};
   int failed_rank_ = -1;

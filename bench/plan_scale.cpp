@@ -3,12 +3,34 @@
 // to compile every rank's programs (the planner's view: all ranks) and to simulate one training step of
 // Llama-3.1-8B on H100 nodes of 8, over a 1M-token batch of lognormal documents (median 2K). The issue's
 // goal: 1024 ranks and a 1M-token batch simulated in under 10 s on this machine (2 cores).
+//
+// Then DPP's planning (issue 12): a global batch of 512 sequences (one document each, lengths from the
+// CommonCrawl-like and the long-tail mixes of plan::workloads, truncated at the context, 48K and 96K)
+// for LLaMA-7B on 32 pipeline stages, one GPU each, of A800-80GB (DPP's GPU; memory to spare) and of
+// A100-40GB (checkpointing binds), with plan::pipeline_model and plan::chunk_cost (the scheduler's
+// model of plan::simulate_pipeline_step): chunked by DynamicChunk under an 8K-token capacity, grouped
+// into 1F1B pipelines by DPP's dynamic program (its checkpointing solves by the greedy) and, for the
+// glpk rows, the chosen pipelines' checkpointing solved again by the MILP (2% gap, a time limit per
+// pipeline, the greedy as first incumbent). The wall time of each phase: chunking, the grouping's own
+// work, the checkpointing solves. Goal: under 2 s on this machine. --dpp-every-unit lets the grouping
+// cut between any two sequences (GroupBoundaries::kEveryUnit) instead of between chunk-count classes.
 //   plan_scale [--smoke] [--json FILE] [--tokens N] [--ranks a,b,c] [--strategies a,b]
+//              [--dpp-only | --no-dpp] [--dpp-sequences N] [--dpp-stages N] [--dpp-contexts a,b]
+//              [--dpp-distributions a,b] [--dpp-chunk-tokens T] [--dpp-solvers greedy,glpk]
+//              [--dpp-model NAME] [--dpp-hardware a,b] [--dpp-milp-seconds S] [--dpp-every-unit]
 #include <seqpar/plan/candidates.hpp>
+#include <seqpar/plan/pipeline_step.hpp>
 #include <seqpar/plan/step.hpp>
 #include <seqpar/plan/workloads.hpp>
+#include <seqpar/schedule/dynamic_chunk.hpp>
+#include <seqpar/schedule/pipeline.hpp>
 #include <seqpar/seqpar.hpp>
 
+#if defined(SEQPAR_ENABLE_GLPK)
+#include <seqpar/schedule/checkpoint_milp.hpp>
+#endif
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -20,81 +42,266 @@
 
 using namespace seqpar;
 
+namespace {
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  for (std::string x; std::getline(ss, x, ',');) out.push_back(x);
+  return out;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+struct DppCase {
+  int sequences = 512;
+  int stages = 32;
+  std::vector<std::int64_t> contexts{49152, 98304};
+  std::int64_t chunk_tokens = 8192;
+  std::vector<std::string> solvers{"greedy", "glpk"};
+  std::vector<std::string> distributions{"commoncrawl", "longtail"};
+  double milp_seconds = 1.0;       ///< GLPK's time limit per pipeline
+  std::string model = "llama-7b";  ///< its layers a multiple of the stages
+  /// DPP's A800 (memory to spare at 32 stages of LLaMA-7B), and the A100-40GB, where checkpointing binds.
+  std::vector<std::string> hardware{"a800-80gb", "a100-40gb"};
+  bool every_unit = false;  ///< cut pipelines between any two sequences, not only between chunk-count classes
+};
+
+// DPP planning of `c` on `hardware` for each mix, context and solver: one table row and one JSON
+// record per run.
+void run_dpp(const DppCase& c, const std::string& hardware, std::vector<bench::JsonRecord>& records) {
+  // The pipeline scheduler's model of plan::simulate_pipeline_step: Ulysses over sp_ranks inside a stage
+  // (1 here: a stage is one GPU), ZeRO-3 inside the stage, a 10% memory reserve.
+  plan::PipelineStepOptions opt;
+  opt.model = replay::models::by_name(c.model);
+  opt.hardware = replay::profiles::by_name(hardware);
+  opt.stages = c.stages;
+  opt.sp_ranks = 1;
+  const schedule::PipelineModel pm = plan::pipeline_model(opt);
+  const schedule::ChunkCost cost = plan::chunk_cost(opt);
+  std::printf(
+      "\nDPP planning: %d sequences (one document each, truncated at the context), %s on %d stages of %s\n"
+      "(%d layer%s per stage; per stage %.1f GiB static, %.0f KiB activations per token, cap %.1f GiB), chunk "
+      "capacity %lld tokens\n",
+      c.sequences, opt.model.name.c_str(), c.stages, opt.hardware.name.c_str(), pm.layers_per_stage,
+      pm.layers_per_stage == 1 ? "" : "s", pm.static_bytes / replay::profiles::kGiB,
+      pm.activation_bytes_per_token * pm.layers_per_stage / 1024, pm.memory_cap / replay::profiles::kGiB,
+      static_cast<long long>(c.chunk_tokens));
+  std::printf("%-12s %8s %9s %8s %-7s %7s %4s %6s %9s %9s %9s %7s %9s %9s %7s %11s  %s\n", "mix", "context", "tokens",
+              "longest", "solver", "chunks", "K", "units", "chunk s", "group s", "ckpt s", "solves", "total s",
+              "pipelines", "recomp", "goal", "decided by");
+  for (const std::string& mix : c.distributions)
+    for (const std::int64_t context : c.contexts) {
+      // The first `sequences` draws of the mix, truncated at the context.
+      std::vector<std::int64_t> draws = plan::workloads::sample_lengths(mix, std::int64_t{c.sequences} * 131072, 2509u);
+      draws.resize(static_cast<std::size_t>(c.sequences));
+      std::vector<std::vector<std::int64_t>> seqs;
+      for (std::int64_t& len : draws) seqs.push_back({len = std::min(len, context)});
+      const DocumentBatch batch(seqs);
+      const std::int64_t longest = *std::max_element(draws.begin(), draws.end());
+      char head[96];
+      std::snprintf(head, sizeof head, "%-12s %8lld %9lld %8lld", mix.c_str(), static_cast<long long>(context),
+                    static_cast<long long>(batch.total_tokens()), static_cast<long long>(longest));
+      for (const std::string& solver_name : c.solvers) {
+#if !defined(SEQPAR_ENABLE_GLPK)
+        if (solver_name == "glpk") {
+          std::printf("%s %-7s not built (configure with seqpar::glpk: libglpk-dev)\n", head, "glpk");
+          continue;
+        }
+#endif
+        // The grouping's dynamic program solves with the greedy; the glpk rows then solve the chosen
+        // pipelines again with the MILP (DPP's 2% gap, a time limit, the greedy as first incumbent).
+        int solves = 0;
+        double solve_s = 0;
+        const auto timed = [&](const schedule::CheckpointSolver& solver) {
+          return schedule::CheckpointSolver([&, solver](const schedule::CheckpointProblem& prob) {
+            const auto t0 = std::chrono::steady_clock::now();
+            schedule::CheckpointPlan plan = solver(prob);
+            solve_s += seconds_since(t0);
+            ++solves;
+            return plan;
+          });
+        };
+        const auto t0 = std::chrono::steady_clock::now();
+        const schedule::DynamicChunk chunker{
+            {.token_capacity = c.chunk_tokens, .time_target = 0, .slices = 0, .cost = cost}};
+        const schedule::ChunkPlan plan = chunker.plan(batch);
+        const double chunk_s = seconds_since(t0);
+        const auto t1 = std::chrono::steady_clock::now();
+        const std::size_t units = schedule::sequence_units(plan).size();
+        bench::JsonRecord r;
+        r.add("case", "dpp")
+            .add("distribution", mix)
+            .add("sequences", c.sequences)
+            .add("stages", c.stages)
+            .add("context", context)
+            .add("tokens", batch.total_tokens())
+            .add("longest", longest)
+            .add("model", opt.model.name)
+            .add("hardware", opt.hardware.name)
+            .add("chunk_tokens", c.chunk_tokens)
+            .add("solver", solver_name)
+            .add("boundaries", c.every_unit ? "every unit" : "chunk count")
+            .add("chunks", static_cast<std::int64_t>(plan.chunks.size()))
+            .add("slices", plan.slices)
+            .add("units", static_cast<std::int64_t>(units));
+        try {
+          schedule::PipelineSchedule sched =
+              schedule::group_pipelines(plan, pm, timed(schedule::solve_checkpointing),
+                                        {.boundaries = c.every_unit ? schedule::GroupBoundaries::kEveryUnit
+                                                                    : schedule::GroupBoundaries::kChunkCount});
+          long long greedy_recomputed = 0;
+          for (const schedule::Pipeline& p : sched.pipelines) greedy_recomputed += p.checkpointing.layers_recomputed;
+#if defined(SEQPAR_ENABLE_GLPK)
+          if (solver_name == "glpk")
+            schedule::refine_checkpointing(
+                plan, pm, sched, timed(schedule::milp_solver({.relative_gap = 0.02, .time_limit_s = c.milp_seconds})));
+#endif
+          const double group_total_s = seconds_since(t1);
+          const double total = chunk_s + group_total_s;
+          long long recomputed = 0;
+          std::string final_solver;
+          for (const schedule::Pipeline& p : sched.pipelines) {
+            recomputed += p.checkpointing.layers_recomputed;
+            if (final_solver.find(p.checkpointing.solver) == std::string::npos)
+              final_solver += (final_solver.empty() ? "" : ", ") + p.checkpointing.solver;
+          }
+          std::printf("%s %-7s %7zu %4d %6zu %9.3f %9.3f %9.3f %7d %9.3f %9zu %7lld %11s  %s\n", head,
+                      solver_name.c_str(), plan.chunks.size(), plan.slices, units, chunk_s, group_total_s - solve_s,
+                      solve_s, solves, total, sched.pipelines.size(), recomputed, total < 2 ? "met (<2 s)" : "NOT met",
+                      final_solver.c_str());
+          std::fflush(stdout);
+          records.push_back(r.add("chunk_s", chunk_s)
+                                .add("group_s", group_total_s - solve_s)
+                                .add("checkpoint_s", solve_s)
+                                .add("checkpoint_solves", solves)
+                                .add("total_s", total)
+                                .add("pipelines", static_cast<std::int64_t>(sched.pipelines.size()))
+                                .add("layers_recomputed", recomputed)
+                                .add("layers_recomputed_greedy", greedy_recomputed)
+                                .add("final_solver", final_solver)
+                                .add("predicted_s", sched.seconds)
+                                .add("goal_met", total < 2));
+        } catch (const std::invalid_argument& e) {
+          std::printf("%s %-7s infeasible: %s\n", head, solver_name.c_str(), e.what());
+          records.push_back(r.add("infeasible", true).add("reason", e.what()));
+        }
+      }
+    }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  bool smoke = false;
+  bool smoke = false, strategies = true, dpp = true;
   std::string json;
   std::int64_t tokens = 1 << 20;
   std::vector<int> ranks{64, 256, 1024};
   std::vector<std::string> wanted{"hierarchical", "zigzag-ring-aware", "ring", "hybrid-aware",
                                   "basp-hybrid-hierarchical"};
+  DppCase dpp_case;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    const bool value = i + 1 < argc;
     if (a == "--smoke") {
       smoke = true;
-    } else if (a == "--json" && i + 1 < argc) {
+    } else if (a == "--json" && value) {
       json = argv[++i];
-    } else if (a == "--tokens" && i + 1 < argc) {
+    } else if (a == "--tokens" && value) {
       tokens = std::stoll(argv[++i]);
-    } else if (a == "--ranks" && i + 1 < argc) {
+    } else if (a == "--ranks" && value) {
       ranks.clear();
-      std::stringstream ss(argv[++i]);
-      for (std::string x; std::getline(ss, x, ',');) ranks.push_back(std::stoi(x));
-    } else if (a == "--strategies" && i + 1 < argc) {
-      wanted.clear();
-      std::stringstream ss(argv[++i]);
-      for (std::string x; std::getline(ss, x, ',');) wanted.push_back(x);
+      for (const std::string& x : split_list(argv[++i])) ranks.push_back(std::stoi(x));
+    } else if (a == "--strategies" && value) {
+      wanted = split_list(argv[++i]);
+    } else if (a == "--dpp-only") {
+      strategies = false;
+    } else if (a == "--no-dpp") {
+      dpp = false;
+    } else if (a == "--dpp-sequences" && value) {
+      dpp_case.sequences = std::stoi(argv[++i]);
+    } else if (a == "--dpp-stages" && value) {
+      dpp_case.stages = std::stoi(argv[++i]);
+    } else if (a == "--dpp-contexts" && value) {
+      dpp_case.contexts.clear();
+      for (const std::string& x : split_list(argv[++i])) dpp_case.contexts.push_back(std::stoll(x));
+    } else if (a == "--dpp-chunk-tokens" && value) {
+      dpp_case.chunk_tokens = std::stoll(argv[++i]);
+    } else if (a == "--dpp-distributions" && value) {
+      dpp_case.distributions = split_list(argv[++i]);
+    } else if (a == "--dpp-every-unit") {
+      dpp_case.every_unit = true;
+    } else if (a == "--dpp-hardware" && value) {
+      dpp_case.hardware = split_list(argv[++i]);
+    } else if (a == "--dpp-model" && value) {
+      dpp_case.model = argv[++i];
+    } else if (a == "--dpp-milp-seconds" && value) {
+      dpp_case.milp_seconds = std::stod(argv[++i]);
+    } else if (a == "--dpp-solvers" && value) {
+      dpp_case.solvers = split_list(argv[++i]);
     } else {
       std::fprintf(stderr,
-                   "usage: plan_scale [--smoke] [--json FILE] [--tokens N] [--ranks a,b,c] [--strategies a,b]\n");
+                   "usage: plan_scale [--smoke] [--json FILE] [--tokens N] [--ranks a,b,c] [--strategies a,b]\n"
+                   "                  [--dpp-only | --no-dpp] [--dpp-sequences N] [--dpp-stages N]\n"
+                   "                  [--dpp-contexts a,b] [--dpp-distributions a,b] [--dpp-chunk-tokens T]\n"
+                   "                  [--dpp-model NAME] [--dpp-hardware a,b] [--dpp-solvers greedy,glpk]\n"
+                   "                  [--dpp-milp-seconds S] [--dpp-every-unit]\n");
       return 2;
     }
   }
-  if (smoke) tokens = 65536, ranks = {16};
-  const replay::ModelShape model = replay::models::llama31_8b();
-  replay::SimulationOptions sim;
-  sim.hardware = replay::profiles::h100_sxm();
-  plan::TrainingOptions training;
-  training.model = model;
-  // Eight packed sequences (the batch-aware candidate forms groups from them; the others see one batch).
-  std::vector<std::vector<std::int64_t>> seqs;
-  for (int b = 0; b < 8; ++b) seqs.push_back(plan::workloads::sample_lengths("lognormal", tokens / 8, 1000u + b));
-  const DocumentBatch batch(seqs);
-
-  std::printf("plan_scale: %lld tokens in 8 sequences, %zu documents, %s on %s nodes of 8\n",
-              static_cast<long long>(tokens), batch.documents().size(), model.name.c_str(), sim.hardware.name.c_str());
-  std::printf("%6s  %-26s %10s %10s %10s %12s %10s\n", "ranks", "strategy", "compile s", "simulate s", "total s",
-              "step ms", "goal");
+  if (smoke) tokens = 65536, ranks = {16}, dpp_case.sequences = 128, dpp_case.contexts = {32768};
   std::vector<bench::JsonRecord> records;
-  for (const int p : ranks) {
-    const Topology topo{p, 8};
-    for (const plan::Candidate& c : plan::standard_candidates(sim.hardware, model)) {
-      if (std::find(wanted.begin(), wanted.end(), c.name) == wanted.end()) continue;
-      const auto t0 = std::chrono::steady_clock::now();
-      const replay::CompiledStrategy compiled = c.compile(batch, model.attention(), topo);
-      const auto t1 = std::chrono::steady_clock::now();
-      bench::JsonRecord r;
-      r.add("ranks", p).add("tokens", tokens).add("strategy", c.name);
-      if (!compiled.status) {
-        std::printf("%6d  %-26s refused: %s\n", p, c.name.c_str(), compiled.status.reason.c_str());
-        records.push_back(r.add("refused", true).add("reason", compiled.status.reason));
-        continue;
+  if (strategies) {
+    const replay::ModelShape model = replay::models::llama31_8b();
+    replay::SimulationOptions sim;
+    sim.hardware = replay::profiles::h100_sxm();
+    plan::TrainingOptions training;
+    training.model = model;
+    // Eight packed sequences (the batch-aware candidate forms groups from them; the others see one batch).
+    std::vector<std::vector<std::int64_t>> seqs;
+    for (int b = 0; b < 8; ++b) seqs.push_back(plan::workloads::sample_lengths("lognormal", tokens / 8, 1000u + b));
+    const DocumentBatch batch(seqs);
+
+    std::printf("plan_scale: %lld tokens in 8 sequences, %zu documents, %s on %s nodes of 8\n",
+                static_cast<long long>(tokens), batch.documents().size(), model.name.c_str(),
+                sim.hardware.name.c_str());
+    std::printf("%6s  %-26s %10s %10s %10s %12s %10s\n", "ranks", "strategy", "compile s", "simulate s", "total s",
+                "step ms", "goal");
+    for (const int p : ranks) {
+      const Topology topo{p, 8};
+      for (const plan::Candidate& c : plan::standard_candidates(sim.hardware, model)) {
+        if (std::find(wanted.begin(), wanted.end(), c.name) == wanted.end()) continue;
+        const auto t0 = std::chrono::steady_clock::now();
+        const replay::CompiledStrategy compiled = c.compile(batch, model.attention(), topo);
+        const auto t1 = std::chrono::steady_clock::now();
+        bench::JsonRecord r;
+        r.add("ranks", p).add("tokens", tokens).add("strategy", c.name);
+        if (!compiled.status) {
+          std::printf("%6d  %-26s refused: %s\n", p, c.name.c_str(), compiled.status.reason.c_str());
+          records.push_back(r.add("refused", true).add("reason", compiled.status.reason));
+          continue;
+        }
+        const plan::StepReport step = plan::simulate_step(compiled, topo, training, sim);
+        const auto t2 = std::chrono::steady_clock::now();
+        const double compile_s = std::chrono::duration<double>(t1 - t0).count();
+        const double simulate_s = std::chrono::duration<double>(t2 - t1).count();
+        const double total = compile_s + simulate_s;
+        const char* goal = p < 1024 ? "" : (total < 10 ? "met (<10 s)" : "NOT met");
+        std::printf("%6d  %-26s %10.2f %10.2f %10.2f %12.1f %10s\n", p, c.name.c_str(), compile_s, simulate_s, total,
+                    step.step_s * 1e3, goal);
+        records.push_back(r.add("refused", false)
+                              .add("compile_s", compile_s)
+                              .add("simulate_s", simulate_s)
+                              .add("total_s", total)
+                              .add("predicted_step_s", step.step_s)
+                              .add("error_bound_s", step.error_bound_s));
       }
-      const plan::StepReport step = plan::simulate_step(compiled, topo, training, sim);
-      const auto t2 = std::chrono::steady_clock::now();
-      const double compile_s = std::chrono::duration<double>(t1 - t0).count();
-      const double simulate_s = std::chrono::duration<double>(t2 - t1).count();
-      const double total = compile_s + simulate_s;
-      const char* goal = p < 1024 ? "" : (total < 10 ? "met (<10 s)" : "NOT met");
-      std::printf("%6d  %-26s %10.2f %10.2f %10.2f %12.1f %10s\n", p, c.name.c_str(), compile_s, simulate_s, total,
-                  step.step_s * 1e3, goal);
-      records.push_back(r.add("refused", false)
-                            .add("compile_s", compile_s)
-                            .add("simulate_s", simulate_s)
-                            .add("total_s", total)
-                            .add("predicted_step_s", step.step_s)
-                            .add("error_bound_s", step.error_bound_s));
     }
   }
+  if (dpp)
+    for (const std::string& hardware : dpp_case.hardware) run_dpp(dpp_case, hardware, records);
   if (!json.empty() && !bench::write_json(json, records)) return 1;
   return 0;
 }

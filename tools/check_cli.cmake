@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # Runs one seqpar-plan command line and checks what it did (a CTest of tools/CMakeLists.txt):
 #   cmake -DEXE=<path> -DARGS=<args joined by '|'> -DCODE=<exit code> [-DSTDOUT=<regex>] [-DSTDERR=<regex>]
-#         [-DJSON=<file that must hold parseable JSON with a "plan" object>] [-DTRACE=<file with "traceEvents">]
+#         [-DJSON=<file that must hold parseable JSON with a "plan" object: with candidates and a pick, or
+#         with --pipeline-stages ("mode": "pipeline") chunks and pipelines>] [-DTRACE=<file with "traceEvents">]
 #         -P check_cli.cmake
 # A failing command (CODE != 0) must say why on exactly one line of stderr starting "seqpar-plan: error:"
 # or "seqpar-plan: no pick:", and print nothing to stdout.
@@ -34,13 +35,29 @@ if(NOT CODE EQUAL 0)
 endif()
 if(JSON)
   file(READ "${JSON}" text)
-  string(JSON pick ERROR_VARIABLE json_error GET "${text}" plan pick)
+  string(JSON mode ERROR_VARIABLE json_error GET "${text}" plan mode)
   if(json_error)
     message(FATAL_ERROR "${JSON} is not the expected JSON: ${json_error}\n${context}")
   endif()
-  string(JSON candidates LENGTH "${text}" candidates)
-  if(pick STREQUAL "" OR candidates LESS 1)
-    message(FATAL_ERROR "${JSON}: no pick or no candidates\n${context}")
+  if(mode STREQUAL "pipeline")  # --pipeline-stages: chunks and pipelines, each pipeline with its diagonals
+    string(JSON chunks ERROR_VARIABLE json_error LENGTH "${text}" chunks)
+    string(JSON pipelines ERROR_VARIABLE json_error2 LENGTH "${text}" pipelines)
+    if(json_error OR json_error2 OR chunks LESS 1 OR pipelines LESS 1)
+      message(FATAL_ERROR "${JSON}: no chunks or no pipelines ${json_error} ${json_error2}\n${context}")
+    endif()
+    string(JSON diagonals ERROR_VARIABLE json_error LENGTH "${text}" pipelines 0 diagonals)
+    if(json_error OR diagonals LESS 1)
+      message(FATAL_ERROR "${JSON}: the first pipeline has no checkpointing diagonals\n${context}")
+    endif()
+  else()
+    string(JSON pick ERROR_VARIABLE json_error GET "${text}" plan pick)
+    if(json_error)
+      message(FATAL_ERROR "${JSON} is not the expected JSON: ${json_error}\n${context}")
+    endif()
+    string(JSON candidates LENGTH "${text}" candidates)
+    if(pick STREQUAL "" OR candidates LESS 1)
+      message(FATAL_ERROR "${JSON}: no pick or no candidates\n${context}")
+    endif()
   endif()
 endif()
 if(TRACE)

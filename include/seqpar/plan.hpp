@@ -9,6 +9,7 @@
 #include "seqpar/plan/candidates.hpp"
 #include "seqpar/plan/compile_all.hpp"
 #include "seqpar/plan/hybrid_cost.hpp"
+#include "seqpar/plan/pipeline_step.hpp"
 #include "seqpar/plan/selected_attention.hpp"
 #include "seqpar/plan/step.hpp"
 #include "seqpar/plan/workloads.hpp"

@@ -29,23 +29,11 @@ namespace cd = seqpar::cuda::detail;
 
 template <class T>
 T to_t(float x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else if constexpr (std::is_same_v<T, __half>) {
-    return __float2half_rn(x);
-  } else {
-    return __float2bfloat16_rn(x);
-  }
+  return cd::from_float<T>(x);
 }
 template <class T>
 double to_d(T x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else if constexpr (std::is_same_v<T, __half>) {
-    return static_cast<double>(__half2float(x));
-  } else {
-    return static_cast<double>(__bfloat162float(x));
-  }
+  return static_cast<double>(cd::to_float(x));
 }
 
 template <class T>

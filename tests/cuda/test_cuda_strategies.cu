@@ -48,24 +48,12 @@ namespace {
 
 template <class T>
 T to_storage(double x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return static_cast<float>(x);
-  } else if constexpr (std::is_same_v<T, __half>) {
-    return __float2half_rn(static_cast<float>(x));
-  } else {
-    return __float2bfloat16_rn(static_cast<float>(x));
-  }
+  return cuda::detail::from_float<T>(static_cast<float>(x));
 }
 
 template <class T>
 double to_double(T x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else if constexpr (std::is_same_v<T, __half>) {
-    return __half2float(x);
-  } else {
-    return __bfloat162float(x);
-  }
+  return static_cast<double>(cuda::detail::to_float(x));
 }
 
 // A device copy of `host`, issued on `exec`'s stream (the caller synchronizes before `host` goes).

@@ -27,8 +27,9 @@ double median(std::vector<std::int64_t> v) {
 }
 
 // The names a user types: parameterised ones filled in.
-const std::vector<std::string> kConcrete = {"single",    "fixed:1000", "uniform:16:4096", "lognormal", "pile",
-                                            "redpajama", "longtail",   "fineweb",         "ultrachat", "commoncrawl"};
+const std::vector<std::string> kConcrete = {"single",    "fixed:1000",  "uniform:16:4096", "lognormal",
+                                            "pile",      "redpajama",   "longtail",        "fineweb",
+                                            "ultrachat", "commoncrawl", "github"};
 }  // namespace
 
 TEST_SUITE("plan") {
@@ -78,7 +79,8 @@ TEST_SUITE("plan") {
     check_median("redpajama", 3072);
     check_median("fineweb", 512);
     check_median("ultrachat", 1280);
-    check_median("commoncrawl", 1536);
+    check_median("commoncrawl", 950);
+    check_median("github", 1450);
     // longtail: about 10% of the documents in [16K, 64K].
     auto lt = workloads::sample_lengths("longtail", 20'000'000, 3);
     lt.pop_back();
@@ -87,6 +89,29 @@ TEST_SUITE("plan") {
     const auto u = workloads::sample_lengths("uniform:100:200", 1'000'000, 9);
     CHECK(*std::min_element(u.begin(), u.end() - 1) >= 100);
     CHECK(*std::max_element(u.begin(), u.end()) <= 200);
+  }
+
+  TEST_CASE("workloads: sequences for DPP's corpora, truncated at the context length") {
+    const auto gh = workloads::sample_sequences("github", 20000, 65536, 5);
+    CHECK(gh.size() == 20000);
+    CHECK(gh == workloads::sample_sequences("GitHub", 20000, 65536, 5));
+    CHECK(*std::max_element(gh.begin(), gh.end()) == 65536);  // the tail is cut, not dropped
+    const auto share = [](const std::vector<std::int64_t>& v, auto pred) {
+      return static_cast<double>(std::count_if(v.begin(), v.end(), pred)) / static_cast<double>(v.size());
+    };
+    // The figures the mixes were fitted to (plan/workloads.hpp): GitHub 59.2% under 2K and < 0.6% at
+    // 64K and over (the truncated ones), CommonCrawl 69.9% under 2K.
+    CHECK(share(gh, [](std::int64_t l) { return l < 2048; }) == doctest::Approx(0.592).epsilon(0.03));
+    CHECK(share(gh, [](std::int64_t l) { return l >= 65536; }) < 0.006);
+    CHECK(share(gh, [](std::int64_t l) { return l < 16384; }) > 0.9);
+    const auto cc = workloads::sample_sequences("commoncrawl", 20000, 49152, 5);
+    CHECK(share(cc, [](std::int64_t l) { return l < 2048; }) == doctest::Approx(0.699).epsilon(0.03));
+    CHECK(workloads::sample_sequences("single", 3, 100, 0) == std::vector<std::int64_t>{100, 100, 100});
+    CHECK(workloads::sample_sequences("fixed:300", 2, 100, 0) == std::vector<std::int64_t>{100, 100});
+    CHECK(invalid_message([] { (void)workloads::sample_sequences("github", 0, 100, 0); }).find("count = 0") !=
+          std::string::npos);
+    CHECK(invalid_message([] { (void)workloads::sample_sequences("github", 4, 0, 0); }).find("max_length = 0") !=
+          std::string::npos);
   }
 
   TEST_CASE("workloads: bad names and token counts throw, naming the value") {

@@ -126,6 +126,30 @@ TEST_SUITE("replay") {
                             static_cast<double>(rep.ranks[0].bytes_intra) / hw.intra.bandwidth);
   }
 
+  TEST_CASE("all_to_all_seconds: the closed form of a balanced exchange is what the replay charges for it") {
+    replay::HardwareProfile hw = round_profile();
+    const Topology topo{4, 2};
+    // Inside a node: 1 of 2 quarters crosses NVLink. Across: each rank sends half its bytes off the node,
+    // and the node's one NIC carries both ranks' share.
+    const double bytes = 1e6;
+    CHECK(replay::all_to_all_seconds(hw, Topology{2, 2}, 2, bytes) ==
+          doctest::Approx(hw.intra.latency + bytes / 2 / hw.intra.bandwidth));
+    CHECK(replay::all_to_all_seconds(hw, topo, 4, bytes) ==
+          doctest::Approx(hw.inter.latency + std::max(bytes / 4 / hw.intra.bandwidth, bytes / hw.inter.bandwidth)));
+    CHECK(replay::all_to_all_seconds(hw, topo, 1, bytes) == 0);
+    // Ulysses' forward on 4 ranks is two such exchanges (Q, K, V; then O and its LSE).
+    const DocumentBatch batch = DocumentBatch::single({4000});
+    const AttentionShape shape{4, 4, 32, 0};
+    hw.peak_flops = 1e30;
+    hw.kernel_launch = 0;
+    const auto c = plan::compile_all<Strategy<partition::Uniform, comm::AllToAll>>({}, batch, shape, topo);
+    const auto rep = replay::predict(c, topo, shape, options(hw)).forward;
+    const double rows = 1000, qkv = rows * 3 * 4 * 32 * 2, o = rows * 4 * 32 * 2 + rows * 4 * 4;
+    CHECK(rep.time_s ==
+          doctest::Approx(replay::all_to_all_seconds(hw, topo, 4, qkv) + replay::all_to_all_seconds(hw, topo, 4, o))
+              .epsilon(1e-6));
+  }
+
   TEST_CASE("replays are shift-invariant and report the programs' bytes") {
     const DocumentBatch batch({{1500, 500, 2096}, {4096}});
     const AttentionShape shape{8, 2, 64, 0};

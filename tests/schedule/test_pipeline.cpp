@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // DPP's pipeline scheduling (schedule/pipeline.hpp): the 1F1B order and its memory windows, the
 // diagonal-constrained checkpointing (greedy, and GLPK's MILP when built) against a brute-force
-// optimum on small instances with every memory constraint checked, and the grouping of sequences
-// into pipelines.
+// optimum on small instances with every memory constraint checked, the incremental greedy against
+// the plain one, and the grouping of sequences into pipelines (its pruned dynamic program against the
+// full one; the MILP refining the chosen pipelines).
 #include <doctest/doctest.h>
 
 #include <seqpar/schedule/dynamic_chunk.hpp>
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <set>
@@ -60,6 +62,84 @@ CheckpointProblem random_problem(std::mt19937& rng) {
   const double full = 100 + 10.0 * 100 * p.model.layers_per_stage * p.model.stages;
   p.model.memory_cap = 100 + std::uniform_real_distribution<double>(0.1, 1.0)(rng) * full;
   return p;
+}
+
+// The greedy as first written (every window's memory recomputed per step): the reference for the
+// incremental one.
+std::vector<int> plain_greedy(const CheckpointProblem& prob) {
+  std::vector<int> c(static_cast<std::size_t>(prob.diagonals()), 0);
+  const auto windows = schedule::memory_windows(prob.order(), prob.model.stages);
+  const double cap = prob.model.memory_cap;
+  for (;;) {
+    std::vector<double> gain(c.size(), 0.0);
+    bool over = false;
+    for (const auto& w : windows) {
+      const double excess = prob.memory(w, c) - cap;
+      if (excess <= cap * 1e-12) continue;
+      over = true;
+      for (int k : w.chunks) {
+        const auto j = static_cast<std::size_t>(prob.diagonal(k, w.stage));
+        if (c[j] < prob.model.layers_per_stage)
+          gain[j] += std::min(excess, prob.model.saved_bytes(prob.tokens[static_cast<std::size_t>(k)]));
+      }
+    }
+    if (!over) break;
+    const auto best = static_cast<std::size_t>(std::max_element(gain.begin(), gain.end()) - gain.begin());
+    if (gain[best] <= 0) break;
+    ++c[best];
+  }
+  return c;
+}
+
+// Identity with a few disjoint runs reversed (split documents go backward last slice first).
+std::vector<int> random_backward_order(int n, std::mt19937& rng) {
+  std::vector<int> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  for (int at = 0; at < n;) {
+    const int len = 1 + static_cast<int>(rng() % 6);
+    const int end = std::min(n, at + len);
+    if (rng() % 2 == 0) std::reverse(order.begin() + at, order.begin() + end);
+    at = end;
+  }
+  return order;
+}
+
+// DPP's grouping by the plain dynamic program: every unit boundary, every candidate solved.
+double full_dp_seconds(const schedule::ChunkPlan& plan, const schedule::PipelineModel& m) {
+  const auto units = schedule::sequence_units(plan);
+  const std::size_t u = units.size();
+  std::vector<double> dp(u + 1, std::numeric_limits<double>::infinity());
+  dp[0] = 0;
+  for (std::size_t i = 1; i <= u; ++i)
+    for (std::size_t k = 0; k < i; ++k) {
+      schedule::Pipeline p;
+      for (std::size_t x = k; x < i; ++x) p.chunks.insert(p.chunks.end(), units[x].begin(), units[x].end());
+      std::sort(p.chunks.begin(), p.chunks.end());
+      p.backward_order = schedule::backward_order(plan, p.chunks);
+      p.checkpointing = schedule::solve_checkpointing(schedule::checkpoint_problem(plan, m, p));
+      if (p.checkpointing.feasible) dp[i] = std::min(dp[i], dp[k] + schedule::pipeline_detail::seconds(plan, m, p));
+    }
+  return dp[u];
+}
+
+// A pipeline model whose memory cap needs checkpointing (or several pipelines) for `plan`: the cap
+// leaves `room` of the no-checkpointing need of stage 0's fullest window.
+schedule::PipelineModel tight_model(const schedule::ChunkPlan& plan, int stages, double room) {
+  schedule::PipelineModel m;
+  m.stages = stages;
+  m.layers_per_stage = 3;
+  m.static_bytes = 1e6;
+  m.activation_bytes_per_token = 1000;
+  m.kept_bytes_per_token = 100;
+  m.seconds_per_cost = 1e-9;
+  std::vector<std::int64_t> tokens;
+  for (const auto& c : plan.chunks) tokens.push_back(c.batch.total_tokens());
+  std::sort(tokens.rbegin(), tokens.rend());
+  double window = 0;
+  for (std::size_t i = 0; i < tokens.size() && i < static_cast<std::size_t>(stages); ++i)
+    window += m.full_bytes(tokens[i]);
+  m.memory_cap = m.static_bytes + room * window;
+  return m;
 }
 
 }  // namespace
@@ -197,4 +277,149 @@ TEST_SUITE("schedule") {
     CHECK_THROWS_WITH_AS((void)schedule::group_pipelines(plan, m), doctest::Contains("model.memory_cap"),
                          std::invalid_argument);
   }
+
+  TEST_CASE("checkpointing: the incremental greedy takes the plain greedy's decisions (any backward order)") {
+    // Integer bytes: every sum is exact in any order, so both pick the same diagonal at every step.
+    std::mt19937 rng(33);
+    int checkpointed = 0;
+    for (int trial = 0; trial < 150; ++trial) {
+      CheckpointProblem prob;
+      prob.model.stages = 1 + static_cast<int>(rng() % 8);
+      prob.model.layers_per_stage = 1 + static_cast<int>(rng() % 4);
+      const int n = 1 + static_cast<int>(rng() % 40);
+      for (int k = 0; k < n; ++k) prob.tokens.push_back(1 + static_cast<std::int64_t>(rng() % 1000));
+      prob.backward_order = random_backward_order(n, rng);
+      prob.model.activation_bytes_per_token = 10;
+      prob.model.kept_bytes_per_token = 2;
+      prob.model.static_bytes = 1000;
+      prob.model.memory_cap = 1000 + static_cast<double>(rng() % 200000);
+      CAPTURE(trial);
+      const auto greedy = schedule::solve_checkpointing(prob);
+      CHECK(greedy.diagonals == plain_greedy(prob));
+      checkpointed += greedy.layers_recomputed > 0 ? 1 : 0;
+      if (greedy.feasible)
+        for (const auto& w : schedule::memory_windows(prob.order(), prob.model.stages))
+          CHECK(prob.memory(w, greedy.diagonals) <= prob.model.memory_cap * (1 + 1e-12));
+    }
+    CHECK(checkpointed > 50);
+  }
+
+  TEST_CASE("grouping: the pruned DP finds the full DP's optimum; chunk-count cuts never beat it") {
+    std::mt19937 rng(41);
+    int several = 0;
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<std::vector<std::int64_t>> seqs;
+      const int b = 1 + static_cast<int>(rng() % 4);
+      for (int i = 0; i < b; ++i) {
+        std::vector<std::int64_t> docs;
+        for (int d = 0; d < 2 + static_cast<int>(rng() % 6); ++d)
+          docs.push_back(rng() % 4 == 0 ? 200 + static_cast<std::int64_t>(rng() % 600)
+                                        : 1 + static_cast<std::int64_t>(rng() % 120));
+        seqs.push_back(docs);
+      }
+      const DocumentBatch batch(seqs);
+      schedule::DynamicChunk chunker{{.token_capacity = 128, .time_target = 0, .slices = 0, .cost = {24.0, 1.0}}};
+      const auto plan = chunker.plan(batch);
+      const int stages = 1 + static_cast<int>(rng() % 4);
+      const auto m = tight_model(plan, stages, 0.3 + 0.1 * static_cast<double>(rng() % 8));
+      CAPTURE(trial);
+      const double full = full_dp_seconds(plan, m);
+      if (!std::isfinite(full)) {
+        CHECK_THROWS_AS((void)schedule::group_pipelines(plan, m), std::invalid_argument);
+        continue;
+      }
+      const auto every = schedule::group_pipelines(plan, m, schedule::solve_checkpointing,
+                                                   {.boundaries = schedule::GroupBoundaries::kEveryUnit});
+      CHECK(every.seconds == doctest::Approx(full).epsilon(1e-9));
+      const auto classes = schedule::group_pipelines(plan, m);
+      CHECK(classes.seconds >= full * (1 - 1e-9));
+      double sum = 0;
+      for (const auto& p : classes.pipelines) sum += p.seconds;
+      CHECK(sum == doctest::Approx(classes.seconds).epsilon(1e-12));
+      // Cuts fall between units of different chunk counts (unless the fallback to every unit ran).
+      const auto units = schedule::sequence_units(plan);
+      std::vector<int> unit_of_chunk(plan.chunks.size());
+      for (std::size_t i = 0; i < units.size(); ++i)
+        for (int c : units[i]) unit_of_chunk[static_cast<std::size_t>(c)] = static_cast<int>(i);
+      bool at_classes = true;
+      std::size_t first = 0;
+      for (const auto& p : classes.pipelines) {
+        std::set<int> mine;
+        for (int c : p.chunks) mine.insert(unit_of_chunk[static_cast<std::size_t>(c)]);
+        CHECK(*mine.begin() == static_cast<int>(first));  // pipelines take consecutive units
+        CHECK(mine.size() == static_cast<std::size_t>(*mine.rbegin() - *mine.begin() + 1));
+        if (first > 0) at_classes = at_classes && units[first].size() != units[first - 1].size();
+        first = static_cast<std::size_t>(*mine.rbegin()) + 1;
+      }
+      CHECK((at_classes || classes.seconds == doctest::Approx(every.seconds).epsilon(1e-12)));
+      several += classes.pipelines.size() > 1 ? 1 : 0;
+    }
+    MESSAGE(several << " of 40 groupings use several pipelines");
+    CHECK(several > 0);
+  }
+
+  TEST_CASE("refine_checkpointing: the chosen pipelines solved again never recompute more, and still fit") {
+    const DocumentBatch batch({{900, 30, 9, 400, 77}, {5, 6, 7, 300, 12, 640}, {90, 80, 70, 500}});
+    const auto plan =
+        schedule::DynamicChunk{{.token_capacity = 128, .time_target = 0, .slices = 0, .cost = {24.0, 1.0}}}.plan(batch);
+    const auto m = tight_model(plan, 4, 0.5);
+    auto s = schedule::group_pipelines(plan, m);
+    const auto greedy = s;
+    // The greedy again changes nothing.
+    schedule::refine_checkpointing(plan, m, s, schedule::solve_checkpointing);
+    CHECK(s.seconds == doctest::Approx(greedy.seconds).epsilon(1e-12));
+    for (std::size_t i = 0; i < s.pipelines.size(); ++i)
+      CHECK(s.pipelines[i].checkpointing.diagonals == greedy.pipelines[i].checkpointing.diagonals);
+#if defined(SEQPAR_ENABLE_GLPK)
+    schedule::refine_checkpointing(plan, m, s, schedule::milp_solver({.relative_gap = 0, .time_limit_s = 5}));
+    double sum = 0;
+    for (std::size_t i = 0; i < s.pipelines.size(); ++i) {
+      const auto& p = s.pipelines[i];
+      CHECK(p.checkpointing.feasible);
+      CHECK(p.checkpointing.layers_recomputed <= greedy.pipelines[i].checkpointing.layers_recomputed);
+      const auto prob = schedule::checkpoint_problem(plan, m, p);
+      for (const auto& w : schedule::memory_windows(prob.order(), m.stages))
+        CHECK(prob.memory(w, p.checkpointing.diagonals) <= m.memory_cap * (1 + 1e-12));
+      sum += p.seconds;
+    }
+    CHECK(sum == doctest::Approx(s.seconds).epsilon(1e-12));
+    CHECK(s.seconds <= greedy.seconds * (1 + 1e-12));
+#endif
+  }
+
+#if defined(SEQPAR_ENABLE_GLPK)
+  TEST_CASE("MILP under a time limit: the greedy's decisions as first incumbent, never worse than them") {
+    std::mt19937 rng(57);
+    for (int trial = 0; trial < 6; ++trial) {
+      CheckpointProblem prob;
+      prob.model.stages = 8;
+      prob.model.layers_per_stage = 4;
+      const int n = 60;
+      for (int k = 0; k < n; ++k) prob.tokens.push_back(100 + static_cast<std::int64_t>(rng() % 900));
+      prob.backward_order = random_backward_order(n, rng);
+      prob.model.activation_bytes_per_token = 10;
+      prob.model.kept_bytes_per_token = 2;
+      prob.model.static_bytes = 1000;
+      prob.model.memory_cap = 71000 + 30000.0 * static_cast<double>(trial);  // full checkpointing needs <= 65000
+      const auto greedy = schedule::solve_checkpointing(prob);
+      REQUIRE(greedy.feasible);
+      const auto bounded = schedule::solve_checkpointing_milp(prob, {.relative_gap = 0.02, .time_limit_s = 0.05});
+      CAPTURE(bounded.solver);
+      CHECK(bounded.feasible);
+      CHECK(bounded.layers_recomputed <= greedy.layers_recomputed);
+      CHECK(bounded.solver.starts_with("glpk"));
+    }
+    CHECK_THROWS_WITH_AS((void)schedule::solve_checkpointing_milp(CheckpointProblem{{10},
+                                                                                    {.stages = 1,
+                                                                                     .layers_per_stage = 1,
+                                                                                     .static_bytes = 0,
+                                                                                     .memory_cap = 1,
+                                                                                     .activation_bytes_per_token = 1,
+                                                                                     .kept_bytes_per_token = 0,
+                                                                                     .seconds_per_cost = 0},
+                                                                                    {}},
+                                                                  {.relative_gap = -1}),
+                         doctest::Contains("options.relative_gap"), std::invalid_argument);
+  }
+#endif
 }

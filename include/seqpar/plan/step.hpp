@@ -53,6 +53,35 @@ struct StepReport {
   }
 };
 
+/// Forward GEMM seconds of one layer of `model` over `tokens` rows on one rank of `hw` (roofline: FLOPs at
+/// the GEMM rate, or the weights and activations through HBM): the QKV projection, and the rest (output
+/// projection and SwiGLU MLP). Backward is twice each.
+struct LayerGemmSeconds {
+  double qkv = 0, rest = 0;
+  [[nodiscard]] double total() const noexcept { return qkv + rest; }
+};
+
+[[nodiscard]] inline LayerGemmSeconds layer_gemm_seconds(const replay::HardwareProfile& hw,
+                                                         const replay::ModelShape& model, double tokens,
+                                                         double value_bytes) noexcept {
+  if (tokens <= 0) return {};
+  const double h = model.hidden, qd = static_cast<double>(model.heads_q) * model.head_dim,
+               kvd = static_cast<double>(model.heads_kv) * model.head_dim;
+  const double qkv_flops = 2.0 * tokens * h * (qd + 2 * kvd),
+               qkv_bytes = value_bytes * (h * (qd + 2 * kvd) + tokens * (h + qd + 2 * kvd));
+  const double rest_flops = 2.0 * tokens * (qd * h + 3.0 * h * model.ffn);
+  const double rest_bytes = value_bytes * (qd * h + 3.0 * h * model.ffn + tokens * (qd + 3 * h + 3.0 * model.ffn));
+  return {replay::gemm_seconds(hw, qkv_flops, qkv_bytes), replay::gemm_seconds(hw, rest_flops, rest_bytes)};
+}
+
+/// Forward seconds of the LM head (hidden x vocab GEMM) over `tokens` rows on one rank; backward is twice.
+[[nodiscard]] inline double lm_head_seconds(const replay::HardwareProfile& hw, const replay::ModelShape& model,
+                                            double tokens, double value_bytes) noexcept {
+  if (tokens <= 0) return 0.0;
+  const double h = model.hidden, v = model.vocab;
+  return replay::gemm_seconds(hw, 2.0 * tokens * h * v, value_bytes * (v * h + tokens * v));
+}
+
 namespace step_detail {
 
 /// A replay::Replay that remembers its last few runs: layers repeat the same program from start times that differ
@@ -156,8 +185,7 @@ class ShiftCachedReplay {
       bwd(attention.backward, topology, shape, sim);
 
   // Per-rank GEMM times of one layer (forward), split around attention.
-  const double h = m.hidden, qd = static_cast<double>(m.heads_q) * m.head_dim,
-               kvd = static_cast<double>(m.heads_kv) * m.head_dim;
+  const double h = m.hidden;
   std::vector<double> pre(un), post(un), head_fwd(un);
   StepReport rep;
   rep.ranks.resize(un);
@@ -165,16 +193,10 @@ class ShiftCachedReplay {
   for (int r = 0; r < n; ++r) {
     const auto tok = static_cast<double>(attention.plan.local_tokens(r));
     rep.ranks[static_cast<std::size_t>(r)].tokens = attention.plan.local_tokens(r);
-    const double qkv_flops = 2.0 * tok * h * (qd + 2 * kvd),
-                 qkv_bytes = vb * (h * (qd + 2 * kvd) + tok * (h + qd + 2 * kvd));
-    const double rest_flops = 2.0 * tok * (qd * h + 3.0 * h * m.ffn);
-    const double rest_bytes = vb * (qd * h + 3.0 * h * m.ffn + tok * (qd + 3 * h + 3.0 * m.ffn));
-    pre[static_cast<std::size_t>(r)] = tok > 0 ? replay::gemm_seconds(hw, qkv_flops, qkv_bytes) : 0.0;
-    post[static_cast<std::size_t>(r)] = tok > 0 ? replay::gemm_seconds(hw, rest_flops, rest_bytes) : 0.0;
-    head_fwd[static_cast<std::size_t>(r)] =
-        tok > 0
-            ? replay::gemm_seconds(hw, 2.0 * tok * h * m.vocab, vb * (static_cast<double>(m.vocab) * h + tok * m.vocab))
-            : 0.0;
+    const LayerGemmSeconds gemm = layer_gemm_seconds(hw, m, tok, vb);
+    pre[static_cast<std::size_t>(r)] = gemm.qkv;
+    post[static_cast<std::size_t>(r)] = gemm.rest;
+    head_fwd[static_cast<std::size_t>(r)] = lm_head_seconds(hw, m, tok, vb);
   }
   // ZeRO-3 collectives of one layer over `zero` ranks (groups of consecutive ranks).
   const double layer_bytes = 2.0 * m.layer_params();  // bf16 parameters and gradients
@@ -300,7 +322,7 @@ class ShiftCachedReplay {
   // Memory.
   const double states = 16.0 * m.params() / zero;
   const double gathered = zero > 1 ? 2.0 * layer_bytes + 2.0 * m.embedding_params() : 0.0;
-  const double act_per_token_layer = vb * (4.0 * h + 2.0 * qd + 2.0 * kvd + 3.0 * m.ffn) + 4.0 * m.heads_q;
+  const double act_per_token_layer = m.layer_activation_bytes_per_token(vb);
   for (int r = 0; r < n; ++r) {
     StepRank& sr = rep.ranks[static_cast<std::size_t>(r)];
     sr.end_s = t[static_cast<std::size_t>(r)];

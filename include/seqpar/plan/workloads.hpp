@@ -76,9 +76,27 @@ struct Spec {
   double median = 0.0, sigma = 0.0;  // lognormal families
 };
 
+/// One length from `spec` (not rounded or capped; "single" has none to draw).
+[[nodiscard]] inline double draw(const Spec& spec, std::mt19937_64& g) {
+  switch (spec.kind) {
+    case Kind::kFixed:
+      return static_cast<double>(spec.a);
+    case Kind::kUniform:
+      return static_cast<double>(uniform_int(g, spec.a, spec.b));
+    case Kind::kLognormal:
+      return lognormal(g, spec.median, spec.sigma);
+    case Kind::kLongtail:
+      return unit(g) < 0.1 ? static_cast<double>(uniform_int(g, spec.a, spec.b))
+                           : lognormal(g, spec.median, spec.sigma);
+    case Kind::kSingle:
+      break;
+  }
+  return 0.0;
+}
+
 [[nodiscard]] inline std::string known_list() {
   return "single, fixed:<len>, uniform:<lo>:<hi>, lognormal, pile, redpajama, longtail, fineweb, ultrachat, "
-         "commoncrawl";
+         "commoncrawl, github";
 }
 
 [[noreturn]] inline void bad_distribution(std::string_view name, std::string_view why) {
@@ -131,10 +149,14 @@ struct Spec {
   // [I] UltraChat: multi-turn dialogues, "mostly <= 4K" (seeds.md, HSAP workload): median 1280, sigma
   // 0.6 puts ~97% at or under 4K.
   if (v == "ultrachat") return s.median = 1280, s.sigma = 0.6, s;
-  // [I] CommonCrawl as DPP trains on it: the paper gives length statistics only for its GitHub set
-  // (most under 16K, < 0.6% over 64K; seeds.md section 4); we assume CommonCrawl alike: median 1.5K,
-  // sigma 1.5 puts ~0.6% over 64K.
-  if (v == "commoncrawl") return s.median = 1536, s.sigma = 1.5, s;
+  // DPP's two corpora (InfiniPipe, seeds.md section 4). The paper's text: GitHub has most sequences under
+  // 16K and < 0.6% over 64K [R]; its Fig. 1(b) labels the shortest bin (< 2K) 69.9% for CommonCrawl and
+  // 59.2% for GitHub [R, read from a text extraction of the figure; which label is which assumed from
+  // the legend's order]. GitHub: lognormal through 59.2% under 2K and 0.5% over 64K, median 1450,
+  // sigma 1.48 (5% over 16K). CommonCrawl: 69.9% under 2K; its tail is not given, so GitHub's sigma is
+  // assumed [I]: median 950 (2.7% over 16K, 0.4% over 48K).
+  if (v == "commoncrawl") return s.median = 950, s.sigma = 1.48, s;
+  if (v == "github") return s.median = 1450, s.sigma = 1.48, s;
   // WLB-LLM-like long tail (comm_volume's mix; seeds.md FlashCP workload (a)): 90% of documents
   // lognormal around 1K (sigma 1), 10% uniform in [16K, 64K].
   if (v == "longtail") return s.kind = Kind::kLongtail, s.median = 1024, s.sigma = 1.0, s.a = 16384, s.b = 65536, s;
@@ -145,8 +167,8 @@ struct Spec {
 
 /// Names of the document-length distributions sample_lengths knows, for --help and error messages.
 [[nodiscard]] inline std::vector<std::string> distribution_names() {
-  return {"single",    "fixed:<len>", "uniform:<lo>:<hi>", "lognormal", "pile",
-          "redpajama", "longtail",    "fineweb",           "ultrachat", "commoncrawl"};
+  return {"single",   "fixed:<len>", "uniform:<lo>:<hi>", "lognormal",   "pile",  "redpajama",
+          "longtail", "fineweb",     "ultrachat",         "commoncrawl", "github"};
 }
 
 /// Document lengths summing exactly to `tokens`, drawn from the named distribution with `seed`
@@ -161,30 +183,32 @@ struct Spec {
   std::mt19937_64 g(seed);
   std::vector<std::int64_t> out;
   for (std::int64_t left = tokens; left > 0;) {
-    double x = 0.0;
-    switch (spec.kind) {
-      case detail::Kind::kFixed:
-        x = static_cast<double>(spec.a);
-        break;
-      case detail::Kind::kUniform:
-        x = static_cast<double>(detail::uniform_int(g, spec.a, spec.b));
-        break;
-      case detail::Kind::kLognormal:
-        x = detail::lognormal(g, spec.median, spec.sigma);
-        break;
-      case detail::Kind::kLongtail:
-        x = detail::unit(g) < 0.1 ? static_cast<double>(detail::uniform_int(g, spec.a, spec.b))
-                                  : detail::lognormal(g, spec.median, spec.sigma);
-        break;
-      case detail::Kind::kSingle:
-        break;
-    }
+    const double x = detail::draw(spec, g);
     const bool capped = spec.kind == detail::Kind::kLognormal || spec.kind == detail::Kind::kLongtail;
     const double cap = capped ? static_cast<double>(detail::kMaxDocument) : static_cast<double>(left);
     const auto len = std::clamp<std::int64_t>(std::llround(std::min(x, cap)), 1, left);
     out.push_back(len);
     left -= len;
   }
+  return out;
+}
+
+/// `count` sequences of one document each, drawn from the named distribution with `seed` and truncated
+/// at `max_length` (a corpus cut at the context length, as DPP's global batches of 512 sequences are);
+/// "single" gives `count` sequences of max_length. Deterministic like sample_lengths. Throws
+/// std::invalid_argument naming the argument and value.
+[[nodiscard]] inline std::vector<std::int64_t> sample_sequences(std::string_view distribution, int count,
+                                                                std::int64_t max_length, std::uint64_t seed) {
+  constexpr const char* where = "plan::workloads::sample_sequences";
+  seqpar::detail::require(count >= 1, where, "count", count, "must be >= 1");
+  seqpar::detail::require(max_length >= 1, where, "max_length", max_length, "must be >= 1");
+  const detail::Spec spec = detail::parse(distribution);
+  std::mt19937_64 g(seed);
+  std::vector<std::int64_t> out(static_cast<std::size_t>(count), max_length);
+  if (spec.kind == detail::Kind::kSingle) return out;
+  for (std::int64_t& len : out)
+    len = std::clamp<std::int64_t>(std::llround(std::min(detail::draw(spec, g), static_cast<double>(max_length))), 1,
+                                   max_length);
   return out;
 }
 

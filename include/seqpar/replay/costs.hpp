@@ -97,4 +97,22 @@ namespace seqpar::replay {
          (ranks - 1.0) / ranks * total_bytes / ring_busbw(hw, topo, ranks);
 }
 
+/// A balanced all-to-all over `ranks` consecutive ranks of `topo` (the group starts at a node boundary):
+/// every rank holds `bytes_per_rank` and sends 1/ranks of it to each peer (Ulysses' sequence <-> head
+/// exchange). Priced as the replay prices an exchange step: one latency, the busiest link's bytes over
+/// its bandwidth (a rank's NVLink; across nodes, a NIC carries the traffic of the ranks that share it),
+/// and packing and unpacking through HBM.
+[[nodiscard]] inline double all_to_all_seconds(const HardwareProfile& hw, const Topology& topo, int ranks,
+                                               double bytes_per_rank) noexcept {
+  if (ranks <= 1 || bytes_per_rank <= 0) return 0.0;
+  const int local = std::min(ranks, topo.ranks_per_node);  // group members on one node
+  const double to_each = bytes_per_rank / ranks;
+  const double intra = to_each * (local - 1) / hw.intra.bandwidth;
+  const bool spans_nodes = ranks > topo.ranks_per_node;
+  const double ranks_per_nic = std::max(1.0, static_cast<double>(local) / hw.nics_per_node);
+  const double inter = spans_nodes ? to_each * (ranks - local) * ranks_per_nic / hw.inter.bandwidth : 0.0;
+  return (spans_nodes ? hw.inter.latency : hw.intra.latency) + std::max(intra, inter) +
+         2.0 * copy_seconds(hw, bytes_per_rank);
+}
+
 }  // namespace seqpar::replay

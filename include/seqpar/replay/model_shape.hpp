@@ -40,6 +40,14 @@ struct ModelShape {
   [[nodiscard]] double params() const noexcept { return layers * layer_params() + embedding_params(); }
   /// Forward GEMM FLOPs of one layer per token (2 per multiply-add): everything but attention itself.
   [[nodiscard]] double layer_gemm_flops_per_token() const noexcept { return 2.0 * (layer_params() - 2.0 * hidden); }
+  /// Bytes one layer keeps per token for its backward without checkpointing, activations of
+  /// `value_bytes`: the normed inputs and residuals (4 x hidden), Q and the attention output (2 x Hq*d),
+  /// K and V, the MLP's gate, up and activated values (3 x ffn), and an fp32 softmax statistic per query
+  /// head. A checkpointed layer keeps only its input (hidden x value_bytes).
+  [[nodiscard]] double layer_activation_bytes_per_token(double value_bytes) const noexcept {
+    const double q = static_cast<double>(heads_q) * head_dim, kv = static_cast<double>(heads_kv) * head_dim;
+    return value_bytes * (4.0 * hidden + 2.0 * q + 2.0 * kv + 3.0 * ffn) + 4.0 * heads_q;
+  }
 
   void validate(const char* where = "ModelShape") const {
     detail::require(layers > 0, where, "layers", layers, "must be positive");

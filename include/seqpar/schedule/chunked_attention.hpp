@@ -44,6 +44,7 @@
 #include "seqpar/core/aligned_bytes.hpp"
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/range.hpp"
+#include "seqpar/core/range_set.hpp"
 #include "seqpar/core/tensor.hpp"
 #include "seqpar/runtime/any_transport.hpp"
 #include "seqpar/runtime/engine.hpp"
@@ -88,7 +89,7 @@ class ChunkedAttention {
     for (const Chunk& ch : chunks_)
       for (const Range& p : ch.prefix)
         if (!p.empty()) carry.push_back(p);
-    carry_ = merge(std::move(carry));
+    carry_ = merge_ranges(std::move(carry));
     // Which carry rows each rank holds (the chunk that owned them left them there).
     held_.assign(static_cast<std::size_t>(ranks), {});
     for (std::size_t c = 0; c < chunks_.size(); ++c)
@@ -98,7 +99,7 @@ class ChunkedAttention {
             const Range i{std::max(g.begin, x.begin), std::min(g.end, x.end)};
             if (!i.empty()) held_[static_cast<std::size_t>(r)].push_back(i);
           }
-    for (auto& h : held_) h = merge(std::move(h));
+    for (auto& h : held_) h = merge_ranges(std::move(h));
     // Order constraints: chunk c reads the prefix rows of the chunks it depends on.
     reads_.assign(chunks_.size(), {});
     for (std::size_t c = 0; c < chunks_.size(); ++c)
@@ -220,19 +221,6 @@ class ChunkedAttention {
     std::vector<std::int64_t> place;       ///< message row (all peers, in order) -> row of k, v
     bool exchanged = false;                ///< the chunk has prefixes: every rank took part
   };
-
-  static std::vector<Range> merge(std::vector<Range> rs) {
-    std::sort(rs.begin(), rs.end(), [](Range a, Range b) { return a.begin < b.begin; });
-    std::vector<Range> out;
-    for (const Range& r : rs) {
-      if (r.empty()) continue;
-      if (!out.empty() && r.begin <= out.back().end)
-        out.back().end = std::max(out.back().end, r.end);
-      else
-        out.push_back(r);
-    }
-    return out;
-  }
 
   // Chunk-batch token ranges -> global ranges of the scheduled batch (the chunk's tokens, concatenated).
   static std::vector<Range> to_global(const Chunk& ch, const std::vector<Range>& local) {

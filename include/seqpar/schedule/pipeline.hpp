@@ -30,6 +30,7 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "seqpar/core/error.hpp"
@@ -76,19 +77,23 @@ struct StageOp {
 /// The 1F1B order of `backward_order.size()` chunks on each of `stages` stages. Forwards run in chunk
 /// order; backwards in `backward_order` (a permutation: a split document's chunks backward last slice
 /// first, since a slice's prefix gradients come from the later slices). Stage p warms up with
-/// d_p - 1 - p forwards, then alternates forward and backward; a backward whose chunk has not been
-/// forwarded on the stage yet waits for more forwards.
+/// d_p - 1 - p forwards, then alternates forward and backward, keeping that lead over the furthest
+/// chunk a backward has needed (a reversed split document pulls forwards ahead).
 [[nodiscard]] inline std::vector<std::vector<StageOp>> one_f_one_b(const std::vector<int>& backward_order, int stages) {
   const int n = static_cast<int>(backward_order.size());
   std::vector<std::vector<StageOp>> out(static_cast<std::size_t>(stages));
   for (int p = 0; p < stages; ++p) {
     auto& ops = out[static_cast<std::size_t>(p)];
     const int warmup = std::min(stages - 1 - p, n);
-    int f = 0;
+    int f = 0, need = -1;
     for (; f < warmup; ++f) ops.push_back({false, f});
     for (int b : backward_order) {
+      // Keep the stage's warm-up lead over the furthest chunk a backward has needed so far: forwarding
+      // only up to `b` would cost the stage its lead, and every backward would wait a full round trip
+      // through the stages (found by plan::simulate_pipeline_step: 73% bubble instead of 13%).
+      need = std::max(need, b);
       if (f < n) ops.push_back({false, f++});
-      while (f <= b) ops.push_back({false, f++});
+      while (f < n && f <= need + stages - 1 - p) ops.push_back({false, f++});
       ops.push_back({true, b});
     }
   }
@@ -147,21 +152,32 @@ struct CheckpointProblem {
     std::iota(o.begin(), o.end(), 0);
     return o;
   }
-  /// The diagonal of chunk k on stage p.
+  /// Each chunk's position in the backward order (the inverse permutation).
+  [[nodiscard]] std::vector<int> positions() const {
+    std::vector<int> pos(tokens.size());
+    const std::vector<int> o = order();
+    for (std::size_t i = 0; i < o.size(); ++i) pos[static_cast<std::size_t>(o[i])] = static_cast<int>(i);
+    return pos;
+  }
+  /// The diagonal of chunk k on stage p (O(n): the solvers use positions()).
   [[nodiscard]] int diagonal(int k, int p) const {
     int pos = k;
     if (!backward_order.empty())
       pos = static_cast<int>(std::find(backward_order.begin(), backward_order.end(), k) - backward_order.begin());
     return pos + model.stages - 1 - p;
   }
-  /// Memory of stage p with window w under decisions c (bytes).
-  [[nodiscard]] double memory(const MemoryWindow& w, const std::vector<int>& c) const {
+  /// Memory of stage p with window w under decisions c (bytes); `pos` = positions().
+  [[nodiscard]] double memory(const MemoryWindow& w, const std::vector<int>& c, const std::vector<int>& pos) const {
     double m = model.static_bytes;
     for (int k : w.chunks) {
       const auto t = tokens[static_cast<std::size_t>(k)];
-      m += model.full_bytes(t) - model.saved_bytes(t) * c[static_cast<std::size_t>(diagonal(k, w.stage))];
+      const int j = pos[static_cast<std::size_t>(k)] + model.stages - 1 - w.stage;
+      m += model.full_bytes(t) - model.saved_bytes(t) * c[static_cast<std::size_t>(j)];
     }
     return m;
+  }
+  [[nodiscard]] double memory(const MemoryWindow& w, const std::vector<int>& c) const {
+    return memory(w, c, positions());
   }
 };
 
@@ -186,8 +202,9 @@ struct CheckpointPlan {
   plan.solver = std::move(solver);
   plan.peak_bytes.assign(static_cast<std::size_t>(prob.model.stages), prob.model.static_bytes);
   plan.feasible = true;
+  const std::vector<int> pos = prob.positions();
   for (const MemoryWindow& w : memory_windows(prob.order(), prob.model.stages)) {
-    const double m = prob.memory(w, plan.diagonals);
+    const double m = prob.memory(w, plan.diagonals, pos);
     auto& peak = plan.peak_bytes[static_cast<std::size_t>(w.stage)];
     peak = std::max(peak, m);
     if (m > prob.model.memory_cap * (1 + 1e-12)) plan.feasible = false;
@@ -198,29 +215,72 @@ struct CheckpointPlan {
 
 /// Greedy checkpointing: while a window exceeds the cap, add one checkpointed layer to the diagonal
 /// that removes the most excess bytes summed over the windows still over the cap. Not optimal in
-/// general (the MILP is); feasible whenever full checkpointing is.
+/// general (the MILP is); feasible whenever full checkpointing is. Incremental: a step updates only
+/// the windows that hold the chosen diagonal and the gains of their diagonals, so a solve costs
+/// O(steps x windows per diagonal x window length) after O(sum of window lengths) of setup.
 [[nodiscard]] inline CheckpointPlan solve_checkpointing(const CheckpointProblem& prob) {
   prob.model.validate("schedule::solve_checkpointing");
-  std::vector<int> c(static_cast<std::size_t>(prob.diagonals()), 0);
-  const auto windows = memory_windows(prob.order(), prob.model.stages);
-  const double cap = prob.model.memory_cap;
-  for (;;) {
-    std::vector<double> gain(c.size(), 0.0);
-    bool over = false;
-    for (const MemoryWindow& w : windows) {
-      const double excess = prob.memory(w, c) - cap;
-      if (excess <= cap * 1e-12) continue;
-      over = true;
-      for (int k : w.chunks) {
-        const auto j = static_cast<std::size_t>(prob.diagonal(k, w.stage));
-        if (c[j] < prob.model.layers_per_stage)
-          gain[j] += std::min(excess, prob.model.saved_bytes(prob.tokens[static_cast<std::size_t>(k)]));
-      }
+  const int stages = prob.model.stages, top = prob.model.layers_per_stage;
+  const auto m = static_cast<std::size_t>(prob.diagonals());
+  const std::vector<int> pos = prob.positions();
+  const auto windows = memory_windows(prob.order(), stages);
+  const double cap = prob.model.memory_cap, tol = cap * 1e-12;
+  // Flat tables: per window its excess over the cap and its (diagonal, saved bytes) entries; per
+  // diagonal the (window, saved bytes) entries that hold it (a window holds a diagonal at most once).
+  std::vector<double> excess(windows.size());
+  std::vector<std::size_t> w_begin(windows.size() + 1, 0), d_begin(m + 1, 0);
+  std::vector<std::size_t> w_diag;
+  std::vector<double> w_saved;
+  for (std::size_t w = 0; w < windows.size(); ++w) {
+    double mem = prob.model.static_bytes;
+    for (int k : windows[w].chunks) {
+      const auto t = prob.tokens[static_cast<std::size_t>(k)];
+      mem += prob.model.full_bytes(t);
+      w_diag.push_back(static_cast<std::size_t>(pos[static_cast<std::size_t>(k)] + stages - 1 - windows[w].stage));
+      w_saved.push_back(prob.model.saved_bytes(t));
+      ++d_begin[w_diag.back() + 1];
     }
-    if (!over) break;
-    const auto best = static_cast<std::size_t>(std::max_element(gain.begin(), gain.end()) - gain.begin());
-    if (gain[best] <= 0) break;  // infeasible even with everything on the violated windows checkpointed
+    excess[w] = mem - cap;
+    w_begin[w + 1] = w_diag.size();
+  }
+  for (std::size_t j = 0; j < m; ++j) d_begin[j + 1] += d_begin[j];
+  std::vector<std::size_t> d_window(w_diag.size());
+  std::vector<double> d_saved(w_diag.size());
+  {
+    std::vector<std::size_t> fill(d_begin.begin(), d_begin.end() - 1);
+    for (std::size_t w = 0; w < windows.size(); ++w)
+      for (std::size_t e = w_begin[w]; e < w_begin[w + 1]; ++e) {
+        const std::size_t at = fill[w_diag[e]]++;
+        d_window[at] = w;
+        d_saved[at] = w_saved[e];
+      }
+  }
+  // gain[j]: the excess bytes one more layer on diagonal j removes, over the windows over the cap.
+  const auto share = [tol](double over, double saved) { return over > tol ? std::min(over, saved) : 0.0; };
+  std::vector<double> gain(m, 0.0);
+  std::size_t over = 0;
+  for (std::size_t w = 0; w < windows.size(); ++w) {
+    if (excess[w] <= tol) continue;
+    ++over;
+    for (std::size_t e = w_begin[w]; e < w_begin[w + 1]; ++e) gain[w_diag[e]] += share(excess[w], w_saved[e]);
+  }
+  std::vector<int> c(m, 0);
+  while (over > 0) {
+    std::size_t best = m;
+    for (std::size_t j = 0; j < m; ++j)
+      if (c[j] < top && (best == m || gain[j] > gain[best])) best = j;
+    // Gains are updated incrementally; a real one is at least min(excess, one token's bytes) > tol.
+    if (best == m || gain[best] <= tol) break;  // infeasible even with the violated windows checkpointed
     ++c[best];
+    for (std::size_t e = d_begin[best]; e < d_begin[best + 1]; ++e) {
+      const std::size_t w = d_window[e];
+      const double before = excess[w], after = before - d_saved[e];
+      excess[w] = after;
+      if (before <= tol) continue;
+      if (after <= tol) --over;
+      for (std::size_t f = w_begin[w]; f < w_begin[w + 1]; ++f)
+        gain[w_diag[f]] += share(after, w_saved[f]) - share(before, w_saved[f]);
+    }
   }
   return evaluate(prob, std::move(c), "greedy");
 }
@@ -313,6 +373,46 @@ struct PipelineSchedule {
 /// Checkpointing solver used by the grouping (the greedy, or the MILP of checkpoint_milp.hpp).
 using CheckpointSolver = std::function<CheckpointPlan(const CheckpointProblem&)>;
 
+/// The checkpointing problem of a pipeline's chunks (its `chunks` and `backward_order` set).
+[[nodiscard]] inline CheckpointProblem checkpoint_problem(const ChunkPlan& plan, const PipelineModel& model,
+                                                          const Pipeline& pipeline) {
+  CheckpointProblem prob{{}, model, pipeline.backward_order};
+  for (int c : pipeline.chunks) prob.tokens.push_back(plan.chunks[static_cast<std::size_t>(c)].batch.total_tokens());
+  return prob;
+}
+
+namespace pipeline_detail {
+/// Forward + backward (2x) of one chunk on one stage, seconds.
+[[nodiscard]] inline double chunk_seconds(const ChunkPlan& plan, const PipelineModel& model, int c) {
+  return 3.0 * plan.chunks[static_cast<std::size_t>(c)].cost * model.seconds_per_cost * model.layers_per_stage;
+}
+/// DPP's time of a pipeline: delta = (d_p - 1) x the average chunk's forward + backward, plus every
+/// chunk's, plus the recomputed layers at the average chunk's forward time per layer (F-hat).
+[[nodiscard]] inline double seconds(const ChunkPlan& plan, const PipelineModel& model, const Pipeline& p) {
+  double total = 0;
+  for (int c : p.chunks) total += chunk_seconds(plan, model, c);
+  const double avg = total / static_cast<double>(p.chunks.size());
+  const double f_hat = avg / 3.0 / model.layers_per_stage;
+  return (model.stages - 1) * avg + total + f_hat * static_cast<double>(p.checkpointing.layers_recomputed);
+}
+}  // namespace pipeline_detail
+
+/// Solves each pipeline's checkpointing again with `solve` (e.g. the MILP after a grouping by the
+/// greedy, whose solves the grouping's dynamic program repeats many times) and keeps the new decisions
+/// when they are feasible and recompute no more layers; updates the pipelines' and the schedule's times.
+inline void refine_checkpointing(const ChunkPlan& plan, const PipelineModel& model, PipelineSchedule& schedule,
+                                 const CheckpointSolver& solve) {
+  model.validate("schedule::refine_checkpointing");
+  schedule.seconds = 0;
+  for (Pipeline& p : schedule.pipelines) {
+    CheckpointPlan better = solve(checkpoint_problem(plan, model, p));
+    if (better.feasible && (!p.checkpointing.feasible || better.layers_recomputed <= p.checkpointing.layers_recomputed))
+      p.checkpointing = std::move(better);
+    p.seconds = pipeline_detail::seconds(plan, model, p);
+    schedule.seconds += p.seconds;
+  }
+}
+
 /// Where `group_pipelines` may cut the units (ordered by chunk count) into pipelines.
 enum class GroupBoundaries : std::uint8_t {
   /// DPP's classes: only between units of different chunk counts (S[i] = the sequences of i chunks),
@@ -340,30 +440,39 @@ struct GroupingOptions {
   model.validate(where);
   const auto units = sequence_units(plan);
   const int u = static_cast<int>(units.size());
-  const auto chunk_seconds = [&](int c) {  // forward + backward (2x) of one chunk on one stage
-    return 3.0 * plan.chunks[static_cast<std::size_t>(c)].cost * model.seconds_per_cost * model.layers_per_stage;
-  };
+  const auto chunk_seconds = [&](int c) { return pipeline_detail::chunk_seconds(plan, model, c); };
   const auto build = [&](int from, int to) {  // units [from, to)
     Pipeline p;
     for (int i = from; i < to; ++i)
       for (int c : units[static_cast<std::size_t>(i)]) p.chunks.push_back(c);
     std::sort(p.chunks.begin(), p.chunks.end());  // the plan's order keeps each document's slices in order
-    CheckpointProblem prob{{}, model, {}};
     p.backward_order = backward_order(plan, p.chunks);
-    prob.backward_order = p.backward_order;
-    double total = 0, recompute_per_layer = 0;
-    for (int c : p.chunks) {
-      prob.tokens.push_back(plan.chunks[static_cast<std::size_t>(c)].batch.total_tokens());
-      total += chunk_seconds(c);
-      recompute_per_layer += chunk_seconds(c) / 3.0 / model.layers_per_stage;
-    }
-    p.checkpointing = solve(prob);
-    const double avg = total / static_cast<double>(p.chunks.size());
-    const double f_hat = recompute_per_layer / static_cast<double>(p.chunks.size());
-    p.seconds = (model.stages - 1) * avg + total + f_hat * static_cast<double>(p.checkpointing.layers_recomputed);
+    p.checkpointing = solve(checkpoint_problem(plan, model, p));
+    p.seconds = pipeline_detail::seconds(plan, model, p);
     return p;
   };
-  // The DP over the allowed cuts; each cut's best last pipeline is kept, so nothing is solved twice.
+  // Per unit prefix sums of chunk seconds and chunk counts: a group's time without recomputation,
+  // (d_p - 1) x avg + total, is a lower bound of its time, known before its checkpointing is solved.
+  std::vector<double> seconds_before(static_cast<std::size_t>(u) + 1, 0.0);
+  std::vector<std::int64_t> chunks_before(static_cast<std::size_t>(u) + 1, 0);
+  for (int i = 0; i < u; ++i) {
+    double t = 0;
+    for (int c : units[static_cast<std::size_t>(i)]) t += chunk_seconds(c);
+    seconds_before[static_cast<std::size_t>(i) + 1] = seconds_before[static_cast<std::size_t>(i)] + t;
+    chunks_before[static_cast<std::size_t>(i) + 1] =
+        chunks_before[static_cast<std::size_t>(i)] +
+        static_cast<std::int64_t>(units[static_cast<std::size_t>(i)].size());
+  }
+  const auto lower_bound = [&](int from, int to) {
+    const double total = seconds_before[static_cast<std::size_t>(to)] - seconds_before[static_cast<std::size_t>(from)];
+    const auto n = static_cast<double>(chunks_before[static_cast<std::size_t>(to)] -
+                                       chunks_before[static_cast<std::size_t>(from)]);
+    return (model.stages - 1) * total / n + total;
+  };
+  // The DP over the allowed cuts. For each end, candidate starts are tried by increasing lower bound
+  // and the solves stop once the bound reaches the best time found (the optimum is unchanged: a
+  // candidate's time is at least its bound); each end's best last pipeline is kept, so the
+  // reconstruction solves nothing again.
   const auto group = [&](GroupBoundaries boundaries) {
     std::vector<int> cuts{0};
     for (int i = 1; i < u; ++i)
@@ -377,9 +486,14 @@ struct GroupingOptions {
     std::vector<std::size_t> from(m, 0);
     std::vector<Pipeline> last(m);
     dp[0] = 0;
-    for (std::size_t i = 1; i < m; ++i)
-      for (std::size_t k = 0; k < i; ++k) {
-        if (dp[k] == inf) continue;
+    std::vector<std::pair<double, std::size_t>> candidates;
+    for (std::size_t i = 1; i < m; ++i) {
+      candidates.clear();
+      for (std::size_t k = 0; k < i; ++k)
+        if (dp[k] < inf) candidates.emplace_back(dp[k] + lower_bound(cuts[k], cuts[i]), k);
+      std::sort(candidates.begin(), candidates.end());
+      for (const auto& [bound, k] : candidates) {
+        if (bound > dp[i] * (1 + 1e-12)) break;  // slack: the bound and the time sum in different orders
         Pipeline p = build(cuts[k], cuts[i]);
         if (!p.checkpointing.feasible) continue;
         const double t = dp[k] + p.seconds;
@@ -389,6 +503,7 @@ struct GroupingOptions {
           last[i] = std::move(p);
         }
       }
+    }
     PipelineSchedule out;
     out.seconds = dp[m - 1];
     if (dp[m - 1] == inf) return out;

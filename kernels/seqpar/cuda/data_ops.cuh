@@ -118,31 +118,11 @@ struct PieceRun {
 
 // Conversions of the storage types, on either side (the per-item functions below are host-device,
 // so that their index arithmetic can be checked on a machine without a GPU).
-template <class T>
-__host__ __device__ __forceinline__ float to_f32(T x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else if constexpr (std::is_same_v<T, __half>) {
-    return __half2float(x);
-  } else {
-    return __bfloat162float(x);
-  }
-}
-template <class T>
-__host__ __device__ __forceinline__ T from_f32(float x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else if constexpr (std::is_same_v<T, __half>) {
-    return __float2half_rn(x);
-  } else {
-    return __float2bfloat16_rn(x);
-  }
-}
 
 // Sums formed in fp32 and rounded once, as the host's `+=` on the storage type does.
 template <class E>
 __host__ __device__ __forceinline__ E add(E a, E b) {
-  return from_f32<E>(to_f32(a) + to_f32(b));
+  return from_float<E>(to_float(a) + to_float(b));
 }
 
 template <class T>
@@ -298,7 +278,7 @@ __host__ __device__ __forceinline__ void zero_item(T* data, std::int64_t token_s
   if (vectorized) {
     reinterpret_cast<Vec*>(row)[x] = Vec{0, 0, 0, 0};
   } else {
-    row[x] = from_f32<T>(0.f);
+    row[x] = from_float<T>(0.f);
   }
 }
 
@@ -391,10 +371,10 @@ template <class T>
 __host__ __device__ __forceinline__ T merged_value(T old, T part, float w1, float w2) {
   // Rounded as the host's merge_into rounds (no fused multiply-add), then once to T.
 #ifdef __CUDA_ARCH__
-  return from_f32<T>(__fadd_rn(__fmul_rn(to_f32(old), w1), __fmul_rn(to_f32(part), w2)));
+  return from_float<T>(__fadd_rn(__fmul_rn(to_float(old), w1), __fmul_rn(to_float(part), w2)));
 #else
-  const float a = to_f32(old) * w1, b = to_f32(part) * w2;
-  return from_f32<T>(a + b);
+  const float a = to_float(old) * w1, b = to_float(part) * w2;
+  return from_float<T>(a + b);
 #endif
 }
 

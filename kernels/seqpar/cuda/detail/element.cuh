@@ -3,8 +3,8 @@
 #pragma once
 
 /// @file
-/// Storage types of the CUDA kernels (fp32, fp16, bf16) and their conversions: values are stored in
-/// T and every sum is formed in fp32.
+/// Storage types of the CUDA kernels (fp32, fp16, bf16) and their conversions (host and device, so
+/// that tests and the data operations share them): values are stored in T and every sum is formed in fp32.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -20,7 +20,7 @@ template <class T>
 inline constexpr bool kIsStorageType = std::is_same_v<T, float> || kIsHalfPrecision<T>;
 
 template <class T>
-__device__ __forceinline__ float to_float(T x) {
+__host__ __device__ __forceinline__ float to_float(T x) {
   if constexpr (std::is_same_v<T, float>) {
     return x;
   } else if constexpr (std::is_same_v<T, __half>) {
@@ -31,7 +31,7 @@ __device__ __forceinline__ float to_float(T x) {
 }
 
 template <class T>
-__device__ __forceinline__ T from_float(float x) {
+__host__ __device__ __forceinline__ T from_float(float x) {
   if constexpr (std::is_same_v<T, float>) {
     return x;
   } else if constexpr (std::is_same_v<T, __half>) {

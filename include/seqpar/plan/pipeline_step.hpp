@@ -1,0 +1,425 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+/// @file
+/// A training step of DPP (InfiniPipe / Concertina, ../shared/research/seeds.md section 4) on the cost
+/// model: a chunk plan (`schedule::DynamicChunk`) run as 1F1B pipelines (`schedule::group_pipelines`)
+/// over d_p stages, each stage a group of d_s ranks running Ulysses sequence parallelism with ZeRO-3
+/// inside the stage (the paper: d_s = 8 inside a node, d_p = 4 across nodes, FSDP per stage).
+///
+/// Per chunk and stage, on one rank of the stage (replay/costs.hpp), each of its L / d_p layers:
+///   forward  = all-to-all (Q, K, V in; O out) + max(GEMMs + attention, ZeRO gather of the layer)
+///   backward = all-to-all + max(2 x GEMMs + attention backward, ZeRO gather + gradient reduce-scatter);
+///              a checkpointed layer first runs its forward again (its all-to-all and compute).
+/// GEMMs are priced per token (roofline over the rank's T / d_s rows), attention per tile over the
+/// chunk's pieces with ceil(Hq / d_s) heads per rank (Ulysses with uneven heads: the busiest rank). A
+/// piece with a prefix (a split document's later slice) is computed as ChunkedAttention does it: a causal
+/// call over the piece and a full call over the prefix keys, which stay where they were (not sent again).
+/// ZeRO collectives run on their own stream and hide under compute, not under the all-to-all (both use
+/// NVLink). The last stage adds the LM head (its weights gathered like a layer's).
+/// Between stages a forward sends chunk_tokens x hidden activations (value bytes) and a backward their
+/// gradients, one transfer per boundary and direction at a time, over the nodes' NICs when the stages sit
+/// on different nodes (NVLink otherwise).
+/// The step: every stage runs its ops in the pipeline's 1F1B order (schedule::one_f_one_b over the
+/// pipeline's backward order: a split document goes backward last slice first), an op starting when its
+/// stage is free and its input has arrived; pipelines run one after another with a barrier between them
+/// (DPP does not overlap them); then the optimizer (Adam over the stage's ZeRO shard, bound by HBM). A
+/// stage's bubble is what is left: its idle time, waits for P2P included.
+/// Memory is tracked along the executed order: static states + the activations of the chunks in flight
+/// on the stage (a checkpointed layer keeps only its input), compared with the cap; beside it, the peak
+/// the checkpointing plan predicted.
+/// Not modelled: ZeRO / all-to-all contention beyond the rule above, the embedding's gather, kernel
+/// efficiency of short GEMMs beyond the roofline, overlap of consecutive pipelines.
+///
+/// @code
+/// plan::PipelineStepOptions opt{.model = replay::models::llama_13b(), .hardware = replay::profiles::a800_80gb(),
+///                               .stages = 4, .sp_ranks = 8};
+/// auto chunks = schedule::DynamicChunk{{.token_capacity = 16384, .cost = plan::chunk_cost(opt)}}.plan(batch);
+/// auto pipes = schedule::group_pipelines(chunks, plan::pipeline_model(opt));
+/// plan::PipelineStepReport rep = plan::simulate_pipeline_step(chunks, pipes, opt);   // rep.step_s, rep.bubble_s
+/// @endcode
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "seqpar/core/attn_slice.hpp"
+#include "seqpar/core/error.hpp"
+#include "seqpar/core/topology.hpp"
+#include "seqpar/plan/step.hpp"
+#include "seqpar/replay/costs.hpp"
+#include "seqpar/replay/hardware.hpp"
+#include "seqpar/replay/model_shape.hpp"
+#include "seqpar/schedule/dynamic_chunk.hpp"
+#include "seqpar/schedule/pipeline.hpp"
+
+namespace seqpar::plan {
+
+/// The machine and the model under a DPP schedule.
+struct PipelineStepOptions {
+  replay::ModelShape model;
+  replay::HardwareProfile hardware;
+  int stages = 1;      ///< d_p; model.layers must divide evenly
+  int sp_ranks = 1;    ///< d_s: ranks per stage, Ulysses over them (stage p holds ranks [p d_s, (p+1) d_s))
+  int zero_ranks = 0;  ///< ZeRO-3 over this many ranks of a stage: 0 = all sp_ranks, 1 = none
+  /// Fraction of a rank's memory kept free for workspaces, the allocator and the working set of the layer
+  /// in flight [I: not given by the paper].
+  double memory_reserve = 0.1;
+
+  [[nodiscard]] Topology topology() const noexcept { return {stages * sp_ranks, hardware.ranks_per_node}; }
+  [[nodiscard]] int layers_per_stage() const noexcept { return stages > 0 ? model.layers / stages : 0; }
+  [[nodiscard]] int zero() const noexcept { return zero_ranks == 0 ? sp_ranks : zero_ranks; }
+  [[nodiscard]] double value_bytes() const noexcept { return hardware.value_bytes; }
+
+  void validate(const char* where) const {
+    model.validate(where);
+    hardware.validate(where);
+    detail::require(stages >= 1, where, "options.stages", stages, "must be >= 1");
+    detail::require(model.layers % stages == 0, where, "options.stages", stages,
+                    "must divide model.layers = " + std::to_string(model.layers));
+    detail::require(sp_ranks >= 1, where, "options.sp_ranks", sp_ranks, "must be >= 1");
+    detail::require(zero_ranks >= 0 && zero_ranks <= sp_ranks && (zero_ranks == 0 || sp_ranks % zero_ranks == 0), where,
+                    "options.zero_ranks", zero_ranks, "must be 0 or divide sp_ranks = " + std::to_string(sp_ranks));
+    detail::require(memory_reserve >= 0 && memory_reserve < 1, where, "options.memory_reserve", memory_reserve,
+                    "must be in [0, 1)");
+  }
+};
+
+/// Seconds of one transformer layer on one rank of a Ulysses group running a batch of document pieces.
+struct UlyssesLayer {
+  double gemm = 0;                ///< forward projections and MLP over the rank's tokens / ranks rows
+  double attention = 0;           ///< forward kernel, ceil(Hq / ranks) heads over all the pieces
+  double attention_backward = 0;  ///< backward kernel
+  double all_to_all = 0;          ///< forward exchanges (Q, K, V to heads; O back); backward moves as much
+
+  [[nodiscard]] double forward_compute() const noexcept { return gemm + attention; }
+  [[nodiscard]] double backward_compute() const noexcept { return 2.0 * gemm + attention_backward; }
+};
+
+/// One layer over `slices` (the pieces' attention, document coordinates) and `tokens` rows in all, on a
+/// Ulysses group of `group.world_size` ranks (all-to-alls cross nodes when it spans more than one).
+[[nodiscard]] inline UlyssesLayer ulysses_layer(const replay::HardwareProfile& hw, const replay::ModelShape& model,
+                                                const Topology& group, std::span<const AttnSlice> slices,
+                                                std::int64_t tokens) {
+  const int g = group.world_size;
+  const double vb = hw.value_bytes;
+  const double per_rank = static_cast<double>(tokens) / g;
+  const int heads = (model.heads_q + g - 1) / g;
+  const double qd = static_cast<double>(model.heads_q) * model.head_dim,
+               kvd = static_cast<double>(model.heads_kv) * model.head_dim;
+  UlyssesLayer l;
+  l.gemm = layer_gemm_seconds(hw, model, per_rank, vb).total();
+  if (tokens > 0) {
+    l.attention = replay::attention_seconds(hw, slices, heads, model.head_dim, false);
+    l.attention_backward = replay::attention_seconds(hw, slices, heads, model.head_dim, true);
+  }
+  l.all_to_all = replay::all_to_all_seconds(hw, group, g, per_rank * (qd + 2 * kvd) * vb) +
+                 replay::all_to_all_seconds(hw, group, g, per_rank * qd * vb);
+  return l;
+}
+
+/// The attention of chunk `c` of `plan`, as ChunkedAttention computes it: per piece a causal slice over
+/// its own rows and, when it has a prefix, a full slice over the prefix keys.
+[[nodiscard]] inline std::vector<AttnSlice> chunk_slices(const schedule::ChunkPlan& plan, int c) {
+  std::vector<AttnSlice> out;
+  for (const schedule::ChunkPiece& p : plan.pieces[static_cast<std::size_t>(c)]) {
+    out.push_back({{p.begin, p.end}, {p.begin, p.end}, Mask::causal()});
+    if (p.begin > 0) out.push_back({{p.begin, p.end}, {0, p.begin}, Mask::full()});
+  }
+  return out;
+}
+
+/// DynamicChunk's cost model for `options`: seconds of one layer's forward on one rank of a stage, per
+/// token (GEMMs and the all-to-all's bandwidth) and per causal (query, key) pair (attention at the
+/// profile's long-tile rate). Tiles are priced exactly by the step simulation, not here.
+[[nodiscard]] inline schedule::ChunkCost chunk_cost(const PipelineStepOptions& options) {
+  options.validate("plan::chunk_cost");
+  const replay::HardwareProfile& hw = options.hardware;
+  const replay::ModelShape& m = options.model;
+  const int g = options.sp_ranks;
+  const Topology group{g, hw.ranks_per_node};
+  const double qd = static_cast<double>(m.heads_q) * m.head_dim, kvd = static_cast<double>(m.heads_kv) * m.head_dim;
+  constexpr double kTokens = 1 << 20;  // the all-to-alls' latency amortised away
+  const double a2a = replay::all_to_all_seconds(hw, group, g, kTokens / g * (2 * qd + 2 * kvd) * hw.value_bytes);
+  const int heads = (m.heads_q + g - 1) / g;
+  return {m.layer_gemm_flops_per_token() / g / hw.gemm_rate() + a2a / kTokens,
+          replay::attention_flops(heads, m.head_dim, false) / (hw.peak_flops * hw.attention_efficiency)};
+}
+
+namespace pipeline_detail {
+/// Parameters held by stage p (layers, plus the embedding on the first and the LM head on the last).
+[[nodiscard]] inline double stage_params(const PipelineStepOptions& o, int p) {
+  const replay::ModelShape& m = o.model;
+  const double table = static_cast<double>(m.vocab) * m.hidden;
+  double params = o.layers_per_stage() * m.layer_params();
+  if (p == 0) params += table;
+  if (p == o.stages - 1 && (!m.tied_embeddings || o.stages > 1)) params += table;
+  return params;
+}
+}  // namespace pipeline_detail
+
+/// The pipeline scheduler's model of `options` (schedule::PipelineModel): per rank of a stage, static
+/// bytes = ZeRO-sharded states (16 bytes a parameter: bf16 weight and gradient, fp32 master, Adam m and v)
+/// of the largest stage + two gathered layers (ZeRO-3 prefetch); activations per token and layer split
+/// over the d_s Ulysses ranks (ModelShape::layer_activation_bytes_per_token); a checkpointed layer keeps
+/// its input; the cap is the rank's memory less the reserve; chunk costs in seconds (chunk_cost).
+[[nodiscard]] inline schedule::PipelineModel pipeline_model(const PipelineStepOptions& options) {
+  options.validate("plan::pipeline_model");
+  const replay::ModelShape& m = options.model;
+  const int zero = options.zero();
+  double states = 0;
+  for (int p = 0; p < options.stages; ++p)
+    states = std::max(states, 16.0 * pipeline_detail::stage_params(options, p) / zero);
+  const double gathered = zero > 1 ? 2.0 * 2.0 * m.layer_params() : 0.0;
+  schedule::PipelineModel pm;
+  pm.stages = options.stages;
+  pm.layers_per_stage = options.layers_per_stage();
+  pm.static_bytes = states + gathered;
+  pm.memory_cap = options.hardware.memory_bytes * (1.0 - options.memory_reserve);
+  pm.activation_bytes_per_token = m.layer_activation_bytes_per_token(options.value_bytes()) / options.sp_ranks;
+  pm.kept_bytes_per_token = static_cast<double>(m.hidden) * options.value_bytes() / options.sp_ranks;
+  pm.seconds_per_cost = 1.0;
+  return pm;
+}
+
+/// One stage's share of a simulated DPP step (seconds unless named otherwise).
+struct PipelineStageReport {
+  double busy_s = 0;          ///< its forward and backward ops (recomputation and exposed communication in them)
+  double idle_s = 0;          ///< step - busy - optimizer: bubbles, waits for P2P included
+  double recompute_s = 0;     ///< what checkpointed layers added to the backward ops
+  double all_to_all_s = 0;    ///< Ulysses exchanges (forward, backward, recomputation)
+  double zero_s = 0;          ///< ZeRO-3 collectives issued (busy time on their stream)
+  double zero_exposed_s = 0;  ///< the part compute did not hide
+  double optimizer_s = 0;
+  double peak_memory_bytes = 0;          ///< along the executed order
+  double planned_peak_memory_bytes = 0;  ///< the checkpointing plans' prediction (their 1F1B windows)
+};
+
+struct PipelineStepReport {
+  double step_s = 0, tokens_per_s = 0;
+  double bubble_s = 0;        ///< mean idle time over stages
+  double p2p_s = 0;           ///< busiest stage boundary: transfer time, both directions
+  double recompute_s = 0;     ///< mean over stages
+  double all_to_all_s = 0;    ///< mean over stages
+  double zero_exposed_s = 0;  ///< mean over stages
+  double memory_cap_bytes = 0;
+  bool fits_memory = true;  ///< every stage's executed peak within the cap
+  int pipelines = 0, chunks = 0;
+  std::int64_t tokens = 0;
+  long long layers_recomputed = 0;  ///< sum over pipelines of their checkpointing objective (sum C)
+  std::vector<PipelineStageReport> stages;
+
+  [[nodiscard]] double max_peak_memory_bytes() const noexcept {
+    double m = 0;
+    for (const PipelineStageReport& s : stages) m = std::max(m, s.peak_memory_bytes);
+    return m;
+  }
+};
+
+namespace pipeline_detail {
+/// Every chunk in exactly one pipeline, checkpointing of the right size and range, backward orders that
+/// are permutations.
+inline void validate_schedule(const schedule::ChunkPlan& plan, const schedule::PipelineSchedule& schedule, int d,
+                              int lps, const char* where) {
+  const int total = static_cast<int>(plan.chunks.size());
+  detail::require(plan.pieces.size() == plan.chunks.size(), where, "plan.pieces.size()", plan.pieces.size(),
+                  "must equal plan.chunks.size() = " + std::to_string(total));
+  std::vector<int> seen(static_cast<std::size_t>(total), 0);
+  for (std::size_t pi = 0; pi < schedule.pipelines.size(); ++pi) {
+    const schedule::Pipeline& pipe = schedule.pipelines[pi];
+    const std::string name = "schedule.pipelines[" + std::to_string(pi) + "]";
+    for (int c : pipe.chunks) {
+      detail::require(c >= 0 && c < total, where, name + ".chunks", c,
+                      "is not a chunk of the plan (" + std::to_string(total) + " chunks)");
+      ++seen[static_cast<std::size_t>(c)];
+    }
+    detail::require(pipe.checkpointing.diagonals.size() == pipe.chunks.size() + static_cast<std::size_t>(d) - 1, where,
+                    name + ".checkpointing.diagonals.size()", pipe.checkpointing.diagonals.size(),
+                    "must be chunks + stages - 1 = " + std::to_string(pipe.chunks.size() + d - 1));
+    if (!pipe.backward_order.empty()) {
+      std::vector<int> sorted = pipe.backward_order;
+      std::sort(sorted.begin(), sorted.end());
+      bool permutation = sorted.size() == pipe.chunks.size();
+      for (std::size_t i = 0; permutation && i < sorted.size(); ++i) permutation = sorted[i] == static_cast<int>(i);
+      detail::require(permutation, where, name + ".backward_order.size()", pipe.backward_order.size(),
+                      "must be empty or a permutation of the pipeline's " + std::to_string(pipe.chunks.size()) +
+                          " chunk positions");
+    }
+    for (int c : pipe.checkpointing.diagonals)
+      detail::require(c >= 0 && c <= lps, where, name + ".checkpointing.diagonals", c,
+                      "must be in [0, layers per stage = " + std::to_string(lps) + "]");
+  }
+  for (int c = 0; c < total; ++c)
+    detail::require(seen[static_cast<std::size_t>(c)] == 1, where,
+                    "schedule (pipelines of chunk " + std::to_string(c) + ")", seen[static_cast<std::size_t>(c)],
+                    "every chunk must run in exactly one pipeline");
+}
+}  // namespace pipeline_detail
+
+/// Simulates one training step of `schedule` (pipelines over `plan`'s chunks, each with its
+/// checkpointing) on `options` (the file comment has the model). Every chunk of the plan must be in
+/// exactly one pipeline; the pipelines' chunk lists are their forward order. Throws std::invalid_argument
+/// naming what does not match.
+[[nodiscard]] inline PipelineStepReport simulate_pipeline_step(const schedule::ChunkPlan& plan,
+                                                               const schedule::PipelineSchedule& schedule,
+                                                               const PipelineStepOptions& options) {
+  constexpr const char* where = "plan::simulate_pipeline_step";
+  options.validate(where);
+  const int d = options.stages, lps = options.layers_per_stage(), g = options.sp_ranks, zero = options.zero();
+  const replay::HardwareProfile& hw = options.hardware;
+  const replay::ModelShape& m = options.model;
+  const double vb = options.value_bytes();
+  const int total = static_cast<int>(plan.chunks.size());
+  pipeline_detail::validate_schedule(plan, schedule, d, lps, where);
+
+  const Topology topo = options.topology();
+  const Topology group{g, hw.ranks_per_node};
+  const Topology zero_group{zero, hw.ranks_per_node};
+  const schedule::PipelineModel pm = pipeline_model(options);
+  // ZeRO-3 per op: forward gathers each layer, backward gathers it again and reduce-scatters its gradient.
+  const double gather = zero > 1 ? replay::ring_collective_seconds(hw, zero_group, zero, 2.0 * m.layer_params()) : 0.0;
+  const double table = static_cast<double>(m.vocab) * m.hidden;
+  const double head_gather = zero > 1 ? replay::ring_collective_seconds(hw, zero_group, zero, 2.0 * table) : 0.0;
+  // P2P: every rank of a stage sends its tokens / d_s rows to its peer of the next stage.
+  const auto p2p_seconds = [&](std::int64_t tokens, int from) {
+    const double bytes = static_cast<double>(tokens) * m.hidden * vb;
+    const int a = from * g, b = (from + 1) * g;
+    if (topo.same_node(a, b)) return hw.intra.latency + bytes / g / hw.intra.bandwidth;
+    const int local = std::min(g, topo.ranks_per_node);
+    const double nics = std::max(1.0, static_cast<double>(local) * hw.nics_per_node / topo.ranks_per_node);
+    const double nodes = std::max(1.0, static_cast<double>(g) / topo.ranks_per_node);
+    return hw.inter.latency + bytes / (nodes * nics * hw.inter.bandwidth);
+  };
+
+  // Per chunk: its layer on one rank of a stage, its tokens.
+  std::vector<UlyssesLayer> layer(static_cast<std::size_t>(total));
+  std::vector<std::int64_t> tokens(static_cast<std::size_t>(total));
+  for (int c = 0; c < total; ++c) {
+    tokens[static_cast<std::size_t>(c)] = plan.chunks[static_cast<std::size_t>(c)].batch.total_tokens();
+    const auto slices = chunk_slices(plan, c);
+    layer[static_cast<std::size_t>(c)] = ulysses_layer(hw, m, group, slices, tokens[static_cast<std::size_t>(c)]);
+  }
+
+  PipelineStepReport rep;
+  rep.stages.resize(static_cast<std::size_t>(d));
+  rep.memory_cap_bytes = pm.memory_cap;
+  rep.pipelines = static_cast<int>(schedule.pipelines.size());
+  rep.chunks = total;
+  for (std::int64_t t : tokens) rep.tokens += t;
+  std::vector<double> link_busy(static_cast<std::size_t>(std::max(1, d - 1)), 0.0);
+  double barrier = 0;
+  constexpr double kNotYet = std::numeric_limits<double>::quiet_NaN();
+  for (const schedule::Pipeline& pipe : schedule.pipelines) {
+    const int n = static_cast<int>(pipe.chunks.size());
+    if (n == 0) continue;
+    rep.layers_recomputed += pipe.checkpointing.layers_recomputed;
+    schedule::CheckpointProblem prob{{}, pm, pipe.backward_order};
+    for (int c : pipe.chunks) prob.tokens.push_back(tokens[static_cast<std::size_t>(c)]);
+    const auto order = schedule::one_f_one_b(prob.order(), d);
+    std::vector<int> ckpt(static_cast<std::size_t>(n) * d);  // layers chunk i checkpoints on stage p
+    for (int i = 0; i < n; ++i)
+      for (int p = 0; p < d; ++p)
+        ckpt[static_cast<std::size_t>(i) * d + static_cast<std::size_t>(p)] = pipe.checkpointing.layers(prob, i, p);
+    const auto at = [&](int i, int p) {
+      return static_cast<std::size_t>(i) * static_cast<std::size_t>(d) + static_cast<std::size_t>(p);
+    };
+    std::vector<double> f_in(static_cast<std::size_t>(n) * d, kNotYet), b_in(static_cast<std::size_t>(n) * d, kNotYet);
+    std::vector<double> free(static_cast<std::size_t>(d), barrier), link_f(static_cast<std::size_t>(d), barrier),
+        link_b(static_cast<std::size_t>(d), barrier), in_flight(static_cast<std::size_t>(d), 0.0);
+    std::vector<std::size_t> pc(static_cast<std::size_t>(d), 0);
+    for (int i = 0; i < n; ++i) f_in[at(i, 0)] = barrier;
+    for (std::size_t p = 0; p < rep.stages.size(); ++p)
+      rep.stages[p].planned_peak_memory_bytes =
+          std::max(rep.stages[p].planned_peak_memory_bytes,
+                   p < pipe.checkpointing.peak_bytes.size() ? pipe.checkpointing.peak_bytes[p] : 0.0);
+    for (bool progressed = true; progressed;) {
+      progressed = false;
+      for (int p = 0; p < d; ++p) {
+        const auto up = static_cast<std::size_t>(p);
+        PipelineStageReport& st = rep.stages[up];
+        while (pc[up] < order[up].size()) {
+          const schedule::StageOp op = order[up][pc[up]];
+          const int c = pipe.chunks[static_cast<std::size_t>(op.chunk)];
+          const UlyssesLayer& l = layer[static_cast<std::size_t>(c)];
+          const std::int64_t t = tokens[static_cast<std::size_t>(c)];
+          const double ready = op.backward ? b_in[at(op.chunk, p)] : f_in[at(op.chunk, p)];
+          if (std::isnan(ready)) break;
+          const bool last = p == d - 1;
+          const double cf = l.forward_compute(), cb = l.backward_compute(), a2a = l.all_to_all;
+          const double head_f = last ? lm_head_seconds(hw, m, static_cast<double>(t) / g, vb) : 0.0;
+          double seconds = 0;
+          if (!op.backward) {
+            seconds = lps * (a2a + std::max(cf, gather)) + std::max(head_f, last ? head_gather : 0.0);
+            st.all_to_all_s += lps * a2a;
+            st.zero_s += lps * gather + (last ? head_gather : 0.0);
+            st.zero_exposed_s += lps * std::max(0.0, gather - cf) + std::max(0.0, (last ? head_gather : 0.0) - head_f);
+            const int k = ckpt[at(op.chunk, p)];
+            in_flight[up] += pm.full_bytes(t) - pm.saved_bytes(t) * k;
+            st.peak_memory_bytes = std::max(st.peak_memory_bytes, pm.static_bytes + in_flight[up]);
+          } else {
+            const int k = ckpt[at(op.chunk, p)];
+            const double zb = 2.0 * gather;
+            const double plain = a2a + std::max(cb, zb), again = 2.0 * a2a + std::max(cb + cf, zb);
+            seconds = (lps - k) * plain + k * again + std::max(2.0 * head_f, last ? 2.0 * head_gather : 0.0);
+            st.recompute_s += k * (again - plain);
+            st.all_to_all_s += (lps + k) * a2a;
+            st.zero_s += lps * zb + (last ? 2.0 * head_gather : 0.0);
+            st.zero_exposed_s += (lps - k) * std::max(0.0, zb - cb) + k * std::max(0.0, zb - cb - cf) +
+                                 std::max(0.0, (last ? 2.0 * head_gather : 0.0) - 2.0 * head_f);
+            in_flight[up] -= pm.full_bytes(t) - pm.saved_bytes(t) * k;
+          }
+          const double begin = std::max(free[up], ready), end = begin + seconds;
+          free[up] = end;
+          st.busy_s += seconds;
+          if (!op.backward && p + 1 < d) {
+            const double s = std::max(end, link_f[up]), tr = p2p_seconds(t, p);
+            link_f[up] = s + tr;
+            link_busy[up] += tr;
+            f_in[at(op.chunk, p + 1)] = s + tr;
+          } else if (!op.backward) {
+            b_in[at(op.chunk, p)] = end;  // the last stage turns around
+          } else if (p > 0) {
+            const double s = std::max(end, link_b[up - 1]), tr = p2p_seconds(t, p - 1);
+            link_b[up - 1] = s + tr;
+            link_busy[up - 1] += tr;
+            b_in[at(op.chunk, p - 1)] = s + tr;
+          }
+          ++pc[up];
+          progressed = true;
+        }
+      }
+    }
+    for (int p = 0; p < d; ++p)
+      if (pc[static_cast<std::size_t>(p)] != order[static_cast<std::size_t>(p)].size())
+        throw std::logic_error("plan::simulate_pipeline_step: the pipeline order deadlocks at stage " +
+                               std::to_string(p));
+    barrier = *std::max_element(free.begin(), free.end());
+  }
+  double optimizer = 0;
+  for (int p = 0; p < d; ++p) {
+    PipelineStageReport& st = rep.stages[static_cast<std::size_t>(p)];
+    st.optimizer_s = 2.0 * 18.0 * pipeline_detail::stage_params(options, p) / zero / hw.hbm_bandwidth;
+    optimizer = std::max(optimizer, st.optimizer_s);
+    if (st.peak_memory_bytes == 0) st.peak_memory_bytes = pm.static_bytes;
+  }
+  rep.step_s = barrier + optimizer;
+  for (PipelineStageReport& st : rep.stages) {
+    st.idle_s = rep.step_s - st.busy_s - st.optimizer_s;
+    rep.bubble_s += st.idle_s / d;
+    rep.recompute_s += st.recompute_s / d;
+    rep.all_to_all_s += st.all_to_all_s / d;
+    rep.zero_exposed_s += st.zero_exposed_s / d;
+    if (st.peak_memory_bytes > pm.memory_cap * (1 + 1e-12)) rep.fits_memory = false;
+  }
+  for (double b : link_busy) rep.p2p_s = std::max(rep.p2p_s, b);
+  rep.tokens_per_s = rep.step_s > 0 ? static_cast<double>(rep.tokens) / rep.step_s : 0.0;
+  return rep;
+}
+
+}  // namespace seqpar::plan

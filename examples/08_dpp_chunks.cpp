@@ -40,20 +40,6 @@ constexpr int kRanks = 4;
 
 namespace {
 
-const char* kind_name(schedule::ChunkKind k) {
-  switch (k) {
-    case schedule::ChunkKind::kSplit:
-      return "split";
-    case schedule::ChunkKind::kBatched:
-      return "batched";
-    case schedule::ChunkKind::kHybrid:
-      return "hybrid";
-    case schedule::ChunkKind::kWhole:
-      break;
-  }
-  return "whole";
-}
-
 // Bytes of a rank's rows of Q, K, V, O, dO, dQ, dK, dV (fp64) and LSE for `rows` tokens.
 double rows_bytes(const AttentionShape& s, std::int64_t rows) {
   const double per_row = 8.0 * (4.0 * s.heads_q * s.head_dim + 4.0 * s.heads_kv * s.head_dim + s.heads_q);
@@ -124,7 +110,7 @@ int main(int argc, char** argv) {
           (i ? ", " : "") + std::to_string(p.document) + ": " + std::to_string(p.begin) + "-" + std::to_string(p.end);
     }
     if (plan.pieces[c].size() > 4) pieces += ", ...";
-    std::printf("%5zu %-8s %7zu %7lld %10.3g %7lld  %s\n", c, kind_name(ch.kind), ch.tokens.size(),
+    std::printf("%5zu %-8s %7zu %7lld %10.3g %7lld  %s\n", c, schedule::kind_name(ch.kind), ch.tokens.size(),
                 static_cast<long long>(ch.batch.total_tokens()), ch.cost, static_cast<long long>(prefix),
                 pieces.c_str());
   }

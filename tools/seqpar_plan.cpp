@@ -874,20 +874,6 @@ std::int64_t default_chunk_tokens(const schedule::PipelineModel& m, std::int64_t
   return std::max<std::int64_t>(1024, static_cast<std::int64_t>(t) / 1024 * 1024);
 }
 
-const char* chunk_kind(schedule::ChunkKind k) {
-  switch (k) {
-    case schedule::ChunkKind::kSplit:
-      return "split";
-    case schedule::ChunkKind::kBatched:
-      return "batched";
-    case schedule::ChunkKind::kHybrid:
-      return "hybrid";
-    case schedule::ChunkKind::kWhole:
-      break;
-  }
-  return "whole";
-}
-
 /// "0-5, 9, 12-20" (sorted ids).
 std::string id_ranges(const std::vector<int>& ids) {
   std::string out;
@@ -1014,7 +1000,7 @@ int run_pipeline(const Options& o, const Problem& p) {
                 std::to_string(pc.end);
     }
     if (plan.pieces[c].size() > 3) pieces += ", ...";
-    std::printf("  %5zu %-8s %6zu %7lld %12.3f %7lld  %s\n", c, chunk_kind(ch.kind), ch.tokens.size(),
+    std::printf("  %5zu %-8s %6zu %7lld %12.3f %7lld  %s\n", c, schedule::kind_name(ch.kind), ch.tokens.size(),
                 static_cast<long long>(ch.batch.total_tokens()), ch.cost * 1e3, static_cast<long long>(prefix),
                 pieces.c_str());
   }
@@ -1099,7 +1085,7 @@ int run_pipeline(const Options& o, const Problem& p) {
       for (const Range& r : ch.prefix) prefix += r.size();
       bench::JsonRecord rec;
       rec.add("chunk", static_cast<std::int64_t>(c))
-          .add("kind", chunk_kind(ch.kind))
+          .add("kind", schedule::kind_name(ch.kind))
           .add("pieces", static_cast<std::int64_t>(ch.tokens.size()))
           .add("tokens", ch.batch.total_tokens())
           .add("forward_s_per_layer", ch.cost)

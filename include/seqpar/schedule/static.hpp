@@ -36,6 +36,21 @@ enum class ChunkKind : std::uint8_t {
   kHybrid,   ///< a long document's tail slice plus short documents
 };
 
+/// "whole", "split", "batched", "hybrid": how tools and examples print a chunk's kind.
+[[nodiscard]] constexpr const char* kind_name(ChunkKind k) noexcept {
+  switch (k) {
+    case ChunkKind::kSplit:
+      return "split";
+    case ChunkKind::kBatched:
+      return "batched";
+    case ChunkKind::kHybrid:
+      return "hybrid";
+    case ChunkKind::kWhole:
+      break;
+  }
+  return "whole";
+}
+
 /// A piece of work a batch-level scheduler hands to the attention: a batch of its own, the global
 /// token ranges of the scheduled batch it covers (in the chunk's token order; concatenated they are
 /// the chunk batch's tokens), and for each range the global keys its queries also attend to, carried

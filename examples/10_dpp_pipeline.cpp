@@ -82,10 +82,10 @@ int main(int argc, char** argv) {
       "attention ranks, Hybrid x sharding-aware Ring\n",
       cfg.layers, cfg.dim, cfg.heads_q, cfg.heads_kv, cfg.head_dim, kStages, kAttention);
   std::printf(
-      "batch: %lld tokens, %zu documents; %zu chunks (%d split), %zu pipelines; cap %.1f KiB per stage (60%% of "
-      "%.1f), %lld chunk-layers checkpointed (per stage, summed over diagonals)\n",
+      "batch: %lld tokens, %zu documents; %zu chunks (%d split), %zu pipelines; cap %.1f KiB per stage, %.1f per "
+      "rank (60%% of the peak without checkpointing); %lld layers checkpointed (sum over diagonals)\n",
       static_cast<long long>(batch.documents.total_tokens()), batch.documents.documents().size(), plan.chunks.size(),
-      split, sched.pipelines.size(), pm.memory_cap / 1024, roomy / 1024, planned_recompute);
+      split, sched.pipelines.size(), pm.memory_cap / 1024, pm.memory_cap / 1024 / kAttention, planned_recompute);
 
   const auto want = train::single_device_step(model, batch);
 

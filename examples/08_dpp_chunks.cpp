@@ -69,15 +69,8 @@ int main(int argc, char** argv) {
   const std::int64_t t = opt.tokens;
   std::mt19937 rng(2027);
   std::vector<std::vector<std::int64_t>> seqs;
-  for (const std::vector<std::int64_t>& longs : {std::vector<std::int64_t>{t / 4, t / 8}, {3 * t / 16}}) {
-    std::int64_t used = 0;
-    for (std::int64_t l : longs) used += l;
-    std::vector<std::int64_t> docs = longs;
-    const auto shorts = lognormal_sequences(rng, 1, t / 2 - used, double(t) / 128, t / 32).front();
-    docs.insert(docs.end(), shorts.begin(), shorts.end());
-    std::shuffle(docs.begin(), docs.end(), rng);
-    seqs.push_back(docs);
-  }
+  for (const std::vector<std::int64_t>& longs : {std::vector<std::int64_t>{t / 4, t / 8}, {3 * t / 16}})
+    seqs.push_back(long_tail_sequence(rng, t / 2, longs, double(t) / 128, t / 32));
   const DocumentBatch batch(seqs);
   const AttentionShape shape{4, 2, 64};  // GQA 4:2, head_dim 64
   const std::int64_t n = batch.total_tokens();

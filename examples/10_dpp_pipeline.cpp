@@ -40,13 +40,8 @@ int main(int argc, char** argv) {
   // Two sequences of T/2 tokens: a document of T/4 (and one of 3T/16) among lognormal short ones.
   std::mt19937 rng(2028);
   std::vector<std::vector<std::int64_t>> seqs;
-  for (std::int64_t longest : {t / 4, 3 * t / 16}) {
-    std::vector<std::int64_t> docs{longest};
-    const auto shorts = lognormal_sequences(rng, 1, t / 2 - longest, double(t) / 128, t / 32).front();
-    docs.insert(docs.end(), shorts.begin(), shorts.end());
-    std::shuffle(docs.begin(), docs.end(), rng);
-    seqs.push_back(docs);
-  }
+  for (std::int64_t longest : {t / 4, 3 * t / 16})
+    seqs.push_back(long_tail_sequence(rng, t / 2, {longest}, double(t) / 128, t / 32));
   train::TokenBatch batch{DocumentBatch(seqs), {}};
   const train::TinyConfig cfg{
       .vocab = 64, .dim = 32, .layers = 8, .heads_q = 4, .heads_kv = 2, .head_dim = 8, .ffn = 64};

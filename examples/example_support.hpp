@@ -95,6 +95,20 @@ inline std::vector<std::vector<std::int64_t>> lognormal_sequences(
   return sequences;
 }
 
+// A long-tail sequence of `tokens` tokens: the documents `longs`, then lognormal short ones (median
+// `median`, at most `longest`) filling the rest, shuffled; all drawn from `rng`.
+inline std::vector<std::int64_t> long_tail_sequence(std::mt19937& rng, std::int64_t tokens,
+                                                    const std::vector<std::int64_t>& longs, double median,
+                                                    std::int64_t longest) {
+  std::int64_t used = 0;
+  for (std::int64_t l : longs) used += l;
+  std::vector<std::int64_t> docs = longs;
+  const auto shorts = lognormal_sequences(rng, 1, tokens - used, median, longest).front();
+  docs.insert(docs.end(), shorts.begin(), shorts.end());
+  std::shuffle(docs.begin(), docs.end(), rng);
+  return docs;
+}
+
 // Bytes `program` of world rank `rank` sends to ranks on other nodes (`ranks_per_node` 0: one node).
 inline std::uint64_t inter_node_bytes(const comm::Program& program, int rank, int ranks, int ranks_per_node) {
   if (ranks_per_node <= 0) return 0;

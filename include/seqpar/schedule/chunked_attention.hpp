@@ -148,21 +148,21 @@ class ChunkedAttention {
     for (int e : reads_[static_cast<std::size_t>(c)])
       seqpar::detail::require(forward_done_[static_cast<std::size_t>(e)], where, "c", c,
                               "reads the prefix rows of chunk " + std::to_string(e) + ", whose forward has not run");
-    run_forward(c, q, k, v, o, lse);
+    run_forward(c, q, k, v, o, lse, true);
   }
 
   /// Chunk c's forward again, for activation checkpointing (a pipeline stage recomputes a layer
   /// before its backward): the same (O, LSE) bit for bit, collective like `forward`. Allowed after
   /// the chunk's forward and before its backward. The prefix K/V it reads is still in the carry (a
   /// chunk that reads it goes backward first, and the carry lives until the next `begin`); the chunk's
-  /// own K/V rows are kept again, unchanged.
+  /// own K/V rows are kept already and are not copied again.
   void recompute(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<T> o, LseView<A> lse) {
     constexpr const char* where = "ChunkedAttention::recompute";
     check_chunk(c, where);
     const auto ci = static_cast<std::size_t>(c);
     seqpar::detail::require(forward_done_[ci] && !backward_done_[ci], where, "c", c,
                             backward_done_[ci] ? "ran backward already" : "has not run forward");
-    run_forward(c, q, k, v, o, lse);
+    run_forward(c, q, k, v, o, lse, false);
   }
   void backward(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<const T> o,
                 LseView<const A> lse, ThdView<const T> dout, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv) {
@@ -198,11 +198,14 @@ class ChunkedAttention {
 
  private:
   // The strategy's forward of chunk c, its own K/V rows kept for later chunks, and the prefix term merged in.
-  void run_forward(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<T> o, LseView<A> lse) {
+  void run_forward(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<T> o, LseView<A> lse,
+                   bool keep_rows) {
     const Chunk& ch = chunks_[static_cast<std::size_t>(c)];
     attention_.forward(ch.batch, q, k, v, o, lse);
-    keep(c, k, carry_k_.view());
-    keep(c, v, carry_v_.view());
+    if (keep_rows) {
+      keep(c, k, carry_k_.view());
+      keep(c, v, carry_v_.view());
+    }
     forward_done_[static_cast<std::size_t>(c)] = true;
     Prefix p = fetch(c);
     if (p.slices.empty()) return;

@@ -143,7 +143,6 @@ PipelinedStepResult<T> run_pipelined_step(Tr& world, const TinyTransformer<T>& m
   std::vector<std::unique_ptr<InFlight>> flight(plan.chunks.size());
   std::deque<std::vector<T>> send_buffers;
   std::vector<typename Tr::Request> sends;
-  std::size_t held = 0;  // activation bytes held now
   const auto held_bytes = [&] {
     std::size_t b = 0;
     for (const auto& f : flight)
@@ -199,7 +198,7 @@ PipelinedStepResult<T> run_pipelined_step(Tr& world, const TinyTransformer<T>& m
           send_buffers.push_back(std::move(h));
           sends.push_back(world.isend(std::as_bytes(std::span<const T>(send_buffers.back())), next, tag(c, false)));
         }
-        held = held_bytes();
+        const std::size_t held = held_bytes();
         out.peak_activation_bytes = std::max(out.peak_activation_bytes, held);
         out.peak_bytes_with_extras = std::max(out.peak_bytes_with_extras, held + stash);
       } else {
@@ -239,7 +238,6 @@ PipelinedStepResult<T> run_pipelined_step(Tr& world, const TinyTransformer<T>& m
           sends.push_back(world.isend(std::as_bytes(std::span<const T>(send_buffers.back())), prev, tag(c, true)));
         }
         slot.reset();
-        held = held_bytes();
       }
     }
   }

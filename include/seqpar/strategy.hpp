@@ -2,6 +2,7 @@
 // seqpar: exact distributed attention over packed long-context batches.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -31,6 +32,56 @@ struct step_order_for {
                 "schedulers such as schedule::DynamicChunk sit above DistributedAttention, not inside a Strategy");
   using type = std::conditional_t<runtime::StepOrder<X>, X, runtime::StaticOrder>;
 };
+
+/// A policy argument as one comparable word: integers and bools as is, doubles by their bits, an
+/// optional as its value or a marker, a function by whether it is set (its behaviour cannot be
+/// compared across ranks).
+struct ArgumentValue {
+  std::uint64_t word = 0;
+  bool is_double = false;
+};
+template <class V>
+[[nodiscard]] ArgumentValue argument_value(const V& v) {
+  if constexpr (std::is_same_v<V, bool> || std::is_integral_v<V> || std::is_enum_v<V>)
+    return {static_cast<std::uint64_t>(v), false};
+  else if constexpr (std::is_floating_point_v<V>)
+    return {std::bit_cast<std::uint64_t>(static_cast<double>(v)), true};
+  else if constexpr (requires {
+                       v.has_value();
+                       *v;
+                     })
+    return v.has_value() ? argument_value(*v) : ArgumentValue{0x8000000000000000ull, false};
+  else
+    return {static_cast<std::uint64_t>(static_cast<bool>(v)), false};
+}
+
+/// Calls fn(name, ArgumentValue) for every argument of a policy's Arguments that changes what the
+/// policy plans or compiles: the fields of seqpar's partitioners and communicators, by name, and
+/// nested Arguments (BatchAware's inner, Hierarchical's outer) with a prefix. A new policy whose
+/// Arguments have fields of other names lists them itself with a member
+/// `void for_each_argument(auto&& fn) const` calling fn(name, value) for each.
+template <class A, class Fn>
+void for_each_policy_argument(const A& a, const std::string& prefix, Fn& fn) {
+  const auto field = [&](const char* name, const auto& value) { fn(prefix + name, argument_value(value)); };
+  if constexpr (requires { a.for_each_argument(field); }) a.for_each_argument(field);
+  if constexpr (requires { a.sharding_aware; }) field("sharding_aware", a.sharding_aware);
+  if constexpr (requires { a.inner_size; }) field("inner_size", a.inner_size);
+  if constexpr (requires { a.group_size; }) field("group_size", a.group_size);
+  if constexpr (requires { a.equal_groups_when_divisible; })
+    field("equal_groups_when_divisible", a.equal_groups_when_divisible);
+  if constexpr (requires { a.respect_nodes; }) field("respect_nodes", a.respect_nodes);
+  if constexpr (requires { a.capacity_factor; }) field("capacity_factor", a.capacity_factor);
+  if constexpr (requires { a.linear_weight; }) field("linear_weight", a.linear_weight);
+  if constexpr (requires { a.compute_weight; }) field("compute_weight", a.compute_weight);
+  if constexpr (requires { a.comm_weight; }) field("comm_weight", a.comm_weight);
+  if constexpr (requires { a.overlap; }) field("overlap", a.overlap);
+  if constexpr (requires { a.tolerance; }) field("tolerance", a.tolerance);
+  if constexpr (requires { a.threshold; }) field("threshold", a.threshold);
+  if constexpr (requires { a.max_candidates; }) field("max_candidates", a.max_candidates);
+  if constexpr (requires { a.cost; }) field("cost (set)", a.cost);
+  if constexpr (requires { a.inner; }) for_each_policy_argument(a.inner, prefix + "inner.", fn);
+  if constexpr (requires { a.outer; }) for_each_policy_argument(a.outer, prefix + "outer.", fn);
+}
 }  // namespace detail
 
 /// The composition point: a partitioner (who owns which tokens) and a communicator (what moves where),
@@ -56,6 +107,16 @@ struct Strategy {
     int ranks_per_node = 0;  ///< 0: every rank on one node
   };
 
+  /// Calls fn(name, detail::ArgumentValue) for every argument that changes the plan or the programs
+  /// ("partition.group_size", "comm.sharding_aware", "comm.inner_size", ...): DistributedAttention
+  /// compares them across ranks so that a disagreement is an Errc::kMismatch naming the argument.
+  template <class Fn>
+  static void for_each_argument(const Arguments& args, Fn&& fn) {
+    detail::for_each_policy_argument(args.partition, "partition.", fn);
+    detail::for_each_policy_argument(args.comm, "comm.", fn);
+    detail::for_each_policy_argument(args.order, "order.", fn);
+  }
+
   /// A plan, or why there is none (and which layer refused).
   struct Planned {
     Status status = Status::success();
@@ -68,6 +129,11 @@ struct Strategy {
   [[nodiscard]] static Planned plan(const Arguments& args, const DocumentBatch& batch, const AttentionShape& shape,
                                     const Topology& topology) {
     Planned out;
+    if (batch.num_sequences() < 1) {
+      out.status = Status::refuse("batch: a default-constructed DocumentBatch{} has no sequences");
+      out.refused_by = "partitioner refuses the batch";
+      return out;
+    }
     const P partitioner{args.partition};
     if (out.status = partitioner.can_implement(batch, topology); !out.status) {
       out.refused_by = "partitioner refuses the batch";

@@ -221,17 +221,18 @@ TEST_SUITE("schedule") {
       DistributedAttention<Strategy<partition::Uniform, comm::AllToAll>, attention::Reference<double>> attn(t, shape);
       schedule::ChunkedAttention<attention::Reference<double>> chunked(attn, t);
       chunked.begin(chunks);
-      std::vector<ThdTensor<double>> x;
+      std::vector<ThdTensor<double>> x, o;  // o apart: an output may not share memory with q, k, v
       std::vector<LseTensor<double>> l;
       for (int c = 0; c < chunked.num_chunks(); ++c) {
         x.emplace_back(chunked.local_tokens(c), 2, 8);
+        o.emplace_back(chunked.local_tokens(c), 2, 8);
         l.emplace_back(2, chunked.local_tokens(c));
       }
       CHECK_THROWS_WITH_AS(chunked.forward(1, x[1].view(), x[1].view(), x[1].view(), x[1].view(), l[1].view()),
                            doctest::Contains("whose forward has not run"), std::invalid_argument);
       for (int c = 0; c < chunked.num_chunks(); ++c)
         chunked.forward(c, x[static_cast<std::size_t>(c)].view(), x[static_cast<std::size_t>(c)].view(),
-                        x[static_cast<std::size_t>(c)].view(), x[static_cast<std::size_t>(c)].view(),
+                        x[static_cast<std::size_t>(c)].view(), o[static_cast<std::size_t>(c)].view(),
                         l[static_cast<std::size_t>(c)].view());
       CHECK_THROWS_WITH_AS(chunked.backward(0, x[0].view(), x[0].view(), x[0].view(), x[0].view(), l[0].view(),
                                             x[0].view(), x[0].view(), x[0].view(), x[0].view()),

@@ -44,6 +44,7 @@ struct Hierarchical {
 
   /// Inner degree used for a group of k ranks, or 0 if none works.
   [[nodiscard]] int inner_size_for(int k, const Topology& topo, const AttentionShape& shape) const {
+    if (args.inner_size < 0) return 0;  // only 0 means automatic
     if (args.inner_size > 0)
       return (k % args.inner_size == 0 && args.inner_size <= shape.heads_q) ? args.inner_size : 0;
     for (int d = std::min({k, topo.ranks_per_node, shape.heads_q}); d >= 1; --d)
@@ -52,6 +53,9 @@ struct Hierarchical {
   }
 
   [[nodiscard]] Status can_implement(const ShardPlan& plan, const AttentionShape& shape) const {
+    if (args.inner_size < 0)
+      return Status::refuse("Hierarchical: inner_size = " + std::to_string(args.inner_size) +
+                            ": must be >= 1, or 0 for automatic");
     for (const auto& g : plan.groups) {
       const int k = static_cast<int>(g.size());
       if (inner_size_for(k, plan.topology, shape) == 0)

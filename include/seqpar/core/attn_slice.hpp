@@ -49,10 +49,14 @@ struct Mask {
 };
 
 namespace detail {
+/// n(n+1)/2 without the overflow of n * (n + 1) when the result itself fits (n <= 4.29e9).
+[[nodiscard]] constexpr std::int64_t triangle(std::int64_t n) noexcept {
+  return n % 2 == 0 ? (n / 2) * (n + 1) : n * ((n + 1) / 2);
+}
 /// Sum over x in [a, b) of clamp(x, 0, k).
 [[nodiscard]] constexpr std::int64_t clamped_sum(std::int64_t a, std::int64_t b, std::int64_t k) noexcept {
   const auto prefix = [k](std::int64_t n) {  // sum over x in [0, n) of min(x, k), n >= 0
-    return n <= k + 1 ? n * (n - 1) / 2 : k * (k + 1) / 2 + (n - k - 1) * k;
+    return n <= k + 1 ? triangle(n - 1) : triangle(k) + (n - k - 1) * k;
   };
   return prefix(std::max<std::int64_t>(b, 0)) - prefix(std::max<std::int64_t>(a, 0));
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <span>
 #include <string>
@@ -27,7 +28,13 @@ struct Document {
 /// No length has to be divisible by anything.
 class DocumentBatch {
  public:
+  /// No sequences: a placeholder to assign to. Planning and attention refuse it (num_sequences() == 0).
   DocumentBatch() = default;
+
+  /// `DocumentBatch({{4096}})`: one sequence of one document; `DocumentBatch({{3, 5}, {8}})`: two.
+  /// (Without this overload a braced list is ambiguous between the vector and the copy constructor.)
+  explicit DocumentBatch(std::initializer_list<std::initializer_list<std::int64_t>> sequences)
+      : DocumentBatch(std::vector<std::vector<std::int64_t>>(sequences.begin(), sequences.end())) {}
 
   /// `sequences[b]` lists the document lengths of sequence b.
   explicit DocumentBatch(const std::vector<std::vector<std::int64_t>>& sequences) {
@@ -44,6 +51,13 @@ class DocumentBatch {
         detail::require(len >= 1, "DocumentBatch", name, len, "document lengths must be >= 1");
         detail::require(len <= kMaxTokens - total_, "DocumentBatch", name, len,
                         "total token count would overflow (limit " + std::to_string(kMaxTokens) + ")");
+        detail::require(len <= kMaxDocumentTokens, "DocumentBatch", name, len,
+                        "its causal area s(s+1)/2 would overflow int64 (longest document: " +
+                            std::to_string(kMaxDocumentTokens) + " tokens)");
+        const std::int64_t area = detail::triangle(len);
+        detail::require(area <= std::numeric_limits<std::int64_t>::max() - area_, "DocumentBatch", name, len,
+                        "the batch's causal area (sum of s(s+1)/2) would overflow int64");
+        area_ += area;
         documents_.push_back({{total_, total_ + len}, static_cast<int>(b)});
         total_ += len;
         cu_seqlens_.push_back(total_);
@@ -57,7 +71,10 @@ class DocumentBatch {
     return DocumentBatch({doc_lengths});
   }
 
-  [[nodiscard]] int num_sequences() const noexcept { return static_cast<int>(sequence_offsets_.size()) - 1; }
+  /// 0 for a default-constructed batch.
+  [[nodiscard]] int num_sequences() const noexcept {
+    return sequence_offsets_.empty() ? 0 : static_cast<int>(sequence_offsets_.size()) - 1;
+  }
   [[nodiscard]] std::int64_t total_tokens() const noexcept { return total_; }
   [[nodiscard]] std::span<const Document> documents() const noexcept { return documents_; }
   [[nodiscard]] std::span<const std::int64_t> cu_seqlens() const noexcept { return cu_seqlens_; }
@@ -81,11 +98,8 @@ class DocumentBatch {
   }
 
   /// Sum over documents of s(s+1)/2: the visible (query, key) pairs of document-causal attention.
-  [[nodiscard]] std::int64_t causal_area() const noexcept {
-    std::int64_t a = 0;
-    for (const auto& d : documents_) a += d.tokens.size() * (d.tokens.size() + 1) / 2;
-    return a;
-  }
+  /// Fits in int64: the constructor refuses batches where it would not.
+  [[nodiscard]] std::int64_t causal_area() const noexcept { return area_; }
 
   friend bool operator==(const DocumentBatch& a, const DocumentBatch& b) {
     return a.cu_seqlens_ == b.cu_seqlens_ && a.sequence_offsets_ == b.sequence_offsets_;
@@ -93,12 +107,16 @@ class DocumentBatch {
 
   /// Largest token count accepted: keeps token*heads*dim products of realistic shapes inside int64.
   static constexpr std::int64_t kMaxTokens = std::int64_t{1} << 40;
+  /// Longest document accepted: its causal area s(s+1)/2 (the planners' and the cost model's unit)
+  /// and the products s * (s + 1) on the way to it stay inside int64.
+  static constexpr std::int64_t kMaxDocumentTokens = 3'037'000'499;  // floor(sqrt(2^63 - 1))
 
  private:
   std::vector<Document> documents_;
   std::vector<std::int64_t> cu_seqlens_;
   std::vector<std::int64_t> sequence_offsets_;
   std::int64_t total_ = 0;
+  std::int64_t area_ = 0;
 };
 
 }  // namespace seqpar

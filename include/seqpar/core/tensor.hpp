@@ -4,8 +4,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "seqpar/core/error.hpp"
@@ -110,11 +112,47 @@ struct LseTensor {
 
 namespace detail {
 
+/// Whether T blocks of `block` contiguous elements, laid out along two axes (counts n1, n2 and
+/// strides s1, s2), never share an element, and the offset of the last element fits in both int64
+/// elements and ptrdiff_t bytes of `elem` size. Accepts every non-overlapping layout (THD, HTD, a
+/// heads_slice of either); refuses negative strides, a zero stride on an axis of two or more, rows
+/// that overlap (a token stride smaller than heads x head_dim in THD) and sizes whose address
+/// arithmetic would overflow. Axes of count 0 or 1 take any stride.
+[[nodiscard]] constexpr bool strided_layout_ok(std::int64_t block, std::int64_t n1, std::int64_t s1, std::int64_t n2,
+                                               std::int64_t s2, std::size_t elem) noexcept {
+  if (block < 0 || n1 < 0 || n2 < 0) return false;
+  if (n1 == 0 || n2 == 0 || block == 0) return true;
+  if ((n1 > 1 && s1 < 0) || (n2 > 1 && s2 < 0)) return false;
+  // The axis with the smaller stride is inner: its blocks must not overlap, and the outer stride
+  // must clear the inner axis's whole run.
+  std::int64_t na = n1 > 1 ? n1 : 1, a = n1 > 1 ? s1 : 0, nb = n2 > 1 ? n2 : 1, b = n2 > 1 ? s2 : 0;
+  if (nb > 1 && (na == 1 || b < a)) {
+    std::swap(na, nb);
+    std::swap(a, b);
+  }
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  if (na > 1 && (a < block || a > (kMax - block) / (na - 1))) return false;
+  const std::int64_t inner = (na - 1) * a + block;  // elements the inner axis spans
+  if (nb > 1 && (b < inner || b > (kMax - inner) / (nb - 1))) return false;
+  const std::int64_t span = (nb - 1) * b + inner;
+  return static_cast<std::uint64_t>(span) <=
+         static_cast<std::uint64_t>(std::numeric_limits<std::ptrdiff_t>::max()) / elem;
+}
+
+template <class T>
+[[nodiscard]] constexpr bool layout_ok(const ThdView<T>& v) noexcept {
+  return strided_layout_ok(v.head_dim, v.tokens, v.token_stride, v.heads, v.head_stride, sizeof(T));
+}
+template <class T>
+[[nodiscard]] constexpr bool layout_ok(const LseView<T>& v) noexcept {
+  return strided_layout_ok(1, v.tokens, 1, v.heads, v.head_stride, sizeof(T));
+}
+
 template <class T>
 void check_view(const ThdView<T>& v, const char* where, const char* name, std::int64_t tokens, int heads,
                 int head_dim) {
   if (v.tokens == tokens && v.heads == heads && v.head_dim == head_dim && (v.tokens == 0 || v.data != nullptr) &&
-      v.token_stride >= 0 && v.head_stride >= 0)
+      layout_ok(v))
     return;  // the hot path builds no message
   const std::string n(name);
   require(v.tokens == tokens, where, n + ".tokens", v.tokens, "expected " + std::to_string(tokens));
@@ -122,16 +160,24 @@ void check_view(const ThdView<T>& v, const char* where, const char* name, std::i
   require(v.head_dim == head_dim, where, n + ".head_dim", v.head_dim, "expected " + std::to_string(head_dim));
   require(v.tokens == 0 || v.data != nullptr, where, n + ".data", "null", "non-empty view without storage");
   require(v.token_stride >= 0 && v.head_stride >= 0, where, n + ".token_stride", v.token_stride,
-          "strides must be non-negative");
+          "strides must be non-negative (head_stride = " + std::to_string(v.head_stride) + ")");
+  require(false, where, n + ".token_stride", v.token_stride,
+          "with head_stride = " + std::to_string(v.head_stride) + ", " + std::to_string(v.tokens) + " tokens x " +
+              std::to_string(v.heads) + " heads x head_dim " + std::to_string(v.head_dim) +
+              " elements overlap or their offsets overflow (THD needs token_stride >= heads x head_dim and "
+              "head_stride >= head_dim)");
 }
 
 template <class T>
 void check_view(const LseView<T>& v, const char* where, const char* name, int heads, std::int64_t tokens) {
-  if (v.heads == heads && v.tokens == tokens && (v.tokens == 0 || v.data != nullptr)) return;
+  if (v.heads == heads && v.tokens == tokens && (v.tokens == 0 || v.data != nullptr) && layout_ok(v)) return;
   const std::string n(name);
   require(v.heads == heads, where, n + ".heads", v.heads, "expected " + std::to_string(heads));
   require(v.tokens == tokens, where, n + ".tokens", v.tokens, "expected " + std::to_string(tokens));
   require(v.tokens == 0 || v.data != nullptr, where, n + ".data", "null", "non-empty view without storage");
+  require(false, where, n + ".head_stride", v.head_stride,
+          "the rows of " + std::to_string(v.heads) + " heads x " + std::to_string(v.tokens) +
+              " tokens overlap or their offsets overflow (need head_stride >= tokens)");
 }
 
 }  // namespace detail

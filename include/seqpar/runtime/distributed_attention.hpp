@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <typeinfo>
 #include <utility>
+#include <vector>
 
 #include "seqpar/attention/kernel.hpp"
 #include "seqpar/core/document_batch.hpp"
@@ -41,7 +43,11 @@ class DistributedAttention final : public AttentionEngine<Kernel> {
   DistributedAttention(Tr& transport, const AttentionShape& shape, Arguments args = {}, Kernel kernel = {})
       : AttentionEngine<Kernel>(transport, shape, args.ranks_per_node, std::move(kernel)),
         args_(args),
-        signature_(signature_of(args.ranks_per_node)) {}
+        signature_(signature_of(args.ranks_per_node)) {
+    StrategyT::for_each_argument(args_, [this](std::string name, seqpar::detail::ArgumentValue value) {
+      words_.push_back({std::move(name), value.word, value.is_double});
+    });
+  }
 
  private:
   [[nodiscard]] static std::uint64_t signature_of(int ranks_per_node) {
@@ -51,6 +57,9 @@ class DistributedAttention final : public AttentionEngine<Kernel> {
     return h ^ static_cast<std::uint64_t>(ranks_per_node) * 0x9e3779b97f4a7c15ull;
   }
   [[nodiscard]] std::uint64_t strategy_signature() const override { return signature_; }
+  [[nodiscard]] std::span<const typename AttentionEngine<Kernel>::ArgumentWord> argument_words() const override {
+    return words_;
+  }
 
   void compile(const DocumentBatch& batch, ShardPlan& plan, comm::CompiledAttention& program) const override {
     auto compiled = StrategyT::compile(args_, batch, this->shape(), this->topology(), this->rank());
@@ -63,6 +72,7 @@ class DistributedAttention final : public AttentionEngine<Kernel> {
 
   Arguments args_;
   std::uint64_t signature_;
+  std::vector<typename AttentionEngine<Kernel>::ArgumentWord> words_;  // compared across ranks on every call
 };
 
 }  // namespace seqpar::runtime

@@ -3,13 +3,19 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <exception>
 #include <list>
 #include <map>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "seqpar/attention/kernel.hpp"
@@ -18,6 +24,7 @@
 #include "seqpar/core/document_batch.hpp"
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/shard_plan.hpp"
+#include "seqpar/core/view_checks.hpp"
 #include "seqpar/runtime/any_transport.hpp"
 #include "seqpar/runtime/executor.hpp"
 
@@ -31,6 +38,15 @@ namespace seqpar::runtime {
 /// Steady state allocates nothing: a call on a cached batch finds its entry without building a key,
 /// agrees with its peers through a fixed-size all_gather, and runs lowered programs in a workspace
 /// that grows only on a cache miss (or is the caller's).
+///
+/// Order of a call: every local check first (the batch, the tensor views' extents, strides and
+/// aliasing, the strategy's refusal of the batch), then one all_gather in which the ranks compare
+/// what they are about to do and whether each accepted its arguments, then the program. A rank
+/// with a bad argument throws its std::invalid_argument and its peers seqpar::Error
+/// (Errc::kPeerFailed) naming it, all without waiting on a timeout. The accessors (plan,
+/// local_tokens, owned_ranges, workspace_bytes, program) are local: they plan, never communicate.
+/// One object serves one rank's thread: a second thread calling into it while a call is in
+/// progress gets std::logic_error.
 template <attention::AttentionKernel Kernel>
 class AttentionEngine {
  public:
@@ -48,16 +64,24 @@ class AttentionEngine {
   [[nodiscard]] int rank() const { return world_.rank(); }
 
   /// The plan of `batch` (cached).
-  [[nodiscard]] const ShardPlan& plan(const DocumentBatch& batch) { return entry(batch).plan; }
+  [[nodiscard]] const ShardPlan& plan(const DocumentBatch& batch) {
+    const Guard guard(*this, "plan");
+    return entry(batch).plan;
+  }
   /// This rank's compiled programs for `batch` (cached).
-  [[nodiscard]] const comm::CompiledAttention& program(const DocumentBatch& batch) { return entry(batch).program; }
-  /// Global token ranges this rank's local rows hold, in order.
+  [[nodiscard]] const comm::CompiledAttention& program(const DocumentBatch& batch) {
+    const Guard guard(*this, "program");
+    return entry(batch).program;
+  }
+  /// Global token ranges this rank's local rows hold, in order. Local (plans, never communicates).
   [[nodiscard]] const std::vector<Range>& owned_ranges(const DocumentBatch& batch) {
     return plan(batch).owned[static_cast<std::size_t>(rank())];
   }
+  /// Rows of this rank's local tensors for `batch`. Local (plans, never communicates).
   [[nodiscard]] std::int64_t local_tokens(const DocumentBatch& batch) { return plan(batch).local_tokens(rank()); }
   /// Workspace a forward or backward of `batch` needs when the caller provides it (plans on a miss).
   [[nodiscard]] std::size_t workspace_bytes(const DocumentBatch& batch) {
+    const Guard guard(*this, "workspace_bytes");
     const Entry& e = entry(batch);
     return std::max(e.forward.workspace_bytes(), e.backward.workspace_bytes());
   }
@@ -73,11 +97,23 @@ class AttentionEngine {
   void forward(const DocumentBatch& batch, ThdView<const value_type> q, ThdView<const value_type> k,
                ThdView<const value_type> v, ThdView<value_type> o, LseView<accum_type> lse,
                std::span<std::byte> workspace = {}) {
-    agree(batch, 0);
-    Entry& e = entry(batch);
-    const std::int64_t n = e.plan.local_tokens(rank());
     constexpr const char* where = "DistributedAttention::forward";
-    check_forward_views(where, n, q, k, v, o, lse);
+    const Guard guard(*this, "forward");
+    Entry* found = nullptr;
+    std::exception_ptr refused;
+    try {  // every local check before the first message
+      found = &checked_entry(where, batch);
+      const std::int64_t n = found->plan.local_tokens(rank());
+      check_forward_views(where, n, q, k, v, o, lse);
+      check_not_input(where, "o", o, q, k, v);
+      check_not_input(where, "lse", lse, q, k, v);
+      seqpar::detail::check_disjoint(where, "lse", lse, "o", o);
+      check_workspace(where, workspace, found->forward.workspace_bytes(), q, k, v, o, lse);
+    } catch (const std::exception&) {
+      refused = std::current_exception();
+    }
+    agree(batch, 0, refused);
+    Entry& e = connect(*found);
     typename Executor::Buffers b;
     b.thd[idx(comm::BufferId::kQ)] = mut(q);
     b.thd[idx(comm::BufferId::kK)] = mut(k);
@@ -92,15 +128,35 @@ class AttentionEngine {
                 ThdView<const value_type> v, ThdView<const value_type> o, LseView<const accum_type> lse,
                 ThdView<const value_type> dout, ThdView<value_type> dq, ThdView<value_type> dk, ThdView<value_type> dv,
                 std::span<std::byte> workspace = {}) {
-    agree(batch, 1);
-    Entry& e = entry(batch);
-    const std::int64_t n = e.plan.local_tokens(rank());
     constexpr const char* where = "DistributedAttention::backward";
-    check_forward_views(where, n, q, k, v, o, lse);
-    seqpar::detail::check_view(dout, where, "dout", n, shape_.heads_q, shape_.head_dim);
-    seqpar::detail::check_view(dq, where, "dq", n, shape_.heads_q, shape_.head_dim);
-    seqpar::detail::check_view(dk, where, "dk", n, shape_.heads_kv, shape_.head_dim);
-    seqpar::detail::check_view(dv, where, "dv", n, shape_.heads_kv, shape_.head_dim);
+    const Guard guard(*this, "backward");
+    Entry* found = nullptr;
+    std::exception_ptr refused;
+    try {  // every local check before the first message
+      found = &checked_entry(where, batch);
+      const std::int64_t n = found->plan.local_tokens(rank());
+      check_forward_views(where, n, q, k, v, o, lse);
+      seqpar::detail::check_view(dout, where, "dout", n, shape_.heads_q, shape_.head_dim);
+      seqpar::detail::check_view(dq, where, "dq", n, shape_.heads_q, shape_.head_dim);
+      seqpar::detail::check_view(dk, where, "dk", n, shape_.heads_kv, shape_.head_dim);
+      seqpar::detail::check_view(dv, where, "dv", n, shape_.heads_kv, shape_.head_dim);
+      // dq, dk, dv are written while every input (and one another) is still read.
+      const char* const outs[] = {"dq", "dk", "dv"};
+      const ThdView<value_type> out_views[] = {dq, dk, dv};
+      for (std::size_t i = 0; i < 3; ++i) {
+        check_not_input(where, outs[i], out_views[i], q, k, v);
+        for (std::size_t j = 0; j < i; ++j)
+          seqpar::detail::check_disjoint(where, outs[i], out_views[i], outs[j], out_views[j]);
+        seqpar::detail::check_disjoint(where, outs[i], out_views[i], "o", o);
+        seqpar::detail::check_disjoint(where, outs[i], out_views[i], "dout", dout);
+        seqpar::detail::check_disjoint(where, outs[i], out_views[i], "lse", lse);
+      }
+      check_workspace(where, workspace, found->backward.workspace_bytes(), q, k, v, o, lse, dout, dq, dk, dv);
+    } catch (const std::exception&) {
+      refused = std::current_exception();
+    }
+    agree(batch, 1, refused);
+    Entry& e = connect(*found);
     typename Executor::Buffers b;
     b.thd[idx(comm::BufferId::kQ)] = mut(q);
     b.thd[idx(comm::BufferId::kK)] = mut(k);
@@ -117,6 +173,18 @@ class AttentionEngine {
  protected:
   /// Identifies the strategy type and its arguments' effect across ranks (ranks must agree on it).
   [[nodiscard]] virtual std::uint64_t strategy_signature() const = 0;
+
+  /// One strategy argument that changes the program, as compared across ranks: its name
+  /// ("comm.sharding_aware") and value (integers as is, doubles by their bits, is_double set).
+  struct ArgumentWord {
+    std::string name;
+    std::uint64_t value = 0;
+    bool is_double = false;
+  };
+  /// The strategy's arguments, compared one by one so that a disagreement names the argument. The
+  /// first kArgumentWords are compared by name; the rest (if any) by a hash of them.
+  [[nodiscard]] virtual std::span<const ArgumentWord> argument_words() const { return {}; }
+  static constexpr std::size_t kArgumentWords = 24;
 
   /// The strategy's part: plan `batch` on topology() and compile this rank's programs. Throws
   /// std::invalid_argument (naming the refusal) when the strategy cannot implement the batch.
@@ -143,12 +211,52 @@ class AttentionEngine {
     seqpar::detail::check_view(lse, where, "lse", shape_.heads_q, n);
   }
 
-  /// What every rank is about to do, compared across ranks before any other communication.
+  // A caller's workspace: large enough, and sharing memory with no tensor (the program writes it).
+  template <class... Views>
+  static void check_workspace(const char* where, std::span<std::byte> workspace, std::size_t need,
+                              const Views&... views) {
+    if (workspace.data() == nullptr) return;  // the engine's own
+    seqpar::detail::require(workspace.size() >= need, where, "workspace.size()", workspace.size(),
+                            "need at least workspace_bytes(batch) = " + std::to_string(need));
+    const char* const names[] = {"q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv"};
+    std::size_t i = 0;
+    (seqpar::detail::check_disjoint(where, "workspace", workspace, names[i++], views), ...);
+  }
+
+  // An output (o and lse forward; dq, dk, dv backward) may not share memory with q, k or v.
+  template <class Out>
+  static void check_not_input(const char* where, const char* name, const Out& out, ThdView<const value_type> q,
+                              ThdView<const value_type> k, ThdView<const value_type> v) {
+    seqpar::detail::check_disjoint(where, name, out, "q", q);
+    seqpar::detail::check_disjoint(where, name, out, "k", k);
+    seqpar::detail::check_disjoint(where, name, out, "v", v);
+  }
+
+  /// What every rank is about to do, compared across ranks before any other communication, and
+  /// whether this rank's own checks passed (refused != 0: `reason` holds the start of its message).
   struct CallSignature {
     std::uint64_t batch = 0, strategy = 0;
     std::int64_t tokens = 0, documents = 0;
     std::int32_t heads_q = 0, heads_kv = 0, head_dim = 0, pass = 0;
     double scale = 0;
+    std::uint64_t arguments[kArgumentWords + 1] = {};  // the last: hash of the words past kArgumentWords
+    std::int32_t refused = 0;
+    char reason[300] = {};
+  };
+
+  // Marks the object busy for one call: a second thread entering while a call is in progress gets
+  // a clear error (it would otherwise interleave two ranks' worth of messages on one transport).
+  struct Guard {
+    AttentionEngine& self;
+    Guard(AttentionEngine& s, const char* what) : self(s) {
+      if (self.busy_.exchange(true, std::memory_order_acquire))
+        throw std::logic_error(std::string("DistributedAttention::") + what +
+                               ": another call on this object is in progress on another thread (one "
+                               "DistributedAttention serves one rank's thread; give each thread its own)");
+    }
+    Guard(const Guard&) = delete;
+    Guard& operator=(const Guard&) = delete;
+    ~Guard() { self.busy_.store(false, std::memory_order_release); }
   };
 
   static std::uint64_t fnv1a(std::uint64_t h, std::int64_t x) noexcept {
@@ -158,7 +266,7 @@ class AttentionEngine {
 
   // A cheap all_gather of a few words: a rank that passes a different batch, shape or strategy makes
   // every rank raise Errc::kMismatch naming the disagreement, instead of a hang or a wrong answer.
-  void agree(const DocumentBatch& batch, int pass) {
+  void agree(const DocumentBatch& batch, int pass, const std::exception_ptr& refused) {
     CallSignature mine;
     mine.batch = 14695981039346656037ull;
     for_each_key_word(batch, [&](std::int64_t x) { mine.batch = fnv1a(mine.batch, x); });
@@ -168,6 +276,22 @@ class AttentionEngine {
     mine.heads_q = shape_.heads_q, mine.heads_kv = shape_.heads_kv, mine.head_dim = shape_.head_dim;
     mine.pass = pass;
     mine.scale = shape_.scale();
+    const auto words = argument_words();
+    for (std::size_t i = 0; i < words.size(); ++i)
+      mine.arguments[std::min(i, kArgumentWords)] =
+          i < kArgumentWords ? words[i].value
+                             : fnv1a(mine.arguments[kArgumentWords], static_cast<std::int64_t>(words[i].value));
+    if (refused) {
+      mine.refused = 1;
+      std::string what = "unknown exception";
+      try {
+        std::rethrow_exception(refused);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      std::strncpy(mine.reason, what.c_str(), sizeof(mine.reason) - 1);
+    }
     const auto n = static_cast<std::size_t>(world_.size());
     signatures_.resize(n);
     world_.all_gather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(signatures_)));
@@ -187,7 +311,25 @@ class AttentionEngine {
       if (other.head_dim != mine.head_dim) fail("shape.head_dim", other.head_dim, mine.head_dim);
       if (other.scale != mine.scale) fail("shape.softmax_scale", other.scale, mine.scale);
       if (other.strategy != mine.strategy) fail("the strategy (type or ranks_per_node)", other.strategy, mine.strategy);
+      for (std::size_t i = 0; i < std::min(words.size(), kArgumentWords); ++i)
+        if (other.arguments[i] != mine.arguments[i]) {
+          const std::string what = "the strategy argument " + words[i].name;
+          if (words[i].is_double)
+            fail(what.c_str(), std::bit_cast<double>(other.arguments[i]), std::bit_cast<double>(mine.arguments[i]));
+          fail(what.c_str(), static_cast<std::int64_t>(other.arguments[i]),
+               static_cast<std::int64_t>(mine.arguments[i]));
+        }
+      if (other.arguments[kArgumentWords] != mine.arguments[kArgumentWords])
+        fail("the strategy's arguments (hash)", other.arguments[kArgumentWords], mine.arguments[kArgumentWords]);
     }
+    // Everyone agrees on the call; now whether everyone accepted its arguments.
+    if (refused) std::rethrow_exception(refused);
+    for (std::size_t r = 0; r < n; ++r)
+      if (signatures_[r].refused != 0) {
+        const std::string reason(signatures_[r].reason, strnlen(signatures_[r].reason, sizeof(mine.reason)));
+        throw Error(Errc::kPeerFailed, "DistributedAttention: rank " + std::to_string(r) +
+                                           " refused its arguments before any communication: " + reason);
+      }
   }
 
   struct Entry {
@@ -198,6 +340,7 @@ class AttentionEngine {
     AnyTransport* group = nullptr;
     AnyTransport* inner = nullptr;  // hierarchical communicators: ranks of a node inside the group
     AnyTransport* outer = nullptr;  // and the ranks at the same position of every node
+    bool connected = false;         // the three above are set (a collective step: after agree)
   };
   static constexpr std::size_t kCacheEntries = 8;
   static constexpr std::size_t idx(comm::BufferId b) noexcept { return static_cast<std::size_t>(b); }
@@ -245,6 +388,22 @@ class AttentionEngine {
     compile(batch, e.plan, e.program);
     e.forward.initialize(e.program.forward, kernel_);
     e.backward.initialize(e.program.backward, kernel_);
+    cache_.push_front(std::move(e));
+    if (cache_.size() > kCacheEntries) cache_.pop_back();
+    return cache_.front();
+  }
+
+  // The local checks of the batch, then its (local) plan and programs.
+  Entry& checked_entry(const char* where, const DocumentBatch& batch) {
+    seqpar::detail::require(batch.num_sequences() >= 1, where, "batch", "DocumentBatch{}",
+                            "a default-constructed batch has no sequences (construct it from document lengths)");
+    return entry(batch);
+  }
+
+  // The entry's level transports (splits of the world on a miss of groups_: collective, so only
+  // after agree, when every rank runs the same batch).
+  Entry& connect(Entry& e) {
+    if (e.connected) return e;
     e.group = &group_transport(e.plan);
     e.inner = level_transport(e.program.forward.splits[static_cast<std::size_t>(comm::Level::kInner)], 0, e.plan);
     e.outer = level_transport(e.program.forward.splits[static_cast<std::size_t>(comm::Level::kOuter)], 1, e.plan);
@@ -256,9 +415,8 @@ class AttentionEngine {
         levels[l]->reserve_receives(std::max(e.forward.lowered().receives[l], e.backward.lowered().receives[l]),
                                     static_cast<std::size_t>(std::max(e.forward.lowered().largest_receive[l],
                                                                       e.backward.lowered().largest_receive[l])));
-    cache_.push_front(std::move(e));
-    if (cache_.size() > kCacheEntries) cache_.pop_back();
-    return cache_.front();
+    e.connected = true;
+    return e;
   }
 
   // The plan's groups as sub-communicators, split once per distinct grouping (a collective call:
@@ -331,6 +489,7 @@ class AttentionEngine {
   typename DataOps<exec_type>::Workspace workspace_;  // in the context's memory
   std::uint64_t last_bytes_sent_ = 0;
   std::vector<CallSignature> signatures_;
+  std::atomic<bool> busy_{false};
 };
 
 }  // namespace seqpar::runtime

@@ -26,6 +26,7 @@
 
 #include "seqpar/backend/mpi/detail/mpi_support.hpp"
 #include "seqpar/core/error.hpp"
+#include "seqpar/core/timeout.hpp"
 #include "seqpar/core/transport.hpp"
 
 namespace seqpar::backend::mpi {
@@ -137,7 +138,8 @@ class Transport {
 
   struct Options {
     /// Longest one operation (a receive, a wait, a collective) may take before it throws Errc::kTimeout.
-    std::chrono::milliseconds timeout{std::chrono::seconds{120}};
+    /// Default 30 s, or the environment variable SEQPAR_TIMEOUT_S (seconds) when set (core/timeout.hpp).
+    std::chrono::milliseconds timeout{seqpar::detail::default_timeout()};
     /// Largest count passed to one MPI call, in bytes, in [1, INT_MAX]. Lower it only to exercise
     /// the large-message paths with small buffers (tests).
     std::size_t max_bytes_per_call = static_cast<std::size_t>(INT_MAX);

@@ -1,0 +1,386 @@
+// SPDX-License-Identifier: Apache-2.0
+// Randomized misuse of the public API, bounded in time; meant to run under ASan + UBSan.
+//
+// Each case draws a batch, a head shape and, for every tensor argument, a view: a valid layout
+// (THD or head-major, with random padding in the strides) in a buffer of exactly the size it spans,
+// or a corrupted one (a stride made too small, zero, negative or huge; an extent off by one; a null
+// pointer; an output pointed at an input or another output) in a small buffer. What the test
+// expects is decided here, independently of the library: a layout is valid iff its element offsets,
+// enumerated, are distinct and non-negative and fit the buffer. Then:
+//  - kernel calls (CpuFlash<float>, forward and backward, slices of the batch): valid views give the
+//    fp64 reference's answer; any corrupted layout throws std::invalid_argument, never touches memory
+//    out of its buffer (ASan) and never overflows (UBSan);
+//  - DistributedAttention (Zigzag x Ring, Uniform x AllToAll, PerDoc x AllGather; Reference<double>)
+//    on 1 to 3 in-process ranks, one rank's argument corrupted (or none): that rank throws
+//    std::invalid_argument, every other rank seqpar::Error (kPeerFailed), none waits for a timeout;
+//    with nothing corrupted every rank returns;
+//  - DocumentBatch with random (also negative and huge) lengths: accepted with an exact causal area
+//    (checked against 128-bit arithmetic), or refused with std::invalid_argument.
+// Exits non-zero on the first violation, printing the seed.
+//   fuzz_api [--seconds S] [--seed N]
+#include <seqpar/seqpar.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <mutex>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+using namespace seqpar;
+
+namespace {
+
+__extension__ typedef __int128 i128;  // exact arithmetic for the expectations (GCC and Clang)
+
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+void expect(bool ok, const std::string& what) {
+  if (!ok) throw Failure(what);
+}
+
+template <class T>
+int pick(std::mt19937& rng, T n) {
+  return static_cast<int>(rng() % static_cast<std::uint32_t>(n));
+}
+
+// A drawn THD view and the buffer it lives in.
+template <class T>
+struct Drawn {
+  std::vector<T> buffer;
+  ThdView<T> view;
+  bool valid = true;
+};
+
+// Whether the layout's offsets are distinct, non-negative and inside `size` elements (brute force).
+bool layout_fits(std::int64_t tokens, int heads, int dim, std::int64_t ts, std::int64_t hs, std::size_t size) {
+  if (tokens == 0 || heads == 0) return true;
+  std::set<std::int64_t> seen;
+  for (std::int64_t t = 0; t < tokens; ++t)
+    for (int h = 0; h < heads; ++h)
+      for (int x = 0; x < dim; ++x) {
+        const i128 off = static_cast<i128>(t) * ts + static_cast<i128>(h) * hs + x;
+        if (off < 0 || off >= static_cast<i128>(size)) return false;
+        if (!seen.insert(static_cast<std::int64_t>(off)).second) return false;
+      }
+  return true;
+}
+
+// A view of (tokens, heads, dim): valid with probability 1 - p_bad.
+template <class T>
+Drawn<T> draw(std::mt19937& rng, std::int64_t tokens, int heads, int dim, double p_bad, bool extents = true) {
+  Drawn<T> d;
+  const bool head_major = rng() % 4 == 0;
+  const std::int64_t pad_h = pick(rng, 3), pad_t = pick(rng, 5);
+  std::int64_t hs = 0, ts = 0;
+  if (head_major) {
+    ts = dim + pad_t;
+    hs = std::max<std::int64_t>(tokens - 1, 0) * ts + dim + pad_h;
+  } else {
+    hs = dim + pad_h;
+    ts = (heads - 1) * hs + dim + pad_t;
+  }
+  std::int64_t t = tokens;
+  bool null = false;
+  if (std::uniform_real_distribution<double>(0, 1)(rng) < p_bad) {
+    int kind = pick(rng, 7);
+    if (!extents && kind == 5) kind = 6;
+    switch (kind) {
+      case 0:
+        ts = pick(rng, std::max<std::int64_t>(ts, 1));
+        break;  // maybe too small
+      case 1:
+        hs = pick(rng, std::max<std::int64_t>(hs, 1));
+        break;
+      case 2:
+        ts = -1 - pick(rng, 40);
+        break;  // negative
+      case 3:
+        hs = 0;
+        break;  // zero
+      case 4:
+        ts = std::numeric_limits<std::int64_t>::max() / (1 + pick(rng, 4));
+        break;  // huge
+      case 5:
+        t = tokens + (rng() % 2 ? 1 : -1);
+        break;  // extent off by one
+      default:
+        null = tokens > 0;
+        break;
+    }
+  }
+  // The buffer: exactly what a valid layout spans (small sizes), else a few elements.
+  // Strides of an axis of one element are unused (any value is valid there).
+  const std::int64_t ts_used = t > 1 ? ts : 0, hs_used = heads > 1 ? hs : 0;
+  i128 span = 0;
+  if (ts_used >= 0 && hs_used >= 0 && t > 0)
+    span = static_cast<i128>(t - 1) * ts_used + static_cast<i128>(heads - 1) * hs_used + dim;
+  const bool small = ts_used >= 0 && hs_used >= 0 && span <= 100000;
+  d.buffer.assign(small ? static_cast<std::size_t>(span) + 1 : 16, T(0.5));
+  for (auto& x : d.buffer) x = T(std::normal_distribution<double>(0, 1)(rng));
+  d.view = {null ? nullptr : d.buffer.data(), t, heads, dim, ts, hs};
+  d.valid = !null && t == tokens && t >= 0 && small && layout_fits(t, heads, dim, ts_used, hs_used, d.buffer.size());
+  return d;
+}
+
+// A dense LSE (heads, tokens) with a random head stride: valid iff >= tokens (or one head).
+template <class A>
+struct DrawnLse {
+  std::vector<A> buffer;
+  LseView<A> view;
+  bool valid = true;
+};
+template <class A>
+DrawnLse<A> draw_lse(std::mt19937& rng, int heads, std::int64_t tokens, double p_bad) {
+  DrawnLse<A> d;
+  std::int64_t hs = tokens + pick(rng, 3);
+  if (std::uniform_real_distribution<double>(0, 1)(rng) < p_bad)
+    hs = rng() % 2 ? pick(rng, std::max<std::int64_t>(tokens, 1)) : std::numeric_limits<std::int64_t>::max() / 2;
+  const std::int64_t hs_used = heads > 1 ? hs : 0;  // one head: the stride is unused
+  const bool small = hs_used <= 100000;
+  d.buffer.assign(small ? static_cast<std::size_t>((heads - 1) * hs_used + tokens + 1) : 16, A(0));
+  d.view = {d.buffer.data(), heads, tokens, hs};
+  d.valid = small && (heads <= 1 || tokens == 0 || hs >= tokens);
+  return d;
+}
+
+DocumentBatch random_batch(std::mt19937& rng) {
+  std::vector<std::vector<std::int64_t>> seqs(static_cast<std::size_t>(1 + pick(rng, 2)));
+  for (auto& s : seqs)
+    for (int i = 0, n = 1 + pick(rng, 4); i < n; ++i) s.push_back(1 + pick(rng, 24));
+  return DocumentBatch(seqs);
+}
+
+// CpuFlash<float> on drawn views against the fp64 reference.
+void kernel_case(std::mt19937& rng) {
+  const int hkv = 1 + pick(rng, 2), hq = hkv * (1 + pick(rng, 2)), dim = rng() % 2 ? 8 : 16;
+  const AttentionShape shape{hq, hkv, dim};
+  const DocumentBatch batch = random_batch(rng);
+  const std::int64_t n = batch.total_tokens();
+  const auto slices = batch.document_causal_slices();
+  const double p_bad = rng() % 3 == 0 ? 0.0 : 0.15;
+  // Extents stay right here: the kernel takes q's and k's token counts as given, so consistent
+  // extents off by one would be a valid call on other buffers.
+  auto q = draw<float>(rng, n, hq, dim, p_bad, false), k = draw<float>(rng, n, hkv, dim, p_bad, false),
+       v = draw<float>(rng, n, hkv, dim, p_bad, false), o = draw<float>(rng, n, hq, dim, p_bad, false),
+       dout = draw<float>(rng, n, hq, dim, p_bad, false), dq = draw<float>(rng, n, hq, dim, p_bad, false),
+       dk = draw<float>(rng, n, hkv, dim, p_bad, false), dv = draw<float>(rng, n, hkv, dim, p_bad, false);
+  auto lse = draw_lse<float>(rng, hq, n, p_bad);
+  const attention::CpuFlash<float> flash;
+  std::vector<std::byte> ws(flash.workspace_bytes(shape, n, n));
+  const bool fwd_valid = q.valid && k.valid && v.valid && o.valid && lse.valid;
+  bool threw = false;
+  try {
+    flash.forward(shape, q.view, k.view, v.view, slices, o.view, lse.view, ws);
+  } catch (const std::invalid_argument&) {
+    threw = true;
+  }
+  expect(threw != fwd_valid,
+         std::string("CpuFlash::forward ") + (fwd_valid ? "refused valid views" : "accepted bad views"));
+  if (!fwd_valid) return;
+  // fp64 reference on dense copies.
+  const auto dense = [&](const Drawn<float>& x) {
+    ThdTensor<double> t(n, x.view.heads, dim);
+    for (std::int64_t i = 0; i < n; ++i)
+      for (int h = 0; h < x.view.heads; ++h)
+        for (int j = 0; j < dim; ++j) t.view()(i, h, j) = x.view(i, h, j);
+    return t;
+  };
+  auto rq = dense(q), rk = dense(k), rv = dense(v);
+  ThdTensor<double> ro(n, hq, dim), rdq(n, hq, dim), rdk(n, hkv, dim), rdv(n, hkv, dim);
+  LseTensor<double> rl(hq, n);
+  const attention::Reference<double> ref;
+  ref.forward(shape, rq.view(), rk.view(), rv.view(), slices, ro.view(), rl.view());
+  for (std::int64_t i = 0; i < n; ++i)
+    for (int h = 0; h < hq; ++h)
+      for (int j = 0; j < dim; ++j)
+        expect(std::abs(o.view(i, h, j) - ro.view()(i, h, j)) < 1e-3, "CpuFlash::forward differs from the reference");
+  const bool bwd_valid = dout.valid && dq.valid && dk.valid && dv.valid;
+  for (auto* g : {&dq, &dk, &dv}) std::fill(g->buffer.begin(), g->buffer.end(), 0.0f);  // the kernel accumulates
+  threw = false;
+  try {
+    flash.backward(shape, q.view, k.view, v.view, o.view, lse.view, dout.view, slices, dq.view, dk.view, dv.view, ws);
+  } catch (const std::invalid_argument&) {
+    threw = true;
+  }
+  expect(threw != bwd_valid,
+         std::string("CpuFlash::backward ") + (bwd_valid ? "refused valid views" : "accepted bad views"));
+  if (!bwd_valid) return;
+  auto rdo = dense(dout);
+  ref.backward(shape, rq.view(), rk.view(), rv.view(), ro.view(), rl.view(), rdo.view(), slices, rdq.view(), rdk.view(),
+               rdv.view());
+  const auto close = [&](const Drawn<float>& got, const ThdTensor<double>& want, const char* name) {
+    for (std::int64_t i = 0; i < n; ++i)
+      for (int h = 0; h < want.heads; ++h)
+        for (int j = 0; j < dim; ++j)
+          expect(std::abs(got.view(i, h, j) - want.view()(i, h, j)) < 2e-3 * (1 + std::abs(want.view()(i, h, j))),
+                 std::string("CpuFlash::backward: ") + name + " differs from the reference");
+  };
+  close(dq, rdq, "dq"), close(dk, rdk, "dk"), close(dv, rdv, "dv");
+}
+
+// DistributedAttention with one rank's argument corrupted (or none).
+template <class S>
+void distributed_case(std::mt19937& rng, const char* name) {
+  const int world = 1 + pick(rng, 3);
+  const int hkv = 1 + pick(rng, 2);
+  const AttentionShape shape{hkv * 2 * (1 + pick(rng, 2)), hkv, 8};
+  const DocumentBatch batch = random_batch(rng);
+  const int bad_rank = rng() % 2 ? pick(rng, world) : -1;
+  const int bad_arg = pick(rng, 11);
+  if (!S::can_implement({}, batch, shape, Topology{world, world}).ok)
+    return;  // refused alike on every rank  // 0..4 views of forward, 5..7 backward outputs, 8..10 aliasing
+  const std::uint32_t seed = rng();
+  std::vector<std::string> errors(static_cast<std::size_t>(world));
+  std::vector<int> kinds(static_cast<std::size_t>(world));  // 0 none, 1 invalid_argument, 2 kPeerFailed, 3 other
+  bool bad_expected = false;  // the bad rank's corrupted argument is in fact invalid (decided here)
+  std::mutex mu;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    backend::inproc::World(world, {.timeout = std::chrono::seconds(30)}).run([&](backend::inproc::Transport& t) {
+      const auto r = static_cast<std::size_t>(t.rank());
+      int kind = 0;
+      try {
+        std::mt19937 local_rng(seed + static_cast<std::uint32_t>(r));
+        DistributedAttention<S, attention::Reference<double>> attn(t, shape);
+        const std::int64_t n = attn.local_tokens(batch);
+        const bool me = t.rank() == bad_rank;
+        const auto p = [&](int arg) { return me && bad_arg == arg ? 1.0 : 0.0; };
+        auto q = draw<double>(local_rng, n, shape.heads_q, 8, p(0)), k = draw<double>(local_rng, n, hkv, 8, p(1)),
+             v = draw<double>(local_rng, n, hkv, 8, p(2)), o = draw<double>(local_rng, n, shape.heads_q, 8, p(3)),
+             dout = draw<double>(local_rng, n, shape.heads_q, 8, 0),
+             dq = draw<double>(local_rng, n, shape.heads_q, 8, p(5)), dk = draw<double>(local_rng, n, hkv, 8, p(6)),
+             dv = draw<double>(local_rng, n, hkv, 8, p(7));
+        auto lse = draw_lse<double>(local_rng, shape.heads_q, n, p(4));
+        ThdView<double> ov = o.view, dqv = dq.view, dvv = dv.view;
+        if (me && n > 0 && bad_arg == 8) ov = q.view, ov.heads = o.view.heads;        // o over q (same extents)
+        if (me && n > 0 && bad_arg == 9) dqv = dout.view, dqv.heads = dq.view.heads;  // dq over dout
+        if (me && n > 0 && bad_arg == 10) dvv = dk.view;                              // dv over dk
+        if (me) {
+          const bool valid[] = {q.valid, k.valid, v.valid, o.valid, lse.valid, dq.valid, dk.valid, dv.valid};
+          std::lock_guard lock(mu);
+          bad_expected = bad_arg < 8 ? !valid[bad_arg] : n > 0;
+        }
+        attn.forward(batch, q.view, k.view, v.view, ov, lse.view);
+        attn.backward(batch, q.view, k.view, v.view, ov, lse.view, dout.view, dqv, dk.view, dvv);
+      } catch (const std::invalid_argument& e) {
+        kind = 1, errors[r] = e.what();
+      } catch (const Error& e) {
+        kind = e.errc() == Errc::kPeerFailed ? 2 : 3, errors[r] = e.what();
+      } catch (const std::exception& e) {
+        kind = 3, errors[r] = e.what();
+      }
+      std::lock_guard lock(mu);
+      kinds[r] = kind;
+    });
+  } catch (const std::exception& e) {
+    expect(false, std::string(name) + ": World::run threw " + e.what());
+  }
+  expect(std::chrono::steady_clock::now() - start < std::chrono::seconds(20), std::string(name) + ": a rank waited");
+  // A drawn corruption may still be a valid view (a stride drawn "too small" that is not): the
+  // brute-force layout check above decides what the bad rank must get, and its peers follow it.
+  const int bad_kind = bad_rank >= 0 ? kinds[static_cast<std::size_t>(bad_rank)] : 0;
+  if (bad_rank >= 0)
+    expect(bad_kind == (bad_expected ? 1 : 0),
+           std::string(name) + ": rank " + std::to_string(bad_rank) +
+               (bad_expected ? " accepted a bad argument " : " refused a valid one ") + std::to_string(bad_arg) + ": " +
+               errors[static_cast<std::size_t>(bad_rank)]);
+  for (int r = 0; r < world; ++r) {
+    const int got = kinds[static_cast<std::size_t>(r)];
+    const std::string at =
+        std::string(name) + ", rank " + std::to_string(r) + ": " + errors[static_cast<std::size_t>(r)];
+    expect(got != 3, at + " (unexpected error kind)");
+    if (r == bad_rank) continue;
+    expect(got == (bad_kind == 1 ? 2 : 0), at + (bad_kind == 1 ? " (expected kPeerFailed)" : " (expected success)"));
+  }
+}
+
+void batch_case(std::mt19937& rng) {
+  std::vector<std::int64_t> lens(static_cast<std::size_t>(1 + pick(rng, 3)));
+  for (auto& l : lens) {
+    switch (pick(rng, 4)) {
+      case 0:
+        l = -pick(rng, 3);
+        break;
+      case 1:
+        l = 1 + static_cast<std::int64_t>(rng() % 1000);
+        break;
+      case 2:
+        l = static_cast<std::int64_t>(rng()) * 1000 + pick(rng, 1000);
+        break;  // up to 4.3e12
+      default:
+        l = static_cast<std::int64_t>(rng() % 4'000'000'000u);
+        break;
+    }
+  }
+  i128 area = 0, tokens = 0;
+  bool ok = true;
+  for (std::int64_t l : lens) {
+    ok = ok && l >= 1 && l <= DocumentBatch::kMaxDocumentTokens;
+    area += static_cast<i128>(l) * (l + 1) / 2;
+    tokens += l;
+  }
+  ok = ok && area <= std::numeric_limits<std::int64_t>::max() && tokens <= DocumentBatch::kMaxTokens;
+  try {
+    const DocumentBatch b({lens});
+    expect(ok, "DocumentBatch accepted lengths it should refuse");
+    expect(b.causal_area() == static_cast<std::int64_t>(area), "DocumentBatch::causal_area is not exact");
+    for (const AttnSlice& s : b.document_causal_slices())
+      expect(s.area() == static_cast<std::int64_t>(static_cast<i128>(s.q_range.size()) * (s.q_range.size() + 1) / 2),
+             "AttnSlice::area is not exact");
+  } catch (const std::invalid_argument&) {
+    expect(!ok, "DocumentBatch refused valid lengths");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double seconds = 10;
+  std::uint32_t seed = std::random_device{}();
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--seconds" && i + 1 < argc)
+      seconds = std::stod(argv[++i]);
+    else if (a == "--seed" && i + 1 < argc)
+      seed = static_cast<std::uint32_t>(std::stoul(argv[++i]));
+    else {
+      std::fprintf(stderr, "usage: %s [--seconds S] [--seed N]\n", argv[0]);
+      return 2;
+    }
+  }
+  const auto stop = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  long cases = 0;
+  for (std::uint32_t s = seed;; ++s) {
+    if (std::chrono::steady_clock::now() > stop) break;
+    std::mt19937 rng(s);
+    try {
+      batch_case(rng);
+      kernel_case(rng);
+      switch (pick(rng, 3)) {
+        case 0:
+          distributed_case<Strategy<partition::Zigzag, comm::Ring>>(rng, "Zigzag x Ring");
+          break;
+        case 1:
+          distributed_case<Strategy<partition::Uniform, comm::AllToAll>>(rng, "Uniform x AllToAll");
+          break;
+        default:
+          distributed_case<Strategy<partition::PerDoc, comm::AllGather>>(rng, "PerDoc x AllGather");
+          break;
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "FAILED at seed %u: %s\n", s, e.what());
+      return 1;
+    }
+    ++cases;
+  }
+  std::printf("fuzz_api: %ld cases (batch, kernel, distributed) in %.0f s (seeds %u..%u)\n", cases, seconds, seed,
+              seed + static_cast<std::uint32_t>(cases));
+  return 0;
+}

@@ -14,9 +14,18 @@
 // pipeline, the greedy as first incumbent). The wall time of each phase: chunking, the grouping's own
 // work, the checkpointing solves. Goal: under 2 s on this machine. --dpp-every-unit lets the grouping
 // cut between any two sequences (GroupBoundaries::kEveryUnit) instead of between chunk-count classes.
+//
+// Then planning at extreme document counts (issue 13): COUNTxLEN documents of LEN tokens (default
+// 100000x1, 1000000x1 and, for comparison, the 1M tokens as 10000x100) in 8 packed sequences on 8 ranks
+// (nodes of 8), every standard candidate compiled for all ranks. Each case runs in a child process
+// (fork), so its wall time and peak memory are its own: the peak RSS the child added over what it
+// inherited (getrusage's ru_maxrss minus the resident set at fork) and the peak of live heap bytes
+// (operator new/delete counted here), and its CPU seconds beside the wall time (on a shared machine the wall
+// time is mostly waiting). Goal: under 2 CPU seconds and 500 MiB for every strategy.
 //   plan_scale [--smoke] [--json FILE] [--tokens N] [--ranks a,b,c] [--strategies a,b]
-//              [--dpp-only | --no-dpp] [--dpp-sequences N] [--dpp-stages N] [--dpp-contexts a,b]
-//              [--dpp-distributions a,b] [--dpp-chunk-tokens T] [--dpp-solvers greedy,glpk]
+//              [--dpp-only | --no-dpp | --many-docs-only | --no-many-docs] [--many-docs COUNTxLEN,...]
+//              [--many-docs-ranks N] [--many-docs-sequences N] [--dpp-sequences N] [--dpp-stages N]
+//              [--dpp-contexts a,b] [--dpp-distributions a,b] [--dpp-chunk-tokens T] [--dpp-solvers greedy,glpk]
 //              [--dpp-model NAME] [--dpp-hardware a,b] [--dpp-milp-seconds S] [--dpp-every-unit]
 #include <seqpar/plan/candidates.hpp>
 #include <seqpar/plan/pipeline_step.hpp>
@@ -30,15 +39,61 @@
 #include <seqpar/schedule/checkpoint_milp.hpp>
 #endif
 
+#include <malloc.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "support/json.hpp"
+
+// Live heap bytes and their peak, for the many-documents cases (each case resets the peak in its own
+// child process). malloc_usable_size counts what the allocator really handed out.
+namespace {
+std::atomic<std::int64_t> g_heap_live{0}, g_heap_peak{0};
+void* counted_alloc(std::size_t n) {
+  void* p = std::malloc(n == 0 ? 1 : n);
+  if (p == nullptr) throw std::bad_alloc();
+  const auto live = g_heap_live.fetch_add(static_cast<std::int64_t>(malloc_usable_size(p))) +
+                    static_cast<std::int64_t>(malloc_usable_size(p));
+  for (std::int64_t peak = g_heap_peak.load(); live > peak && !g_heap_peak.compare_exchange_weak(peak, live);) {
+  }
+  return p;
+}
+void counted_free(void* p) noexcept {
+  if (p == nullptr) return;
+  g_heap_live.fetch_sub(static_cast<std::int64_t>(malloc_usable_size(p)));
+  std::free(p);
+}
+}  // namespace
+void* operator new(std::size_t n) {
+  return counted_alloc(n);
+}
+void* operator new[](std::size_t n) {
+  return counted_alloc(n);
+}
+void operator delete(void* p) noexcept {
+  counted_free(p);
+}
+void operator delete[](void* p) noexcept {
+  counted_free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  counted_free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  counted_free(p);
+}
 
 using namespace seqpar;
 
@@ -192,10 +247,161 @@ void run_dpp(const DppCase& c, const std::string& hardware, std::vector<bench::J
     }
 }
 
+/// Planning at extreme document counts: `count` documents of `length` tokens each.
+struct ManyDocsCase {
+  std::int64_t count = 0;
+  std::int64_t length = 1;
+};
+
+struct ManyDocs {
+  std::vector<ManyDocsCase> cases{{100000, 1}, {1000000, 1}, {10000, 100}};
+  int ranks = 8;
+  int sequences = 8;
+};
+
+// What a child reports back through its pipe.
+struct ChildResult {
+  bool ok = false;
+  bool refused = false;
+  double compile_s = 0;
+  double cpu_s = 0;              ///< user + system CPU seconds of the child (wall time also counts a busy machine)
+  std::int64_t heap_peak = 0;    ///< peak live heap bytes over the case (above what was live at fork)
+  std::int64_t rss_at_fork = 0;  ///< bytes resident when the child started
+  std::int64_t rss_peak = 0;     ///< ru_maxrss of the child, bytes
+  std::int64_t steps = 0;        ///< program steps over all ranks, forward + backward
+  std::int64_t slices = 0;       ///< attention slices over all ranks' compute steps
+  char reason[256] = {};
+};
+
+std::int64_t resident_bytes() {
+  long pages = 0, resident = 0;
+  if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return static_cast<std::int64_t>(resident) * sysconf(_SC_PAGESIZE);
+}
+
+// Compiles candidate `c` for every rank in a child process and returns its measurements.
+ChildResult run_in_child(const plan::Candidate& c, const DocumentBatch& batch, const AttentionShape& shape,
+                         const Topology& topo) {
+  int fds[2];
+  ChildResult res;
+  if (pipe(fds) != 0) {
+    std::snprintf(res.reason, sizeof res.reason, "pipe failed");
+    return res;
+  }
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    ChildResult out;
+    out.rss_at_fork = resident_bytes();
+    const std::int64_t live0 = g_heap_live.load();
+    g_heap_peak.store(live0);
+    try {
+      const auto t0 = std::chrono::steady_clock::now();
+      const replay::CompiledStrategy compiled = c.compile(batch, shape, topo);
+      out.compile_s = seconds_since(t0);
+      out.refused = !compiled.status;
+      if (out.refused) std::snprintf(out.reason, sizeof out.reason, "%s", compiled.status.reason.c_str());
+      for (const auto* programs : {&compiled.forward, &compiled.backward})
+        for (const comm::Program& p : *programs) {
+          out.steps += static_cast<std::int64_t>(p.steps.size());
+          for (const comm::Step& step : p.steps)
+            if (const auto* cs = std::get_if<comm::ComputeStep>(&step))
+              for (const auto& w : cs->waves) out.slices += static_cast<std::int64_t>(w.size());
+        }
+      out.ok = true;
+    } catch (const std::exception& e) {
+      std::snprintf(out.reason, sizeof out.reason, "threw: %s", e.what());
+    }
+    out.heap_peak = g_heap_peak.load() - live0;
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    out.rss_peak = static_cast<std::int64_t>(ru.ru_maxrss) * 1024;
+    out.cpu_s = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+    const ssize_t written = write(fds[1], &out, sizeof out);
+    _exit(written == static_cast<ssize_t>(sizeof out) ? 0 : 1);
+  }
+  close(fds[1]);
+  if (pid < 0) {
+    close(fds[0]);
+    std::snprintf(res.reason, sizeof res.reason, "fork failed");
+    return res;
+  }
+  const ssize_t got = read(fds[0], &res, sizeof res);
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (got != static_cast<ssize_t>(sizeof res)) {
+    res = {};
+    std::snprintf(res.reason, sizeof res.reason, "child died (status %d)", status);
+  }
+  return res;
+}
+
+void run_many_docs(const ManyDocs& md, const std::vector<std::string>& wanted, bool all_strategies,
+                   std::vector<bench::JsonRecord>& records) {
+  const replay::ModelShape model = replay::models::llama31_8b();
+  const replay::HardwareProfile hw = replay::profiles::h100_sxm();
+  const Topology topo{md.ranks, std::min(md.ranks, 8)};
+  constexpr double kMiB = 1024.0 * 1024.0;
+  std::printf(
+      "\nPlanning at extreme document counts: %d packed sequences on %d ranks, %s; every rank's programs "
+      "compiled, each case in its own process\n",
+      md.sequences, md.ranks, model.name.c_str());
+  std::printf("%9s %5s  %-26s %9s %7s %10s %10s %10s %10s %11s\n", "documents", "len", "strategy", "compile s", "cpu s",
+              "+RSS MiB", "heap MiB", "steps", "slices", "goal");
+  for (const ManyDocsCase& mc : md.cases) {
+    std::vector<std::vector<std::int64_t>> seqs(static_cast<std::size_t>(md.sequences));
+    for (std::int64_t d = 0; d < mc.count; ++d) seqs[static_cast<std::size_t>(d % md.sequences)].push_back(mc.length);
+    std::erase_if(seqs, [](const auto& s) { return s.empty(); });
+    const DocumentBatch batch(seqs);
+    seqs = {};
+    malloc_trim(0);
+    for (const plan::Candidate& c : plan::standard_candidates(hw, model)) {
+      if (!all_strategies && std::find(wanted.begin(), wanted.end(), c.name) == wanted.end()) continue;
+      const ChildResult res = run_in_child(c, batch, model.attention(), topo);
+      bench::JsonRecord r;
+      r.add("case", "many_documents")
+          .add("documents", mc.count)
+          .add("document_tokens", mc.length)
+          .add("sequences", md.sequences)
+          .add("ranks", md.ranks)
+          .add("strategy", c.name);
+      if (!res.ok || res.refused) {
+        std::printf("%9lld %5lld  %-26s %s: %s\n", static_cast<long long>(mc.count), static_cast<long long>(mc.length),
+                    c.name.c_str(), res.ok ? "refused" : "failed", res.reason);
+        records.push_back(r.add("refused", res.refused).add("failed", !res.ok).add("reason", res.reason));
+        continue;
+      }
+      const double rss_mib = static_cast<double>(std::max<std::int64_t>(0, res.rss_peak - res.rss_at_fork)) / kMiB;
+      const double heap_mib = static_cast<double>(res.heap_peak) / kMiB;
+      const bool met = res.cpu_s < 2 && rss_mib < 500;  // CPU seconds: wall time counts the other jobs here
+      std::printf("%9lld %5lld  %-26s %9.3f %7.3f %10.1f %10.1f %10lld %10lld %11s\n", static_cast<long long>(mc.count),
+                  static_cast<long long>(mc.length), c.name.c_str(), res.compile_s, res.cpu_s, rss_mib, heap_mib,
+                  static_cast<long long>(res.steps), static_cast<long long>(res.slices), met ? "met" : "NOT met");
+      std::fflush(stdout);
+      records.push_back(r.add("refused", false)
+                            .add("failed", false)
+                            .add("compile_s", res.compile_s)
+                            .add("cpu_s", res.cpu_s)
+                            .add("peak_rss_added_mib", rss_mib)
+                            .add("peak_heap_mib", heap_mib)
+                            .add("steps", res.steps)
+                            .add("slices", res.slices)
+                            .add("goal_met", met));
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool smoke = false, strategies = true, dpp = true;
+  bool smoke = false, strategies = true, dpp = true, many_docs = true, strategies_given = false;
+  ManyDocs many;
   std::string json;
   std::int64_t tokens = 1 << 20;
   std::vector<int> ranks{64, 256, 1024};
@@ -216,10 +422,25 @@ int main(int argc, char** argv) {
       for (const std::string& x : split_list(argv[++i])) ranks.push_back(std::stoi(x));
     } else if (a == "--strategies" && value) {
       wanted = split_list(argv[++i]);
+      strategies_given = true;
     } else if (a == "--dpp-only") {
-      strategies = false;
+      strategies = false, many_docs = false;
     } else if (a == "--no-dpp") {
       dpp = false;
+    } else if (a == "--many-docs-only") {
+      strategies = false, dpp = false;
+    } else if (a == "--no-many-docs") {
+      many_docs = false;
+    } else if (a == "--many-docs" && value) {
+      many.cases.clear();
+      for (const std::string& x : split_list(argv[++i])) {
+        const auto at = x.find('x');
+        many.cases.push_back({std::stoll(x.substr(0, at)), at == std::string::npos ? 1 : std::stoll(x.substr(at + 1))});
+      }
+    } else if (a == "--many-docs-ranks" && value) {
+      many.ranks = std::stoi(argv[++i]);
+    } else if (a == "--many-docs-sequences" && value) {
+      many.sequences = std::stoi(argv[++i]);
     } else if (a == "--dpp-sequences" && value) {
       dpp_case.sequences = std::stoi(argv[++i]);
     } else if (a == "--dpp-stages" && value) {
@@ -244,14 +465,18 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: plan_scale [--smoke] [--json FILE] [--tokens N] [--ranks a,b,c] [--strategies a,b]\n"
-                   "                  [--dpp-only | --no-dpp] [--dpp-sequences N] [--dpp-stages N]\n"
+                   "                  [--dpp-only | --no-dpp | --many-docs-only | --no-many-docs]\n"
+                   "                  [--many-docs COUNTxLEN,...] [--many-docs-ranks N] [--many-docs-sequences N]\n"
+                   "                  [--dpp-sequences N] [--dpp-stages N]\n"
                    "                  [--dpp-contexts a,b] [--dpp-distributions a,b] [--dpp-chunk-tokens T]\n"
                    "                  [--dpp-model NAME] [--dpp-hardware a,b] [--dpp-solvers greedy,glpk]\n"
                    "                  [--dpp-milp-seconds S] [--dpp-every-unit]\n");
       return 2;
     }
   }
-  if (smoke) tokens = 65536, ranks = {16}, dpp_case.sequences = 128, dpp_case.contexts = {32768};
+  if (smoke)
+    tokens = 65536, ranks = {16}, dpp_case.sequences = 128, dpp_case.contexts = {32768},
+    many.cases = {{20000, 1}, {200, 100}};
   std::vector<bench::JsonRecord> records;
   if (strategies) {
     const replay::ModelShape model = replay::models::llama31_8b();
@@ -300,6 +525,7 @@ int main(int argc, char** argv) {
       }
     }
   }
+  if (many_docs) run_many_docs(many, wanted, !strategies_given, records);
   if (dpp)
     for (const std::string& hardware : dpp_case.hardware) run_dpp(dpp_case, hardware, records);
   if (!json.empty() && !bench::write_json(json, records)) return 1;

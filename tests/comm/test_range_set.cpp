@@ -111,4 +111,29 @@ TEST_SUITE("comm") {
     }
     CHECK(nonempty_answers > 10000);
   }
+
+  TEST_CASE("DisjointRangeIndex::overlapping with a hint: the same answers for any query order and start") {
+    // The hint only says where to start looking (a cursor for ascending queries): wrong or stale
+    // hints, descending queries and jumps must still give exactly the unhinted answer.
+    std::mt19937 rng(23);
+    std::vector<std::size_t> got, want;
+    int hinted = 0;
+    for (int iter = 0; iter < 400; ++iter) {
+      const std::int64_t n = test::uniform(rng, 1, 60);
+      const std::vector<Range> list = test::random_disjoint(rng, n, iter % 2 == 0, true);
+      const DisjointRangeIndex idx(list);
+      std::size_t hint = static_cast<std::size_t>(test::uniform(rng, 0, 70));
+      INFO("iteration " << iter);
+      for (int q = 0; q < 40; ++q) {
+        Range r = test::random_range(rng, n + 2);
+        r = r.shifted(-1);
+        if (q % 10 == 0) hint = static_cast<std::size_t>(test::uniform(rng, 0, 70));  // arbitrary restarts
+        idx.overlapping(r, want);
+        idx.overlapping(r, got, hint);
+        CHECK(got == want);
+        hinted += !want.empty();
+      }
+    }
+    CHECK(hinted > 4000);
+  }
 }

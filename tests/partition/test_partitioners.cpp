@@ -169,6 +169,19 @@ void check_plan(const ShardPlan& p, const DocumentBatch& batch, const Topology& 
     group_tokens = merged(std::move(group_tokens));
     for (const AttnSlice& s : p.slices[static_cast<std::size_t>(r)]) {
       const Document& d = docs[doc_of(batch, s.q_range.begin)];
+      if (s.q_range.size() > 1 && s.mask == Mask::sliding_window(1)) {
+        // A run of one-token documents of one sequence merged into one slice (append_slice): each
+        // query sees itself only, as its own document-causal slice would.
+        REQUIRE(s.k_range == s.q_range);
+        for (std::int64_t t = s.q_range.begin; t < s.q_range.end; ++t) {
+          const Document& one = docs[doc_of(batch, t)];
+          REQUIRE(one.tokens == Range{t, t + 1});
+          REQUIRE(one.sequence == d.sequence);
+        }
+        REQUIRE(inside(s.k_range, group_tokens));
+        q_tokens += s.q_range.size();
+        continue;
+      }
       REQUIRE(s.q_range.end <= d.tokens.end);
       REQUIRE(s.k_range == Range{d.tokens.begin, s.q_range.end});
       REQUIRE(s.mask == Mask::causal(s.q_range.begin - d.tokens.begin));
@@ -678,6 +691,40 @@ TEST_SUITE("partition") {
     const auto z1 = Zigzag{}.plan(one, topo).balance();
     CHECK(h1.compute_imbalance <= z1.compute_imbalance);
     CHECK(z1.compute_imbalance <= 1.0001);
+  }
+
+  TEST_CASE("one-token documents: runs are one slice, whole-document packers keep them in runs") {
+    // 20,000 one-token documents in two sequences with a few longer ones between: the plan stays a
+    // handful of ranges and slices per rank (a slice per document was 10^6 slices at 10^6 documents)
+    // and the invariants hold.
+    std::vector<std::vector<std::int64_t>> seqs(2);
+    for (std::size_t b = 0; b < 2; ++b)
+      for (int i = 0; i < 10000; ++i) seqs[b].push_back(i % 2500 == 1250 ? 40 : 1);
+    const DocumentBatch batch(seqs);
+    const Topology topo{4, 4};
+    const auto few = [](const ShardPlan& p, std::size_t most) {
+      for (int r = 0; r < p.world_size(); ++r) {
+        CHECK(p.owned[static_cast<std::size_t>(r)].size() <= most);
+        CHECK(p.slices[static_cast<std::size_t>(r)].size() <= 2 * most + 8);
+      }
+    };
+    const auto uniform = Uniform{}.plan(batch, topo);
+    check_plan(uniform, batch, topo);
+    few(uniform, 1);
+    const auto zigzag = Zigzag{}.plan(batch, topo);
+    check_plan(zigzag, batch, topo);
+    few(zigzag, 4);
+    const auto whole = WholeDoc{}.plan(batch, topo);
+    check_plan(whole, batch, topo);
+    few(whole, 64);
+    const auto hybrid = Hybrid{}.plan(batch, topo);
+    check_plan(hybrid, batch, topo);
+    few(hybrid, 64);
+    const auto basp = BatchAware<Zigzag>{}.plan(batch, topo);
+    check_plan(basp, batch, topo);
+    few(basp, 4);
+    // Per-Doc deals one-token documents round-robin: single-token ranges, but still exact.
+    check_plan(PerDoc{}.plan(batch, topo), batch, topo);
   }
 
   TEST_CASE("PerDoc compute imbalance stays small for long documents") {

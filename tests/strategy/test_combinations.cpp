@@ -48,6 +48,19 @@ DocumentBatch make_batch(int sequences, Mix mix, std::uint32_t seed) {
   return DocumentBatch(seqs);
 }
 
+// Runs of one-token documents between longer ones, in two sequences: the planners merge such runs
+// into diagonal slices (a sliding window of one key) and the waves merge them again after
+// localization, so this batch pins those merges to the fp64 reference.
+DocumentBatch one_token_runs() {
+  const auto ones = [](std::vector<std::int64_t>& docs, int n) {
+    docs.insert(docs.end(), static_cast<std::size_t>(n), 1);
+  };
+  std::vector<std::int64_t> a, b;
+  ones(a, 20), a.push_back(7), ones(a, 9), a.push_back(3), ones(a, 12);
+  ones(b, 17), b.push_back(5), ones(b, 8);
+  return DocumentBatch({a, b});
+}
+
 // One combination of tests/support/strategy_list.hpp.
 template <class Combination>
 void check_combination(Combination) {
@@ -78,6 +91,16 @@ void check_combination(Combination) {
     CHECK(err.dq < kFp64Tolerance);
     CHECK(err.dk < kFp64Tolerance);
     CHECK(err.dv < kFp64Tolerance);
+    CHECK(err.bytes_match);
+  }
+  const DocumentBatch tiny = one_token_runs();
+  for (const int world : {2, 4}) {
+    args.ranks_per_node = world;
+    const AttentionShape shape{8, 2, 8};
+    INFO(name << ": one-token runs, world " << world);
+    if (!S::can_implement(args, tiny, shape, Topology{world, world}).ok) continue;
+    const auto err = test::check_strategy<S, attention::Reference<double>>(tiny, shape, world, args);
+    CHECK(err.max() < kFp64Tolerance);
     CHECK(err.bytes_match);
   }
   MESSAGE(name << ": " << accepted << " world sizes run, " << refused << " refused");

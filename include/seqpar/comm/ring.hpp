@@ -49,8 +49,8 @@ struct Ring {
     spec.level = Level::kGroup;
     spec.me = group.me;
     for (int m : members) {
-      spec.tokens.push_back(plan.owned[static_cast<std::size_t>(m)]);
-      spec.slices.push_back(plan.slices[static_cast<std::size_t>(m)]);
+      spec.token_views.push_back(&plan.owned[static_cast<std::size_t>(m)]);
+      spec.slice_views.push_back(&plan.slices[static_cast<std::size_t>(m)]);
     }
     spec.sharding_aware = args.sharding_aware;
     spec.q_heads = shape.heads_q;

@@ -86,6 +86,32 @@ struct AttnSlice {
   friend constexpr bool operator==(const AttnSlice&, const AttnSlice&) = default;
 };
 
+/// Whether row i of s sees exactly key i of it and nothing else (q_range and k_range of one size): the
+/// slice of a one-token document, or a run of them merged by append_slice. Any 1x1 slice with its pair
+/// visible is one.
+[[nodiscard]] constexpr bool is_diagonal(const AttnSlice& s) noexcept {
+  const std::int64_t n = s.q_range.size();
+  if (n <= 0 || s.k_range.size() != n) return false;
+  if (n == 1) return s.area() == 1;
+  return s.mask.kind == MaskKind::kSlidingWindow && s.mask.window == 1 && s.mask.causal_offset == 0;
+}
+
+/// Appends `s` to a slice list; when `s` and the last slice are both diagonal and `s` continues it in
+/// queries and keys, the two become one diagonal slice (a sliding window of one key). Exact: every
+/// query row sees the same single key as before, so a kernel computes the same row. A million
+/// one-token documents are then a few slices instead of a million, in plans and kernel calls alike.
+inline void append_slice(std::vector<AttnSlice>& list, const AttnSlice& s) {
+  if (!list.empty()) {
+    AttnSlice& last = list.back();
+    if (last.q_range.end == s.q_range.begin && last.k_range.end == s.k_range.begin && is_diagonal(s) &&
+        is_diagonal(last)) {
+      last = {{last.q_range.begin, s.q_range.end}, {last.k_range.begin, s.k_range.end}, Mask::sliding_window(1)};
+      return;
+    }
+  }
+  list.push_back(s);
+}
+
 inline std::ostream& operator<<(std::ostream& os, const AttnSlice& s) {
   return os << "{q " << s.q_range << ", k " << s.k_range << ", mask " << static_cast<int>(s.mask.kind) << '/'
             << s.mask.causal_offset << '/' << s.mask.window << '}';

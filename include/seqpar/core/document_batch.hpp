@@ -47,16 +47,20 @@ class DocumentBatch {
                       "a sequence needs at least one document");
       for (std::size_t i = 0; i < docs.size(); ++i) {
         const std::int64_t len = docs[i];
-        const auto name = "sequences[" + std::to_string(b) + "][" + std::to_string(i) + "]";
-        detail::require(len >= 1, "DocumentBatch", name, len, "document lengths must be >= 1");
-        detail::require(len <= kMaxTokens - total_, "DocumentBatch", name, len,
-                        "total token count would overflow (limit " + std::to_string(kMaxTokens) + ")");
-        detail::require(len <= kMaxDocumentTokens, "DocumentBatch", name, len,
-                        "its causal area s(s+1)/2 would overflow int64 (longest document: " +
-                            std::to_string(kMaxDocumentTokens) + " tokens)");
-        const std::int64_t area = detail::triangle(len);
-        detail::require(area <= std::numeric_limits<std::int64_t>::max() - area_, "DocumentBatch", name, len,
-                        "the batch's causal area (sum of s(s+1)/2) would overflow int64");
+        const std::int64_t area = len >= 1 && len <= kMaxDocumentTokens ? detail::triangle(len) : 0;
+        if (len < 1 || len > kMaxTokens - total_ || len > kMaxDocumentTokens ||
+            area > std::numeric_limits<std::int64_t>::max() - area_) {
+          // names built only to fail: a million documents is common
+          const auto name = "sequences[" + std::to_string(b) + "][" + std::to_string(i) + "]";
+          detail::require(len >= 1, "DocumentBatch", name, len, "document lengths must be >= 1");
+          detail::require(len <= kMaxTokens - total_, "DocumentBatch", name, len,
+                          "total token count would overflow (limit " + std::to_string(kMaxTokens) + ")");
+          detail::require(len <= kMaxDocumentTokens, "DocumentBatch", name, len,
+                          "its causal area s(s+1)/2 would overflow int64 (longest document: " +
+                              std::to_string(kMaxDocumentTokens) + " tokens)");
+          detail::require(false, "DocumentBatch", name, len,
+                          "the batch's causal area (sum of s(s+1)/2) would overflow int64");
+        }
         area_ += area;
         documents_.push_back({{total_, total_ + len}, static_cast<int>(b)});
         total_ += len;

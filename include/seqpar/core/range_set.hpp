@@ -56,23 +56,50 @@ class DisjointRangeIndex {
   explicit DisjointRangeIndex(const std::vector<Range>& ranges) : ranges_(&ranges) {
     for (std::size_t i = 0; i < ranges.size(); ++i)
       if (!ranges[i].empty()) order_.push_back(i);
-    std::sort(order_.begin(), order_.end(),
-              [&](std::size_t a, std::size_t b) { return ranges[a].begin < ranges[b].begin; });
+    const auto by_begin = [&](std::size_t a, std::size_t b) { return ranges[a].begin < ranges[b].begin; };
+    sorted_ = std::is_sorted(order_.begin(), order_.end(), by_begin);  // owned ranges and RowMaps mostly are
+    if (!sorted_) std::sort(order_.begin(), order_.end(), by_begin);
   }
   /// Indices (ascending) of the non-empty ranges that overlap `r`.
   void overlapping(Range r, std::vector<std::size_t>& out) const {
+    std::size_t hint = 0;
+    overlapping(r, out, hint);
+  }
+
+  /// The same, starting the search at `hint` (in/out: where the last query's hits began). Callers
+  /// whose queries mostly ascend (a rank's slices in token order) pay O(1) per query instead of a
+  /// binary search over the whole index: a ring over a million one-token Per-Doc pieces asks ~10^7
+  /// times.
+  void overlapping(Range r, std::vector<std::size_t>& out, std::size_t& hint) const {
     out.clear();
     if (r.empty()) return;
     const auto& rs = *ranges_;
-    // Disjoint and sorted by begin, so also sorted by end.
-    auto it = std::partition_point(order_.begin(), order_.end(), [&](std::size_t i) { return rs[i].end <= r.begin; });
-    for (; it != order_.end() && rs[*it].begin < r.end; ++it) out.push_back(*it);
-    std::sort(out.begin(), out.end());
+    // Disjoint and sorted by begin, so also sorted by end: the ranges before r are a prefix.
+    const auto before = [&](std::size_t i) { return rs[i].end <= r.begin; };
+    const std::size_t n = order_.size();
+    std::size_t first = std::min(hint, n);
+    if (first < n && before(order_[first])) {
+      // Gallop forward from the hint, then search the last stride.
+      std::size_t lo = first, stride = 1;
+      while (lo + stride < n && before(order_[lo + stride])) lo += stride, stride *= 2;
+      const auto hi = std::min(n, lo + stride);
+      first = static_cast<std::size_t>(std::partition_point(order_.begin() + static_cast<std::ptrdiff_t>(lo) + 1,
+                                                            order_.begin() + static_cast<std::ptrdiff_t>(hi), before) -
+                                       order_.begin());
+    } else if (first > 0 && !before(order_[first - 1])) {
+      first = static_cast<std::size_t>(
+          std::partition_point(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(first), before) -
+          order_.begin());
+    }
+    hint = first;
+    for (std::size_t p = first; p < n && rs[order_[p]].begin < r.end; ++p) out.push_back(order_[p]);
+    if (!sorted_) std::sort(out.begin(), out.end());
   }
 
  private:
   const std::vector<Range>* ranges_;
   std::vector<std::size_t> order_;
+  bool sorted_ = true;  ///< order_ is ascending: hits come out in index order
 };
 
 }  // namespace seqpar

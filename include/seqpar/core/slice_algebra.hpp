@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "seqpar/core/attn_slice.hpp"
@@ -58,12 +59,14 @@ namespace seqpar {
 [[nodiscard]] inline std::vector<AttnSlice> localize(const std::vector<AttnSlice>& global, const RowMap& q_map,
                                                      const RowMap& k_map) {
   std::vector<AttnSlice> out;
+  if (q_map.global.empty() || k_map.global.empty()) return out;  // e.g. a ring step that received nothing
   const DisjointRangeIndex q_index(q_map.global), k_index(k_map.global);
   std::vector<std::size_t> qs, ks;
+  std::size_t q_hint = 0, k_hint = 0;
   for (const AttnSlice& s : global) {
-    q_index.overlapping(s.q_range, qs);
+    q_index.overlapping(s.q_range, qs, q_hint);
     if (qs.empty()) continue;
-    k_index.overlapping(s.k_range, ks);
+    k_index.overlapping(s.k_range, ks, k_hint);
     for (std::size_t i : qs)
       for (std::size_t j : ks) {
         const AttnSlice c = clip_slice(s, q_map.global[i], k_map.global[j]);
@@ -77,13 +80,20 @@ namespace seqpar {
 
 /// Slices grouped into waves whose query ranges are disjoint (one kernel call each; the partial
 /// results of later waves are merged). Greedy in query order: the fewest waves for interval sets.
+/// Diagonal slices that continue one another in query order are merged first (append_slice): the
+/// same visible pairs in fewer, longer slices (one-token documents cost one kernel row each, not one
+/// slice each).
 [[nodiscard]] inline std::vector<std::vector<AttnSlice>> waves(std::vector<AttnSlice> slices) {
-  std::sort(slices.begin(), slices.end(), [](const AttnSlice& a, const AttnSlice& b) {
+  const auto by_rows = [](const AttnSlice& a, const AttnSlice& b) {
     return a.q_range.begin != b.q_range.begin ? a.q_range.begin < b.q_range.begin : a.k_range.begin < b.k_range.begin;
-  });
+  };
+  if (!std::is_sorted(slices.begin(), slices.end(), by_rows)) std::sort(slices.begin(), slices.end(), by_rows);
+  std::vector<AttnSlice> merged;
+  merged.reserve(slices.size());
+  for (const AttnSlice& s : slices) append_slice(merged, s);
   std::vector<std::vector<AttnSlice>> out;
   std::vector<std::int64_t> wave_end;
-  for (const AttnSlice& s : slices) {
+  for (const AttnSlice& s : merged) {
     std::size_t w = 0;
     while (w < out.size() && wave_end[w] > s.q_range.begin) ++w;
     if (w == out.size()) out.emplace_back(), wave_end.push_back(0);
@@ -99,28 +109,42 @@ namespace seqpar {
 /// in the list and globally, are one range (one piece to send instead of one per range).
 [[nodiscard]] inline std::vector<Range> keys_needed(const std::vector<AttnSlice>& slices,
                                                     const std::vector<Range>& available) {
-  std::vector<std::vector<Range>> need(available.size());
+  // One flat (available range, keys read inside it) entry per hit: a list per available range cost
+  // every call O(available) allocations, and a ring over a million Per-Doc pieces asks ~100 times per
+  // rank, mostly for ranges nobody reads.
+  std::vector<std::pair<std::size_t, Range>> need;
   const DisjointRangeIndex index(available);
   std::vector<std::size_t> hits;
+  std::size_t hint = 0;
   for (const AttnSlice& s : slices) {
-    index.overlapping(s.k_range, hits);
+    index.overlapping(s.k_range, hits, hint);
     for (std::size_t a : hits) {
       const AttnSlice c = clip_slice(s, s.q_range, available[a]);
-      if (!c.q_range.empty()) need[a].push_back(c.k_range);
+      if (!c.q_range.empty()) need.emplace_back(a, c.k_range);
     }
   }
+  std::sort(need.begin(), need.end(), [](const auto& x, const auto& y) {
+    return x.first != y.first ? x.first < y.first : x.second.begin < y.second.begin;
+  });
   std::vector<Range> out;
-  std::size_t last = available.size(), prev_nonempty = available.size();  // last: available range of out.back()
-  for (std::size_t a = 0; a < available.size(); ++a) {
-    if (available[a].empty()) continue;
-    for (const Range& r : merge_ranges(std::move(need[a]))) {
-      if (!out.empty() && last == prev_nonempty && out.back().end == r.begin)
+  std::size_t last = available.size();  // available range of out.back()
+  for (std::size_t i = 0; i < need.size();) {
+    const std::size_t a = need[i].first;
+    // out.back() runs on into range a only when every available range between them is empty.
+    bool follows = !out.empty();
+    for (std::size_t b = last + 1; follows && b < a; ++b) follows = available[b].empty();
+    for (; i < need.size() && need[i].first == a; ++i) {
+      const Range r = need[i].second;
+      if (!out.empty() && last == a && r.begin <= out.back().end) {  // merge inside range a
+        out.back().end = std::max(out.back().end, r.end);
+      } else if (!out.empty() && last != a && follows && out.back().end == r.begin) {  // coalesce along the buffer
         out.back().end = r.end;
-      else
+        last = a;
+      } else {
         out.push_back(r);
-      last = a;
+        last = a;
+      }
     }
-    prev_nonempty = a;
   }
   return out;
 }

@@ -11,6 +11,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "seqpar/partition/partitioner.hpp"
@@ -161,9 +162,9 @@ struct Hybrid {
     std::vector<std::pair<std::int64_t, double>> costed;  // feasible (tau, cost), ascending tau
     double lowest = std::numeric_limits<double>::infinity();
     for (const std::int64_t tau : taus) {
-      const auto p = candidate(batch, topo, tau);
+      auto p = candidate(batch, topo, tau);
       if (!p) continue;
-      costed.emplace_back(tau, score(batch, *p, tau).cost);
+      costed.emplace_back(tau, score(batch, std::move(*p), tau).cost);
       lowest = std::min(lowest, costed.back().second);
     }
     if (costed.empty()) throw std::logic_error("partition::Hybrid: no feasible threshold (tau = 0 always is)");
@@ -171,7 +172,7 @@ struct Hybrid {
     for (const auto& [tau, c] : costed)
       if (c <= lowest * (1.0 + args.tolerance)) chosen = tau;
     // The chosen plan is rebuilt (cheap) but not costed again: a simulated cost is the expensive part.
-    HybridReport best = measure(batch, *candidate(batch, topo, chosen), chosen);
+    HybridReport best = measure(batch, std::move(*candidate(batch, topo, chosen)), chosen);
     best.cost =
         std::find_if(costed.begin(), costed.end(), [chosen](const auto& tc) { return tc.first == chosen; })->second;
     best.candidates_evaluated = static_cast<int>(costed.size());
@@ -260,9 +261,12 @@ struct Hybrid {
     return p;
   }
 
-  // Everything of the report but its cost.
-  [[nodiscard]] HybridReport measure(const DocumentBatch& batch, const ShardPlan& p, std::int64_t tau) const {
+  // Everything of the report but its cost. Takes the plan (a copy of a million-slice plan per
+  // candidate was a large part of planning one-token documents).
+  [[nodiscard]] HybridReport measure(const DocumentBatch& batch, ShardPlan plan, std::int64_t tau) const {
     HybridReport r;
+    r.plan = std::move(plan);
+    const ShardPlan& p = r.plan;
     const auto n = static_cast<std::size_t>(p.world_size());
     r.tokens.resize(n);
     r.area.resize(n);
@@ -274,12 +278,11 @@ struct Hybrid {
     }
     for (const Document& d : batch.documents()) r.per_doc_documents += d.tokens.size() > tau ? 1 : 0;
     r.threshold = tau;
-    r.plan = p;
     return r;
   }
 
-  [[nodiscard]] HybridReport score(const DocumentBatch& batch, const ShardPlan& p, std::int64_t tau) const {
-    HybridReport r = measure(batch, p, tau);
+  [[nodiscard]] HybridReport score(const DocumentBatch& batch, ShardPlan p, std::int64_t tau) const {
+    HybridReport r = measure(batch, std::move(p), tau);
     const HybridCandidate c{batch, r.plan, tau, r.tokens, r.area, r.received_kv_tokens};
     r.cost = args.cost ? args.cost(c) : hybrid_proxy_cost(c, args.compute_weight, args.comm_weight, args.overlap);
     return r;

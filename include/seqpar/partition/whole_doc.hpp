@@ -30,13 +30,39 @@ namespace detail {
   return std::max(even, scaled);
 }
 
+/// Items of equal length and cost are interchangeable for every balance figure: this gives each rank
+/// its share of them as one run in item order, lowest rank first (the same per-rank multiset of items,
+/// so the same tokens and load everywhere). LPT deals equal items round-robin, which left a million
+/// one-token documents as a million single-token ranges and slices; in runs, adjacent documents stay
+/// on one rank and merge into one owned range and a few slices. `order` lists the items with equal
+/// ones adjacent and in ascending index among themselves (what pack_whole's stable sorts give).
+inline void keep_equal_items_together(const std::vector<std::int64_t>& lengths, const std::vector<double>& costs,
+                                      const std::vector<std::size_t>& order, std::vector<int>& where) {
+  std::vector<std::int64_t> count(
+      where.empty() ? 0 : static_cast<std::size_t>(*std::max_element(where.begin(), where.end())) + 1, 0);
+  const auto same = [&](std::size_t a, std::size_t b) { return lengths[a] == lengths[b] && costs[a] == costs[b]; };
+  for (std::size_t a = 0; a < order.size();) {
+    std::size_t b = a + 1;
+    while (b < order.size() && same(order[a], order[b])) ++b;
+    for (std::size_t i = a; i < b; ++i) ++count[static_cast<std::size_t>(where[order[i]])];
+    std::size_t r = 0;  // counting sort of the group's ranks, handed out in item order
+    for (std::size_t i = a; i < b; ++i) {
+      while (count[r] == 0) ++r;
+      where[order[i]] = static_cast<int>(r);
+      --count[r];
+    }
+    a = b;
+  }
+}
+
 /// Places whole items (length, cost) onto `ranks`, each already holding `tokens[r]` tokens and
 /// `load[r]` cost, so that no rank exceeds `capacity` tokens. Returns the rank of each item, or
 /// nothing when it found no placement.
 /// First LPT on cost (largest first, onto the least-loaded rank that still has room), which is
 /// within 4/3 of the optimal makespan when the capacity does not bind; if the capacity blocks it,
 /// a second pass places items by tokens (largest first onto the emptiest rank), which fits whenever
-/// the largest item fits in the room left after an even spread.
+/// the largest item fits in the room left after an even spread. Equal items end up in runs
+/// (keep_equal_items_together).
 [[nodiscard]] inline std::optional<std::vector<int>> pack_whole(const std::vector<std::int64_t>& lengths,
                                                                 const std::vector<double>& costs,
                                                                 std::vector<std::int64_t> tokens,
@@ -69,7 +95,10 @@ namespace detail {
       t[static_cast<std::size_t>(best)] += lengths[i];
       l[static_cast<std::size_t>(best)] += costs[i];
     }
-    if (ok) return where;
+    if (ok) {
+      keep_equal_items_together(lengths, costs, order, where);
+      return where;
+    }
   }
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return lengths[a] > lengths[b]; });
   for (std::size_t i : order) {
@@ -78,6 +107,7 @@ namespace detail {
     *it += lengths[i];
     where[i] = static_cast<int>(it - tokens.begin());
   }
+  keep_equal_items_together(lengths, costs, order, where);
   return where;
 }
 

@@ -35,14 +35,19 @@ inline void zigzag_cut(Range span, int n, std::int64_t& cursor, std::vector<std:
   const auto chunks = static_cast<std::int64_t>(2 * n);
   const std::int64_t base = span.size() / chunks;
   const std::int64_t rem = span.size() % chunks;
-  std::vector<int> extra(static_cast<std::size_t>(n), 0);
-  for (std::int64_t i = 0; i < rem; ++i) ++extra[static_cast<std::size_t>((cursor + i) % n)];
+  // Remainder tokens rank `rank` receives: the i in [0, rem) with (cursor + i) % n == rank (rem < 2n),
+  // counted without a per-span table (Per-Doc cuts every document: a million of them at one token).
+  const std::int64_t first = cursor;
+  const auto extra = [&](int rank) {
+    const std::int64_t d = ((rank - first) % n + n) % n;
+    return (d < rem ? 1 : 0) + (d + n < rem ? 1 : 0);
+  };
   cursor = (cursor + rem) % n;
   std::int64_t at = span.begin;
   for (int c = 0; c < 2 * n; ++c) {
     const bool front = c < n;
     const int rank = front ? c : 2 * n - 1 - c;
-    const int e = extra[static_cast<std::size_t>(rank)];
+    const int e = extra(rank);
     const std::int64_t len = base + ((front ? e >= 1 : e == 2) ? 1 : 0);
     append_range(owned[static_cast<std::size_t>(rank)], {at, at + len});
     at += len;

@@ -33,18 +33,23 @@ struct Candidate {
 };
 
 /// Per-Doc cuts every document it splits into 2P pieces, and a ring over P ranks then runs ~4 slices per
-/// split document per rank per step: about 4 * D * P^2 slices in the compiled programs. Planning tools
-/// refuse a candidate above this many (measured ~200 bytes each with their pieces) instead of exhausting
-/// memory: at 256 ranks a 2M-token batch of 2K documents is ~160 M slices. A trainer compiles only its own
-/// rank's program (P times less) and is unaffected.
+/// split document per rank per step: about 4 * D * P^2 slices in the compiled programs (per_doc_slices:
+/// fewer for documents shorter than 2P). Planning tools refuse a candidate above this many (measured
+/// ~200 bytes each with their pieces) instead of exhausting memory: at 256 ranks a 2M-token batch of 2K
+/// documents is ~160 M slices. A trainer compiles only its own rank's program (P times less) and is
+/// unaffected.
 inline constexpr double kMaxPlannedSlices = 1e7;
 
-[[nodiscard]] inline Status check_split_budget(double split_documents, int ranks) {
-  const double slices = 4.0 * split_documents * ranks * ranks;
+/// Refuses Per-Doc cuts of the documents of `batch` longer than `longer_than` over `ranks` above the
+/// planning budget.
+[[nodiscard]] inline Status check_split_budget(const DocumentBatch& batch, int ranks, std::int64_t longer_than = 0) {
+  const double slices = per_doc_slices(batch, ranks, longer_than);
   if (slices <= kMaxPlannedSlices) return Status::success();
+  std::int64_t split = 0;
+  for (const Document& d : batch.documents()) split += d.tokens.size() > longer_than ? 1 : 0;
   return Status::refuse(
-      "Per-Doc would cut " + std::to_string(static_cast<long long>(split_documents)) + " documents into " +
-      std::to_string(2 * ranks) + " pieces each: ~" + std::to_string(static_cast<long long>(slices / 1e6)) +
+      "Per-Doc would cut " + std::to_string(split) + " documents into up to " + std::to_string(2 * ranks) +
+      " pieces each: ~" + std::to_string(static_cast<long long>(slices / 1e6)) +
       " M slices to plan across all ranks (budget " + std::to_string(static_cast<long long>(kMaxPlannedSlices / 1e6)) +
       " M); use fewer ranks per "
       "ring (Hierarchical, BatchAware) or longer documents");
@@ -87,7 +92,7 @@ template <class Communicator>
   const partition::Hybrid partitioner{args.partition};
   if (planned.status = partitioner.can_implement(batch, topo); planned.status) {
     partition::HybridReport report = partitioner.plan_with_report(batch, topo);
-    planned.status = check_split_budget(report.per_doc_documents, topo.world_size);
+    planned.status = check_split_budget(batch, topo.world_size, report.threshold);
     if (planned.status) {
       planned.plan = std::move(report.plan);
       planned.status = Communicator{args.comm}.can_implement(planned.plan, shape);
@@ -149,7 +154,7 @@ template <class Communicator>
     cand.compile = [inner = std::move(cand.compile)](const DocumentBatch& batch, const AttentionShape& shape,
                                                      const Topology& topo) {
       replay::CompiledStrategy out;
-      out.status = check_split_budget(static_cast<double>(batch.documents().size()), topo.world_size);
+      out.status = check_split_budget(batch, topo.world_size);
       return out.status ? inner(batch, shape, topo) : out;
     };
     c.push_back(std::move(cand));

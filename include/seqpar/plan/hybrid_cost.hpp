@@ -62,6 +62,27 @@ namespace seqpar::plan {
 /// larger ones fall back to hybrid_estimated_cost.
 inline constexpr int kSimulatedHybridRanks = 16;
 
+/// Slices a ring plans over all `ranks` (forward and backward) when the documents of `batch` longer
+/// than `longer_than` are cut Per-Doc: a document of s tokens is m = min(s, 2P) non-empty pieces on
+/// min(m, P) ranks, and a piece is one slice per rank holding keys it reads, twice: 2 m min(m, P),
+/// 4 P^2 for s >= 2P. A one-token document is one piece on one rank: 2 slices, not 4 P^2.
+[[nodiscard]] inline double per_doc_slices(const DocumentBatch& batch, int ranks, std::int64_t longer_than = 0) {
+  double total = 0;
+  for (const Document& d : batch.documents()) {
+    const std::int64_t s = d.tokens.size();
+    if (s <= longer_than) continue;
+    const auto m = static_cast<double>(std::min<std::int64_t>(s, 2 * std::int64_t{ranks}));
+    total += 2.0 * m * std::min(m, static_cast<double>(ranks));
+  }
+  return total;
+}
+
+/// Hybrid's sweep simulates a candidate only when Per-Doc cuts of the whole batch (its threshold-0
+/// candidate, the largest) stay under this many slices; above it (10,000 documents of 100 tokens at
+/// P = 8: 2.6 M) each candidate's compile and replay took seconds and GiB, and every candidate of the
+/// sweep is estimated instead (one rule per batch, so the candidates stay comparable).
+inline constexpr double kSimulatedHybridSlices = 1e6;
+
 /// partition::Hybrid's cost function from the cost model: the candidate plan is compiled into the
 /// programs `Communicator` (sharding-aware: comm::Ring or comm::AllGather) would run on every rank and
 /// replayed on `hw`; the cost is that layer's attention forward + backward, plus `seconds_per_token`
@@ -77,7 +98,7 @@ template <class Communicator = comm::Ring>
   const partition::HybridCostFunction estimate = hybrid_estimated_cost(hw, shape, seconds_per_token);
   return [hw, shape, seconds_per_token, estimate](const partition::HybridCandidate& c) {
     const int p = c.plan.world_size();
-    if (p > kSimulatedHybridRanks) return estimate(c);
+    if (p > kSimulatedHybridRanks || per_doc_slices(c.batch, p) > kSimulatedHybridSlices) return estimate(c);
     Communicator communicator{};
     communicator.args.sharding_aware = true;
     std::vector<comm::Program> fwd, bwd;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -27,8 +28,23 @@ struct RingSpec {
   int q_heads = 0, kv_heads = 0;
   std::vector<HeadGroup> head_groups;
   int tag_base = 0;
+  /// When set, the members' tokens and slices where they already live (flat Ring: the plan's), read
+  /// instead of `tokens` and `slices`: every rank copying a plan of a million pieces into its spec
+  /// cost more than compiling it.
+  std::vector<const std::vector<Range>*> token_views;
+  std::vector<const std::vector<AttnSlice>*> slice_views;
 
-  [[nodiscard]] int size() const noexcept { return static_cast<int>(tokens.size()); }
+  [[nodiscard]] int size() const noexcept {
+    return static_cast<int>(token_views.empty() ? tokens.size() : token_views.size());
+  }
+  [[nodiscard]] const std::vector<Range>& member_tokens(int m) const {
+    const auto i = static_cast<std::size_t>(m);
+    return token_views.empty() ? tokens[i] : *token_views[i];
+  }
+  [[nodiscard]] const std::vector<AttnSlice>& member_slices(int m) const {
+    const auto i = static_cast<std::size_t>(m);
+    return slice_views.empty() ? slices[i] : *slice_views[i];
+  }
 };
 
 /// The ring's plan, step by step, as every member computes it: whose KV a member holds at step s and
@@ -57,10 +73,17 @@ class RingSchedule {
 
   /// Slices `member` computes at step s (0: its own KV), in its local rows.
   [[nodiscard]] std::vector<AttnSlice> slices(int member, int s) const {
-    const auto& mine = spec_.tokens[static_cast<std::size_t>(member)];
-    const RowMap q_map = RowMap::concat(mine);
-    const RowMap k_map = RowMap::concat(s == 0 ? mine : received(member, s));
-    return localize(spec_.slices[static_cast<std::size_t>(member)], q_map, k_map);
+    const auto& mine = spec_.member_tokens(member);
+    if (s != 0 && received(member, s).empty()) return {};
+    const RowMap q_map = member == spec_.me ? own_map() : RowMap::concat(mine);
+    const RowMap k_map = s == 0 ? q_map : RowMap::concat(received(member, s));
+    return localize(spec_.member_slices(member), q_map, k_map);
+  }
+
+  /// Rows of spec.me's own buffers (its tokens back to back), built once.
+  [[nodiscard]] const RowMap& own_map() const {
+    if (!own_map_) own_map_ = RowMap::concat(spec_.member_tokens(spec_.me));
+    return *own_map_;
   }
 
   [[nodiscard]] static std::int64_t rows(const std::vector<Range>& ranges) noexcept {
@@ -75,17 +98,14 @@ class RingSchedule {
     const std::int64_t key = static_cast<std::int64_t>(member) * k_ + src;
     auto it = needed_.find(key);
     if (it == needed_.end())
-      it = needed_
-               .emplace(key, keys_needed(spec_.slices[static_cast<std::size_t>(member)],
-                                         spec_.tokens[static_cast<std::size_t>(src)]))
-               .first;
+      it = needed_.emplace(key, keys_needed(spec_.member_slices(member), spec_.member_tokens(src))).first;
     return it->second;
   }
   const std::vector<Range>& nonempty(int src) const {
     auto it = nonempty_.find(src);
     if (it == nonempty_.end()) {
       std::vector<Range> out;
-      for (const Range& r : spec_.tokens[static_cast<std::size_t>(src)])
+      for (const Range& r : spec_.member_tokens(src))
         if (!r.empty()) out.push_back(r);
       it = nonempty_.emplace(src, std::move(out)).first;
     }
@@ -95,6 +115,7 @@ class RingSchedule {
   int k_;
   mutable std::unordered_map<std::int64_t, std::vector<Range>> needed_;
   mutable std::unordered_map<int, std::vector<Range>> nonempty_;
+  mutable std::optional<RowMap> own_map_;
 };
 
 inline constexpr BufferId kRingK[2] = {BufferId::kKRing0, BufferId::kKRing1};
@@ -105,7 +126,7 @@ inline void add_ring_staging(Program& p, const RingSchedule& sched, bool backwar
   const RingSpec& spec = sched.spec();
   std::int64_t block = 0;
   for (int s = 1; s < spec.size(); ++s) block = std::max(block, sched.rows(sched.received(spec.me, s)));
-  const std::int64_t mine = sched.rows(spec.tokens[static_cast<std::size_t>(spec.me)]);
+  const std::int64_t mine = sched.rows(spec.member_tokens(spec.me));
   for (int slot = 0; slot < 2; ++slot) {
     p.staging.push_back({kRingK[slot], block, spec.kv_heads});
     p.staging.push_back({kRingV[slot], block, spec.kv_heads});
@@ -146,9 +167,7 @@ inline PostStep ring_kv_post(const RingSchedule& sched, int s) {
   if (spec.sharding_aware) {
     const int to = (me + s) % k;
     const std::vector<Range>& out = sched.received(to, s);
-    if (!out.empty())
-      post.sends.push_back({to, kv_pieces(out, RowMap::concat(spec.tokens[static_cast<std::size_t>(me)]), spec.k,
-                                          spec.v, spec.kv_heads)});
+    if (!out.empty()) post.sends.push_back({to, kv_pieces(out, sched.own_map(), spec.k, spec.v, spec.kv_heads)});
   } else {
     const int to = (me + 1) % k;
     const std::vector<Range>& out = sched.received(to, s);  // = what I held at s - 1
@@ -220,8 +239,7 @@ inline void append_ring_backward(Program& p, const RingSchedule& sched) {
     const int holder = (me + s) % k;
     if (sched.computes(holder, s)) {
       const std::vector<Range>& out = sched.received(holder, s);
-      ret.recvs.push_back({holder, kv_pieces(out, RowMap::concat(spec.tokens[static_cast<std::size_t>(me)]), spec.dk,
-                                             spec.dv, spec.kv_heads)});
+      ret.recvs.push_back({holder, kv_pieces(out, sched.own_map(), spec.dk, spec.dv, spec.kv_heads)});
     }
     if (return_pending[static_cast<std::size_t>(s % 2)]) p.steps.push_back(WaitStep{rslot});
     return_pending[static_cast<std::size_t>(s % 2)] = true;

@@ -42,7 +42,7 @@ namespace seqpar::train {
 /// train::unshard(transport, plan, o.view(), o_global.view());  // (total tokens, Hq, D) on every rank
 /// @endcode
 
-namespace detail {
+namespace detail_shard {
 
 inline std::int64_t total_tokens(const ShardPlan& plan) {
   std::int64_t n = 0;
@@ -91,16 +91,16 @@ ThdView<T> per_token(std::span<T> s) {
   return ThdView<T>::dense(s.data(), static_cast<std::int64_t>(s.size()), 1, 1);
 }
 
-}  // namespace detail
+}  // namespace detail_shard
 
 /// Rank `rank`'s rows of `global` (every token of the plan's batch) into `local`
 /// (plan.local_tokens(rank) rows), in plan order. Heads and head_dim must match.
 template <class G, class L>
 void shard(const ShardPlan& plan, int rank, const ThdView<G>& global, const ThdView<L>& local) {
-  detail::check_thd(plan, rank, global, local, "train::shard");
+  detail_shard::check_thd(plan, rank, global, local, "train::shard");
   std::int64_t at = 0;
   for (const Range& r : plan.owned[static_cast<std::size_t>(rank)]) {
-    detail::copy_rows(global, r.begin, local, at, r.size());
+    detail_shard::copy_rows(global, r.begin, local, at, r.size());
     at += r.size();
   }
 }
@@ -108,10 +108,10 @@ void shard(const ShardPlan& plan, int rank, const ThdView<G>& global, const ThdV
 /// Rank `rank`'s local rows written at their global rows of `global`; other rows are left alone.
 template <class L, class G>
 void unshard_local(const ShardPlan& plan, int rank, const ThdView<L>& local, const ThdView<G>& global) {
-  detail::check_thd(plan, rank, global, local, "train::unshard_local");
+  detail_shard::check_thd(plan, rank, global, local, "train::unshard_local");
   std::int64_t at = 0;
   for (const Range& r : plan.owned[static_cast<std::size_t>(rank)]) {
-    detail::copy_rows(local, at, global, r.begin, r.size());
+    detail_shard::copy_rows(local, at, global, r.begin, r.size());
     at += r.size();
   }
 }
@@ -120,8 +120,8 @@ void unshard_local(const ShardPlan& plan, int rank, const ThdView<L>& local, con
 template <class G, class L>
 void shard(const ShardPlan& plan, int rank, const LseView<G>& global, const LseView<L>& local) {
   constexpr const char* where = "train::shard";
-  detail::check_rank(plan, rank, where);
-  seqpar::detail::check_view(global, where, "global", local.heads, detail::total_tokens(plan));
+  detail_shard::check_rank(plan, rank, where);
+  seqpar::detail::check_view(global, where, "global", local.heads, detail_shard::total_tokens(plan));
   seqpar::detail::check_view(local, where, "local", global.heads, plan.local_tokens(rank));
   for (int h = 0; h < global.heads; ++h) {
     std::int64_t at = 0;
@@ -133,8 +133,8 @@ void shard(const ShardPlan& plan, int rank, const LseView<G>& global, const LseV
 template <class L, class G>
 void unshard_local(const ShardPlan& plan, int rank, const LseView<L>& local, const LseView<G>& global) {
   constexpr const char* where = "train::unshard_local";
-  detail::check_rank(plan, rank, where);
-  seqpar::detail::check_view(global, where, "global", local.heads, detail::total_tokens(plan));
+  detail_shard::check_rank(plan, rank, where);
+  seqpar::detail::check_view(global, where, "global", local.heads, detail_shard::total_tokens(plan));
   seqpar::detail::check_view(local, where, "local", global.heads, plan.local_tokens(rank));
   for (int h = 0; h < global.heads; ++h) {
     std::int64_t at = 0;
@@ -146,11 +146,11 @@ void unshard_local(const ShardPlan& plan, int rank, const LseView<L>& local, con
 /// One value per token (token ids, labels, per-token losses or weights).
 template <class G, class L>
 void shard(const ShardPlan& plan, int rank, std::span<G> global, std::span<L> local) {
-  shard(plan, rank, detail::per_token(global), detail::per_token(local));
+  shard(plan, rank, detail_shard::per_token(global), detail_shard::per_token(local));
 }
 template <class L, class G>
 void unshard_local(const ShardPlan& plan, int rank, std::span<L> local, std::span<G> global) {
-  unshard_local(plan, rank, detail::per_token(local), detail::per_token(global));
+  unshard_local(plan, rank, detail_shard::per_token(local), detail_shard::per_token(global));
 }
 
 /// Every rank's local rows gathered into `global` (every token, global order) on every rank of
@@ -163,17 +163,17 @@ void unshard(Tr& transport, const ShardPlan& plan, const ThdView<L>& local, cons
   seqpar::detail::require(transport.size() == plan.world_size(), where, "transport.size()", transport.size(),
                           "must equal the plan's world size " + std::to_string(plan.world_size()));
   const int rank = transport.rank();
-  detail::check_thd(plan, rank, global, local, where);
+  detail_shard::check_thd(plan, rank, global, local, where);
   const std::int64_t row = std::int64_t{global.heads} * global.head_dim;
   const std::int64_t total = global.tokens;
   std::vector<T> send;
   std::span<const T> send_span;
-  if (detail::dense(local)) {
+  if (detail_shard::dense(local)) {
     send_span = std::span<const T>(local.data, static_cast<std::size_t>(local.tokens * row));
   } else {
     send.resize(static_cast<std::size_t>(local.tokens * row));
-    detail::copy_rows(local, 0, ThdView<T>::dense(send.data(), local.tokens, local.heads, local.head_dim), 0,
-                      local.tokens);
+    detail_shard::copy_rows(local, 0, ThdView<T>::dense(send.data(), local.tokens, local.heads, local.head_dim), 0,
+                            local.tokens);
     send_span = send;
   }
   std::vector<std::size_t> counts(static_cast<std::size_t>(plan.world_size()));
@@ -185,7 +185,7 @@ void unshard(Tr& transport, const ShardPlan& plan, const ThdView<L>& local, cons
   std::int64_t at = 0;  // rank r's rows follow rank r-1's, each in r's plan order
   for (int r = 0; r < plan.world_size(); ++r)
     for (const Range& g : plan.owned[static_cast<std::size_t>(r)]) {
-      detail::copy_rows(packed, at, global, g.begin, g.size());
+      detail_shard::copy_rows(packed, at, global, g.begin, g.size());
       at += g.size();
     }
 }
@@ -212,7 +212,7 @@ void unshard(Tr& transport, const ShardPlan& plan, const LseView<L>& local, cons
 template <Transport Tr, class L, class T>
 requires std::is_same_v<std::remove_const_t<L>, T> && std::is_trivially_copyable_v<T>
 void unshard(Tr& transport, const ShardPlan& plan, std::span<L> local, std::span<T> global) {
-  unshard(transport, plan, detail::per_token(local), detail::per_token(global));
+  unshard(transport, plan, detail_shard::per_token(local), detail_shard::per_token(global));
 }
 
 }  // namespace seqpar::train

@@ -50,9 +50,9 @@ struct TokenMeta {
 /// The metadata of rank `rank`'s local rows under `plan` (a plan of `batch`).
 [[nodiscard]] inline TokenMeta token_meta(const DocumentBatch& batch, const ShardPlan& plan, int rank) {
   constexpr const char* where = "train::token_meta";
-  detail::check_rank(plan, rank, where);
-  seqpar::detail::require(detail::total_tokens(plan) == batch.total_tokens(), where, "plan",
-                          std::to_string(detail::total_tokens(plan)) + " tokens",
+  detail_shard::check_rank(plan, rank, where);
+  seqpar::detail::require(detail_shard::total_tokens(plan) == batch.total_tokens(), where, "plan",
+                          std::to_string(detail_shard::total_tokens(plan)) + " tokens",
                           "is not a plan of this batch (" + std::to_string(batch.total_tokens()) + " tokens)");
   TokenMeta m;
   const auto n = static_cast<std::size_t>(plan.local_tokens(rank));
@@ -107,7 +107,7 @@ template <Transport Tr, class Id>
                                      std::span<const Id> local_ids, Id ignore) {
   seqpar::detail::require(static_cast<std::int64_t>(local_ids.size()) == meta.rows(), "train::labels",
                           "local_ids.size()", local_ids.size(), "expected " + std::to_string(meta.rows()));
-  std::vector<Id> all(static_cast<std::size_t>(detail::total_tokens(plan)));
+  std::vector<Id> all(static_cast<std::size_t>(detail_shard::total_tokens(plan)));
   unshard(transport, plan, local_ids, std::span<Id>(all));
   return labels(meta, std::span<const Id>(all), ignore);
 }

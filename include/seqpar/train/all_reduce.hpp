@@ -2,6 +2,7 @@
 // seqpar: exact distributed attention over packed long-context batches.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -29,11 +30,12 @@ void all_reduce_sum(Tr& transport, std::span<T> values) {
   std::vector<std::uint64_t> sizes(static_cast<std::size_t>(p));
   const std::uint64_t mine = n;
   transport.all_gather(as_bytes_of(std::span<const std::uint64_t>(&mine, 1)), as_writable_bytes_of(std::span(sizes)));
-  for (int r = 0; r < p; ++r)
-    if (sizes[static_cast<std::size_t>(r)] != mine)
-      throw Error(Errc::kMismatch, "train::all_reduce_sum: rank " + std::to_string(me) + " has " +
-                                       std::to_string(mine) + " values, rank " + std::to_string(r) + " has " +
-                                       std::to_string(sizes[static_cast<std::size_t>(r)]));
+  if (std::any_of(sizes.begin(), sizes.end(), [&](std::uint64_t s) { return s != mine; })) {
+    std::string all;  // the same message on every rank, whichever rank's error is reported
+    for (const std::uint64_t s : sizes) all += (all.empty() ? "" : ", ") + std::to_string(s);
+    throw Error(Errc::kMismatch,
+                "train::all_reduce_sum: ranks disagree on the number of values: " + all + " (rank order)");
+  }
   if (p == 1 || n == 0) return;
   const auto pu = static_cast<std::size_t>(p);
   const auto begin = [&](std::size_t r) { return n * r / pu; };  // chunk r: [begin(r), begin(r + 1))

@@ -67,6 +67,7 @@ struct Record {
   bool refused = false;
   std::string reason;
   double a2a_s = kNaN, a2a_speedup = kNaN, paper_a2a_speedup = kNaN, a2a_share = kNaN;
+  double a2a_copy_s = kNaN, a2a_copy_speedup = kNaN;  ///< the same with the programs' permute copies
   std::string notes;
 };
 
@@ -126,8 +127,8 @@ void run_basp() {
   using partition::BatchAware, partition::Uniform, partition::Zigzag, partition::Hybrid;
   using Hier = comm::Hierarchical<AllToAll, Ring>;
   std::printf("\n== BASP (2 nodes x 4 %s, ZeRO-3 over 8, checkpointing; training step) ==\n", hw.name.c_str());
-  std::printf("%-26s %-26s %9s %9s %9s %8s %8s %7s %9s %-30s\n", "workload", "strategy", "step ms", "speedup", "paper",
-              "a2a ms", "a2a x", "a2a %", "mem GiB", "paper a2a");
+  std::printf("%-26s %-26s %9s %9s %9s %8s %8s %8s %7s %9s %-30s\n", "workload", "strategy", "step ms", "speedup",
+              "paper", "a2a ms", "a2a x", "+copy x", "a2a %", "mem GiB", "paper a2a");
   for (const BaspWorkload& w : ws) {
     const DocumentBatch batch(std::vector<std::vector<std::int64_t>>(static_cast<std::size_t>(w.batch), {w.seq}));
     const AttentionShape shape = w.model.attention();
@@ -197,6 +198,9 @@ void run_basp() {
       r.speedup = base.step_s / rep.step_s;
       r.a2a_s = rep.attention_comm_s;
       r.a2a_speedup = ratio(base.attention_comm_s, rep.attention_comm_s);
+      r.a2a_copy_s = rep.attention_comm_copy_s;
+      r.a2a_copy_speedup = rep.attention_comm_s > 0 ? ratio(base.attention_comm_copy_s, rep.attention_comm_copy_s)
+                                                    : r.a2a_speedup;  // no all-to-all left: its copies are not one
       // The all-to-all share of the step as BASP reports it (~34% for Ulysses [R]): every layer runs the
       // attention programs forward, again in the recompute, and backward; attention_comm_s is one layer's
       // forward + backward transfer time.
@@ -208,9 +212,10 @@ void run_basp() {
         r.paper_a2a_speedup = w.paper_a2a;
       }
       r.notes = "peak memory " + fmt("%.1f", rep.max_peak_memory_bytes() / replay::profiles::kGiB) + " GiB of 40";
-      std::printf("%-26s %-26s %9.1f %9s %9s %8.2f %8s %6.1f%% %9.1f %-30s\n", w.name.c_str(), r.strategy.c_str(),
+      std::printf("%-26s %-26s %9.1f %9s %9s %8.2f %8s %8s %6.1f%% %9.1f %-30s\n", w.name.c_str(), r.strategy.c_str(),
                   rep.step_s * 1e3, fmt("%.2fx", r.speedup).c_str(), i == 1 ? w.paper_e2e_text.c_str() : "",
-                  rep.attention_comm_s * 1e3, fmt("%.2fx", r.a2a_speedup).c_str(), 100.0 * r.a2a_share,
+                  rep.attention_comm_s * 1e3, fmt("%.2fx", r.a2a_speedup).c_str(),
+                  fmt("%.2fx", r.a2a_copy_speedup).c_str(), 100.0 * r.a2a_share,
                   rep.max_peak_memory_bytes() / replay::profiles::kGiB, i == 1 ? w.paper_a2a_text.c_str() : "");
       g_records.push_back(r);
     }
@@ -724,8 +729,9 @@ void run_dpp() {
 // ---------------------------------------------------------------------------------------------------------
 
 /// The factors we claim; kClaimText below says why.
-constexpr double kClaimedFactor = 1.7;
-constexpr double kA2AFactor = 5.0;
+constexpr double kClaimedFactor = 2.0;
+constexpr double kA2AFactor = 2.0;
+constexpr double kFlashCpFloor = 0.95;  ///< FlashCP never below this fraction of the best baseline (issue 16)
 
 struct Verdict {
   std::string paper, workload, comparison;
@@ -734,18 +740,21 @@ struct Verdict {
   bool direction_ok = false, size_ok = false;
   bool claimed = true;  ///< counted in the claim (false: reported only)
   double factor = kClaimedFactor;
+  bool floor = false;  ///< a lower bound (paper_value is the floor), not a ratio to the paper
 };
 
 std::vector<Verdict> verdicts() {
   std::vector<Verdict> out;
   // FlashCP: the paper's "up to" is compared with seqpar's best speedup over the mixes; the single
   // document with every single-document row.
-  double flash_best = 0;
-  std::string flash_best_w;
+  double flash_best = 0, flash_worst = std::numeric_limits<double>::infinity();
+  std::string flash_best_w, flash_worst_w;
   std::map<std::string, std::pair<double, std::string>> per_mix;  // mix -> best speedup, its workload
   // DPP's "up to" figures: per baseline (Seq1F1B per context), the best speedup over the workloads.
   std::map<std::string, std::tuple<double, std::string, double>> dpp_best;  // -> speedup, workload, paper
   for (const Record& r : g_records) {
+    if (r.paper == "FlashCP" && r.strategy == "flashcp-hybrid" && !r.refused && r.speedup < flash_worst)
+      flash_worst = r.speedup, flash_worst_w = r.workload;
     if (std::isnan(r.paper_speedup) || r.refused) continue;
     if (r.paper == "DPP" && (r.paper_bound || r.baseline == "flexsp")) {
       const std::string context = r.workload.substr(r.workload.rfind(' ') + 1);
@@ -791,29 +800,47 @@ std::vector<Verdict> verdicts() {
       out.push_back(m);
     }
   }
-  // BASP all-to-all speedups.
+  if (std::isfinite(flash_worst)) {
+    Verdict v{"FlashCP", "worst of all (" + flash_worst_w + ")", "flashcp-hybrid vs best baseline, floor", flash_worst,
+              kFlashCpFloor};
+    v.floor = true;
+    v.direction_ok = flash_worst >= kFlashCpFloor;
+    v.size_ok = v.direction_ok;
+    out.push_back(v);
+  }
+  // BASP all-to-all speedups: the transfers alone (reported), and with the permute copies around them,
+  // which DeepSpeed-Ulysses' all-to-all function runs inside it [I: what the paper's timer covers] (claimed).
   for (const Record& r : g_records)
-    if (r.paper == "BASP" && !std::isnan(r.paper_a2a_speedup) && !r.refused) {
-      Verdict v{r.paper, r.workload, "all-to-all time basp vs ulysses", r.a2a_speedup, r.paper_a2a_speedup};
-      v.direction_ok = r.a2a_speedup > 1.0;
-      v.factor = kA2AFactor;
-      // B = 8: no all-to-all is left at all (K = 1), so the ratio is infinite; the paper's ~85x is the
-      // residue of its implementation. Direction only.
-      v.size_ok = std::isinf(r.a2a_speedup) || (r.a2a_speedup / r.paper_a2a_speedup <= kA2AFactor &&
-                                                r.paper_a2a_speedup / r.a2a_speedup <= kA2AFactor);
-      out.push_back(v);
-    }
+    if (r.paper == "BASP" && !std::isnan(r.paper_a2a_speedup) && !r.refused)
+      for (const bool copies : {false, true}) {
+        const double x = copies ? r.a2a_copy_speedup : r.a2a_speedup;
+        Verdict v{r.paper, r.workload,
+                  copies ? "all-to-all + permutes basp vs ulysses" : "all-to-all transfers basp vs ulysses", x,
+                  r.paper_a2a_speedup};
+        v.direction_ok = x > 1.0;
+        v.factor = kA2AFactor;
+        v.claimed = copies;  // the transfers alone are reported; with the permutes, claimed (and missed: kClaimText)
+        // B = 8: no all-to-all is left at all (K = 1), so the ratio is infinite; the paper's ~85x is the
+        // residue of its implementation. Direction only.
+        v.size_ok = std::isinf(x) || (x / r.paper_a2a_speedup <= kA2AFactor && r.paper_a2a_speedup / x <= kA2AFactor);
+        out.push_back(v);
+      }
   return out;
 }
 
 const char* kClaimText =
-    "Claim: every comparison goes the paper's way; headline speedups (training step, tokens/s, attention layer)\n"
-    "land within 1.7x of the paper's figure, all-to-all time ratios within 5x. Why these factors: the model has\n"
-    "no kernel, NCCL or framework overheads beyond alpha, so it misjudges the share of the step the optimised\n"
-    "part takes; HSAP's model and GPUs are unknown (Llama-3.1-8B on H100 assumed); FlashCP's length mixes are\n"
-    "unpublished, and 64-token Per-Doc chunks of 1K documents are priced by an efficiency curve extrapolated\n"
-    "below FA3's 512-token anchor. BASP's all-to-all: the model reproduces the ~11x bandwidth-time gap of IB vs\n"
-    "NVLink (anchors-hw.md 1.5), the paper measures 2.2-3.1x: its all-to-all carries fixed costs the model lacks.\n"
+    "Claim (issue 16): every comparison goes the paper's way; headline speedups (training step, tokens/s,\n"
+    "attention layer) land within 2x of the paper's figure, BASP's all-to-all ratio within 2x, and FlashCP is\n"
+    "never below 0.95x of the best baseline. The model prices what a real NCCL call pays besides bandwidth: a\n"
+    "fixed cost per call and per peer, and a launch gap per copy kernel (hardware.hpp cites them); HSAP's model\n"
+    "and GPUs are unknown (Llama-3.1-8B on H100 assumed); FlashCP's length mixes are unpublished, and 64-token\n"
+    "Per-Doc chunks of 1K documents are priced by an efficiency curve extrapolated below FA3's 512-token anchor.\n"
+    "BASP's all-to-all: with NVLink at NCCL's ~230 GB/s in the node the model keeps the ~11x bandwidth-time gap\n"
+    "of IB vs NVLink (anchors-hw.md 1.5); the fixed costs and the permute copies around it (which\n"
+    "DeepSpeed-Ulysses runs inside its all-to-all function, and which the paper's timer covers [I]) bring it to\n"
+    "~7x where the paper measures 2.45-3.10x [S]. What closes the rest is the node's fabric: a 4-GPU A100-40GB\n"
+    "node of PCIe cards in NVLink-bridged pairs sends half of each rank's all-to-all over PCIe (~24 GB/s),\n"
+    "which gives ~2x [I]; the paper says NVLink, not which. Until the fabric is known this claim is missed.\n"
     "padding-32k (every document its own 32K row) is reported, not claimed: HSAP's +180% fits padding to the\n"
     "longest document of a batch. DPP's baselines are closed-form step models on the same kernel and link costs\n"
     "(bench/support/dpp_baselines.hpp), not seqpar programs; they hide ZeRO-3 traffic under compute on its own\n"
@@ -822,6 +849,7 @@ const char* kClaimText =
     "ablation pay for memory: where the model sees neither, it gives DPP less than the paper does.\n";
 
 std::string verdict_text(const Verdict& v) {
+  if (v.floor) return v.direction_ok ? "at or above the floor" : "BELOW THE FLOOR";
   std::string s = v.direction_ok ? "direction ok" : "DIRECTION WRONG";
   if (std::isinf(v.seqpar)) return s + ", no all-to-all left (K = 1)";
   s += v.size_ok ? ", within " + fmt("%.1fx", v.factor) : ", outside " + fmt("%.1fx", v.factor);
@@ -837,7 +865,11 @@ void print_summary(const std::vector<Verdict>& vs) {
   for (const Verdict& v : vs) {
     std::printf("%-8s %-36s %-42s %9s %9s %7s %s\n", v.paper.c_str(), v.workload.c_str(), v.comparison.c_str(),
                 fmt("%.2fx", v.seqpar).c_str(),
-                (std::string(v.bound ? "<=" : "") + fmt("%.2fx", v.paper_value)).c_str(),
+                (std::string(v.floor   ? ">="
+                             : v.bound ? "<="
+                                       : "") +
+                 fmt("%.2fx", v.paper_value))
+                    .c_str(),
                 fmt("%.2f", v.seqpar / v.paper_value).c_str(), verdict_text(v).c_str());
     if (v.claimed) {
       ++claimed;
@@ -877,7 +909,10 @@ bool write_markdown(const std::string& path, const std::vector<Verdict>& vs) {
       "| paper | workload | comparison | seqpar | paper | seqpar/paper | verdict |\n|---|---|---|---|---|---|---|\n");
   for (const Verdict& v : vs)
     std::fprintf(f, "| %s | %s | %s | %s | %s%s | %s | %s |\n", v.paper.c_str(), v.workload.c_str(),
-                 v.comparison.c_str(), fmt("%.2fx", v.seqpar).c_str(), v.bound ? "<= " : "",
+                 v.comparison.c_str(), fmt("%.2fx", v.seqpar).c_str(),
+                 v.floor   ? ">= "
+                 : v.bound ? "<= "
+                           : "",
                  fmt("%.2fx", v.paper_value).c_str(), fmt("%.2f", v.seqpar / v.paper_value).c_str(),
                  verdict_text(v).c_str());
   for (const char* paper : {"BASP", "HSAP", "FlashCP", "DPP"}) {
@@ -1091,6 +1126,7 @@ int main(int argc, char** argv) {
       j.add("speedup_vs_baseline", r.speedup).add("paper_speedup", r.paper_speedup);
       j.add("paper_figure", r.paper_figure).add("paper_is_upper_bound", r.paper_bound).add("beyond_paper", r.beyond);
       j.add("a2a_s", r.a2a_s).add("a2a_speedup", r.a2a_speedup).add("paper_a2a_speedup", r.paper_a2a_speedup);
+      j.add("a2a_with_copies_s", r.a2a_copy_s).add("a2a_with_copies_speedup", r.a2a_copy_speedup);
       j.add("a2a_share_of_step", r.a2a_share).add("smoke", g_smoke).add("notes", r.notes);
       records.push_back(j);
     }

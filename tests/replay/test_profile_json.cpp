@@ -34,6 +34,10 @@ replay::HardwareProfile measured_like() {
   p.memory_bytes = 8e9;
   p.value_bytes = 4;
   p.cores_per_node = 2;
+  p.collective_latency = 1.1e-5;
+  p.peer_latency_intra = 2.5e-6;
+  p.peer_latency_inter = 1.4e-5;
+  p.copy_launch = 4e-6;
   return p;
 }
 
@@ -57,6 +61,10 @@ void check_same(const replay::HardwareProfile& a, const replay::HardwareProfile&
   CHECK(a.memory_bytes == b.memory_bytes);
   CHECK(a.value_bytes == b.value_bytes);
   CHECK(a.cores_per_node == b.cores_per_node);
+  CHECK(a.collective_latency == b.collective_latency);
+  CHECK(a.peer_latency_intra == b.peer_latency_intra);
+  CHECK(a.peer_latency_inter == b.peer_latency_inter);
+  CHECK(a.copy_launch == b.copy_launch);
 }
 
 // to_json's text with one key's value replaced (the value runs to the end of its line, less a comma).
@@ -117,9 +125,20 @@ TEST_SUITE("replay") {
           std::string::npos);
     std::string missing = replay::to_json(measured_like());
     const std::size_t at = missing.find("  \"cores_per_node\"");
-    missing.erase(at - 2, missing.find('\n', at) - (at - 2));  // with the comma before it
+    missing.erase(at, missing.find('\n', at) + 1 - at);  // the whole line, its comma too
     CHECK(invalid_message([&] { (void)replay::profile_from_json(missing); }).find("'cores_per_node': is missing") !=
           std::string::npos);
+    // The fixed costs are optional (profiles written before them load with 0) but checked when given.
+    std::string old = replay::to_json(measured_like());
+    const std::size_t fixed = old.find(",\n  \"collective_latency\"");
+    REQUIRE(fixed != std::string::npos);
+    old.erase(fixed, old.rfind("\n}") - fixed);
+    const replay::HardwareProfile before_fixed = replay::profile_from_json(old);
+    CHECK(before_fixed.collective_latency == 0);
+    CHECK(before_fixed.copy_launch == 0);
+    CHECK(invalid_message([] {
+            (void)replay::profile_from_json(with_value("peer_latency_inter", "-1e-6"));
+          }).find("peer_latency_inter = -1e-06: must be finite and >= 0") != std::string::npos);
     CHECK(invalid_message([] { (void)replay::profile_from_json(""); }).find("was expected") != std::string::npos);
     CHECK(invalid_message([] { (void)replay::profile_from_json("{}"); }).find("is empty") != std::string::npos);
     CHECK(invalid_message([] {

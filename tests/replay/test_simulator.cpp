@@ -150,6 +150,65 @@ TEST_SUITE("replay") {
               .epsilon(1e-6));
   }
 
+  TEST_CASE("fixed costs: an exchange pays one call and a handshake per peer, a copy its launch gap") {
+    replay::HardwareProfile hw = round_profile();
+    hw.peak_flops = 1e30;
+    const Topology topo{4, 2};
+    const DocumentBatch batch = DocumentBatch::single({4000});
+    const AttentionShape shape{4, 4, 32, 0};
+    const auto c = plan::compile_all<Strategy<partition::Uniform, comm::AllToAll>>({}, batch, shape, topo);
+    const double bare = replay::predict(c, topo, shape, options(hw)).forward.time_s;
+    hw.collective_latency = 1e-4;
+    hw.peer_latency_intra = 1e-5;
+    hw.peer_latency_inter = 5e-5;
+    CHECK(hw.fixed_comm_seconds(1, 2) == doctest::Approx(1e-4 + 1e-5 + 2 * 5e-5));
+    CHECK(hw.fixed_comm_seconds(0, 0) == 0);
+    // Ulysses' forward: two exchanges, each rank talking to 1 peer on its node and 2 on the other.
+    const double fixed = replay::predict(c, topo, shape, options(hw)).forward.time_s;
+    CHECK(fixed - bare == doctest::Approx(2 * hw.fixed_comm_seconds(1, 2)).epsilon(1e-9));
+    const double rows = 1000, qkv = rows * 3 * 4 * 32 * 2, o = rows * 4 * 32 * 2 + rows * 4 * 4;
+    CHECK(fixed ==
+          doctest::Approx(replay::all_to_all_seconds(hw, topo, 4, qkv) + replay::all_to_all_seconds(hw, topo, 4, o))
+              .epsilon(1e-6));
+    // A launch gap per copy kernel: each exchange packs and unpacks, 4 copies in a row on every rank.
+    hw.copy_launch = 3e-6;
+    CHECK(replay::predict(c, topo, shape, options(hw)).forward.time_s - fixed == doctest::Approx(4 * 3e-6));
+    // A ring step is a grouped post of one send: one call and one peer on the transfer.
+    hw.copy_launch = 0;
+    const Topology pair{2, 2};
+    const auto ring = plan::compile_all<Strategy<partition::Uniform, comm::Ring>>({}, batch, shape, pair);
+    const auto with = replay::simulate(ring.forward, pair, shape, options(hw));
+    const auto without = replay::simulate(ring.forward, pair, shape, options(round_profile()));
+    CHECK(with.ranks[0].comm_s - without.ranks[0].comm_s ==
+          doctest::Approx(2 * hw.fixed_comm_seconds(1, 0)).epsilon(1e-9));  // a send and a receive, one each
+  }
+
+  TEST_CASE("all-gather: the gather flies while the local rows are attended, as the ring's first step") {
+    // Compute-heavy: the local part of each rank's attention takes longer than the gather, so no rank
+    // waits for it (the blocking all-to-all it replaced waited for all of it before any compute).
+    replay::HardwareProfile hw = round_profile();
+    hw.peak_flops = 1e11;
+    const Topology topo{2, 2};
+    const DocumentBatch batch = DocumentBatch::single({2000});
+    const AttentionShape shape{1, 1, 32, 0};
+    for (const bool aware : {false, true}) {
+      INFO("sharding_aware " << aware);
+      Strategy<partition::Zigzag, comm::AllGather>::Arguments args;
+      args.comm.sharding_aware = aware;
+      const auto c = plan::compile_all<Strategy<partition::Zigzag, comm::AllGather>>(args, batch, shape, topo);
+      const auto rep = replay::predict(c, topo, shape, options(hw));
+      for (const auto* r : {&rep.forward, &rep.backward})
+        for (const replay::RankTiming& t : r->ranks) {
+          CHECK(t.comm_s > 0);
+          CHECK(t.bytes_intra > 0);
+        }
+      for (const replay::RankTiming& t : rep.forward.ranks) CHECK(t.exposed_comm_s == 0);
+      // Backward: the gather hides under the local gradient; only the gradient return, which must wait
+      // for the gathered rows' gradients, can be exposed.
+      for (const replay::RankTiming& t : rep.backward.ranks) CHECK(t.exposed_comm_s < t.comm_s / 2);
+    }
+  }
+
   TEST_CASE("replays are shift-invariant and report the programs' bytes") {
     const DocumentBatch batch({{1500, 500, 2096}, {4096}});
     const AttentionShape shape{8, 2, 64, 0};

@@ -40,7 +40,9 @@ namespace seqpar::plan {
     const double link = spans_nodes ? std::min(hw.intra.bandwidth, hw.inter.bandwidth * hw.nics_per_node /
                                                                        std::max(1, std::min(p, topo.ranks_per_node)))
                                     : hw.intra.bandwidth;
-    const double latency = spans_nodes ? hw.inter.latency : hw.intra.latency;
+    // A ring step: the link's alpha and one call with one peer (HardwareProfile::fixed_comm_seconds).
+    const double latency =
+        spans_nodes ? hw.inter.latency + hw.fixed_comm_seconds(0, 1) : hw.intra.latency + hw.fixed_comm_seconds(1, 0);
     const double kv_token_bytes = 2.0 * shape.heads_kv * shape.head_dim * hw.value_bytes;
     double worst = 0;
     for (std::size_t r = 0; r < c.area.size(); ++r) {

@@ -286,15 +286,16 @@ inline void validate_schedule(const schedule::ChunkPlan& plan, const schedule::P
   const double gather = zero > 1 ? replay::ring_collective_seconds(hw, zero_group, zero, 2.0 * m.layer_params()) : 0.0;
   const double table = static_cast<double>(m.vocab) * m.hidden;
   const double head_gather = zero > 1 ? replay::ring_collective_seconds(hw, zero_group, zero, 2.0 * table) : 0.0;
-  // P2P: every rank of a stage sends its tokens / d_s rows to its peer of the next stage.
+  // P2P: every rank of a stage sends its tokens / d_s rows to its peer of the next stage, one call with one
+  // peer (the fixed costs of HardwareProfile::fixed_comm_seconds).
   const auto p2p_seconds = [&](std::int64_t tokens, int from) {
     const double bytes = static_cast<double>(tokens) * m.hidden * vb;
     const int a = from * g, b = (from + 1) * g;
-    if (topo.same_node(a, b)) return hw.intra.latency + bytes / g / hw.intra.bandwidth;
+    if (topo.same_node(a, b)) return hw.intra.latency + hw.fixed_comm_seconds(1, 0) + bytes / g / hw.intra.bandwidth;
     const int local = std::min(g, topo.ranks_per_node);
     const double nics = std::max(1.0, static_cast<double>(local) * hw.nics_per_node / topo.ranks_per_node);
     const double nodes = std::max(1.0, static_cast<double>(g) / topo.ranks_per_node);
-    return hw.inter.latency + bytes / (nodes * nics * hw.inter.bandwidth);
+    return hw.inter.latency + hw.fixed_comm_seconds(0, 1) + bytes / (nodes * nics * hw.inter.bandwidth);
   };
 
   // Per chunk: its layer on one rank of a stage, its tokens.

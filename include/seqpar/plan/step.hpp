@@ -43,6 +43,10 @@ struct StepReport {
   double step_s = 0, tokens_per_s = 0;
   double attention_fwd_s = 0, attention_bwd_s = 0;  ///< one layer, replay time from a common start
   double attention_comm_s = 0;  ///< one layer fwd+bwd: max over ranks of the attention programs' transfer time
+  /// attention_comm_s plus the programs' local copies (packing and unpacking around the exchanges, the
+  /// permutes of a Ulysses all-to-all; zero fills and merges where the program has them), slowest rank:
+  /// what a framework's timer around its all-to-all function sees (DeepSpeed-Ulysses permutes inside it).
+  double attention_comm_copy_s = 0;
   double zero_s = 0, zero_exposed_s = 0;  ///< ZeRO-3 collectives of the step, and the part compute does not hide
   double error_bound_s = 0;               ///< step_s is exact within this (layers replayed from a nearby earlier run)
   std::vector<StepRank> ranks;
@@ -307,8 +311,11 @@ class ShiftCachedReplay {
     const replay::SimulationReport b = bwd.replay().run({}, false);
     rep.attention_fwd_s = f.time_s;
     rep.attention_bwd_s = b.time_s;
-    for (std::size_t r = 0; r < un; ++r)
+    for (std::size_t r = 0; r < un; ++r) {
       rep.attention_comm_s = std::max(rep.attention_comm_s, f.ranks[r].comm_s + b.ranks[r].comm_s);
+      rep.attention_comm_copy_s = std::max(
+          rep.attention_comm_copy_s, f.ranks[r].comm_s + b.ranks[r].comm_s + f.ranks[r].copy_s + b.ranks[r].copy_s);
+    }
   }
 
   rep.error_bound_s = fwd.error_bound_s + bwd.error_bound_s;

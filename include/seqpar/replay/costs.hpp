@@ -71,9 +71,14 @@ namespace seqpar::replay {
   return std::max(flops / hw.gemm_rate(), bytes / hw.hbm_bandwidth);
 }
 
-/// A local copy of `bytes` (pack / unpack): read and write through HBM.
+/// A local copy of `bytes` (pack / unpack): read and write through HBM, plus the copy kernel's launch gap.
 [[nodiscard]] inline double copy_seconds(const HardwareProfile& hw, double bytes) noexcept {
-  return bytes > 0 ? 2.0 * bytes / hw.hbm_bandwidth : 0.0;
+  return bytes > 0 ? 2.0 * bytes / hw.hbm_bandwidth + hw.copy_launch : 0.0;
+}
+
+/// A zero fill of `bytes`: written once through HBM, plus the kernel's launch gap.
+[[nodiscard]] inline double fill_seconds(const HardwareProfile& hw, double bytes) noexcept {
+  return bytes > 0 ? bytes / hw.hbm_bandwidth + hw.copy_launch : 0.0;
 }
 
 /// Bus bandwidth of a ring collective (all-gather, reduce-scatter) over `ranks` ranks of `topo`: NVLink
@@ -85,23 +90,24 @@ namespace seqpar::replay {
 }
 
 /// All-gather (or reduce-scatter) where every rank ends with (or starts from) `total_bytes` spread over
-/// `ranks`: base latency + (n-1) ring steps of hardware latency + (n-1)/n * total / busbw. Step latencies
-/// 0.6 us over NVLink and 2.7 us over the network are NCCL's tuning constants (src/graph/tuning.cc,
-/// anchors-hw.md 1.4).
+/// `ranks`: the call's fixed cost (HardwareProfile::collective_latency) + base latency + (n-1) ring steps of
+/// hardware latency + (n-1)/n * total / busbw. Step latencies 0.6 us over NVLink and 2.7 us over the network
+/// are NCCL's tuning constants (src/graph/tuning.cc, anchors-hw.md 1.4).
 [[nodiscard]] inline double ring_collective_seconds(const HardwareProfile& hw, const Topology& topo, int ranks,
                                                     double total_bytes) noexcept {
   if (ranks <= 1 || total_bytes <= 0) return 0.0;
   const bool spans_nodes = ranks > topo.ranks_per_node;
   const double alpha = spans_nodes ? hw.inter.latency : hw.intra.latency;
-  return alpha + (ranks - 1) * (spans_nodes ? 2.7e-6 : 0.6e-6) +
+  return hw.collective_latency + alpha + (ranks - 1) * (spans_nodes ? 2.7e-6 : 0.6e-6) +
          (ranks - 1.0) / ranks * total_bytes / ring_busbw(hw, topo, ranks);
 }
 
 /// A balanced all-to-all over `ranks` consecutive ranks of `topo` (the group starts at a node boundary):
 /// every rank holds `bytes_per_rank` and sends 1/ranks of it to each peer (Ulysses' sequence <-> head
-/// exchange). Priced as the replay prices an exchange step: one latency, the busiest link's bytes over
-/// its bandwidth (a rank's NVLink; across nodes, a NIC carries the traffic of the ranks that share it),
-/// and packing and unpacking through HBM.
+/// exchange). Priced as the replay prices an exchange step: one latency, the call's fixed cost (per call
+/// and per peer, HardwareProfile::fixed_comm_seconds), the busiest link's bytes over its bandwidth (a
+/// rank's NVLink; across nodes, a NIC carries the traffic of the ranks that share it), and packing and
+/// unpacking through HBM.
 [[nodiscard]] inline double all_to_all_seconds(const HardwareProfile& hw, const Topology& topo, int ranks,
                                                double bytes_per_rank) noexcept {
   if (ranks <= 1 || bytes_per_rank <= 0) return 0.0;
@@ -111,8 +117,8 @@ namespace seqpar::replay {
   const bool spans_nodes = ranks > topo.ranks_per_node;
   const double ranks_per_nic = std::max(1.0, static_cast<double>(local) / hw.nics_per_node);
   const double inter = spans_nodes ? to_each * (ranks - local) * ranks_per_nic / hw.inter.bandwidth : 0.0;
-  return (spans_nodes ? hw.inter.latency : hw.intra.latency) + std::max(intra, inter) +
-         2.0 * copy_seconds(hw, bytes_per_rank);
+  return (spans_nodes ? hw.inter.latency : hw.intra.latency) + hw.fixed_comm_seconds(local - 1, ranks - local) +
+         std::max(intra, inter) + 2.0 * copy_seconds(hw, bytes_per_rank);
 }
 
 }  // namespace seqpar::replay

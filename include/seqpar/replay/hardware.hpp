@@ -43,13 +43,27 @@ struct HardwareProfile {
   /// forward FLOPs for backward; FA3 on H100 runs backward at ~0.9x the forward rate, anchors-hw.md 2).
   double attention_backward_factor = 0.9;
   double kernel_launch = 5e-6;  ///< s added per attention kernel call
-  double hbm_bandwidth = 0.0;   ///< bytes/s, roofline memory bound
-  LinkClass intra;              ///< rank to rank inside a node (NVLink / shared memory), per rank
-  LinkClass inter;              ///< one NIC across nodes
-  int ranks_per_node = 8;       ///< GPUs per node
-  int nics_per_node = 8;        ///< inter-node bandwidth of a node = nics_per_node * inter.bandwidth
-  double memory_bytes = 0.0;    ///< per rank
-  int value_bytes = 2;          ///< bytes of one activation element (bf16 = 2, CPU fp32 = 4)
+  /// Fixed costs (issue 16): what a real NCCL call pays besides alpha + bytes / bandwidth. Without them the
+  /// model credits every saved byte in full and overrates communication savings (BASP's all-to-all came out
+  /// ~12x faster than Ulysses where the paper measured 2.45-3.10x). All 0 by default: a profile measured by
+  /// bench/calibrate holds them in its fitted latency already.
+  ///  - collective_latency: s per collective call or grouped point-to-point post (one ncclGroupStart/End):
+  ///    the kernel launch, the proxy's setup and the members' synchronization, before any byte moves;
+  ///  - peer_latency_intra / peer_latency_inter: s per peer a rank exchanges with in an all-to-all or a
+  ///    grouped post (NCCL runs an all-to-all as one send/recv pair per peer, each with its own handshake);
+  ///  - copy_launch: s per local copy kernel (pack, unpack, merge, zero fill): the launch gap between
+  ///    kernels on a stream, which the HBM roofline of copy_seconds leaves out.
+  double collective_latency = 0;
+  double peer_latency_intra = 0;
+  double peer_latency_inter = 0;
+  double copy_launch = 0;
+  double hbm_bandwidth = 0.0;  ///< bytes/s, roofline memory bound
+  LinkClass intra;             ///< rank to rank inside a node (NVLink / shared memory), per rank
+  LinkClass inter;             ///< one NIC across nodes
+  int ranks_per_node = 8;      ///< GPUs per node
+  int nics_per_node = 8;       ///< inter-node bandwidth of a node = nics_per_node * inter.bandwidth
+  double memory_bytes = 0.0;   ///< per rank
+  int value_bytes = 2;         ///< bytes of one activation element (bf16 = 2, CPU fp32 = 4)
   /// Processors a node's ranks share (CPU ranks as threads or processes on few cores); 0 = each rank has
   /// its own device. With more ranks on a node than cores, compute is time-shared: each rank's kernels
   /// take ranks_on_node / cores_per_node times longer.
@@ -62,6 +76,12 @@ struct HardwareProfile {
            (l + attention_half_length);
   }
   [[nodiscard]] double gemm_rate() const noexcept { return peak_flops * gemm_efficiency; }
+  /// Fixed seconds of one all-to-all or grouped post in which a rank talks to `intra_peers` peers on its
+  /// node and `inter_peers` on other nodes (0 when it talks to none).
+  [[nodiscard]] double fixed_comm_seconds(int intra_peers, int inter_peers) const noexcept {
+    if (intra_peers + inter_peers <= 0) return 0.0;
+    return collective_latency + intra_peers * peer_latency_intra + inter_peers * peer_latency_inter;
+  }
   /// Ranks sharing one NIC.
   [[nodiscard]] int ranks_per_nic() const noexcept { return std::max(1, ranks_per_node / std::max(1, nics_per_node)); }
 
@@ -78,6 +98,14 @@ struct HardwareProfile {
     detail::require(attention_backward_factor > 0 && attention_backward_factor <= 2, where, "attention_backward_factor",
                     attention_backward_factor, "must be in (0, 2]");
     detail::require(kernel_launch >= 0, where, "kernel_launch", kernel_launch, "must be >= 0");
+    detail::require(collective_latency >= 0 && std::isfinite(collective_latency), where, "collective_latency",
+                    collective_latency, "must be finite and >= 0");
+    detail::require(peer_latency_intra >= 0 && std::isfinite(peer_latency_intra), where, "peer_latency_intra",
+                    peer_latency_intra, "must be finite and >= 0");
+    detail::require(peer_latency_inter >= 0 && std::isfinite(peer_latency_inter), where, "peer_latency_inter",
+                    peer_latency_inter, "must be finite and >= 0");
+    detail::require(copy_launch >= 0 && std::isfinite(copy_launch), where, "copy_launch", copy_launch,
+                    "must be finite and >= 0");
     detail::require(hbm_bandwidth > 0, where, "hbm_bandwidth", hbm_bandwidth, "must be > 0");
     detail::require(intra.bandwidth > 0, where, "intra.bandwidth", intra.bandwidth, "must be > 0");
     detail::require(inter.bandwidth > 0, where, "inter.bandwidth", inter.bandwidth, "must be > 0");
@@ -102,6 +130,16 @@ inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 /// achievable (nccl-tests#290), shared by the node's 4 GPUs; alpha 10 us intra (nccl-tests#123: 10-34 us
 /// small all_reduce; p2p ~3 us) and 20 us inter (nccl-tests#150); HBM2 1.555 TB/s; MFU 49% at 16K
 /// (llm-foundry, A100-40GB); FA2 ~70% of peak on long tiles (flash-attention#1059).
+/// Fixed costs (issue 16; anchors-hw.md 1.2, 1.4 and the sources named):
+///  - collective_latency 10 us: a tiny NCCL call on 2 A100 takes 10 us (nccl-tests#123, 1 channel); an 8-GPU
+///    H20 all-to-all of 128 B-4 KB 10.5-11.1 us (DeepEP#303); NCCL's own tuning base latency is 6.6-14 us
+///    per call (src/graph/tuning.cc);
+///  - peer_latency_intra 3 us: NVLink P2P write ~3 us (nccl-tests#123; H100 sendrecv 3 us, nccl#1487); NCCL
+///    all-to-all of 64 KB on NVSwitch grows 20.8 -> 56 us from 4 to 8 GPUs (TensorRT-LLM#15285), 3-9 us a peer;
+///  - peer_latency_inter 14 us: NCCL's NET ring step latency with the Simple protocol (tuning.cc hwLat,
+///    {2.7, 4.0, 14.0} us for LL, LL128, Simple; large messages use Simple); 2 nodes' 8-byte all_reduce
+///    takes 19-20 us (nccl-tests#150);
+///  - copy_launch 5 us: a kernel launch, as kernel_launch.
 [[nodiscard]] inline HardwareProfile a100_40gb() {
   HardwareProfile p;
   p.name = "a100-40gb";
@@ -111,6 +149,10 @@ inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   p.attention_tile = 128;
   p.attention_tile_overhead = 1.9;
   p.kernel_launch = 5e-6;
+  p.collective_latency = 10e-6;
+  p.peer_latency_intra = 3e-6;
+  p.peer_latency_inter = 14e-6;
+  p.copy_launch = 5e-6;
   p.hbm_bandwidth = 1555 * kGB;
   p.intra = {230 * kGB, 10e-6};
   p.inter = {48 * kGB, 20e-6};
@@ -139,7 +181,8 @@ inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 /// H100-SXM5-80GB, DGX/HGX: 8 per node, NVLink 4 (NCCL ~370 GB/s busbw, nccl-tests#212), one 400 Gb/s
 /// NDR NIC per GPU (~46-49 GB/s achievable, nccl-tests#319). 989 TFLOP/s bf16 dense; FA3 616 TFLOP/s
 /// on 16K causal, 292 on 512-token documents (efficiency 0.65 with 128-blocks gives 620 and 292); MFU ~40% (Llama 3:
-/// 38-43%); HBM3 3.35 TB/s; alpha 3 us p2p intra (nccl#1487), ~15 us inter.
+/// 38-43%); HBM3 3.35 TB/s; alpha 3 us p2p intra (nccl#1487), ~15 us inter. Fixed costs as the A100's
+/// (same NCCL tuning constants; H100/H800 sendrecv 3-3.7 us intra, nccl#1487, #1984).
 [[nodiscard]] inline HardwareProfile h100_sxm() {
   HardwareProfile p;
   p.name = "h100-sxm";
@@ -149,6 +192,10 @@ inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   p.attention_tile = 128;
   p.attention_tile_overhead = 1.9;
   p.kernel_launch = 5e-6;
+  p.collective_latency = 10e-6;
+  p.peer_latency_intra = 3e-6;
+  p.peer_latency_inter = 14e-6;
+  p.copy_launch = 5e-6;
   p.hbm_bandwidth = 3350 * kGB;
   p.intra = {370 * kGB, 3e-6};
   p.inter = {46 * kGB, 15e-6};

@@ -62,6 +62,10 @@ namespace seqpar::replay {
   add("memory_bytes", num(p.memory_bytes));
   add("value_bytes", std::to_string(p.value_bytes));
   add("cores_per_node", std::to_string(p.cores_per_node));
+  add("collective_latency", num(p.collective_latency));
+  add("peer_latency_intra", num(p.peer_latency_intra));
+  add("peer_latency_inter", num(p.peer_latency_inter));
+  add("copy_launch", num(p.copy_launch));
   return s + "\n}\n";
 }
 
@@ -105,14 +109,16 @@ class ProfileReader {
     }
     skip_space();
     if (at_ != text_.size()) fail("text after the object", std::string(text_.substr(at_, 20)), "is not allowed");
-    for (std::size_t k = 0; k < kKeys.size(); ++k)
+    for (std::size_t k = 0; k < kRequiredKeys; ++k)
       if (!seen[k]) fail("key", std::string(kKeys[k]), "is missing");
     p.validate("replay::profile_from_json");
     return p;
   }
 
  private:
-  static constexpr std::array<std::string_view, 19> kKeys = {"name",
+  // The fixed costs (issue 16) came later: profiles written before them load with 0, as they were priced.
+  static constexpr std::size_t kRequiredKeys = 19;
+  static constexpr std::array<std::string_view, 23> kKeys = {"name",
                                                              "peak_flops",
                                                              "gemm_efficiency",
                                                              "attention_efficiency",
@@ -130,7 +136,11 @@ class ProfileReader {
                                                              "nics_per_node",
                                                              "memory_bytes",
                                                              "value_bytes",
-                                                             "cores_per_node"};
+                                                             "cores_per_node",
+                                                             "collective_latency",
+                                                             "peer_latency_intra",
+                                                             "peer_latency_inter",
+                                                             "copy_launch"};
 
   [[noreturn]] void fail(std::string_view what, const std::string& value, std::string_view why) const {
     throw_invalid("replay::profile_from_json", std::string(what) + " (at offset " + std::to_string(at_) + ")",
@@ -216,6 +226,14 @@ class ProfileReader {
       integer(key, x, p.value_bytes);
     else if (key == "cores_per_node")
       integer(key, x, p.cores_per_node);
+    else if (key == "collective_latency")
+      p.collective_latency = x;
+    else if (key == "peer_latency_intra")
+      p.peer_latency_intra = x;
+    else if (key == "peer_latency_inter")
+      p.peer_latency_inter = x;
+    else if (key == "copy_launch")
+      p.copy_launch = x;
   }
 
   std::string_view text_;

@@ -79,11 +79,12 @@ struct SimulationReport {
 /// Replays compiled per-rank programs (one per world rank) on a hardware profile: attention kernels by
 /// FLOPs at the profile's efficiency for their tile length, point-to-point transfers and collectives by
 /// alpha-beta on the link class they cross (NVLink inside a node; a NIC shared by the node's ranks across
-/// nodes), copies through HBM. Each rank runs its steps in order, as the executor does: a transfer starts
-/// when both sides have posted it and overlaps whatever the ranks compute until the matching wait; a
-/// collective starts when its last member arrives. The programs are lowered once; `run` replays them from
-/// any per-rank start times (the step simulator replays one layer after another).
-/// Cost: O(total steps + transfers) per run; lowering is linear in the programs' pieces.
+/// nodes) plus the call's fixed costs (one per exchange or grouped post, one per peer:
+/// HardwareProfile::fixed_comm_seconds), copies through HBM plus a launch gap each. Each rank runs its steps in order,
+/// as the executor does: a transfer starts when both sides have posted it and overlaps whatever the ranks compute until
+/// the matching wait; a collective starts when its last member arrives. The programs are lowered once; `run` replays
+/// them from any per-rank start times (the step simulator replays one layer after another). Cost: O(total steps +
+/// transfers) per run; lowering is linear in the programs' pieces.
 class Replay {
  public:
   Replay(std::span<const comm::Program> programs, const Topology& topology, const AttentionShape& shape,
@@ -323,6 +324,7 @@ class Replay {
       comm::Level level;
       int tag;
       double intra_out;  // the sender's intra-node bytes in this post: its flows share its link
+      double fixed;      // the post's call and per-peer cost (HardwareProfile::fixed_comm_seconds)
     };
     std::vector<PostInfo> message_post;
 
@@ -332,6 +334,7 @@ class Replay {
       std::unordered_map<int, double> intra_out, intra_in, nic_out, nic_in;
       bool spans_nodes = false;
       double bytes = 0;
+      double fixed = 0;  // the largest per-call + per-peer cost of a member (HardwareProfile::fixed_comm_seconds)
     };
     std::vector<InstanceBytes> inst_bytes;
 
@@ -381,11 +384,12 @@ class Replay {
                       bytes += static_cast<double>(p.local_tokens) * shape.heads_q * d *
                                vb;  // caller gradient (upper bound)
                   }
-                  lr.ops.push_back({OpKind::kCopy, 0.5 * copy_seconds(hw, bytes), 0, 0, comm::step_name(step), bytes});
+                  lr.ops.push_back({OpKind::kCopy, fill_seconds(hw, bytes), 0, 0, comm::step_name(step), bytes});
                 },
                 [&](const comm::PostStep& post) {
                   const int begin = static_cast<int>(lr.msgs.size());
                   double packed = 0, intra_out = 0;
+                  int intra_peers = 0, inter_peers = 0;
                   for (const comm::Transfer& tr : post.sends) {
                     const int dst = world_of(post.level, tr.peer);
                     double bytes = 0;
@@ -401,12 +405,18 @@ class Replay {
                     }
                     const int id = static_cast<int>(messages_.size());
                     messages_.push_back({r, dst, static_cast<std::uint64_t>(bytes), inter, 0.0});
-                    message_post.push_back({post.level, post.tag, 0.0});
+                    ++(inter ? inter_peers : intra_peers);
+                    message_post.push_back({post.level, post.tag, 0.0, 0.0});
                     sends_by_key[key_of(r, dst, post.level, post.tag)].push_back(id);
                     lr.msgs.push_back(id);
                   }
-                  for (std::size_t i = static_cast<std::size_t>(begin); i < lr.msgs.size(); ++i)
+                  // A grouped post pays one call and a handshake per peer, as an all-to-all does; its messages
+                  // fly together, so each carries the post's whole fixed cost.
+                  const double fixed = hw.fixed_comm_seconds(intra_peers, inter_peers);
+                  for (std::size_t i = static_cast<std::size_t>(begin); i < lr.msgs.size(); ++i) {
                     message_post[static_cast<std::size_t>(lr.msgs[i])].intra_out = intra_out;
+                    message_post[static_cast<std::size_t>(lr.msgs[i])].fixed = fixed;
+                  }
                   double unpacked = 0;
                   for (const comm::Transfer& tr : post.recvs) {
                     const int src = world_of(post.level, tr.peer);
@@ -442,6 +452,7 @@ class Replay {
                   const int inst = list[static_cast<std::size_t>(ordinal)];
                   InstanceBytes& ib = inst_bytes[static_cast<std::size_t>(inst)];
                   double sent = 0, local = 0, received = 0;
+                  std::vector<char> talks(members.size(), 0);  // peers this rank sends to or receives from
                   for (const comm::Move& mv : ex.moves) {
                     for (std::size_t peer = 0; peer < mv.send.size(); ++peer) {
                       double bytes = 0;
@@ -451,6 +462,7 @@ class Replay {
                         continue;
                       }
                       const int dst = world_of(ex.level, static_cast<int>(peer));
+                      if (bytes > 0 && peer < talks.size()) talks[peer] = 1;
                       sent += bytes;
                       if (!topo_.same_node(r, dst)) {
                         ib.spans_nodes = true;
@@ -465,8 +477,16 @@ class Replay {
                     }
                     for (std::size_t peer = 0; peer < mv.recv.size(); ++peer)
                       if (static_cast<int>(peer) != ex.self)
-                        for (const comm::Piece& pc : mv.recv[peer]) received += bytes_of(mv.dst, pc);
+                        for (const comm::Piece& pc : mv.recv[peer]) {
+                          const double bytes = bytes_of(mv.dst, pc);
+                          if (bytes > 0 && peer < talks.size()) talks[peer] = 1;
+                          received += bytes;
+                        }
                   }
+                  int intra_peers = 0, inter_peers = 0;
+                  for (std::size_t peer = 0; peer < talks.size(); ++peer)
+                    if (talks[peer]) ++(topo_.same_node(r, members[peer]) ? intra_peers : inter_peers);
+                  ib.fixed = std::max(ib.fixed, hw.fixed_comm_seconds(intra_peers, inter_peers));
                   ib.bytes += sent;
                   if (sent + local > 0)
                     lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, sent + local), 0, 0, "pack", sent + local});
@@ -497,9 +517,11 @@ class Replay {
       if (msg.inter) {
         const double through = std::max(nic_out[nic_key(nic_of(msg.src), info.level, info.tag)],
                                         nic_in[nic_key(nic_of(msg.dst), info.level, info.tag)]);
-        msg.duration = hw.inter.latency + std::max(static_cast<double>(msg.bytes), through) / hw.inter.bandwidth;
+        msg.duration =
+            hw.inter.latency + info.fixed + std::max(static_cast<double>(msg.bytes), through) / hw.inter.bandwidth;
       } else {
-        msg.duration = hw.intra.latency + std::max(static_cast<double>(msg.bytes), info.intra_out) / hw.intra.bandwidth;
+        msg.duration = hw.intra.latency + info.fixed +
+                       std::max(static_cast<double>(msg.bytes), info.intra_out) / hw.intra.bandwidth;
       }
     }
     for (std::size_t i = 0; i < instances_.size(); ++i) {
@@ -509,7 +531,8 @@ class Replay {
       for (const auto& [k, b] : ib.intra_in) worst = std::max(worst, b / hw.intra.bandwidth);
       for (const auto& [k, b] : ib.nic_out) worst = std::max(worst, b / hw.inter.bandwidth);
       for (const auto& [k, b] : ib.nic_in) worst = std::max(worst, b / hw.inter.bandwidth);
-      instances_[i].duration = ib.bytes > 0 ? (ib.spans_nodes ? hw.inter.latency : hw.intra.latency) + worst : 0.0;
+      instances_[i].duration =
+          ib.bytes > 0 ? (ib.spans_nodes ? hw.inter.latency : hw.intra.latency) + ib.fixed + worst : 0.0;
     }
   }
 

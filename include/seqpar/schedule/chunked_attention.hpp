@@ -148,26 +148,22 @@ class ChunkedAttention {
     for (int e : reads_[static_cast<std::size_t>(c)])
       seqpar::detail::require(forward_done_[static_cast<std::size_t>(e)], where, "c", c,
                               "reads the prefix rows of chunk " + std::to_string(e) + ", whose forward has not run");
-    const Chunk& ch = chunks_[static_cast<std::size_t>(c)];
-    attention_.forward(ch.batch, q, k, v, o, lse);
-    keep(c, k, carry_k_.view());
-    keep(c, v, carry_v_.view());
-    forward_done_[static_cast<std::size_t>(c)] = true;
-    Prefix p = fetch(c);
-    if (p.slices.empty()) return;
-    const AttentionShape& s = attention_.shape();
-    ThdTensor<T> o_part(q.tokens, s.heads_q, s.head_dim);
-    LseTensor<A> lse_part(s.heads_q, q.tokens);
-    kernel_.forward(kernel_.exec(), s, q, p.k.view(), p.v.view(), p.slices, o_part.view(), lse_part.view(),
-                    workspace(q.tokens, p.k.tokens));
-    for (const AttnSlice& sl : p.slices) {
-      const std::int64_t r0 = sl.q_range.begin, n = sl.q_range.size();
-      attention::merge_into(o.tokens_slice(r0, n), lse.tokens_slice(r0, n),
-                            ThdView<const T>(o_part.view().tokens_slice(r0, n)),
-                            LseView<const A>(lse_part.view().tokens_slice(r0, n)));
-    }
+    run_forward(c, q, k, v, o, lse);
   }
 
+  /// Chunk c's forward again, for activation checkpointing (a pipeline stage recomputes a layer
+  /// before its backward): the same (O, LSE) bit for bit, collective like `forward`. Allowed after
+  /// the chunk's forward and before its backward. The prefix K/V it reads is still in the carry (a
+  /// chunk that reads it goes backward first, and the carry lives until the next `begin`); the chunk's
+  /// own K/V rows are kept again, unchanged.
+  void recompute(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<T> o, LseView<A> lse) {
+    constexpr const char* where = "ChunkedAttention::recompute";
+    check_chunk(c, where);
+    const auto ci = static_cast<std::size_t>(c);
+    seqpar::detail::require(forward_done_[ci] && !backward_done_[ci], where, "c", c,
+                            backward_done_[ci] ? "ran backward already" : "has not run forward");
+    run_forward(c, q, k, v, o, lse);
+  }
   void backward(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<const T> o,
                 LseView<const A> lse, ThdView<const T> dout, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv) {
     constexpr const char* where = "ChunkedAttention::backward";
@@ -201,6 +197,28 @@ class ChunkedAttention {
   }
 
  private:
+  // The strategy's forward of chunk c, its own K/V rows kept for later chunks, and the prefix term merged in.
+  void run_forward(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<T> o, LseView<A> lse) {
+    const Chunk& ch = chunks_[static_cast<std::size_t>(c)];
+    attention_.forward(ch.batch, q, k, v, o, lse);
+    keep(c, k, carry_k_.view());
+    keep(c, v, carry_v_.view());
+    forward_done_[static_cast<std::size_t>(c)] = true;
+    Prefix p = fetch(c);
+    if (p.slices.empty()) return;
+    const AttentionShape& s = attention_.shape();
+    ThdTensor<T> o_part(q.tokens, s.heads_q, s.head_dim);
+    LseTensor<A> lse_part(s.heads_q, q.tokens);
+    kernel_.forward(kernel_.exec(), s, q, p.k.view(), p.v.view(), p.slices, o_part.view(), lse_part.view(),
+                    workspace(q.tokens, p.k.tokens));
+    for (const AttnSlice& sl : p.slices) {
+      const std::int64_t r0 = sl.q_range.begin, n = sl.q_range.size();
+      attention::merge_into(o.tokens_slice(r0, n), lse.tokens_slice(r0, n),
+                            ThdView<const T>(o_part.view().tokens_slice(r0, n)),
+                            LseView<const A>(lse_part.view().tokens_slice(r0, n)));
+    }
+  }
+
   struct Slot {
     Range global;
     std::int64_t row;

@@ -167,13 +167,14 @@ class TinyTransformer {
     return blocks_[9].offset + blocks_[9].size - blocks_[1].offset;
   }
 
-  /// Deterministic initialization: norms 1, matrices N(0, 1/fan_in), embedding N(0, 1).
+  /// Deterministic initialization: norms 1, matrices N(0, 1/fan_in), embedding N(0, 1/dim).
   void init(std::uint64_t seed) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<double> normal(0.0, 1.0);
     for (const Block& b : blocks_) {
       const bool norm = b.name.find("norm") != std::string::npos;
-      const double fan_in = b.name == "embedding" ? 1.0 : static_cast<double>(b.size) / fan_out(b.name);
+      // The embedding at variance 1/dim: the tied output's logits start near unit variance.
+      const double fan_in = b.name == "embedding" ? cfg_.dim : static_cast<double>(b.size) / fan_out(b.name);
       for (std::size_t i = 0; i < b.size; ++i)
         params_[b.offset + i] = norm ? T{1} : static_cast<T>(normal(rng) / std::sqrt(fan_in));
     }

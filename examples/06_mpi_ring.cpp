@@ -4,19 +4,21 @@
 // The same strategy as example 02, over seqpar::backend::mpi::Transport instead of the in-process
 // world: one process per rank (mpiexec -n 4 06_mpi_ring). Every rank builds the same batch and
 // inputs (fixed seed) and keeps only its shard (its owned token ranges: zigzag chunks r and 2P-1-r);
-// the ring passes each peer only the KV rows its slices read. Rank 0 gathers O from every rank
-// (all_gather_v on the transport), compares it with the fp64 reference over the whole batch and
-// prints OK. run_or_abort turns an exception on any rank into "seqpar: rank R failed: ..." and
+// the ring passes each peer only the KV rows its slices read. Every rank gathers O from every rank
+// (train::unshard: one all_gather_v on the transport); rank 0 compares it with the fp64 reference over
+// the whole batch and prints OK. run_or_abort turns an exception on any rank into "seqpar: rank R failed: ..." and
 // MPI_Abort, so a failing rank ends the job instead of leaving its peers waiting.
 //   usage: mpiexec -n P 06_mpi_ring [--smoke] [--tokens T]
 #include <seqpar/backend/mpi.hpp>
 #include <seqpar/seqpar.hpp>
+#include <seqpar/train/shard.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace seqpar;
@@ -59,10 +61,7 @@ int main(int argc, char** argv) {
     const auto& plan = attn.plan(batch);
     const auto shard = [&](const ThdTensor<float>& g) {  // (local tokens, heads, d): owned rows in plan order
       ThdTensor<float> l(attn.local_tokens(batch), g.heads, g.head_dim);
-      const std::int64_t row = std::int64_t{g.heads} * g.head_dim;
-      std::int64_t at = 0;
-      for (const Range& r : attn.owned_ranges(batch))
-        std::copy_n(g.storage.begin() + r.begin * row, r.size() * row, l.storage.begin() + at * row), at += r.size();
+      train::shard(plan, t.rank(), g.view(), l.view());
       return l;
     };
     const ThdTensor<float> lq = shard(q), lk = shard(k), lv = shard(v);
@@ -71,23 +70,12 @@ int main(int argc, char** argv) {
     attn.forward(batch, lq.view(), lk.view(), lv.view(), lo.view(), llse.view());
     const std::uint64_t sent = attn.last_bytes_sent();
 
-    // Gather every rank's O (rank order, each in its plan order) and put rows back at their tokens.
-    const std::size_t row_bytes = sizeof(float) * static_cast<std::size_t>(shape.heads_q * shape.head_dim);
-    std::vector<std::size_t> counts;
-    for (int r = 0; r < t.size(); ++r) counts.push_back(static_cast<std::size_t>(plan.local_tokens(r)) * row_bytes);
-    ThdTensor<float> gathered(n, shape.heads_q, shape.head_dim), o(n, shape.heads_q, shape.head_dim);
-    t.all_gather_v(as_bytes_of(std::span<const float>(lo.storage)), as_writable_bytes_of(std::span(gathered.storage)),
-                   counts);
+    // Every rank's O back at its tokens (one all_gather_v over the MPI transport).
+    ThdTensor<float> o(n, shape.heads_q, shape.head_dim);
+    train::unshard(t, plan, std::as_const(lo).view(), o.view());
     std::vector<std::uint64_t> sent_by(static_cast<std::size_t>(t.size()));
     t.all_gather(as_bytes_of(std::span<const std::uint64_t>(&sent, 1)), as_writable_bytes_of(std::span(sent_by)));
     if (t.rank() != 0) return 0;
-    const std::int64_t row = std::int64_t{shape.heads_q} * shape.head_dim;
-    std::int64_t at = 0;
-    for (int r = 0; r < t.size(); ++r)
-      for (const Range& g : plan.owned[static_cast<std::size_t>(r)])
-        std::copy_n(gathered.storage.begin() + at * row, g.size() * row, o.storage.begin() + g.begin * row),
-            at += g.size();
-
     ThdTensor<double> dq(n, shape.heads_q, shape.head_dim), dk(n, shape.heads_kv, shape.head_dim),
         dv(n, shape.heads_kv, shape.head_dim), ref(n, shape.heads_q, shape.head_dim);
     std::copy(q.storage.begin(), q.storage.end(), dq.storage.begin());

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <seqpar/seqpar.hpp>
+#include <seqpar/train/shard.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -119,17 +120,10 @@ inline std::uint64_t inter_node_bytes(const comm::Program& program, int rank, in
   return sum;
 }
 
-// `count` token rows from row `from` of src to row `to` of dst (dense THD: a token row is contiguous).
-inline void copy_rows(const ThdTensor<float>& src, std::int64_t from, ThdTensor<float>& dst, std::int64_t to,
-                      std::int64_t count) {
-  const std::int64_t row = std::int64_t{src.heads} * src.head_dim;
-  std::copy_n(src.storage.begin() + from * row, count * row, dst.storage.begin() + to * row);
-}
-
 // Runs strategy S on `ranks` in-process ranks (`ranks_per_node` of them per node; 0: one node). Every
-// rank gathers its shard of `io`'s inputs (its owned ranges, in plan order: under zigzag or hybrid
-// sharding several chunks, not one contiguous range), runs forward and backward, and scatters its
-// outputs into `io` (ranks own disjoint tokens, so they write disjoint rows).
+// rank takes its shard of `io`'s inputs (train::shard: its owned ranges, in plan order; under zigzag or
+// hybrid sharding several chunks, not one contiguous range), runs forward and backward, and writes its
+// outputs back into `io` (train::unshard_local: ranks own disjoint tokens, so they write disjoint rows).
 template <class S>
 std::vector<RankStats> run(const DocumentBatch& batch, const AttentionShape& shape, typename S::Arguments args,
                            Tensors<float>& io, int threads, int ranks, int ranks_per_node = 0) {
@@ -138,18 +132,11 @@ std::vector<RankStats> run(const DocumentBatch& batch, const AttentionShape& sha
   backend::inproc::World(ranks).run([&](auto& transport) {
     DistributedAttention<S, attention::CpuFlash<float>> attn(transport, shape, args,
                                                              attention::CpuFlash<float>({.threads = threads}));
-    const auto& owned = attn.owned_ranges(batch);
-    Tensors<float> l(attn.local_tokens(batch), shape);  // (local tokens, heads, d); LSE (Hq, local tokens)
-    const auto gather = [&](const ThdTensor<float>& g, ThdTensor<float>& t) {
-      std::int64_t at = 0;
-      for (const Range& r : owned) copy_rows(g, r.begin, t, at, r.size()), at += r.size();
-    };
-    const auto scatter = [&](const ThdTensor<float>& t, ThdTensor<float>& g) {
-      std::int64_t at = 0;
-      for (const Range& r : owned) copy_rows(t, at, g, r.begin, r.size()), at += r.size();
-    };
-    gather(io.q, l.q), gather(io.k, l.k), gather(io.v, l.v), gather(io.dout, l.dout);
+    const ShardPlan& plan = attn.plan(batch);
     const int rank = transport.rank();
+    Tensors<float> l(attn.local_tokens(batch), shape);  // (local tokens, heads, d); LSE (Hq, local tokens)
+    for (auto [g, t] : {std::pair{&io.q, &l.q}, {&io.k, &l.k}, {&io.v, &l.v}, {&io.dout, &l.dout}})
+      train::shard(plan, rank, g->view(), t->view());
     RankStats& s = stats[static_cast<std::size_t>(rank)];
     s.tokens = l.q.tokens;
     attn.forward(batch, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view());
@@ -159,12 +146,9 @@ std::vector<RankStats> run(const DocumentBatch& batch, const AttentionShape& sha
     s.backward_bytes = attn.last_bytes_sent();
     s.inter_node_bytes = inter_node_bytes(attn.program(batch).forward, rank, ranks, ranks_per_node) +
                          inter_node_bytes(attn.program(batch).backward, rank, ranks, ranks_per_node);
-    scatter(l.o, io.o), scatter(l.dq, io.dq), scatter(l.dk, io.dk), scatter(l.dv, io.dv);
-    for (int h = 0; h < shape.heads_q; ++h) {
-      std::int64_t at = 0;
-      for (const Range& r : owned)
-        std::copy_n(&l.lse.view()(h, at), r.size(), &io.lse.view()(h, r.begin)), at += r.size();
-    }
+    for (auto [t, g] : {std::pair{&l.o, &io.o}, {&l.dq, &io.dq}, {&l.dk, &io.dk}, {&l.dv, &io.dv}})
+      train::unshard_local(plan, rank, t->view(), g->view());
+    train::unshard_local(plan, rank, l.lse.view(), io.lse.view());
   });
   return stats;
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <seqpar/seqpar.hpp>
+#include <seqpar/train/shard.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -81,24 +82,17 @@ Errors check_attention(const DocumentBatch& batch, const AttentionShape& shape, 
   backend::inproc::World(world).run([&](backend::inproc::Transport& transport) {
     const std::unique_ptr<runtime::AttentionEngine<Kernel>> owner = make(transport);
     runtime::AttentionEngine<Kernel>& attn = *owner;
-    const auto& owned = attn.owned_ranges(batch);
+    const ShardPlan& plan = attn.plan(batch);
+    const int rank = transport.rank();
     const std::int64_t local = attn.local_tokens(batch);
-    // Local shards: the owned rows, in plan order.
+    // Local shards: the owned rows, in plan order, converted to the kernel's type.
     const auto gather = [&](const ThdTensor<double>& g) {
       ThdTensor<T> l(local, g.heads, d);
-      std::int64_t row = 0;
-      for (const Range& r : owned)
-        for (std::int64_t t = r.begin; t < r.end; ++t, ++row)
-          for (int h = 0; h < g.heads; ++h)
-            for (int x = 0; x < d; ++x) l.view()(row, h, x) = static_cast<T>(g.view()(t, h, x));
+      train::shard(plan, rank, g.view(), l.view());
       return l;
     };
     const auto scatter = [&](const ThdTensor<T>& l, ThdTensor<double>& g) {
-      std::int64_t row = 0;
-      for (const Range& r : owned)
-        for (std::int64_t t = r.begin; t < r.end; ++t, ++row)
-          for (int h = 0; h < g.heads; ++h)
-            for (int x = 0; x < d; ++x) g.view()(t, h, x) = static_cast<double>(l.view()(row, h, x));
+      train::unshard_local(plan, rank, l.view(), g.view());
     };
     auto lq = gather(q), lk = gather(k), lv = gather(v), ldo = gather(dout);
     ThdTensor<T> lo(local, shape.heads_q, d), ldq(local, shape.heads_q, d), ldk(local, shape.heads_kv, d),
@@ -124,10 +118,7 @@ Errors check_attention(const DocumentBatch& batch, const AttentionShape& shape, 
     err.bytes_forward += fwd_bytes;
     err.bytes_backward += attn.last_bytes_sent();
     scatter(lo, o_got), scatter(ldq, dq_got), scatter(ldk, dk_got), scatter(ldv, dv_got);
-    std::int64_t row = 0;
-    for (const Range& r : owned)
-      for (std::int64_t t = r.begin; t < r.end; ++t, ++row)
-        for (int h = 0; h < shape.heads_q; ++h) lse_got.view()(h, t) = static_cast<double>(llse.view()(h, row));
+    train::unshard_local(plan, rank, llse.view(), lse_got.view());
   });
   const auto rel = [](const std::vector<double>& got, const std::vector<double>& want) {
     double scale = 0, e = 0;

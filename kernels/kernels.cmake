@@ -6,7 +6,8 @@
 # (attention::CudaFlash), the executor's pack / unpack / zero / merge kernels
 # (runtime::DataOps<cuda::CudaExec>) and the stream-ordered execution context cuda::CudaExec. AUTO
 # builds it when nvcc is found. Header-only like the rest: the .cuh headers are compiled by the
-# user's .cu translation units; the .hpp headers (context, memory, errors) also compile with g++.
+# user's .cu translation units; the .hpp headers (context, memory, errors, and the classes CudaFlash
+# and DataOps<CudaExec> with their launches declared) also compile with g++.
 # Included by the top-level CMakeLists.txt, not added as a subdirectory: a language must be enabled in
 # the highest directory whose targets (tests/, bench/) compile it.
 # (A STRING, not option(): option() would turn AUTO into OFF.)
@@ -49,5 +50,16 @@ if(SEQPAR_WITH_CUDA)
   set_target_properties(seqpar_cuda PROPERTIES VERIFY_INTERFACE_HEADER_SETS ${SEQPAR_VERIFY_HEADERS})
   # Device lambdas and constexpr host functions (AttnSlice::area, Mask) called from device code.
   target_compile_options(seqpar_cuda INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:--extended-lambda --expt-relaxed-constexpr>)
+
+  # seqpar::cuda_instances (the project's tests, benchmarks and examples; not installed): CudaFlash<T>
+  # and DataOps<CudaExec> compiled once, for T = float, __half, __nv_bfloat16, so that their host code
+  # (strategies, engines, transports, doctest cases) is plain C++ that includes the .hpp headers
+  # (flash.hpp, data_ops.hpp) and links these. nvcc runs its front end once per architecture, so a
+  # .cu that instantiated the strategy matrix paid for it three times over, and every .cu that
+  # included flash.cuh compiled the kernels again (CI time: 1632 s of a 30-minute budget, 2026-12-03).
+  file(GLOB SEQPAR_CUDA_INSTANCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/instances/*.cu)
+  add_library(seqpar_cuda_instances STATIC ${SEQPAR_CUDA_INSTANCES})
+  add_library(seqpar::cuda_instances ALIAS seqpar_cuda_instances)
+  target_link_libraries(seqpar_cuda_instances PUBLIC seqpar::cuda PRIVATE seqpar_project_options)
 endif()
 message(STATUS "seqpar: CUDA kernels (seqpar::cuda): ${SEQPAR_WITH_CUDA} (SEQPAR_ENABLE_CUDA=${SEQPAR_ENABLE_CUDA})")

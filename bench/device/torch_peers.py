@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""PyTorch's attention on the shapes of bench/attention_cuda.cu, in the same conventions.
+"""PyTorch's attention on the shapes of bench/attention_cuda.cpp, in the same conventions.
 
 bf16, 16 query and 16 KV heads, head dim 64 and 128, 16K tokens as 1 x 16K, 4 x 4K and 32 x 512
 causal sequences, and one packed sequence of lognormal documents (document-causal). FLOPs are
@@ -40,13 +40,13 @@ import time
 HEADS = 16
 HEAD_DIMS = (64, 128)
 TOKENS = 16384
-# The packed mix: must match attention_cuda.cu (LognormalSpec in main).
+# The packed mix: must match attention_cuda.cpp (LognormalSpec in main).
 LOGNORMAL = {"median": 256.0, "sigma": 1.0, "seed": 20240607}
 SMOKE_TOKENS, SMOKE_HEADS, SMOKE_MEDIAN = 256, 2, 16.0
 MASK64 = (1 << 64) - 1
 
 
-# ---- the token mixes (bench/attention_cuda.cu, the same integers) ---------------------------------
+# ---- the token mixes (bench/attention_cuda.cpp, the same integers) ---------------------------------
 class SplitMix64:
     def __init__(self, seed):
         self.state = seed & MASK64

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// CudaFlash (kernels/seqpar/cuda/flash.cuh) against the fp64 reference, forward and backward: every
+// CudaFlash (kernels/seqpar/cuda/flash.hpp) against the fp64 reference, forward and backward: every
 // mask, GQA, head dims 64 and 128, lengths 1, 7 and 1111, fully masked rows, documents of length 1,
 // rows in no slice, slices sharing keys; fp32 at 1e-4, fp16/bf16 at TransformerEngine's 2.5e-2
 // (errors relative to the largest reference value); the backward bitwise reproducible; the device
 // tile table equal to the host reference; bad arguments named. Runs only with a CUDA device (the main
-// exits 77 otherwise).
+// exits 77 otherwise). A .cu for the tile table's device code (detail/tile_table.cuh); CudaFlash
+// itself comes compiled from seqpar::cuda_instances (flash.hpp here, not flash.cuh).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -16,8 +17,9 @@
 
 #include "seqpar/attention/reference.hpp"
 #include "seqpar/core/document_batch.hpp"
+#include "seqpar/cuda/detail/tile_table.cuh"
 #include "seqpar/cuda/device_memory.hpp"
-#include "seqpar/cuda/flash.cuh"
+#include "seqpar/cuda/flash.hpp"
 #include "seqpar/cuda/slices.hpp"
 
 // Inside namespace seqpar, not `using namespace seqpar`: at global scope `cuda::` would be ambiguous

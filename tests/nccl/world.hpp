@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The NCCL world the test cases of tests/nccl/test_nccl.cu run on, made once per process by
+// The NCCL world the test cases of tests/nccl/test_nccl.cpp run on, made once per process by
 // tests/nccl/main.cpp (a world of one rank, or the ranks of mpirun, or of a file-store bootstrap).
 #pragma once
 

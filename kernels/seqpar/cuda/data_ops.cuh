@@ -3,8 +3,9 @@
 #pragma once
 
 /// @file
-/// `runtime::DataOps<cuda::CudaExec>`: the executor's own work on a GPU, the members of
-/// `DataOps<HostExec>` (runtime/data_ops.hpp) as kernels on `exec.stream()`. Nothing waits on the
+/// The definitions of `runtime::DataOps<cuda::CudaExec>` (data_ops.hpp: the class as host code sees it;
+/// nvcc only here): the executor's own work on a GPU, the members of `DataOps<HostExec>`
+/// (runtime/data_ops.hpp) as kernels on `exec.stream()`. Nothing waits on the
 /// host and nothing allocates per call; the lowered tables are uploaded once per cached program.
 ///
 /// - pack / unpack: one launch moves every piece of a table slice. Threads take 16-byte windows of
@@ -45,7 +46,8 @@
 #include "seqpar/core/attn_slice.hpp"
 #include "seqpar/core/tensor.hpp"
 #include "seqpar/cuda/check.hpp"
-#include "seqpar/cuda/detail/element.cuh"  // kIsStorageType
+#include "seqpar/cuda/data_ops.hpp"
+#include "seqpar/cuda/detail/element.hpp"  // kIsStorageType
 #include "seqpar/cuda/device_memory.hpp"
 #include "seqpar/cuda/exec.hpp"
 #include "seqpar/runtime/data_ops.hpp"
@@ -518,209 +520,129 @@ template <class T>
          (v.tokens == 1 || v.token_stride == std::int64_t{v.heads} * v.head_dim);
 }
 
-/// The slice table as the device holds it, after checking what the kernels rely on: every run of
-/// copies the executor packs or unpacks lies in increasing offsets, and every merge's slices have
-/// disjoint query rows; each merge's slices are sorted by first query row (std::logic_error if not).
-[[nodiscard]] inline std::vector<AttnSlice> device_slices(const runtime::LoweredProgram& lp, const char* where) {
-  const auto ascending = [&](runtime::TableSpan s) {
-    for (std::uint32_t i = s.first + 1; i < s.first + s.count; ++i)
-      if (lp.copies[i].offset < lp.copies[i - 1].offset)
-        throw std::logic_error(std::string(where) + ": copies " + std::to_string(i - 1) + " and " + std::to_string(i) +
-                               " of a packed run are not in increasing offsets");
-  };
-  std::vector<AttnSlice> slices = lp.slices;
-  for (const runtime::LoweredOp& op : lp.ops) {
-    if (const auto* e = std::get_if<runtime::ExchangeOp>(&op.op)) {
-      ascending(e->pack);
-      ascending(e->unpack);
-    } else if (const auto* p = std::get_if<runtime::PostOp>(&op.op)) {
-      for (const runtime::TransferEntry& t : lp.view(lp.transfers, p->sends)) ascending(t.copies);
-    } else if (const auto* w = std::get_if<runtime::WaitOp>(&op.op)) {
-      ascending(w->unpack);
-    } else if (const auto* m = std::get_if<runtime::MergeOp>(&op.op)) {
-      const auto first = slices.begin() + m->slices.first;
-      const auto last = first + m->slices.count;
-      std::sort(first, last, [](const AttnSlice& a, const AttnSlice& b) { return a.q_range.begin < b.q_range.begin; });
-      for (auto it = first; it != last && it + 1 != last; ++it)
-        if (it->q_range.end > (it + 1)->q_range.begin)
-          throw std::logic_error(std::string(where) + ": a merge's slices overlap in query rows");
-    }
+// ---- launches (host) -----------------------------------------------------------------------------------
+
+template <class T, class A>
+constexpr void check_types() {
+  static_assert(kIsStorageType<T>, "DataOps<CudaExec>: T must be float, __half or __nv_bfloat16");
+  static_assert(std::is_same_v<A, float>, "DataOps<CudaExec>: the LSE type A must be float");
+}
+
+// Grid-stride launches: enough blocks to fill the device several times over, no more.
+inline unsigned blocks(const CudaExec& exec, std::uint64_t threads) {
+  const std::uint64_t want = (threads + kThreads - 1) / kThreads;
+  const std::uint64_t cap = static_cast<std::uint64_t>(std::max(exec.multiprocessors(), 1)) * 16;
+  return static_cast<unsigned>(std::clamp<std::uint64_t>(want, 1, cap));
+}
+
+template <bool kUnpack, class T, class A>
+void launch_pieces(const CudaExec& exec, const Buffers<T, A>& b, const PieceRun& run, const char* where) {
+  if (run.windows == 0) return;
+  (void)cudaGetLastError();
+  move_pieces_kernel<kUnpack, T, A><<<blocks(exec, run.windows), kThreads, 0, exec.stream()>>>(b, run);
+  SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
+}
+
+template <class T>
+void zero_thd(const CudaExec& exec, const ThdView<T>& v, const char* where) {
+  if (v.tokens == 0 || v.heads == 0 || v.head_dim == 0) return;
+  SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
+  const std::uint64_t elements = static_cast<std::uint64_t>(v.tokens) * static_cast<std::uint64_t>(v.heads) *
+                                 static_cast<std::uint64_t>(v.head_dim);
+  if (contiguous(v)) {
+    SEQPAR_CUDA_CHECK(cudaMemsetAsync(v.data, 0, elements * sizeof(T), exec.stream()), where);
+    return;
   }
-  return slices;
+  const bool vectorized = vector_rows(v, v.head_dim);
+  const std::uint64_t items = vectorized ? elements * sizeof(T) / kVecBytes : elements;
+  (void)cudaGetLastError();
+  zero_thd_kernel<T><<<blocks(exec, items), kThreads, 0, exec.stream()>>>(v.data, v.token_stride, v.head_stride,
+                                                                          v.heads, v.head_dim, items, vectorized);
+  SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
+}
+
+template <class A>
+void fill_lse(const CudaExec& exec, const LseView<A>& v, A value, const char* where) {
+  if (v.tokens == 0 || v.heads == 0) return;
+  SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
+  const std::uint64_t items = static_cast<std::uint64_t>(v.heads) * static_cast<std::uint64_t>(v.tokens);
+  if (value == A(0) && (v.heads == 1 || v.head_stride == v.tokens)) {
+    SEQPAR_CUDA_CHECK(cudaMemsetAsync(v.data, 0, items * sizeof(A), exec.stream()), where);
+    return;
+  }
+  (void)cudaGetLastError();
+  fill_lse_kernel<A>
+      <<<blocks(exec, items), kThreads, 0, exec.stream()>>>(v.data, v.head_stride, v.tokens, items, value);
+  SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
 }
 
 }  // namespace seqpar::cuda::detail::data_ops
 
 namespace seqpar::runtime {
 
-/// Data movement on a GPU: `DataOps<HostExec>`'s members as kernels on `exec.stream()` (file comment).
-template <>
-struct DataOps<cuda::CudaExec> {
-  /// The lowered copy and slice tables in device memory (`copies`, `slices`: what the executor
-  /// offsets into). Merges' slice runs are sorted by first query row here.
-  struct Tables {
-    const PieceCopy* copies = nullptr;
-    const AttnSlice* slices = nullptr;
-    cuda::DeviceArray<PieceCopy> copies_storage;  ///< owns `copies`
-    cuda::DeviceArray<AttnSlice> slices_storage;  ///< owns `slices`
-  };
+template <class T, class A>
+void DataOps<cuda::CudaExec>::pack(const cuda::CudaExec& exec, const BufferTable<T, A>& b, TableSlice<PieceCopy> copies,
+                                   std::byte* region, int head_dim) {
+  namespace ops = cuda::detail::data_ops;
+  ops::check_types<T, A>();
+  if (copies.host.empty()) return;
+  constexpr const char* where = "DataOps<CudaExec>::pack";
+  SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
+  ops::launch_pieces<false>(exec, ops::buffers_of(b, head_dim),
+                            ops::piece_run<T, A>(copies, 0, copies.host.size(), region, head_dim), where);
+}
 
-  /// Checks what the kernels rely on (pieces in increasing offsets in every run the executor
-  /// packs or unpacks; disjoint query rows in every merge), sorts each merge's slices by first query
-  /// row, and uploads both tables on exec.stream() (waiting for the copies: once per cached program).
-  [[nodiscard]] static Tables upload(const cuda::CudaExec& exec, const LoweredProgram& lp) {
-    constexpr const char* where = "DataOps<CudaExec>::upload";
-    const std::vector<AttnSlice> slices = cuda::detail::data_ops::device_slices(lp, where);
-    SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
-    Tables t;
-    t.copies_storage = cuda::DeviceArray<PieceCopy>(lp.copies.size());
-    t.slices_storage = cuda::DeviceArray<AttnSlice>(slices.size());
-    if (!lp.copies.empty())
-      SEQPAR_CUDA_CHECK(cudaMemcpyAsync(t.copies_storage.data(), lp.copies.data(), lp.copies.size() * sizeof(PieceCopy),
-                                        cudaMemcpyHostToDevice, exec.stream()),
-                        where);
-    if (!slices.empty())
-      SEQPAR_CUDA_CHECK(cudaMemcpyAsync(t.slices_storage.data(), slices.data(), slices.size() * sizeof(AttnSlice),
-                                        cudaMemcpyHostToDevice, exec.stream()),
-                        where);
-    SEQPAR_CUDA_CHECK(cudaStreamSynchronize(exec.stream()), where);  // `slices` is freed on return
-    t.copies = t.copies_storage.data();
-    t.slices = t.slices_storage.data();
-    return t;
-  }
+template <class T, class A>
+void DataOps<cuda::CudaExec>::unpack(const cuda::CudaExec& exec, const BufferTable<T, A>& b,
+                                     TableSlice<PieceCopy> copies, const std::byte* region, int head_dim) {
+  namespace ops = cuda::detail::data_ops;
+  ops::check_types<T, A>();
+  if (copies.host.empty()) return;
+  constexpr const char* where = "DataOps<CudaExec>::unpack";
+  SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
+  const auto buffers = ops::buffers_of(b, head_dim);
+  auto* message = const_cast<std::byte*>(region);  // only read: the kernel is pack's too
+  ops::for_each_launch(copies.host, [&](std::size_t first, std::size_t last) {
+    ops::launch_pieces<true>(exec, buffers, ops::piece_run<T, A>(copies, first, last, message, head_dim), where);
+  });
+}
 
-  using Workspace = cuda::DeviceBytes;
-  [[nodiscard]] static Workspace allocate(const cuda::CudaExec& exec, std::size_t bytes) {
-    SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), "DataOps<CudaExec>::allocate");
-    return Workspace(bytes);
-  }
-
-  /// Copies the pieces of `copies` out of their buffers into `region` (device memory) at their offsets.
-  template <class T, class A>
-  static void pack(const cuda::CudaExec& exec, const BufferTable<T, A>& b, TableSlice<PieceCopy> copies,
-                   std::byte* region, int head_dim) {
-    check_types<T, A>();
-    if (copies.host.empty()) return;
-    constexpr const char* where = "DataOps<CudaExec>::pack";
-    SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
-    launch_pieces<false>(exec, cuda::detail::data_ops::buffers_of(b, head_dim),
-                         cuda::detail::data_ops::piece_run<T, A>(copies, 0, copies.host.size(), region, head_dim),
-                         where);
-  }
-
-  /// Copies (or, with PieceCopy::accumulate, adds) the pieces of `copies` from `region` into their
-  /// buffers; accumulations into the same elements in table order (one launch per such layer).
-  template <class T, class A>
-  static void unpack(const cuda::CudaExec& exec, const BufferTable<T, A>& b, TableSlice<PieceCopy> copies,
-                     const std::byte* region, int head_dim) {
-    check_types<T, A>();
-    if (copies.host.empty()) return;
-    constexpr const char* where = "DataOps<CudaExec>::unpack";
-    SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
-    const auto buffers = cuda::detail::data_ops::buffers_of(b, head_dim);
-    auto* message = const_cast<std::byte*>(region);  // only read: the kernel is pack's too
-    cuda::detail::data_ops::for_each_launch(copies.host, [&](std::size_t first, std::size_t last) {
-      launch_pieces<true>(exec, buffers,
-                          cuda::detail::data_ops::piece_run<T, A>(copies, first, last, message, head_dim), where);
-    });
-  }
-
-  template <class T, class A>
-  static void zero(const cuda::CudaExec& exec, const BufferTable<T, A>& b, std::span<const BufferId> buffers) {
-    check_types<T, A>();
-    constexpr const char* where = "DataOps<CudaExec>::zero";
-    for (BufferId id : buffers) {
-      if (comm::is_lse(id)) {
-        fill_lse(exec, b.lse_of(id), A(0), where);
-      } else {
-        zero_thd(exec, b[id], where);
-      }
+template <class T, class A>
+void DataOps<cuda::CudaExec>::zero(const cuda::CudaExec& exec, const BufferTable<T, A>& b,
+                                   std::span<const BufferId> buffers) {
+  namespace ops = cuda::detail::data_ops;
+  ops::check_types<T, A>();
+  constexpr const char* where = "DataOps<CudaExec>::zero";
+  for (BufferId id : buffers) {
+    if (comm::is_lse(id)) {
+      ops::fill_lse(exec, b.lse_of(id), A(0), where);
+    } else {
+      ops::zero_thd(exec, b[id], where);
     }
   }
+}
 
-  /// O = 0, LSE = -inf over whole views.
-  template <class T, class A>
-  static void fill_empty(const cuda::CudaExec& exec, ThdView<T> o, LseView<A> lse) {
-    check_types<T, A>();
-    constexpr const char* where = "DataOps<CudaExec>::fill_empty";
-    zero_thd(exec, o, where);
-    fill_lse(exec, lse, -std::numeric_limits<A>::infinity(), where);
-  }
+template <class T, class A>
+void DataOps<cuda::CudaExec>::fill_empty(const cuda::CudaExec& exec, ThdView<T> o, LseView<A> lse) {
+  namespace ops = cuda::detail::data_ops;
+  ops::check_types<T, A>();
+  constexpr const char* where = "DataOps<CudaExec>::fill_empty";
+  ops::zero_thd(exec, o, where);
+  ops::fill_lse(exec, lse, -std::numeric_limits<A>::infinity(), where);
+}
 
-  /// Folds the partial (o_part, lse_part) into (o, lse) on the query rows of `slices`, whose device
-  /// rows (`slices.mirror`) are sorted by first query row and disjoint (upload makes them so).
-  template <class T, class A>
-  static void merge(const cuda::CudaExec& exec, ThdView<T> o, LseView<A> lse, ThdView<T> o_part, LseView<A> lse_part,
-                    TableSlice<AttnSlice> slices) {
-    check_types<T, A>();
-    constexpr const char* where = "DataOps<CudaExec>::merge";
-    const auto p = cuda::detail::data_ops::merge_params(o, lse, o_part, lse_part, slices);
-    if (p.lines == 0) return;
-    SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
-    (void)cudaGetLastError();
-    cuda::detail::data_ops::merge_kernel<T>
-        <<<blocks(exec, p.lines << p.group_shift), cuda::detail::data_ops::kThreads, 0, exec.stream()>>>(p);
-    SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
-  }
-
- private:
-  template <class T, class A>
-  static constexpr void check_types() {
-    static_assert(cuda::detail::kIsStorageType<T>, "DataOps<CudaExec>: T must be float, __half or __nv_bfloat16");
-    static_assert(std::is_same_v<A, float>, "DataOps<CudaExec>: the LSE type A must be float");
-  }
-
-  // Grid-stride launches: enough blocks to fill the device several times over, no more.
-  static unsigned blocks(const cuda::CudaExec& exec, std::uint64_t threads) {
-    const std::uint64_t want = (threads + cuda::detail::data_ops::kThreads - 1) / cuda::detail::data_ops::kThreads;
-    const std::uint64_t cap = static_cast<std::uint64_t>(std::max(exec.multiprocessors(), 1)) * 16;
-    return static_cast<unsigned>(std::clamp<std::uint64_t>(want, 1, cap));
-  }
-
-  template <bool kUnpack, class T, class A>
-  static void launch_pieces(const cuda::CudaExec& exec, const cuda::detail::data_ops::Buffers<T, A>& b,
-                            const cuda::detail::data_ops::PieceRun& run, const char* where) {
-    if (run.windows == 0) return;
-    (void)cudaGetLastError();
-    cuda::detail::data_ops::move_pieces_kernel<kUnpack, T, A>
-        <<<blocks(exec, run.windows), cuda::detail::data_ops::kThreads, 0, exec.stream()>>>(b, run);
-    SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
-  }
-
-  template <class T>
-  static void zero_thd(const cuda::CudaExec& exec, const ThdView<T>& v, const char* where) {
-    if (v.tokens == 0 || v.heads == 0 || v.head_dim == 0) return;
-    SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
-    const std::uint64_t elements = static_cast<std::uint64_t>(v.tokens) * static_cast<std::uint64_t>(v.heads) *
-                                   static_cast<std::uint64_t>(v.head_dim);
-    if (cuda::detail::data_ops::contiguous(v)) {
-      SEQPAR_CUDA_CHECK(cudaMemsetAsync(v.data, 0, elements * sizeof(T), exec.stream()), where);
-      return;
-    }
-    const bool vectorized = cuda::detail::data_ops::vector_rows(v, v.head_dim);
-    const std::uint64_t items = vectorized ? elements * sizeof(T) / cuda::detail::data_ops::kVecBytes : elements;
-    (void)cudaGetLastError();
-    cuda::detail::data_ops::zero_thd_kernel<T>
-        <<<blocks(exec, items), cuda::detail::data_ops::kThreads, 0, exec.stream()>>>(
-            v.data, v.token_stride, v.head_stride, v.heads, v.head_dim, items, vectorized);
-    SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
-  }
-
-  template <class A>
-  static void fill_lse(const cuda::CudaExec& exec, const LseView<A>& v, A value, const char* where) {
-    if (v.tokens == 0 || v.heads == 0) return;
-    SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
-    const std::uint64_t items = static_cast<std::uint64_t>(v.heads) * static_cast<std::uint64_t>(v.tokens);
-    if (value == A(0) && (v.heads == 1 || v.head_stride == v.tokens)) {
-      SEQPAR_CUDA_CHECK(cudaMemsetAsync(v.data, 0, items * sizeof(A), exec.stream()), where);
-      return;
-    }
-    (void)cudaGetLastError();
-    cuda::detail::data_ops::fill_lse_kernel<A>
-        <<<blocks(exec, items), cuda::detail::data_ops::kThreads, 0, exec.stream()>>>(v.data, v.head_stride, v.tokens,
-                                                                                      items, value);
-    SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
-  }
-};
+template <class T, class A>
+void DataOps<cuda::CudaExec>::merge(const cuda::CudaExec& exec, ThdView<T> o, LseView<A> lse, ThdView<T> o_part,
+                                    LseView<A> lse_part, TableSlice<AttnSlice> slices) {
+  namespace ops = cuda::detail::data_ops;
+  ops::check_types<T, A>();
+  constexpr const char* where = "DataOps<CudaExec>::merge";
+  const auto p = ops::merge_params(o, lse, o_part, lse_part, slices);
+  if (p.lines == 0) return;
+  SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
+  (void)cudaGetLastError();
+  ops::merge_kernel<T><<<ops::blocks(exec, p.lines << p.group_shift), ops::kThreads, 0, exec.stream()>>>(p);
+  SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
+}
 
 }  // namespace seqpar::runtime

@@ -3,29 +3,12 @@
 #pragma once
 
 /// @file
-/// `attention::CudaFlash<T>`: the attention kernel of the CUDA path, FlashAttention-2's algorithm
-/// over a slice list in device memory, satisfying `attention::AttentionKernel` with the
-/// stream-ordered context `cuda::CudaExec`, so that every strategy runs on it unchanged.
-///
-/// - T: float (tests: exact fp32 FMAs), __half or __nv_bfloat16 (tensor cores through WMMA); fp32
-///   accumulation, fp32 LSE. Head dim 64 or 128. GQA reads each kv head in place (no copies).
-/// - Slices: the same `AttnSlice` semantics as CpuFlash (full, causal with explicit alignment,
-///   sliding window; disjoint query ranges per call), in device memory: checked once where they reach
-///   the device (`cuda::DeviceSlices`, or the executor's lowering), not at every call.
-/// - Work: a tile table of (slice, query tile) built on the device each call (CUB scan + radix sort,
-///   detail/tile_table.cuh), longest tiles first; blocks are (tile, head).
-/// - Forward writes O and LSE on every query row (rows in no slice: O = 0, LSE = -inf). Backward
-///   adds (+=) into dQ, dK, dV, deterministically (detail/flash_backward.cuh).
-/// - Everything is enqueued on `exec.stream()`; nothing waits on the host; the workspace
-///   (`workspace_bytes`, device memory) holds the tile table and the backward's row sums.
-///
-/// @code
-/// attention::CudaFlash<__nv_bfloat16> flash;                  // streams of its own on the current device
-/// cuda::DeviceSlices slices(batch.document_causal_slices(), n, n);
-/// cuda::DeviceBytes ws(flash.workspace_bytes(shape, n, n));
-/// flash.forward(flash.exec(), shape, q, k, v, slices.device(), o, lse, ws.span());
-/// flash.exec().synchronize();
-/// @endcode
+/// The definitions of `attention::CudaFlash<T>` (flash.hpp: the class and what it computes): the
+/// argument checks, the tile table and the kernel launches, FlashAttention-2's algorithm
+/// (detail/flash_forward.cuh, detail/flash_backward.cuh). For nvcc only. A .cu that includes this
+/// header instantiates the members it calls; `template class seqpar::attention::CudaFlash<T>;` after it
+/// compiles every member once, for C++ translation units that include flash.hpp to link
+/// (kernels/instances/).
 
 #include <cuda_runtime_api.h>
 
@@ -47,88 +30,14 @@
 #include "seqpar/cuda/detail/flash_forward.cuh"
 #include "seqpar/cuda/detail/tile_table.cuh"
 #include "seqpar/cuda/exec.hpp"
+#include "seqpar/cuda/flash.hpp"
 
 namespace seqpar::attention {
+namespace detail {
 
+// CudaFlash<T>'s checks and launches (static: the class holds only its context).
 template <class T>
-class CudaFlash {
-  static_assert(cuda::detail::kIsStorageType<T>, "CudaFlash<T>: T must be float, __half or __nv_bfloat16");
-
- public:
-  using kernel_category = kernel_tag;
-  using value_type = T;
-  using accum_type = float;
-  using exec_type = cuda::CudaExec;
-
-  /// Streams of its own on the calling thread's current device.
-  CudaFlash() : CudaFlash(cuda::CudaExec{}) {}
-  explicit CudaFlash(cuda::CudaExec exec) : exec_(std::move(exec)) {}
-
-  [[nodiscard]] const cuda::CudaExec& exec() const noexcept { return exec_; }
-
-  /// Device bytes of scratch for a call over q_rows query rows (forward or backward).
-  [[nodiscard]] std::size_t workspace_bytes(const AttentionShape& shape, std::int64_t q_rows,
-                                            std::int64_t /*k_rows*/) const {
-    if (q_rows <= 0) return 0;
-    const std::size_t delta =
-        aligned(sizeof(float) * static_cast<std::size_t>(shape.heads_q) * static_cast<std::size_t>(q_rows));
-    return delta + table_layout(q_rows, static_cast<int>(q_rows), "CudaFlash::workspace_bytes").bytes;
-  }
-
-  void forward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
-               ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o, LseView<float> lse,
-               std::span<std::byte> workspace) {
-    constexpr const char* where = "CudaFlash::forward";
-    check_inputs(shape, q, k, v, slices, where);
-    seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
-    seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
-    check_workspace(shape, q.tokens, k.tokens, workspace, where);
-    SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
-    const cudaStream_t stream = exec.stream();
-    if (q.tokens == 0) return;
-    fill_empty(o, lse, shape, stream, where);
-    if (slices.empty()) return;
-    if (shape.head_dim == 64) {
-      launch_forward<64>(exec, shape, q, k, v, slices, o, lse, workspace, where);
-    } else {
-      launch_forward<128>(exec, shape, q, k, v, slices, o, lse, workspace, where);
-    }
-  }
-
-  void backward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
-                ThdView<const T> v, ThdView<const T> o, LseView<const float> lse, ThdView<const T> dout,
-                std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
-                std::span<std::byte> workspace) {
-    constexpr const char* where = "CudaFlash::backward";
-    check_inputs(shape, q, k, v, slices, where);
-    seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
-    seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
-    seqpar::detail::check_view(dout, where, "dout", q.tokens, shape.heads_q, shape.head_dim);
-    seqpar::detail::check_view(dq, where, "dq", q.tokens, shape.heads_q, shape.head_dim);
-    seqpar::detail::check_view(dk, where, "dk", k.tokens, shape.heads_kv, shape.head_dim);
-    seqpar::detail::check_view(dv, where, "dv", k.tokens, shape.heads_kv, shape.head_dim);
-    check_workspace(shape, q.tokens, k.tokens, workspace, where);
-    SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
-    if (q.tokens == 0 || k.tokens == 0 || slices.empty()) return;
-    if (shape.head_dim == 64) {
-      launch_backward<64>(exec, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace, where);
-    } else {
-      launch_backward<128>(exec, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace, where);
-    }
-  }
-
-  /// On the kernel's own context.
-  void forward(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
-               std::span<const AttnSlice> slices, ThdView<T> o, LseView<float> lse, std::span<std::byte> workspace) {
-    forward(exec_, shape, q, k, v, slices, o, lse, workspace);
-  }
-  void backward(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
-                ThdView<const T> o, LseView<const float> lse, ThdView<const T> dout, std::span<const AttnSlice> slices,
-                ThdView<T> dq, ThdView<T> dk, ThdView<T> dv, std::span<std::byte> workspace) {
-    backward(exec_, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace);
-  }
-
- private:
+struct CudaFlashCalls {
   static constexpr std::size_t aligned(std::size_t n) noexcept { return (n + 255) / 256 * 256; }
 
   // The table is sized for q_rows slices and q_rows tiles: every tile and every slice (after
@@ -156,9 +65,16 @@ class CudaFlash {
                                         ": drop slices without query rows (cuda::DeviceSlices does)");
   }
 
-  void check_workspace(const AttentionShape& shape, std::int64_t q_rows, std::int64_t k_rows,
-                       std::span<std::byte> workspace, const char* where) const {
-    const std::size_t need = workspace_bytes(shape, q_rows, k_rows);
+  static std::size_t workspace_bytes(const AttentionShape& shape, std::int64_t q_rows) {
+    if (q_rows <= 0) return 0;
+    const std::size_t delta =
+        aligned(sizeof(float) * static_cast<std::size_t>(shape.heads_q) * static_cast<std::size_t>(q_rows));
+    return delta + table_layout(q_rows, static_cast<int>(q_rows), "CudaFlash::workspace_bytes").bytes;
+  }
+
+  static void check_workspace(const AttentionShape& shape, std::int64_t q_rows, std::span<std::byte> workspace,
+                              const char* where) {
+    const std::size_t need = workspace_bytes(shape, q_rows);
     if (workspace.size() < need)
       seqpar::detail::throw_invalid(where, "workspace.size()", workspace.size(),
                                     "needs workspace_bytes() = " + std::to_string(need));
@@ -207,9 +123,9 @@ class CudaFlash {
   }
 
   template <int D>
-  void launch_forward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
-                      ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o, LseView<float> lse,
-                      std::span<std::byte> workspace, const char* where) const {
+  static void launch_forward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q,
+                             ThdView<const T> k, ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o,
+                             LseView<float> lse, std::span<std::byte> workspace, const char* where) {
     using Plan = cuda::detail::ForwardPlan<T, D>;
     const cudaStream_t stream = exec.stream();
     const auto [table, tiles] = tile_table(slices, q.tokens, Plan::kRows, workspace, 0, stream, where);
@@ -230,10 +146,10 @@ class CudaFlash {
   }
 
   template <int D>
-  void launch_backward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
-                       ThdView<const T> v, ThdView<const T> o, LseView<const float> lse, ThdView<const T> dout,
-                       std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
-                       std::span<std::byte> workspace, const char* where) const {
+  static void launch_backward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q,
+                              ThdView<const T> k, ThdView<const T> v, ThdView<const T> o, LseView<const float> lse,
+                              ThdView<const T> dout, std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk,
+                              ThdView<T> dv, std::span<std::byte> workspace, const char* where) {
     using DqPlan = cuda::detail::DqPlan<T, D>;
     using DkvPlan = cuda::detail::DkvPlan<T, D>;
     const cudaStream_t stream = exec.stream();
@@ -277,10 +193,60 @@ class CudaFlash {
     dkv_kernel<<<grid, DkvPlan::kThreads, DkvPlan::kBytes, stream>>>(p);
     SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
   }
-
-  cuda::CudaExec exec_;
 };
 
-static_assert(AttentionKernel<CudaFlash<float>>);
+}  // namespace detail
+
+template <class T>
+std::size_t CudaFlash<T>::workspace_bytes(const AttentionShape& shape, std::int64_t q_rows,
+                                          std::int64_t /*k_rows*/) const {
+  return detail::CudaFlashCalls<T>::workspace_bytes(shape, q_rows);
+}
+
+template <class T>
+void CudaFlash<T>::forward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q,
+                           ThdView<const T> k, ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o,
+                           LseView<float> lse, std::span<std::byte> workspace) {
+  using Calls = detail::CudaFlashCalls<T>;
+  constexpr const char* where = "CudaFlash::forward";
+  Calls::check_inputs(shape, q, k, v, slices, where);
+  seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
+  seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
+  Calls::check_workspace(shape, q.tokens, workspace, where);
+  SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
+  const cudaStream_t stream = exec.stream();
+  if (q.tokens == 0) return;
+  Calls::fill_empty(o, lse, shape, stream, where);
+  if (slices.empty()) return;
+  if (shape.head_dim == 64) {
+    Calls::template launch_forward<64>(exec, shape, q, k, v, slices, o, lse, workspace, where);
+  } else {
+    Calls::template launch_forward<128>(exec, shape, q, k, v, slices, o, lse, workspace, where);
+  }
+}
+
+template <class T>
+void CudaFlash<T>::backward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q,
+                            ThdView<const T> k, ThdView<const T> v, ThdView<const T> o, LseView<const float> lse,
+                            ThdView<const T> dout, std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk,
+                            ThdView<T> dv, std::span<std::byte> workspace) {
+  using Calls = detail::CudaFlashCalls<T>;
+  constexpr const char* where = "CudaFlash::backward";
+  Calls::check_inputs(shape, q, k, v, slices, where);
+  seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
+  seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
+  seqpar::detail::check_view(dout, where, "dout", q.tokens, shape.heads_q, shape.head_dim);
+  seqpar::detail::check_view(dq, where, "dq", q.tokens, shape.heads_q, shape.head_dim);
+  seqpar::detail::check_view(dk, where, "dk", k.tokens, shape.heads_kv, shape.head_dim);
+  seqpar::detail::check_view(dv, where, "dv", k.tokens, shape.heads_kv, shape.head_dim);
+  Calls::check_workspace(shape, q.tokens, workspace, where);
+  SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
+  if (q.tokens == 0 || k.tokens == 0 || slices.empty()) return;
+  if (shape.head_dim == 64) {
+    Calls::template launch_backward<64>(exec, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace, where);
+  } else {
+    Calls::template launch_backward<128>(exec, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace, where);
+  }
+}
 
 }  // namespace seqpar::attention

@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "seqpar/core/attn_slice.hpp"
-#include "seqpar/cuda/detail/element.cuh"
+#include "seqpar/cuda/detail/element.hpp"
 #include "seqpar/cuda/detail/tile_math.hpp"
 
 namespace seqpar::cuda::detail {

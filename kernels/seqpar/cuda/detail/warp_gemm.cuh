@@ -15,7 +15,7 @@
 
 #include <mma.h>
 
-#include "seqpar/cuda/detail/element.cuh"
+#include "seqpar/cuda/detail/element.hpp"
 
 namespace seqpar::cuda::detail {
 

@@ -30,11 +30,11 @@
 #include <vector>
 
 #include "seqpar/cuda/check.hpp"
-#include "seqpar/cuda/data_ops.cuh"
+#include "seqpar/cuda/data_ops.hpp"
 #include "seqpar/cuda/device_memory.hpp"
 #include "seqpar/cuda/device_world.hpp"
 #include "seqpar/cuda/exec.hpp"
-#include "seqpar/cuda/flash.cuh"
+#include "seqpar/cuda/flash.hpp"
 #include "support/distributed_check.hpp"
 #include "support/strategy_list.hpp"
 #include "support/transport_cases.hpp"

@@ -35,8 +35,9 @@
 #include "seqpar/cuda/check.hpp"
 #include "seqpar/cuda/device_memory.hpp"
 #include "seqpar/cuda/exec.hpp"
-#include "seqpar/cuda/flash.cuh"
+#include "seqpar/cuda/flash.hpp"
 #include "seqpar/cuda/slices.hpp"
+#include "support/device_fill.hpp"
 #include "support/json.hpp"
 
 // Inside seqpar::bench rather than `using namespace seqpar`: at global scope that would make `cuda`
@@ -106,7 +107,7 @@ bool write_mixes(const std::string& path, std::int64_t tokens, const LognormalSp
   }
   std::fprintf(f,
                "{\"tokens\": %lld, \"lognormal\": {\"median\": %.17g, \"sigma\": %.17g, \"seed\": %llu, "
-               "\"generator\": \"splitmix64 + Box-Muller, see bench/attention_cuda.cu\"},\n \"mixes\": [\n",
+               "\"generator\": \"splitmix64 + Box-Muller, see bench/attention_cuda.cpp\"},\n \"mixes\": [\n",
                static_cast<long long>(tokens), ln.median, ln.sigma, static_cast<unsigned long long>(ln.seed));
   for (std::size_t i = 0; i < mixes.size(); ++i) {
     std::fprintf(f, "  {\"name\": \"%s\", \"sequences\": [", mixes[i].name.c_str());
@@ -123,69 +124,21 @@ bool write_mixes(const std::string& path, std::int64_t tokens, const LognormalSp
   return std::fclose(f) == 0;
 }
 
-// ---- device helpers -----------------------------------------------------------------------------
+// ---- device helpers (support/device_fill.cu) ----------------------------------------------------
 template <class T>
-__host__ __device__ float to_float(T x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __bfloat162float(x);
-  else if constexpr (std::is_same_v<T, __half>)
-    return __half2float(x);
-  else
-    return static_cast<float>(x);
-}
-
-template <class T>
-__device__ T from_float(float x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __float2bfloat16(x);
-  else if constexpr (std::is_same_v<T, __half>)
-    return __float2half(x);
-  else
-    return static_cast<T>(x);
-}
-
-__device__ std::uint64_t mix64(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-/// Standard normal values from a counter-based hash: inputs drawn on the device (a host generator
-/// would spend seconds on 16K x 16 x 128 x 4 values), never zeros, which can time faster than real data.
-template <class T>
-__global__ void fill_normal_kernel(T* p, std::size_t n, std::uint64_t seed) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const std::uint64_t h = mix64(seed * 0x9E3779B97F4A7C15ull + i);
-    const float u1 = (static_cast<float>(h >> 40) + 0.5f) * 0x1.0p-24f;
-    const float u2 = static_cast<float>((h >> 16) & 0xFFFFFF) * 0x1.0p-24f;
-    p[i] = from_float<T>(sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2));
-  }
-}
-
-template <class T>
-__global__ void count_nonfinite_kernel(const T* p, std::size_t n, unsigned long long* count) {
-  unsigned long long local = 0;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-    local += isfinite(to_float(p[i])) ? 0 : 1;
-  if (local != 0) atomicAdd(count, local);
+float to_float(T x) {
+  return cuda::detail::to_float(x);
 }
 
 template <class T>
 void fill_normal(cudaStream_t s, const cuda::DeviceArray<T>& a, std::uint64_t seed) {
-  fill_normal_kernel<<<1024, 256, 0, s>>>(a.data(), a.size(), seed);
-  SEQPAR_CUDA_CHECK(cudaGetLastError(), "attention_cuda: fill_normal");
+  bench::fill_normal(s, a.data(), 0, static_cast<std::int64_t>(a.size()), seed);
 }
 
 template <class T>
 unsigned long long count_nonfinite(cudaStream_t s, const cuda::DeviceArray<T>& a,
                                    const cuda::DeviceArray<unsigned long long>& counter) {
-  SEQPAR_CUDA_CHECK(cudaMemsetAsync(counter.data(), 0, sizeof(unsigned long long), s), kWhere);
-  count_nonfinite_kernel<<<1024, 256, 0, s>>>(a.data(), a.size(), counter.data());
-  SEQPAR_CUDA_CHECK(cudaGetLastError(), "attention_cuda: count_nonfinite");
-  SEQPAR_CUDA_CHECK(cudaStreamSynchronize(s), kWhere);
-  return counter.to_host()[0];
+  return bench::count_nonfinite(s, a.data(), static_cast<std::int64_t>(a.size()), counter.data());
 }
 
 // ---- timing -------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 // runtime_cuda: what the runtime costs on a GPU on top of the attention it runs, and how fast the
 // executor's own kernels move data.
 //  (a) The same work (bf16, head dim 128, 16 query and 16 KV heads, 16K tokens of one packed sequence
-//      of lognormal documents, document-causal: the mix of bench/attention_cuda.cu) timed as one
+//      of lognormal documents, document-causal: the mix of bench/attention_cuda.cpp) timed as one
 //      attention::CudaFlash call over the whole batch, and through DistributedAttention on 8 ranks
 //      sharing the GPU (cuda::device_world: one host thread, one CudaExec and one CudaFlash per rank)
 //      with the zigzag ring (sharding-aware), Ulysses (Uniform x AllToAll) and FlashCP's Hybrid x
@@ -39,12 +39,13 @@
 #include <vector>
 
 #include "seqpar/cuda/check.hpp"
-#include "seqpar/cuda/data_ops.cuh"
+#include "seqpar/cuda/data_ops.hpp"
 #include "seqpar/cuda/device_memory.hpp"
 #include "seqpar/cuda/device_world.hpp"
 #include "seqpar/cuda/exec.hpp"
-#include "seqpar/cuda/flash.cuh"
+#include "seqpar/cuda/flash.hpp"
 #include "seqpar/cuda/slices.hpp"
+#include "support/device_fill.hpp"
 #include "support/json.hpp"
 
 // Inside seqpar::bench rather than `using namespace seqpar`: at global scope `cuda` would be
@@ -70,7 +71,7 @@ struct Options {
   }
 };
 
-// ---- the batch: bench/attention_cuda.cu's lognormal mix (same generator, same lengths) --------------
+// ---- the batch: bench/attention_cuda.cpp's lognormal mix (same generator, same lengths) --------------
 struct SplitMix64 {
   std::uint64_t state;
   std::uint64_t next() {
@@ -96,33 +97,7 @@ std::vector<std::int64_t> lognormal_docs(std::int64_t tokens, double median, dou
   return docs;
 }
 
-// ---- inputs on the device ---------------------------------------------------------------------------
-__device__ std::uint64_t mix64(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// Element i of dst is the standard normal value of global element first + i of tensor `tag`: the
-// whole-batch run and every rank fill their rows with the same values.
-__global__ void fill_kernel(T* dst, std::int64_t first, std::int64_t count, std::uint64_t tag) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::uint64_t h = mix64(tag * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(first + i));
-    const float u1 = (static_cast<float>(h >> 40) + 0.5f) * 0x1.0p-24f;
-    const float u2 = static_cast<float>((h >> 16) & 0xFFFFFF) * 0x1.0p-24f;
-    dst[i] = __float2bfloat16_rn(sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2));
-  }
-}
-
-__global__ void count_nonfinite_kernel(const T* p, std::int64_t n, unsigned long long* count) {
-  unsigned long long local = 0;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    local += isfinite(__bfloat162float(p[i])) ? 0 : 1;
-  if (local != 0) atomicAdd(count, local);
-}
-
+// ---- inputs on the device (support/device_fill.cu) ----------------------------------------------
 enum class Input : std::uint64_t { kQ = 1, kK, kV, kDout };
 
 // Fills the local rows of `dst` (the global rows `owned`, in order; `row` elements per token).
@@ -131,21 +106,14 @@ void fill_rows(const cuda::CudaExec& exec, const cuda::DeviceArray<T>& dst, Inpu
   std::int64_t at = 0;
   for (const Range& r : owned) {
     if (r.empty()) continue;
-    fill_kernel<<<512, 256, 0, exec.stream()>>>(dst.data() + at * row, r.begin * row, r.size() * row,
-                                                static_cast<std::uint64_t>(which));
-    SEQPAR_CUDA_CHECK(cudaGetLastError(), kWhere);
+    fill_normal(exec.stream(), dst.data() + at * row, r.begin * row, r.size() * row, static_cast<std::uint64_t>(which));
     at += r.size();
   }
 }
 
 std::uint64_t nonfinite(const cuda::CudaExec& exec, const cuda::DeviceArray<T>& a) {
-  if (a.size() == 0) return 0;
   cuda::DeviceArray<unsigned long long> counter(1);
-  SEQPAR_CUDA_CHECK(cudaMemsetAsync(counter.data(), 0, sizeof(unsigned long long), exec.stream()), kWhere);
-  count_nonfinite_kernel<<<512, 256, 0, exec.stream()>>>(a.data(), static_cast<std::int64_t>(a.size()), counter.data());
-  SEQPAR_CUDA_CHECK(cudaGetLastError(), kWhere);
-  exec.synchronize();
-  return counter.to_host()[0];
+  return count_nonfinite(exec.stream(), a.data(), static_cast<std::int64_t>(a.size()), counter.data());
 }
 
 // ---- statistics -----------------------------------------------------------------------------------

@@ -33,10 +33,10 @@
 
 #include "nccl/world.hpp"
 #include "seqpar/cuda/check.hpp"
-#include "seqpar/cuda/data_ops.cuh"
+#include "seqpar/cuda/data_ops.hpp"
 #include "seqpar/cuda/device_memory.hpp"
 #include "seqpar/cuda/exec.hpp"
-#include "seqpar/cuda/flash.cuh"
+#include "seqpar/cuda/flash.hpp"
 #include "support/transport_cases.hpp"
 
 using namespace std::chrono_literals;

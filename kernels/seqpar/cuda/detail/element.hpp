@@ -5,6 +5,8 @@
 /// @file
 /// Storage types of the CUDA kernels (fp32, fp16, bf16) and their conversions (host and device, so
 /// that tests and the data operations share them): values are stored in T and every sum is formed in fp32.
+/// A .hpp: cuda_fp16.h and cuda_bf16.h are host headers too, so the C++ compiler parses it (host code
+/// that names the storage types, e.g. tests converting their inputs).
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -29,10 +29,10 @@
 #include <vector>
 
 #include "seqpar/cuda/check.hpp"
-#include "seqpar/cuda/data_ops.cuh"
+#include "seqpar/cuda/data_ops.hpp"
 #include "seqpar/cuda/device_memory.hpp"
 #include "seqpar/cuda/exec.hpp"
-#include "seqpar/cuda/flash.cuh"
+#include "seqpar/cuda/flash.hpp"
 
 namespace sp = seqpar;
 using ZigzagRing = sp::Strategy<sp::partition::Zigzag, sp::comm::Ring>;

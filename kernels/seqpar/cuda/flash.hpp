@@ -1,0 +1,97 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+/// @file
+/// `attention::CudaFlash<T>` as host code sees it: the class, with `workspace_bytes`, `forward` and
+/// `backward` declared. Their definitions (the kernels and their launches) are in flash.cuh, which
+/// only nvcc compiles. So:
+///  - a .cu translation unit includes flash.cuh and instantiates what it uses (header-only);
+///  - a C++ translation unit (g++, clang) includes this header and links a .cu that instantiates
+///    `CudaFlash<T>` explicitly, e.g. `template class seqpar::attention::CudaFlash<__nv_bfloat16>;`
+///    after `#include <seqpar/cuda/flash.cuh>` (the project's tests, benchmarks and examples link
+///    seqpar_cuda_instances, kernels/instances/, which instantiates float, __half and __nv_bfloat16).
+/// The second keeps host-heavy code (a strategy, its engine and transport) out of nvcc, which runs
+/// its front end once per GPU architecture, and compiles the kernels once per program.
+///
+/// - T: float (tests: exact fp32 FMAs), __half or __nv_bfloat16 (tensor cores through WMMA); fp32
+///   accumulation, fp32 LSE. Head dim 64 or 128. GQA reads each kv head in place (no copies).
+/// - Slices: the same `AttnSlice` semantics as CpuFlash (full, causal with explicit alignment,
+///   sliding window; disjoint query ranges per call), in device memory: checked once where they reach
+///   the device (`cuda::DeviceSlices`, or the executor's lowering), not at every call.
+/// - Work: a tile table of (slice, query tile) built on the device each call (CUB scan + radix sort,
+///   detail/tile_table.cuh), longest tiles first; blocks are (tile, head).
+/// - Forward writes O and LSE on every query row (rows in no slice: O = 0, LSE = -inf). Backward
+///   adds (+=) into dQ, dK, dV, deterministically (detail/flash_backward.cuh).
+/// - Everything is enqueued on `exec.stream()`; nothing waits on the host; the workspace
+///   (`workspace_bytes`, device memory) holds the tile table and the backward's row sums.
+///
+/// @code
+/// attention::CudaFlash<__nv_bfloat16> flash;                  // streams of its own on the current device
+/// cuda::DeviceSlices slices(batch.document_causal_slices(), n, n);
+/// cuda::DeviceBytes ws(flash.workspace_bytes(shape, n, n));
+/// flash.forward(flash.exec(), shape, q, k, v, slices.device(), o, lse, ws.span());
+/// flash.exec().synchronize();
+/// @endcode
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <utility>
+
+#include "seqpar/attention/kernel.hpp"
+#include "seqpar/core/attention_shape.hpp"
+#include "seqpar/core/attn_slice.hpp"
+#include "seqpar/core/tensor.hpp"
+#include "seqpar/cuda/detail/element.hpp"
+#include "seqpar/cuda/exec.hpp"
+
+namespace seqpar::attention {
+
+template <class T>
+class CudaFlash {
+  static_assert(cuda::detail::kIsStorageType<T>, "CudaFlash<T>: T must be float, __half or __nv_bfloat16");
+
+ public:
+  using kernel_category = kernel_tag;
+  using value_type = T;
+  using accum_type = float;
+  using exec_type = cuda::CudaExec;
+
+  /// Streams of its own on the calling thread's current device.
+  CudaFlash() : CudaFlash(cuda::CudaExec{}) {}
+  explicit CudaFlash(cuda::CudaExec exec) : exec_(std::move(exec)) {}
+
+  [[nodiscard]] const cuda::CudaExec& exec() const noexcept { return exec_; }
+
+  /// Device bytes of scratch for a call over q_rows query rows (forward or backward).
+  [[nodiscard]] std::size_t workspace_bytes(const AttentionShape& shape, std::int64_t q_rows,
+                                            std::int64_t k_rows) const;
+
+  void forward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
+               ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o, LseView<float> lse,
+               std::span<std::byte> workspace);
+
+  void backward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
+                ThdView<const T> v, ThdView<const T> o, LseView<const float> lse, ThdView<const T> dout,
+                std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
+                std::span<std::byte> workspace);
+
+  /// On the kernel's own context.
+  void forward(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
+               std::span<const AttnSlice> slices, ThdView<T> o, LseView<float> lse, std::span<std::byte> workspace) {
+    forward(exec_, shape, q, k, v, slices, o, lse, workspace);
+  }
+  void backward(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
+                ThdView<const T> o, LseView<const float> lse, ThdView<const T> dout, std::span<const AttnSlice> slices,
+                ThdView<T> dq, ThdView<T> dk, ThdView<T> dv, std::span<std::byte> workspace) {
+    backward(exec_, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace);
+  }
+
+ private:
+  cuda::CudaExec exec_;
+};
+
+static_assert(AttentionKernel<CudaFlash<float>>);
+
+}  // namespace seqpar::attention

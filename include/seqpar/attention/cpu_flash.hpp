@@ -75,15 +75,21 @@ class CpuFlash {
   using accum_type = std::conditional_t<std::is_same_v<T, double>, double, float>;
   using Arguments = CpuFlashArguments;
   using exec_type = HostExec;
+  /// Largest accepted q_tile / backward_q_block.
+  static constexpr int kMaxTileRows = 1 << 16;
 
   CpuFlash() : CpuFlash(Arguments{}) {}
   explicit CpuFlash(Arguments args) : args_(args) {
     constexpr const char* where = "CpuFlash";
     seqpar::detail::require(args.threads >= 1 && args.threads <= 1024, where, "args.threads", args.threads,
                             "must be in [1, 1024]");
-    seqpar::detail::require(args.q_tile >= 1, where, "args.q_tile", args.q_tile, "must be positive");
-    seqpar::detail::require(args.backward_q_block >= 1, where, "args.backward_q_block", args.backward_q_block,
-                            "must be positive");
+    // Bounded so that tile sizes, their rounding to row blocks and the workspace arithmetic cannot overflow
+    // (and a typo does not ask for gigabytes per thread).
+    seqpar::detail::require(args.q_tile >= 1 && args.q_tile <= kMaxTileRows, where, "args.q_tile", args.q_tile,
+                            "must be in [1, " + std::to_string(kMaxTileRows) + "]");
+    seqpar::detail::require(args.backward_q_block >= 1 && args.backward_q_block <= kMaxTileRows, where,
+                            "args.backward_q_block", args.backward_q_block,
+                            "must be in [1, " + std::to_string(kMaxTileRows) + "]");
     exec_ = HostExec(args.threads);
   }
 
@@ -170,9 +176,7 @@ class CpuFlash {
           for (std::int64_t t = 0; t < q.tokens; ++t) {
             const T* a = dout.row(t, h);
             const T* b = o.row(t, h);
-            A sum = 0;
-            for (int x = 0; x < d; ++x) sum += A(a[x]) * A(b[x]);
-            w.delta[h * q.tokens + t] = sum;
+            w.delta[h * q.tokens + t] = detail::dot<A>(a, b, d);
           }
       };
       exec.parallel(body);
@@ -278,6 +282,14 @@ class CpuFlash {
           where, "exec.threads()", exec.threads(),
           "exceeds args.threads = " + std::to_string(args_.threads) + " (the workspace holds one tile set per thread)");
     shape.validate(where);
+    {  // the scale is applied in accum_type, pre-multiplied by log2(e): it must stay finite and nonzero there
+      const double sc = shape.scale();
+      const A sa = A(sc);
+      if (!std::isfinite(sa * kLog2e) || (sc != 0.0 && sa == A(0)))
+        seqpar::detail::throw_invalid(where, "softmax_scale", sc,
+                                      std::string("is not representable in the accumulation type (") +
+                                          (std::is_same_v<A, float> ? "float" : "double") + ")");
+    }
     seqpar::detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.head_dim);
     seqpar::detail::check_view(k, where, "k", k.tokens, shape.heads_kv, shape.head_dim);
     seqpar::detail::check_view(v, where, "v", k.tokens, shape.heads_kv, shape.head_dim);
@@ -350,8 +362,7 @@ class CpuFlash {
       if (c < nk) {
         const T* row = src.row(j0 + c, hk);
         for (int x = 0; x < d; ++x) kt[x * kKT + c] = A(row[x]);
-        if (nat != nullptr)
-          for (int x = 0; x < d; ++x) nat[c * d + x] = A(row[x]);
+        if (nat != nullptr) detail::load_scaled(row, nat + c * d, d, A(1));
       } else {
         for (int x = 0; x < d; ++x) kt[x * kKT + c] = A(0);
       }
@@ -360,8 +371,7 @@ class CpuFlash {
 
   static void pack_rows(ThdView<const T> src, std::int64_t i0, std::int64_t n, int h, int d, A scale, A* dst) noexcept {
     for (std::int64_t r = 0; r < n; ++r) {
-      const T* row = src.row(i0 + r, h);
-      for (int x = 0; x < d; ++x) dst[r * d + x] = A(row[x]) * scale;
+      detail::load_scaled(src.row(i0 + r, h), dst + r * d, d, scale);
     }
   }
 
@@ -417,6 +427,7 @@ class CpuFlash {
       const int nk = static_cast<int>(std::min<std::int64_t>(kKT, keys.end - kt0));
       pack_keys(k, sl.k_range.begin + kt0, nk, hk, d, kt, nullptr);
       pack_rows(v, sl.k_range.begin + kt0, nk, hk, d, A(1), vp);
+      const bool v_finite = detail::all_finite(vp, std::int64_t{nk} * d);
       for (int g0 = 0; g0 < n; g0 += kRB) {
         const int rows = std::min(kRB, n - g0);
         int pmin = 0, pmax = 0;
@@ -429,21 +440,35 @@ class CpuFlash {
             continue;
           }
           const A alpha = detail::softmax_row(sr, lo[r], hi[r], m[g0 + r], l[g0 + r]);
-          if (alpha != A(1)) {
-            A* orow = acc + (g0 + r) * d;
-            for (int x = 0; x < d; ++x) orow[x] *= alpha;
-          }
+          if (alpha != A(1)) detail::scale_row(acc + (g0 + r) * d, d, alpha);
         }
-        detail::gemm(rows, d, pmax - pmin, s + pmin, kKT, 1, vp + pmin * d, d, acc + g0 * d, d, true);
+        if (v_finite) {
+          detail::gemm(rows, d, pmax - pmin, s + pmin, kKT, 1, vp + pmin * d, d, acc + g0 * d, d, true);
+        } else {  // exact per-row key ranges: a masked P is 0, but 0 * (NaN or inf in V) is not
+          for (int r = 0; r < rows; ++r)
+            if (lo[r] < hi[r])
+              detail::gemm(1, d, hi[r] - lo[r], s + r * kKT + lo[r], kKT, 1, vp + lo[r] * d, d, acc + (g0 + r) * d, d,
+                           true);
+        }
       }
     }
     for (int r = 0; r < n; ++r) {
       if (l[r] == A(0)) continue;  // fully masked row: O = 0, LSE = -inf from the prefill
-      const A inv = A(1) / l[r];
-      T* orow = o.row(i0 + r, h);
-      const A* arow = acc + r * d;
-      for (int x = 0; x < d; ++x) orow[x] = T(arow[x] * inv);
+      detail::store_scaled(o.row(i0 + r, h), acc + r * d, d, A(1) / l[r]);
       lse(h, i0 + r) = (m[r] + std::log2(l[r])) * kLn2;
+    }
+  }
+
+  /// acc[c] += sum over the block rows r that see key c of w[r][c] * x[r] (for tile columns c in [c0, c1)):
+  /// the exact form of acc += W^T X, used when X holds a NaN or infinity, since a masked weight is 0 and
+  /// 0 * NaN is NaN. `koff` is the slice-relative key of tile column 0, `b0` the block's first slice row.
+  static void exact_key_update(const AttnSlice& sl, std::int64_t koff, std::int64_t b0, int nb, int c0, int c1,
+                               const A* w, const A* x, int d, A* acc) noexcept {
+    for (int c = c0; c < c1; ++c) {
+      const Range rows = intersect(rows_seeing(sl, koff + c, koff + c + 1), {b0, b0 + nb});
+      if (rows.empty()) continue;
+      const int r0 = static_cast<int>(rows.begin - b0);
+      detail::gemm(1, d, static_cast<int>(rows.size()), w + r0 * kKT + c, 1, kKT, x + r0 * d, d, acc + c * d, d, true);
     }
   }
 
@@ -503,19 +528,23 @@ class CpuFlash {
                                    delta[h * q.tokens + i]);
             }
           }
-          detail::gemm(nk, d, nb, pb, 1, kKT, ob, d, dva, d, true);  // dV += P^T dO
-          detail::gemm(nk, d, nb, sb, 1, kKT, qb, d, dka, d, true);  // dK += dS^T (c Q)
+          // Only this slice's keys of the tile [c0, c1): the other documents' keys must not receive its rows.
+          const int c0 = static_cast<int>(kr.begin - tile.row0), c1 = static_cast<int>(kr.end - tile.row0);
+          if (detail::all_finite(ob, std::int64_t{nb} * d))
+            detail::gemm(c1 - c0, d, nb, pb + c0, 1, kKT, ob, d, dva + c0 * d, d, true);  // dV += P^T dO
+          else
+            exact_key_update(sl, tile.row0 - ks, b0, nb, c0, c1, pb, ob, d, dva);
+          if (detail::all_finite(qb, std::int64_t{nb} * d))
+            detail::gemm(c1 - c0, d, nb, sb + c0, 1, kKT, qb, d, dka + c0 * d, d, true);  // dK += dS^T (c Q)
+          else
+            exact_key_update(sl, tile.row0 - ks, b0, nb, c0, c1, sb, qb, d, dka);
         }
       }
     }
     const A dk_scale = A(1) / kLog2e;  // dK = scale dS^T Q = dS^T (c Q) / log2(e)
     for (int j = 0; j < nk; ++j) {
-      T* krow = dk.row(tile.row0 + j, hk);
-      T* vrow = dv.row(tile.row0 + j, hk);
-      for (int x = 0; x < d; ++x) {
-        krow[x] = T(A(krow[x]) + dka[j * d + x] * dk_scale);
-        vrow[x] = T(A(vrow[x]) + dva[j * d + x]);
-      }
+      detail::add_scaled_store(dk.row(tile.row0 + j, hk), dka + j * d, d, dk_scale);
+      detail::add_scaled_store(dv.row(tile.row0 + j, hk), dva + j * d, d, A(1));
     }
   }
 
@@ -545,6 +574,7 @@ class CpuFlash {
       const int nk = static_cast<int>(std::min<std::int64_t>(kKT, keys.end - kt0));
       pack_keys(k, sl.k_range.begin + kt0, nk, hk, d, kt, kn);
       pack_keys(v, sl.k_range.begin + kt0, nk, hk, d, vt, nullptr);
+      const bool k_finite = detail::all_finite(kn, std::int64_t{nk} * d);
       for (int g0 = 0; g0 < n; g0 += kRB) {
         const int rows = std::min(kRB, n - g0);
         int pmin = 0, pmax = 0;
@@ -559,13 +589,19 @@ class CpuFlash {
           }
           detail::backward_row(s + r * kKT, dp + r * kKT, lo[r], hi[r], lse(h, i) * kLog2e, delta[h * q.tokens + i]);
         }
-        detail::gemm(rows, d, pmax - pmin, dp + pmin, kKT, 1, kn + pmin * d, d, acc + g0 * d, d, true);
+        if (k_finite) {
+          detail::gemm(rows, d, pmax - pmin, dp + pmin, kKT, 1, kn + pmin * d, d, acc + g0 * d, d, true);
+        } else {  // exact per-row key ranges (a masked dS is 0, but 0 * (NaN or inf in K) is not)
+          for (int r = 0; r < rows; ++r)
+            if (lo[r] < hi[r])
+              detail::gemm(1, d, hi[r] - lo[r], dp + r * kKT + lo[r], kKT, 1, kn + lo[r] * d, d, acc + (g0 + r) * d, d,
+                           true);
+        }
       }
     }
     const A sc = A(shape.scale());
     for (int r = 0; r < n; ++r) {
-      T* row = dq.row(i0 + r, h);
-      for (int x = 0; x < d; ++x) row[x] = T(A(row[x]) + acc[r * d + x] * sc);
+      detail::add_scaled_store(dq.row(i0 + r, h), acc + r * d, d, sc);
     }
   }
 

@@ -3,7 +3,8 @@
 // unfused baseline (OpenBLAS sgemm for Q K^T and P V plus a softmax pass) when OpenBLAS is available.
 // FLOPs = 4 * d * Hq * (visible pairs) forward, 2.5x that backward. Best-of-N timing.
 //   attention_cpu [--smoke] [--quick] [--threads N] [--seq N] [--d N] [--mask causal|doc] [--heads HQ:HKV]
-//                 [--peer torch] [--python PATH] [--json FILE]
+//                 [--dtype fp32|both] [--peer torch] [--python PATH] [--json FILE]
+// --dtype both (the default) adds CpuFlash<bf16> rows (bf16 storage, fp32 accumulation) after each fp32 row.
 // --peer torch runs bench/torch_peer/sdpa.py (PyTorch's scaled_dot_product_attention, same shapes, same run)
 // with the venv made by bench/torch_peer/install.sh and prints our GFLOP/s over torch's.
 // The micro-kernel rows time detail::gemm alone at this build's flags, so a code-generation regression shows.
@@ -265,6 +266,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> masks{"causal", "doc"};
   std::vector<std::pair<int, int>> heads{{8, 8}, {32, 8}};
   std::string json, peer;
+  bool bf16_rows = true;
 #if defined(SEQPAR_TORCH_PEER_SCRIPT)
   std::string python = SEQPAR_TORCH_PEER_PYTHON, script = SEQPAR_TORCH_PEER_SCRIPT;
 #else
@@ -272,7 +274,7 @@ int main(int argc, char** argv) {
 #endif
   const char* usage =
       "usage: %s [--smoke] [--quick] [--threads N] [--seq N] [--d N] [--mask causal|doc] [--heads HQ:HKV]\n"
-      "          [--peer torch] [--python PATH] [--json FILE]\n";
+      "          [--dtype fp32|both] [--peer torch] [--python PATH] [--json FILE]\n";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has = i + 1 < argc;
@@ -391,6 +393,32 @@ int main(int argc, char** argv) {
       records.push_back({"fwd", "fp32", p, threads, fwd_flops / tf * 1e-9, base, tp.first});
       records.push_back({"bwd", "fp32", p, threads, 2.5 * fwd_flops / tb * 1e-9, 0.0, tp.second});
       std::fprintf(stderr, ".");
+      if (bf16_rows) {  // the same values rounded to bf16; fp32 accumulation and LSE
+        using attention::bf16;
+        const auto narrow = [](const ThdTensor<float>& t) {
+          ThdTensor<bf16> r(t.tokens, t.heads, t.head_dim);
+          for (std::size_t i = 0; i < t.storage.size(); ++i) r.storage[i] = bf16(t.storage[i]);
+          return r;
+        };
+        const ThdTensor<bf16> qh = narrow(q), kh = narrow(k), vh = narrow(v), doh = narrow(dout);
+        ThdTensor<bf16> oh(c.seq, c.hq, c.d), dqh(c.seq, c.hq, c.d), dkh(c.seq, c.hkv, c.d), dvh(c.seq, c.hkv, c.d);
+        const attention::CpuFlash<bf16> fh({.threads = threads});
+        std::vector<std::byte> wsh(fh.workspace_bytes(shape, c.seq, c.seq));
+        const double tfh =
+            best_time([&] { fh.forward(shape, qh.view(), kh.view(), vh.view(), p.slices, oh.view(), lse.view(), wsh); },
+                      budget, 5);
+        const double tbh = best_time(
+            [&] {
+              fh.backward(shape, qh.view(), kh.view(), vh.view(), oh.view(), lse.view(), doh.view(), p.slices,
+                          dqh.view(), dkh.view(), dvh.view(), wsh);
+            },
+            budget, 3);
+        std::pair<double, double> th{0, 0};
+        if (!peer.empty()) th = run_torch_peer(python, script, p, threads, "bfloat16", budget);
+        records.push_back({"fwd", "bf16", p, threads, fwd_flops / tfh * 1e-9, 0.0, th.first});
+        records.push_back({"bwd", "bf16", p, threads, 2.5 * fwd_flops / tbh * 1e-9, 0.0, th.second});
+        std::fprintf(stderr, ".");
+      }
     }
     measure_peak(thread_list, peak, 1);  // one more interleaved sample between configurations
   }

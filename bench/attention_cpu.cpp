@@ -298,6 +298,13 @@ int main(int argc, char** argv) {
         return 2;
       }
       heads = {{hq, hkv}};
+    } else if (a == "--dtype" && has) {
+      const std::string d = argv[++i];
+      if (d != "fp32" && d != "both") {
+        std::fprintf(stderr, "--dtype wants fp32 or both (fp32 and bf16), got %s\n", d.c_str());
+        return 2;
+      }
+      bf16_rows = d == "both";
     } else if (a == "--peer" && has)
       peer = argv[++i];
     else if (a == "--python" && has)

@@ -17,6 +17,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -256,7 +257,10 @@ void check_nonfinite_isolation(int threads) {
   const T bad_values[] = {T(std::numeric_limits<float>::quiet_NaN()), T(-std::numeric_limits<float>::infinity())};
   const char* names[] = {"q", "k", "v", "dout"};
   // planted tokens: inside a causal document mid-tile, at a document's last token, in the window and full docs
-  for (std::int64_t at : {130, 249, 300, 370}) {
+  // (double runs the portable path, ~10x slower: two positions keep the test cheap under the sanitizers)
+  const std::vector<std::int64_t> planted =
+      std::is_same_v<T, double> ? std::vector<std::int64_t>{130, 300} : std::vector<std::int64_t>{130, 249, 300, 370};
+  for (std::int64_t at : planted) {
     for (int which = 0; which < 4; ++which)
       for (T bad : bad_values) {
         CAPTURE(names[which]);

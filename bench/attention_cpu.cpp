@@ -468,7 +468,7 @@ int main(int argc, char** argv) {
   if (std::any_of(kernel_rows.begin(), kernel_rows.end(), [&](const KernelRow& r) { return r.gflops > peak1; }))
     std::printf(
         "note: a micro-kernel ran above the measured peak: the machine was loaded while the peak was "
-        "sampled, so every frac column is too high\n");
+        "sampled (the peak is too low), so the frac columns are unreliable\n");
   if (!peer.empty() && std::any_of(records.begin(), records.end(), [](const Record& r) { return r.peer <= 0; }))
     std::printf("torch n/a: '%s %s' failed (install it with bench/torch_peer/install.sh)\n", python.c_str(),
                 script.c_str());

@@ -2,7 +2,12 @@
 // CpuFlash forward/backward throughput against this machine's measured fp32 FMA peak and against an
 // unfused baseline (OpenBLAS sgemm for Q K^T and P V plus a softmax pass) when OpenBLAS is available.
 // FLOPs = 4 * d * Hq * (visible pairs) forward, 2.5x that backward. Best-of-N timing.
-//   attention_cpu [--smoke] [--quick] [--threads N] [--seq N] [--json FILE]
+//   attention_cpu [--smoke] [--quick] [--threads N] [--seq N] [--d N] [--mask causal|doc] [--heads HQ:HKV]
+//                 [--dtype fp32|both] [--peer torch] [--python PATH] [--json FILE]
+// --dtype both (the default) adds CpuFlash<bf16> rows (bf16 storage, fp32 accumulation) after each fp32 row.
+// --peer torch runs bench/torch_peer/sdpa.py (PyTorch's scaled_dot_product_attention, same shapes, same run)
+// with the venv made by bench/torch_peer/install.sh and prints our GFLOP/s over torch's.
+// The micro-kernel rows time detail::gemm alone at this build's flags, so a code-generation regression shows.
 #include <seqpar/seqpar.hpp>
 
 #include <algorithm>
@@ -93,22 +98,69 @@ constexpr int lanes() {
 #endif
 }
 
-double measure_peak(int threads) {
-  const std::int64_t iters = 20'000'000;  // kAccumulators * lanes() * 2 flops per iteration
-  double best = 0;
-  volatile float sink = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    std::vector<float> out(static_cast<std::size_t>(threads));
+template <class F>
+double best_time(F&& f, double budget_s, int max_reps) {
+  double best = 1e300, total = 0;
+  for (int rep = 0; rep < max_reps && (rep < 2 || total < budget_s); ++rep) {
     const auto t0 = Clock::now();
-    std::vector<std::thread> ts;
-    for (int t = 0; t < threads; ++t)
-      ts.emplace_back([&, t] { out[static_cast<std::size_t>(t)] = fma_loop(iters, float(t)); });
-    for (auto& t : ts) t.join();
+    f();
     const double s = seconds_since(t0);
-    for (float x : out) sink = sink + x;
-    best = std::max(best, 2.0 * kAccumulators * lanes() * double(iters) * threads / s * 1e-9);
+    best = std::min(best, s);
+    total += s;
   }
   return best;
+}
+
+/// One timed run of the FMA loop on `threads` threads (GFLOP/s).
+double peak_once(int threads, std::int64_t iters) {
+  static volatile float sink = 0;
+  std::vector<float> out(static_cast<std::size_t>(threads));
+  const auto t0 = Clock::now();
+  std::vector<std::thread> ts;
+  for (int t = 0; t < threads; ++t)
+    ts.emplace_back([&, t] { out[static_cast<std::size_t>(t)] = fma_loop(iters, float(t)); });
+  for (auto& t : ts) t.join();
+  const double s = seconds_since(t0);
+  for (float x : out) sink = sink + x;
+  return 2.0 * kAccumulators * lanes() * double(iters) * threads / s * 1e-9;
+}
+
+/// Best of several short runs per thread count, interleaved (1T, 2T, 1T, 2T, ...) so that a burst of
+/// load from other processes costs one sample of each, not every sample of one; `peak` keeps the max
+/// over every call (the bench calls this again between configurations).
+void measure_peak(const std::vector<int>& thread_list, std::vector<double>& peak, int rounds) {
+  // ~4 ms samples at full speed: many short samples catch a quiet moment more often than a few long ones.
+  for (int r = 0; r < rounds; ++r)
+    for (int t : thread_list) {
+      double& p = peak[static_cast<std::size_t>(t)];
+      p = std::max(p, peak_once(t, 2'000'000));
+    }
+}
+
+// ---- micro-kernel: detail::gemm on L1-resident packed tiles, one thread, at this build's flags ----
+// The shapes of the forward's two tile products: S = Q K^T (96 x 64 x d) and O += P V (96 x d x 64).
+// A drop here means the micro-kernel's code generation regressed (e.g. accumulators spilled at -O2).
+struct KernelRow {
+  std::string what;
+  int m, n, k;
+  double gflops;
+};
+
+KernelRow time_gemm(const char* what, int m, int n, int k, double budget_s) {
+  std::vector<float> a(static_cast<std::size_t>(m) * k), b(static_cast<std::size_t>(k) * n),
+      c(static_cast<std::size_t>(m) * n);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (float& x : a) x = u(rng);
+  for (float& x : b) x = u(rng) * 1e-3f;
+  const int inner = std::max(1, int(2e8 / (2.0 * m * n * k)));
+  const double t = best_time(
+      [&] {
+        for (int r = 0; r < inner; ++r)
+          attention::detail::gemm(m, n, k, a.data(), k, 1, b.data(), n, c.data(), n, true);
+      },
+      budget_s, 20);
+  return {what, m, n, k, 2.0 * m * n * k * inner / t * 1e-9};
 }
 
 // ---- problem setup ----
@@ -142,19 +194,6 @@ Problem make_problem(std::int64_t seq, int d, int hq, int hkv, const std::string
   }
   p.area = total_area(p.slices);
   return p;
-}
-
-template <class F>
-double best_time(F&& f, double budget_s, int max_reps) {
-  double best = 1e300, total = 0;
-  for (int rep = 0; rep < max_reps && (rep < 2 || total < budget_s); ++rep) {
-    const auto t0 = Clock::now();
-    f();
-    const double s = seconds_since(t0);
-    best = std::min(best, s);
-    total += s;
-  }
-  return best;
 }
 
 #if defined(SEQPAR_BENCH_OPENBLAS)
@@ -193,11 +232,30 @@ void unfused_forward(const Problem& p, const AttentionShape& shape, ThdView<cons
 #endif
 
 struct Record {
-  std::string pass;
+  std::string pass, dtype;
   Problem p;
   int threads;
-  double gflops, peak, baseline;
+  double gflops, baseline, peer;
 };
+
+/// Runs `python script ...` for one shape and parses "fwd bwd" GFLOP/s; {0, 0} when it fails.
+std::pair<double, double> run_torch_peer(const std::string& python, const std::string& script, const Problem& p,
+                                         int threads, const char* dtype, double budget) {
+  std::string docs;
+  for (std::int64_t n : p.docs) docs += (docs.empty() ? "" : ",") + std::to_string(n);
+  const std::string cmd = python + " " + script + " --threads " + std::to_string(threads) + " --hq " +
+                          std::to_string(p.hq) + " --hkv " + std::to_string(p.hkv) + " --d " + std::to_string(p.d) +
+                          " --dtype " + dtype + " --budget " + std::to_string(budget) + " --docs " + docs;
+  FILE* f = popen(cmd.c_str(), "r");
+  if (f == nullptr) return {0, 0};
+  double fwd = 0, bwd = 0;
+  if (std::fscanf(f, "%lf %lf", &fwd, &bwd) != 2) fwd = bwd = 0;
+  char rest[256];
+  while (std::fgets(rest, sizeof rest, f) != nullptr) {
+  }
+  if (pclose(f) != 0) return {0, 0};
+  return {fwd, bwd};
+}
 
 }  // namespace
 
@@ -205,23 +263,67 @@ int main(int argc, char** argv) {
   bool smoke = false, quick = false;
   std::vector<int> thread_list{1, 2};
   std::vector<std::int64_t> seqs{4096, 16384};
-  std::string json;
+  std::vector<int> dims{128, 64};
+  std::vector<std::string> masks{"causal", "doc"};
+  std::vector<std::pair<int, int>> heads{{8, 8}, {32, 8}};
+  std::string json, peer;
+  bool bf16_rows = true;
+#if defined(SEQPAR_TORCH_PEER_SCRIPT)
+  std::string python = SEQPAR_TORCH_PEER_PYTHON, script = SEQPAR_TORCH_PEER_SCRIPT;
+#else
+  std::string python = "build/torch-venv/bin/python", script = "bench/torch_peer/sdpa.py";
+#endif
+  const char* usage =
+      "usage: %s [--smoke] [--quick] [--threads N] [--seq N] [--d N] [--mask causal|doc] [--heads HQ:HKV]\n"
+      "          [--dtype fp32|both] [--peer torch] [--python PATH] [--json FILE]\n";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    const bool has = i + 1 < argc;
     if (a == "--smoke")
       smoke = true;
     else if (a == "--quick")
       quick = true;
-    else if (a == "--threads" && i + 1 < argc)
+    else if (a == "--threads" && has)
       thread_list = {std::atoi(argv[++i])};
-    else if (a == "--seq" && i + 1 < argc)
+    else if (a == "--seq" && has)
       seqs = {std::atoll(argv[++i])};
-    else if (a == "--json" && i + 1 < argc)
+    else if (a == "--d" && has)
+      dims = {std::atoi(argv[++i])};
+    else if (a == "--mask" && has)
+      masks = {argv[++i]};
+    else if (a == "--heads" && has) {
+      int hq = 0, hkv = 0;
+      if (std::sscanf(argv[++i], "%d:%d", &hq, &hkv) != 2 || hq < 1 || hkv < 1 || hq % hkv != 0) {
+        std::fprintf(stderr, "--heads wants HQ:HKV with HKV dividing HQ, got %s\n", argv[i]);
+        return 2;
+      }
+      heads = {{hq, hkv}};
+    } else if (a == "--dtype" && has) {
+      const std::string d = argv[++i];
+      if (d != "fp32" && d != "both") {
+        std::fprintf(stderr, "--dtype wants fp32 or both (fp32 and bf16), got %s\n", d.c_str());
+        return 2;
+      }
+      bf16_rows = d == "both";
+    } else if (a == "--peer" && has)
+      peer = argv[++i];
+    else if (a == "--python" && has)
+      python = argv[++i];
+    else if (a == "--json" && has)
       json = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--smoke] [--quick] [--threads N] [--seq N] [--json FILE]\n", argv[0]);
+      std::fprintf(stderr, usage, argv[0]);
       return 2;
     }
+  }
+  for (int t : thread_list)
+    if (t < 1 || t > 256) {
+      std::fprintf(stderr, "--threads must be in [1, 256], got %d\n", t);
+      return 2;
+    }
+  if (!peer.empty() && peer != "torch") {
+    std::fprintf(stderr, "--peer: only 'torch' is known, got '%s'\n", peer.c_str());
+    return 2;
   }
 #if defined(SEQPAR_BENCH_OPENBLAS)
   setenv("OPENBLAS_CORETYPE", "SkylakeX", 0);  // OpenBLAS 0.3.21 misdetects Zen 5 as Haswell
@@ -241,20 +343,27 @@ int main(int argc, char** argv) {
     thread_list = {thread_list.back()};
   } else {
     for (std::int64_t s : seqs)
-      for (int d : {128, 64})
-        for (auto [hq, hkv] : {std::pair{8, 8}, std::pair{32, 8}})
-          for (const char* m : {"causal", "doc"}) {
-            if (quick && !(hq == 8 && (s <= 4096 || (d == 128 && std::string(m) == "causal")))) continue;
+      for (int d : dims)
+        for (auto [hq, hkv] : heads)
+          for (const std::string& m : masks) {
+            if (quick && !(hq == 8 && (s <= 4096 || (d == 128 && m == "causal")))) continue;
             configs.push_back({s, d, hq, hkv, m});
           }
   }
 
-  std::vector<double> peak(3, 0.0);
-  for (int t : thread_list) peak[static_cast<std::size_t>(t)] = measure_peak(t);
-  std::printf("measured fp32 FMA peak:");
-  for (int t : thread_list) std::printf("  %dT %.0f GFLOP/s", t, peak[static_cast<std::size_t>(t)]);
-  std::printf("\n\n%-5s %-6s %6s %4s %7s %3s %9s %8s %6s %9s %7s\n", "pass", "mask", "seq", "d", "Hq:Hkv", "thr",
-              "GFLOP/s", "peak", "frac", "baseline", "ratio");
+  std::vector<double> peak(257, 0.0);
+  // 1 thread always: the micro-kernel rows are single-threaded
+  std::vector<int> peak_threads = thread_list;
+  if (std::find(peak_threads.begin(), peak_threads.end(), 1) == peak_threads.end())
+    peak_threads.insert(peak_threads.begin(), 1);
+  measure_peak(peak_threads, peak, smoke ? 1 : 25);
+
+  // Micro-kernel rows (1 thread): the tile products at this build's flags.
+  std::vector<KernelRow> kernel_rows;
+  for (int d : smoke ? std::vector<int>{64} : dims) {
+    kernel_rows.push_back(time_gemm("S = Q K^T", 96, attention::detail::kKeyTile, d, smoke ? 0.05 : 0.5));
+    kernel_rows.push_back(time_gemm("O += P V", 96, d, attention::detail::kKeyTile, smoke ? 0.05 : 0.5));
+  }
 
   std::vector<Record> records;
   const double budget = smoke ? 0.2 : quick ? 2.0 : 4.0;
@@ -282,7 +391,7 @@ int main(int argc, char** argv) {
           budget, 3);
       double base = 0;
 #if defined(SEQPAR_BENCH_OPENBLAS)
-      if (!smoke || true) {
+      {
         openblas_set_num_threads(threads);
         ThdTensor<float> ob(c.seq, c.hq, c.d);
         std::vector<float> s;
@@ -291,42 +400,111 @@ int main(int argc, char** argv) {
         base = fwd_flops / tu * 1e-9;
       }
 #endif
-      const double pk = peak[static_cast<std::size_t>(threads)];
-      records.push_back({"fwd", p, threads, fwd_flops / tf * 1e-9, pk, base});
-      records.push_back({"bwd", p, threads, 2.5 * fwd_flops / tb * 1e-9, pk, 0.0});
-      for (std::size_t r = records.size() - 2; r < records.size(); ++r) {
-        const Record& x = records[r];
-        char base_s[32] = "n/a", ratio_s[32] = "";
-        if (x.baseline > 0) {
-          std::snprintf(base_s, sizeof base_s, "%.1f", x.baseline);
-          std::snprintf(ratio_s, sizeof ratio_s, "%.2fx", x.gflops / x.baseline);
-        }
-        std::printf("%-5s %-6s %6lld %4d %4d:%-2d %3d %9.1f %8.0f %5.1f%% %9s %7s\n", x.pass.c_str(), c.mask.c_str(),
-                    static_cast<long long>(c.seq), c.d, c.hq, c.hkv, threads, x.gflops, pk, 100.0 * x.gflops / pk,
-                    x.pass == "fwd" ? base_s : "", ratio_s);
-        std::fflush(stdout);
+      std::pair<double, double> tp{0, 0};
+      if (!peer.empty()) tp = run_torch_peer(python, script, p, threads, "float32", budget);
+      records.push_back({"fwd", "fp32", p, threads, fwd_flops / tf * 1e-9, base, tp.first});
+      records.push_back({"bwd", "fp32", p, threads, 2.5 * fwd_flops / tb * 1e-9, 0.0, tp.second});
+      std::fprintf(stderr, ".");
+      if (bf16_rows) {  // the same values rounded to bf16; fp32 accumulation and LSE
+        using attention::bf16;
+        const auto narrow = [](const ThdTensor<float>& t) {
+          ThdTensor<bf16> r(t.tokens, t.heads, t.head_dim);
+          for (std::size_t i = 0; i < t.storage.size(); ++i) r.storage[i] = bf16(t.storage[i]);
+          return r;
+        };
+        const ThdTensor<bf16> qh = narrow(q), kh = narrow(k), vh = narrow(v), doh = narrow(dout);
+        ThdTensor<bf16> oh(c.seq, c.hq, c.d), dqh(c.seq, c.hq, c.d), dkh(c.seq, c.hkv, c.d), dvh(c.seq, c.hkv, c.d);
+        const attention::CpuFlash<bf16> fh({.threads = threads});
+        std::vector<std::byte> wsh(fh.workspace_bytes(shape, c.seq, c.seq));
+        const double tfh =
+            best_time([&] { fh.forward(shape, qh.view(), kh.view(), vh.view(), p.slices, oh.view(), lse.view(), wsh); },
+                      budget, 5);
+        const double tbh = best_time(
+            [&] {
+              fh.backward(shape, qh.view(), kh.view(), vh.view(), oh.view(), lse.view(), doh.view(), p.slices,
+                          dqh.view(), dkh.view(), dvh.view(), wsh);
+            },
+            budget, 3);
+        std::pair<double, double> th{0, 0};
+        if (!peer.empty()) th = run_torch_peer(python, script, p, threads, "bfloat16", budget);
+        records.push_back({"fwd", "bf16", p, threads, fwd_flops / tfh * 1e-9, 0.0, th.first});
+        records.push_back({"bwd", "bf16", p, threads, 2.5 * fwd_flops / tbh * 1e-9, 0.0, th.second});
+        std::fprintf(stderr, ".");
       }
     }
+    measure_peak(peak_threads, peak, 3);  // more interleaved samples between configurations
+  }
+  std::fprintf(stderr, "\n");
+
+  std::printf("measured fp32 FMA peak (best of %d interleaved runs):", smoke ? 1 : 25 + 3 * int(configs.size()));
+  for (int t : peak_threads) std::printf("  %dT %.0f GFLOP/s", t, peak[static_cast<std::size_t>(t)]);
+  const double peak1 = peak[1];
+  std::printf("\n\nmicro-kernel (1 thread, L1-resident packed tiles, this build's flags):\n");
+  for (const KernelRow& r : kernel_rows)
+    std::printf("  %-10s %3d x %3d x %3d  %7.1f GFLOP/s  %5.1f%% of 1T peak\n", r.what.c_str(), r.m, r.n, r.k, r.gflops,
+                100.0 * r.gflops / peak1);
+  std::printf("\n%-5s %-5s %-6s %6s %4s %7s %3s %9s %6s %9s %7s %9s %7s\n", "pass", "dtype", "mask", "seq", "d",
+              "Hq:Hkv", "thr", "GFLOP/s", "frac", "baseline", "ratio", "torch", "ratio");
+  for (const Record& x : records) {
+    const double pk = peak[static_cast<std::size_t>(x.threads)];
+    char base_s[32] = "", ratio_s[32] = "", peer_s[32] = "", pratio_s[32] = "";
+    if (x.baseline > 0) {
+      std::snprintf(base_s, sizeof base_s, "%.1f", x.baseline);
+      std::snprintf(ratio_s, sizeof ratio_s, "%.2fx", x.gflops / x.baseline);
+    } else if (x.pass == "fwd") {
+      std::snprintf(base_s, sizeof base_s, "n/a");
+    }
+    if (x.peer > 0) {
+      std::snprintf(peer_s, sizeof peer_s, "%.1f", x.peer);
+      std::snprintf(pratio_s, sizeof pratio_s, "%.2fx", x.gflops / x.peer);
+    } else if (!peer.empty()) {
+      std::snprintf(peer_s, sizeof peer_s, "n/a");
+    }
+    std::printf("%-5s %-5s %-6s %6lld %4d %4d:%-2d %3d %9.1f %5.1f%% %9s %7s %9s %7s\n", x.pass.c_str(),
+                x.dtype.c_str(), x.p.mask.c_str(), static_cast<long long>(x.p.seq), x.p.d, x.p.hq, x.p.hkv, x.threads,
+                x.gflops, 100.0 * x.gflops / pk, base_s, ratio_s, peer_s, pratio_s);
   }
   if (!have_blas) std::printf("\nbaseline n/a: built without OpenBLAS\n");
+  if (std::any_of(kernel_rows.begin(), kernel_rows.end(), [&](const KernelRow& r) { return r.gflops > peak1; }))
+    std::printf(
+        "note: a micro-kernel ran above the measured peak: the machine was loaded while the peak was "
+        "sampled (the peak is too low), so the frac columns are unreliable\n");
+  if (!peer.empty() && std::any_of(records.begin(), records.end(), [](const Record& r) { return r.peer <= 0; }))
+    std::printf("torch n/a: '%s %s' failed (install it with bench/torch_peer/install.sh)\n", python.c_str(),
+                script.c_str());
 
   if (!json.empty()) {
     std::ofstream f(json);
-    f << "[\n";
+    f << "{\"peak_gflops\": {";
+    for (std::size_t i = 0; i < thread_list.size(); ++i)
+      f << (i ? ", " : "") << "\"" << thread_list[i] << "\": " << peak[static_cast<std::size_t>(thread_list[i])];
+    f << "},\n \"micro_kernel\": [";
+    for (std::size_t i = 0; i < kernel_rows.size(); ++i) {
+      const KernelRow& r = kernel_rows[i];
+      f << (i ? ", " : "") << "{\"what\": \"" << r.what << "\", \"m\": " << r.m << ", \"n\": " << r.n
+        << ", \"k\": " << r.k << ", \"gflops\": " << r.gflops << ", \"fraction_of_peak\": " << r.gflops / peak1 << "}";
+    }
+    f << "],\n \"rows\": [\n";
     for (std::size_t i = 0; i < records.size(); ++i) {
       const Record& r = records[i];
-      f << "  {\"kernel\": \"CpuFlash<float>\", \"pass\": \"" << r.pass << "\", \"seq_len\": " << r.p.seq
-        << ", \"head_dim\": " << r.p.d << ", \"heads_q\": " << r.p.hq << ", \"heads_kv\": " << r.p.hkv
-        << ", \"mask\": \"" << r.p.mask << "\", \"documents\": " << r.p.docs.size() << ", \"threads\": " << r.threads
-        << ", \"gflops\": " << r.gflops << ", \"peak_gflops\": " << r.peak
-        << ", \"fraction_of_peak\": " << r.gflops / r.peak << ", \"baseline_gflops\": ";
+      const double pk = peak[static_cast<std::size_t>(r.threads)];
+      f << "  {\"kernel\": \"CpuFlash\", \"dtype\": \"" << r.dtype << "\", \"pass\": \"" << r.pass
+        << "\", \"seq_len\": " << r.p.seq << ", \"head_dim\": " << r.p.d << ", \"heads_q\": " << r.p.hq
+        << ", \"heads_kv\": " << r.p.hkv << ", \"mask\": \"" << r.p.mask << "\", \"documents\": " << r.p.docs.size()
+        << ", \"threads\": " << r.threads << ", \"gflops\": " << r.gflops << ", \"peak_gflops\": " << pk
+        << ", \"fraction_of_peak\": " << r.gflops / pk << ", \"baseline_gflops\": ";
       if (r.baseline > 0)
         f << r.baseline;
       else
         f << "null";
+      f << ", \"torch_gflops\": ";
+      if (r.peer > 0)
+        f << r.peer;
+      else
+        f << "null";
       f << "}" << (i + 1 < records.size() ? "," : "") << "\n";
     }
-    f << "]\n";
+    f << "]}\n";
   }
   return 0;
 }

@@ -1,19 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
 // CpuFlash<float|double> against the fp64 Reference, forward and backward, on every mask and layout.
 // Tolerances (max abs error relative to the output scale max|ref|, floor 1):
-//   double: 1e-10;  float: 1e-5 forward, 2e-5 backward (fp32 accumulation over up to 1111 keys / rows).
+//   double: 1e-10;  float: 1e-5 forward, 2e-5 backward (fp32 accumulation over up to 1111 keys / rows);
+//   bf16 storage (fp32 accumulation): 1e-2 forward, 2e-2 backward.
 #include <doctest/doctest.h>
 
 #include <seqpar/attention/cpu_flash.hpp>
 #include <seqpar/attention/reference.hpp>
 
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 using namespace seqpar;
@@ -29,6 +34,12 @@ struct Tol<double> {
 template <>
 struct Tol<float> {
   static constexpr double fwd = 1e-5, bwd = 2e-5;
+};
+// bf16 storage: outputs and gradients are rounded to 8 significant bits (relative 2^-9 = 0.2%), and the
+// backward reads the rounded O; fp32 inside.
+template <>
+struct Tol<attention::bf16> {
+  static constexpr double fwd = 1e-2, bwd = 2e-2;
 };
 
 struct Case {
@@ -176,10 +187,125 @@ std::vector<Case> small_cases() {
   return cs;
 }
 
+// ---- non-finite isolation ----
+// Four documents packed in one buffer (KV tiles of 64 keys straddle their boundaries), masks causal,
+// causal, sliding window and full; a NaN or infinity planted at one token of one tensor must leave every
+// output and gradient that cannot depend on it bit-for-bit as in the clean run (and finite).
+struct Outputs {
+  ThdTensor<double> o, dq, dk, dv;  // converted for comparison (exact: float -> double)
+  LseTensor<double> lse;
+};
+
+template <class T>
+Outputs run_flash(const AttentionShape& shape, const std::vector<AttnSlice>& slices, std::int64_t n,
+                  const ThdTensor<T>& q, const ThdTensor<T>& k, const ThdTensor<T>& v, const ThdTensor<T>& dout,
+                  int threads) {
+  using Flash = attention::CpuFlash<T>;
+  const Flash flash({threads, 48, 24});
+  std::vector<std::byte> ws(flash.workspace_bytes(shape, n, n));
+  ThdTensor<T> o(n, shape.heads_q, shape.head_dim), dq(n, shape.heads_q, shape.head_dim),
+      dk(n, shape.heads_kv, shape.head_dim), dv(n, shape.heads_kv, shape.head_dim);
+  LseTensor<typename Flash::accum_type> lse(shape.heads_q, n);
+  flash.forward(shape, q.view(), k.view(), v.view(), slices, o.view(), lse.view(), ws);
+  flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), slices, dq.view(), dk.view(),
+                 dv.view(), ws);
+  Outputs out{to_double<T>(o.view()), to_double<T>(dq.view()), to_double<T>(dk.view()), to_double<T>(dv.view()),
+              LseTensor<double>(shape.heads_q, n)};
+  for (int h = 0; h < shape.heads_q; ++h)
+    for (std::int64_t t = 0; t < n; ++t) out.lse.view()(h, t) = double(lse.view()(h, t));
+  return out;
+}
+
+/// Rows `t` of `a` and `b` (every head) are bit-identical and (for `finite`) finite.
+bool same_rows(const ThdTensor<double>& a, const ThdTensor<double>& b, std::int64_t t) {
+  for (int h = 0; h < a.heads; ++h)
+    for (int x = 0; x < a.head_dim; ++x) {
+      const double u = a.view()(t, h, x), w = b.view()(t, h, x);
+      if (!(std::isfinite(u) && std::memcmp(&u, &w, sizeof u) == 0)) return false;
+    }
+  return true;
+}
+
+template <class T>
+void check_nonfinite_isolation(int threads) {
+  const AttentionShape shape{4, 2, 40, 0.0};
+  std::vector<AttnSlice> slices;
+  const std::vector<std::pair<std::int64_t, Mask>> docs{
+      {100, Mask::causal()}, {150, Mask::causal()}, {90, Mask::sliding_window(33)}, {60, Mask::full()}};
+  std::int64_t n = 0;
+  for (const auto& [len, m] : docs) {
+    slices.push_back({{n, n + len}, {n, n + len}, m});
+    n += len;
+  }
+  std::mt19937_64 rng(99);
+  ThdTensor<T> q(n, 4, 40), k(n, 2, 40), v(n, 2, 40), dout(n, 4, 40);
+  for (auto* t : {&q, &k, &v, &dout}) fill_normal(t->view(), rng);
+  const Outputs clean = run_flash<T>(shape, slices, n, q, k, v, dout, threads);
+
+  const auto doc_of = [&](std::int64_t t) {
+    for (std::size_t s = 0; s < slices.size(); ++s)
+      if (slices[s].q_range.contains(t)) return s;
+    return slices.size();
+  };
+  // does query token i see key token j (same document, visible under its mask)?
+  const auto sees = [&](std::int64_t i, std::int64_t j) {
+    const std::size_t s = doc_of(i);
+    if (s != doc_of(j)) return false;
+    const AttnSlice& sl = slices[s];
+    return sl.mask.visible_keys(i - sl.q_range.begin, sl.k_range.size()).contains(j - sl.k_range.begin);
+  };
+  const T bad_values[] = {T(std::numeric_limits<float>::quiet_NaN()), T(-std::numeric_limits<float>::infinity())};
+  const char* names[] = {"q", "k", "v", "dout"};
+  // planted tokens: inside a causal document mid-tile, at a document's last token, in the window and full docs
+  // (double runs the portable path, ~10x slower: two positions keep the test cheap under the sanitizers)
+  const std::vector<std::int64_t> planted =
+      std::is_same_v<T, double> ? std::vector<std::int64_t>{130, 300} : std::vector<std::int64_t>{130, 249, 300, 370};
+  for (std::int64_t at : planted) {
+    for (int which = 0; which < 4; ++which)
+      for (T bad : bad_values) {
+        CAPTURE(names[which]);
+        CAPTURE(at);
+        CAPTURE(double(float(bad)));
+        ThdTensor<T> qb = q, kb = k, vb = v, db = dout;
+        ThdTensor<T>* tgt[] = {&qb, &kb, &vb, &db};
+        tgt[which]->view()(at, 0, 3) = bad;
+        const Outputs got = run_flash<T>(shape, slices, n, qb, kb, vb, db, threads);
+        if (which == 0 && std::isnan(double(float(bad)))) CHECK(std::isnan(got.o.view()(at, 0, 0)));  // not hidden
+        for (std::int64_t t = 0; t < n; ++t) {
+          // Which outputs of token t may legitimately depend on the planted value?
+          bool o_dep = false, dq_dep = false, kv_dep = false;
+          if (which == 0) {  // q[at]: row at, and keys it sees
+            o_dep = dq_dep = t == at;
+            kv_dep = sees(at, t);
+          } else if (which == 3) {  // dout[at]: dq of row at, dk/dv of keys it sees
+            dq_dep = t == at;
+            kv_dep = sees(at, t);
+          } else {  // k or v at key `at`: rows that see it; their gradients reach every key those rows see
+            o_dep = dq_dep = sees(t, at);
+            for (std::int64_t i = 0; i < n && !kv_dep; ++i) kv_dep = sees(i, at) && sees(i, t);
+          }
+          CAPTURE(t);
+          if (!o_dep) {
+            CHECK(same_rows(got.o, clean.o, t));
+            for (int h = 0; h < 4; ++h) {
+              const double a = got.lse.view()(h, t), b = clean.lse.view()(h, t);
+              CHECK(std::memcmp(&a, &b, sizeof a) == 0);
+            }
+          }
+          if (!dq_dep) CHECK(same_rows(got.dq, clean.dq, t));
+          if (!kv_dep) {
+            CHECK(same_rows(got.dk, clean.dk, t));
+            CHECK(same_rows(got.dv, clean.dv, t));
+          }
+        }
+      }
+  }
+}
 }  // namespace
 
 TEST_SUITE("attention") {
-  TEST_CASE_TEMPLATE("CpuFlash matches Reference forward and backward on small shapes", T, float, double) {
+  TEST_CASE_TEMPLATE("CpuFlash matches Reference forward and backward on small shapes", T, float, double,
+                     attention::bf16) {
     for (const Case& c : small_cases()) {
       check_case<T>(c, {1, 576, 192});
       check_case<T>(c, {2, 12, 6});  // small tiles: many query tiles and blocks per slice
@@ -254,5 +380,76 @@ TEST_SUITE("attention") {
     const AttentionShape bad_gqa{3, 2, 32, 0.0};
     CHECK_THROWS_AS(flash.forward(bad_gqa, q.view(), k.view(), v.view(), good, o.view(), lse.view(), ws),
                     std::invalid_argument);
+  }
+  TEST_CASE_TEMPLATE("CpuFlash keeps a NaN or infinity inside the rows and keys that read it", T, float, double,
+                     attention::bf16) {
+    check_nonfinite_isolation<T>(2);
+  }
+
+  TEST_CASE("CpuFlash refuses a softmax_scale its accumulation type cannot hold, and oversized tiles") {
+    const attention::CpuFlash<float> flash;
+    ThdTensor<float> q(4, 1, 8), k(4, 1, 8), v(4, 1, 8), o(4, 1, 8);
+    LseTensor<float> lse(1, 4);
+    const std::vector<AttnSlice> sl{{{0, 4}, {0, 4}, Mask::causal()}};
+    const AttentionShape huge{1, 1, 8, 1e300};
+    std::vector<std::byte> ws(flash.workspace_bytes(huge, 4, 4));
+    try {
+      flash.forward(huge, q.view(), k.view(), v.view(), sl, o.view(), lse.view(), ws);
+      FAIL("softmax_scale 1e300 accepted for float");
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()).find("softmax_scale") != std::string::npos);
+    }
+    const AttentionShape tiny{1, 1, 8, 1e-300};
+    CHECK_THROWS_AS(flash.forward(tiny, q.view(), k.view(), v.view(), sl, o.view(), lse.view(), ws),
+                    std::invalid_argument);
+    // double holds it
+    const attention::CpuFlash<double> flash_d;
+    ThdTensor<double> qd(4, 1, 8), kd(4, 1, 8), vd(4, 1, 8), od(4, 1, 8);
+    LseTensor<double> lsed(1, 4);
+    std::vector<std::byte> wsd(flash_d.workspace_bytes(AttentionShape{1, 1, 8, 1e30}, 4, 4));
+    CHECK_NOTHROW(flash_d.forward(AttentionShape{1, 1, 8, 1e30}, qd.view(), kd.view(), vd.view(), sl, od.view(),
+                                  lsed.view(), wsd));
+    for (int bad : {std::numeric_limits<int>::max(), attention::CpuFlash<float>::kMaxTileRows + 1, -3}) {
+      try {
+        attention::CpuFlash<float> f({1, bad, 192});
+        FAIL("q_tile accepted");
+      } catch (const std::invalid_argument& e) {
+        CHECK(std::string(e.what()).find("q_tile") != std::string::npos);
+      }
+      CHECK_THROWS_AS(attention::CpuFlash<float>({1, 576, bad}), std::invalid_argument);
+    }
+  }
+
+  TEST_CASE("bf16 rounds to nearest even, keeps NaN and infinity, and the vector paths agree with the scalar one") {
+    using attention::bf16;
+    CHECK(bf16(1.0f).bits == 0x3F80);
+    CHECK(bf16(1.00390625f).bits == 0x3F80);    // 1 + 2^-8: halfway, ties to the even 1.0
+    CHECK(bf16(1.01171875f).bits == 0x3F82);    // 1 + 3 * 2^-8: halfway, ties to the even 1 + 2^-6
+    CHECK(bf16(1.0048828125f).bits == 0x3F81);  // above halfway rounds up
+    CHECK(bf16(-2.5f).bits == 0xC020);
+    CHECK(std::isnan(float(bf16(std::numeric_limits<float>::quiet_NaN()))));
+    CHECK(std::isnan(float(bf16(std::bit_cast<float>(0x7F800001u)))));  // a NaN whose payload would round to inf
+    CHECK(float(bf16(std::numeric_limits<float>::infinity())) == std::numeric_limits<float>::infinity());
+    CHECK(float(bf16(3.4e38f)) == std::numeric_limits<float>::infinity());  // beyond bf16's largest finite value
+    std::mt19937_64 rng(5);
+    std::normal_distribution<float> dist(0.0f, 100.0f);
+    std::vector<float> acc(37);
+    std::vector<bf16> vec(37), ref(37), back(37);
+    for (float& x : acc) x = dist(rng);
+    acc[3] = std::numeric_limits<float>::quiet_NaN();
+    acc[9] = std::numeric_limits<float>::infinity();
+    attention::detail::store_scaled(vec.data(), acc.data(), 37, 0.5f);
+    for (int i = 0; i < 37; ++i) ref[static_cast<std::size_t>(i)] = bf16(acc[static_cast<std::size_t>(i)] * 0.5f);
+    for (int i = 0; i < 37; ++i) {
+      CAPTURE(i);
+      const std::size_t u = static_cast<std::size_t>(i);
+      CHECK((vec[u].bits == ref[u].bits || (std::isnan(float(vec[u])) && std::isnan(float(ref[u])))));
+    }
+    std::vector<float> wide(37);
+    attention::detail::load_scaled(ref.data(), wide.data(), 37, 1.0f);
+    for (int i = 0; i < 37; ++i) {
+      const std::size_t u = static_cast<std::size_t>(i);
+      CHECK((wide[u] == float(ref[u]) || std::isnan(wide[u])));
+    }
   }
 }

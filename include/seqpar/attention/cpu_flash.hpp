@@ -3,7 +3,8 @@
 #pragma once
 
 /// @file
-/// `attention::CpuFlash<T>`: the fast CPU attention kernel (T = float or double).
+/// `attention::CpuFlash<T>`: the fast CPU attention kernel (T = float, double, or bf16 storage with fp32
+/// accumulation and LSE: values are converted on load and rounded to nearest even on store).
 ///
 /// **What.** Forward (O, LSE) and backward (dQ, dK, dV accumulated) of softmax attention over a list of
 /// slices (disjoint query ranges, any keys, masks full / causal with explicit offset / sliding window),
@@ -15,11 +16,15 @@
 /// from a broadcast-FMA micro-kernel (6 x 64 in 24 zmm), an online softmax in base 2 updates the running
 /// max / sum and rescales the output rows, and P V accumulates into an fp32 output tile. Tiles and row
 /// blocks that the mask hides are skipped; only diagonal tiles are masked element-wise.
-/// Backward recomputes P = exp2(S - LSE2) with D = rowsum(dO * O), dP = dO V^T, dS = P * (dP - D), in two
-/// deterministic passes with no atomics: pass 1 owns (KV head, key tile) and accumulates dV += P^T dO and
-/// dK += dS^T Q over every query head of the group and every slice that reads the tile; pass 2 owns
-/// (query head, query tile) and accumulates dQ += dS K. This recomputes S and dP once more (7 tile matmuls
-/// instead of 5) in exchange for race-free, bit-reproducible gradients for a given `Arguments`.
+/// Backward recomputes P = exp2(S - LSE2) with D = rowsum(dO * O), dP = dO V^T, dS = P * (dP - D) once per
+/// (query head, key tile, query block) and uses it three times: dV += P^T dO, dK += dS^T Q, dQ += dS K (5 tile
+/// GEMMs). It is deterministic with no atomics: query heads run in turn; a head's key tiles are dealt to
+/// `max(4, threads)` lanes (largest first, least-loaded lane), a lane owns its tiles' fp32 dK/dV and its own
+/// fp32 dQ buffer, threads take whole lanes, and the lane buffers are summed in lane order, so the bits
+/// depend on `Arguments` (and not on the thread count of the executing context up to 4).
+/// Masked (query, key) pairs never enter a product: scores and dS are masked by selection, a slice touches
+/// only its own keys of a tile, and a tile whose V, K, Q or dO values hold a NaN or infinity is multiplied
+/// over each row's exact visible keys, so a non-finite value stays in the rows and keys that read it.
 /// Work items run largest-first (by visible area) on the execution context's thread pool (`HostExec`; the
 /// kernel's own context has `threads` threads, 1 runs inline on the caller). AVX-512 micro-kernels are used for float
 /// when compiled with
@@ -27,7 +32,9 @@
 ///
 /// **Memory.** No allocation in forward/backward: the caller passes `workspace_bytes(shape, q_rows,
 /// k_rows)` bytes (per thread: a few q_tile x head_dim fp32 tiles, ~0.9 MB at q_tile 576, d 128; plus
-/// heads_q * q_rows accumulators for D and a tile list of O(q_rows) entries).
+/// heads_q * q_rows accumulators for D, tile lists of O(q_rows) entries, and the backward's fp32
+/// accumulators: lanes x q_rows x head_dim for dQ and 2 x k_rows x head_dim for dK/dV, e.g. 24 MiB at
+/// 8K tokens, d 128, 1-4 threads).
 ///
 /// **Requirements.** Views as `Reference` (head_dim contiguous, any token/head strides); q_ranges of one
 /// call disjoint; precision: accumulation in `accum_type` (float for float, double for double); exp2 by a
@@ -52,6 +59,7 @@
 #include <string>
 #include <type_traits>
 
+#include "seqpar/attention/detail/bf16.hpp"
 #include "seqpar/attention/detail/flash_tiles.hpp"
 #include "seqpar/attention/kernel.hpp"
 #include "seqpar/core/host_exec.hpp"
@@ -62,28 +70,34 @@ namespace seqpar::attention {
 struct CpuFlashArguments {
   int threads = 1;             ///< worker threads including the caller; 1 runs inline
   int q_tile = 576;            ///< query rows per forward / dQ work item (K/V tiles stay in L1/L2 across it)
-  int backward_q_block = 192;  ///< query rows per dK/dV accumulation block in backward pass 1
+  int backward_q_block = 192;  ///< query rows per block of the backward (packed Q, dO, P, dS)
 };
 
 template <class T>
 class CpuFlash {
-  static_assert(std::is_floating_point_v<T>, "CpuFlash<T>: T must be float or double");
+  static_assert(std::is_floating_point_v<T> || std::is_same_v<T, bf16>, "CpuFlash<T>: T must be float, double or bf16");
 
  public:
   using kernel_category = kernel_tag;
   using value_type = T;
-  using accum_type = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  using accum_type = std::conditional_t<std::is_same_v<T, double>, double, float>;  ///< float for bf16 too
   using Arguments = CpuFlashArguments;
   using exec_type = HostExec;
+  /// Largest accepted q_tile / backward_q_block.
+  static constexpr int kMaxTileRows = 1 << 16;
 
   CpuFlash() : CpuFlash(Arguments{}) {}
   explicit CpuFlash(Arguments args) : args_(args) {
     constexpr const char* where = "CpuFlash";
     seqpar::detail::require(args.threads >= 1 && args.threads <= 1024, where, "args.threads", args.threads,
                             "must be in [1, 1024]");
-    seqpar::detail::require(args.q_tile >= 1, where, "args.q_tile", args.q_tile, "must be positive");
-    seqpar::detail::require(args.backward_q_block >= 1, where, "args.backward_q_block", args.backward_q_block,
-                            "must be positive");
+    // Bounded so that tile sizes, their rounding to row blocks and the workspace arithmetic cannot overflow
+    // (and a typo does not ask for gigabytes per thread).
+    seqpar::detail::require(args.q_tile >= 1 && args.q_tile <= kMaxTileRows, where, "args.q_tile", args.q_tile,
+                            "must be in [1, " + std::to_string(kMaxTileRows) + "]");
+    seqpar::detail::require(args.backward_q_block >= 1 && args.backward_q_block <= kMaxTileRows, where,
+                            "args.backward_q_block", args.backward_q_block,
+                            "must be in [1, " + std::to_string(kMaxTileRows) + "]");
     exec_ = HostExec(args.threads);
   }
 
@@ -170,40 +184,73 @@ class CpuFlash {
           for (std::int64_t t = 0; t < q.tokens; ++t) {
             const T* a = dout.row(t, h);
             const T* b = o.row(t, h);
-            A sum = 0;
-            for (int x = 0; x < d; ++x) sum += A(a[x]) * A(b[x]);
-            w.delta[h * q.tokens + t] = sum;
+            w.delta[h * q.tokens + t] = detail::dot<A>(a, b, d);
           }
       };
       exec.parallel(body);
     }
-    {  // pass 1: dK, dV per (KV head, key tile)
-      const std::int64_t n_tiles = key_tiles(slices, k.tokens, w.tiles);
-      const std::int64_t total = n_tiles * shape.heads_kv;
-      std::atomic<std::int64_t> next{0};
-      auto body = [&](int thread) {
-        A* ws = w.thread(thread);
-        for (std::int64_t idx = next.fetch_add(1, std::memory_order_relaxed); idx < total;
-             idx = next.fetch_add(1, std::memory_order_relaxed))
-          backward_kv_tile(shape, q, k, v, lse, dout, slices, w.tiles[idx / shape.heads_kv],
-                           static_cast<int>(idx % shape.heads_kv), w.delta, dk, dv, ws);
-      };
-      exec.parallel(body);
-    }
-    {  // pass 2: dQ per (query head, query tile)
-      const std::int64_t n_tiles = query_tiles(slices, w.tiles);
-      const std::int64_t total = n_tiles * shape.heads_q;
-      std::atomic<std::int64_t> next{0};
-      auto body = [&](int thread) {
-        A* ws = w.thread(thread);
-        for (std::int64_t idx = next.fetch_add(1, std::memory_order_relaxed); idx < total;
-             idx = next.fetch_add(1, std::memory_order_relaxed)) {
-          const Tile& tile = w.tiles[idx / shape.heads_q];
-          backward_q_tile(shape, q, k, v, lse, dout, slices[static_cast<std::size_t>(tile.slice)], tile,
-                          static_cast<int>(idx % shape.heads_q), w.delta, dq, ws);
-        }
-      };
-      exec.parallel(body);
+    // One pass in 5 tile GEMMs (S, dP, dV += P^T dO, dK += dS^T Q, dQ += dS K), deterministic without atomics:
+    // query heads run one after another; within a head, the key tiles are dealt to a fixed number of lanes
+    // (largest first to the least-loaded lane: a function of the slices and `lanes()`, not of the thread
+    // count), each lane owns its tiles' dK/dV accumulators and its own dQ buffer, threads take whole lanes,
+    // and the lanes' dQ buffers are summed in lane order. dK/dV stay in fp32 across the query heads of a group
+    // and are added into dk/dv after its last head.
+    const std::int64_t n_kt = key_tiles(slices, k.tokens, w.tiles);
+    const std::int64_t n_qt = query_tiles(slices, w.qtiles);
+    const int n_lanes = lanes();
+    deal_lanes(w.tiles, n_kt, n_lanes);
+    const std::size_t lane_stride = static_cast<std::size_t>(q.tokens) * static_cast<std::size_t>(d);
+    std::fill_n(w.dq_lanes, lane_stride * static_cast<std::size_t>(n_lanes), A(0));
+    const int group = shape.group_size();
+    const A sc = A(shape.scale());
+    const A dk_scale = A(1) / kLog2e;  // dK = scale dS^T Q = dS^T (c Q) / log2(e)
+    for (int h = 0; h < shape.heads_q; ++h) {
+      const int hk = h / group, hh = h % group;
+      {
+        std::atomic<int> next{0};
+        auto body = [&](int thread) {
+          A* ws = w.thread(thread);
+          for (int lane = next.fetch_add(1, std::memory_order_relaxed); lane < n_lanes;
+               lane = next.fetch_add(1, std::memory_order_relaxed))
+            for (std::int64_t t = 0; t < n_kt; ++t)
+              if (w.tiles[t].slice == lane)
+                backward_tile(shape, q, k, v, lse, dout, slices, w.tiles[t], h, hh == 0, w.delta, w.dk_acc, w.dv_acc,
+                              w.dq_lanes + static_cast<std::size_t>(lane) * lane_stride, ws);
+        };
+        exec.parallel(body);
+      }
+      {  // dq += scale * (lane 0 + lane 1 + ...), per query tile; then, after a group's last head, dk and dv
+        const bool flush = hh == group - 1;
+        const std::int64_t total = n_qt + (flush ? n_kt : 0);
+        std::atomic<std::int64_t> next{0};
+        auto body = [&](int) {
+          for (std::int64_t idx = next.fetch_add(1, std::memory_order_relaxed); idx < total;
+               idx = next.fetch_add(1, std::memory_order_relaxed)) {
+            if (idx < n_qt) {
+              const Tile& tile = w.qtiles[idx];
+              const std::int64_t i0 = slices[static_cast<std::size_t>(tile.slice)].q_range.begin;
+              for (std::int64_t i = i0 + tile.row0; i < i0 + tile.row1; ++i) {
+                A* sum = w.dq_lanes + static_cast<std::size_t>(i) * static_cast<std::size_t>(d);
+                for (int lane = 1; lane < n_lanes; ++lane) {
+                  A* other = sum + static_cast<std::size_t>(lane) * lane_stride;
+                  detail::add_scaled_store(sum, other, d, A(1));
+                  std::fill_n(other, d, A(0));
+                }
+                detail::add_scaled_store(dq.row(i, h), sum, d, sc);
+                std::fill_n(sum, d, A(0));
+              }
+            } else {
+              const Tile& tile = w.tiles[idx - n_qt];
+              for (std::int64_t j = tile.row0; j < tile.row1; ++j) {
+                const std::size_t at = static_cast<std::size_t>(j) * static_cast<std::size_t>(d);
+                detail::add_scaled_store(dk.row(j, hk), w.dk_acc + at, d, dk_scale);
+                detail::add_scaled_store(dv.row(j, hk), w.dv_acc + at, d, A(1));
+              }
+            }
+          }
+        };
+        exec.parallel(body);
+      }
     }
   }
 
@@ -215,7 +262,7 @@ class CpuFlash {
   static constexpr A kLn2 = std::numbers::ln2_v<A>;
 
   /// A work unit: rows [row0, row1) of slice `slice` (slice-relative), or key rows [row0, row1) of the
-  /// buffer when slice < 0 (backward pass 1). Sorted by cost, largest first.
+  /// buffer when slice < 0 (backward; there `slice` then holds the lane). Sorted by cost, largest first.
   struct Tile {
     std::int64_t cost;
     std::int64_t row0;
@@ -224,12 +271,16 @@ class CpuFlash {
   };
 
   struct Layout {
-    std::size_t tiles_off, tiles_count, delta_off, threads_off, thread_bytes, total;
+    std::size_t tiles_off, tiles_count, qtiles_off, delta_off, dq_off, dk_off, dv_off, threads_off, thread_bytes, total;
   };
 
   struct Work {
-    Tile* tiles;
+    Tile* tiles;   // key tiles (backward) or query tiles (forward)
+    Tile* qtiles;  // query tiles (backward)
     A* delta;
+    A* dq_lanes;  // lanes() x q_rows x d
+    A* dk_acc;    // k_rows x d
+    A* dv_acc;    // k_rows x d
     std::byte* threads;
     std::size_t thread_bytes;
     [[nodiscard]] A* thread(int t) const noexcept {
@@ -242,21 +293,28 @@ class CpuFlash {
 
   [[nodiscard]] int q_tile_rows() const noexcept { return (args_.q_tile + kRB - 1) / kRB * kRB; }
   [[nodiscard]] int q_block_rows() const noexcept { return (args_.backward_q_block + kRB - 1) / kRB * kRB; }
+  /// Backward lanes: fixed for given Arguments (at least 4 so that 1..4 threads give the same bits).
+  [[nodiscard]] int lanes() const noexcept { return std::max(4, args_.threads); }
 
   [[nodiscard]] Layout layout(const AttentionShape& shape, std::int64_t q_rows, std::int64_t k_rows) const noexcept {
     const std::int64_t d = std::max(shape.head_dim, 1);
     const std::int64_t br = q_tile_rows();
     const std::int64_t rq = q_block_rows();
     const std::size_t fwd = 2 * round16(br * d) + 2 * round16(d * kKT) + round16(kRB * kKT) + 2 * round16(br);
-    const std::size_t pass2 = 3 * round16(br * d) + 3 * round16(d * kKT) + 2 * round16(kRB * kKT);
-    const std::size_t pass1 = 2 * round16(d * kKT) + 2 * round16(rq * d) + 2 * round16(rq * kKT) + 2 * round16(kKT * d);
+    const std::size_t bwd = 3 * round16(d * kKT) + 2 * round16(rq * d) + 2 * round16(rq * kKT);
+    const auto qn = static_cast<std::size_t>(std::max<std::int64_t>(q_rows, 0));
+    const auto kn = static_cast<std::size_t>(std::max<std::int64_t>(k_rows, 0));
+    const auto du = static_cast<std::size_t>(d);
     Layout l{};
     l.tiles_count = static_cast<std::size_t>(std::max(q_rows + q_rows / br, k_rows / kKT) + 2);
     l.tiles_off = 0;
-    l.delta_off = align64(l.tiles_count * sizeof(Tile));
-    l.threads_off = l.delta_off + align64(static_cast<std::size_t>(std::max(shape.heads_q, 0)) *
-                                          static_cast<std::size_t>(std::max<std::int64_t>(q_rows, 0)) * sizeof(A));
-    l.thread_bytes = align64(std::max({fwd, pass1, pass2}) * sizeof(A));
+    l.qtiles_off = align64(l.tiles_count * sizeof(Tile));
+    l.delta_off = l.qtiles_off + align64(l.tiles_count * sizeof(Tile));
+    l.dq_off = l.delta_off + align64(static_cast<std::size_t>(std::max(shape.heads_q, 0)) * qn * sizeof(A));
+    l.dk_off = l.dq_off + align64(static_cast<std::size_t>(lanes()) * qn * du * sizeof(A));
+    l.dv_off = l.dk_off + align64(kn * du * sizeof(A));
+    l.threads_off = l.dv_off + align64(kn * du * sizeof(A));
+    l.thread_bytes = align64(std::max(fwd, bwd) * sizeof(A));
     l.total = 64 + l.threads_off + static_cast<std::size_t>(args_.threads) * l.thread_bytes;
     return l;
   }
@@ -266,8 +324,27 @@ class CpuFlash {
     const Layout l = layout(shape, q_rows, k_rows);
     const auto addr = reinterpret_cast<std::uintptr_t>(workspace.data());
     std::byte* base = workspace.data() + ((64 - addr % 64) % 64);
-    return {reinterpret_cast<Tile*>(base + l.tiles_off), reinterpret_cast<A*>(base + l.delta_off), base + l.threads_off,
+    return {reinterpret_cast<Tile*>(base + l.tiles_off),
+            reinterpret_cast<Tile*>(base + l.qtiles_off),
+            reinterpret_cast<A*>(base + l.delta_off),
+            reinterpret_cast<A*>(base + l.dq_off),
+            reinterpret_cast<A*>(base + l.dk_off),
+            reinterpret_cast<A*>(base + l.dv_off),
+            base + l.threads_off,
             l.thread_bytes};
+  }
+
+  /// Deals key tiles (sorted largest first) to lanes, each to the least-loaded lane (lowest index on ties):
+  /// the lane is stored in the tile's `slice` field.
+  static void deal_lanes(Tile* tiles, std::int64_t n, int n_lanes) noexcept {
+    std::int64_t load[1025] = {};
+    for (std::int64_t t = 0; t < n; ++t) {
+      int best = 0;
+      for (int lane = 1; lane < n_lanes; ++lane)
+        if (load[lane] < load[best]) best = lane;
+      load[best] += tiles[t].cost;
+      tiles[t].slice = best;
+    }
   }
 
   void check(const HostExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
@@ -278,6 +355,14 @@ class CpuFlash {
           where, "exec.threads()", exec.threads(),
           "exceeds args.threads = " + std::to_string(args_.threads) + " (the workspace holds one tile set per thread)");
     shape.validate(where);
+    {  // the scale is applied in accum_type, pre-multiplied by log2(e): it must stay finite and nonzero there
+      const double sc = shape.scale();
+      const A sa = A(sc);
+      if (!std::isfinite(sa * kLog2e) || (sc != 0.0 && sa == A(0)))
+        seqpar::detail::throw_invalid(where, "softmax_scale", sc,
+                                      std::string("is not representable in the accumulation type (") +
+                                          (std::is_same_v<A, float> ? "float" : "double") + ")");
+    }
     seqpar::detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.head_dim);
     seqpar::detail::check_view(k, where, "k", k.tokens, shape.heads_kv, shape.head_dim);
     seqpar::detail::check_view(v, where, "v", k.tokens, shape.heads_kv, shape.head_dim);
@@ -350,8 +435,7 @@ class CpuFlash {
       if (c < nk) {
         const T* row = src.row(j0 + c, hk);
         for (int x = 0; x < d; ++x) kt[x * kKT + c] = A(row[x]);
-        if (nat != nullptr)
-          for (int x = 0; x < d; ++x) nat[c * d + x] = A(row[x]);
+        if (nat != nullptr) detail::load_scaled(row, nat + c * d, d, A(1));
       } else {
         for (int x = 0; x < d; ++x) kt[x * kKT + c] = A(0);
       }
@@ -360,8 +444,7 @@ class CpuFlash {
 
   static void pack_rows(ThdView<const T> src, std::int64_t i0, std::int64_t n, int h, int d, A scale, A* dst) noexcept {
     for (std::int64_t r = 0; r < n; ++r) {
-      const T* row = src.row(i0 + r, h);
-      for (int x = 0; x < d; ++x) dst[r * d + x] = A(row[x]) * scale;
+      detail::load_scaled(src.row(i0 + r, h), dst + r * d, d, scale);
     }
   }
 
@@ -417,6 +500,7 @@ class CpuFlash {
       const int nk = static_cast<int>(std::min<std::int64_t>(kKT, keys.end - kt0));
       pack_keys(k, sl.k_range.begin + kt0, nk, hk, d, kt, nullptr);
       pack_rows(v, sl.k_range.begin + kt0, nk, hk, d, A(1), vp);
+      const bool v_finite = detail::all_finite(vp, std::int64_t{nk} * d);
       for (int g0 = 0; g0 < n; g0 += kRB) {
         const int rows = std::min(kRB, n - g0);
         int pmin = 0, pmax = 0;
@@ -429,143 +513,121 @@ class CpuFlash {
             continue;
           }
           const A alpha = detail::softmax_row(sr, lo[r], hi[r], m[g0 + r], l[g0 + r]);
-          if (alpha != A(1)) {
-            A* orow = acc + (g0 + r) * d;
-            for (int x = 0; x < d; ++x) orow[x] *= alpha;
-          }
+          if (alpha != A(1)) detail::scale_row(acc + (g0 + r) * d, d, alpha);
         }
-        detail::gemm(rows, d, pmax - pmin, s + pmin, kKT, 1, vp + pmin * d, d, acc + g0 * d, d, true);
+        if (v_finite) {
+          detail::gemm(rows, d, pmax - pmin, s + pmin, kKT, 1, vp + pmin * d, d, acc + g0 * d, d, true);
+        } else {  // exact per-row key ranges: a masked P is 0, but 0 * (NaN or inf in V) is not
+          for (int r = 0; r < rows; ++r)
+            if (lo[r] < hi[r])
+              detail::gemm(1, d, hi[r] - lo[r], s + r * kKT + lo[r], kKT, 1, vp + lo[r] * d, d, acc + (g0 + r) * d, d,
+                           true);
+        }
       }
     }
     for (int r = 0; r < n; ++r) {
       if (l[r] == A(0)) continue;  // fully masked row: O = 0, LSE = -inf from the prefill
-      const A inv = A(1) / l[r];
-      T* orow = o.row(i0 + r, h);
-      const A* arow = acc + r * d;
-      for (int x = 0; x < d; ++x) orow[x] = T(arow[x] * inv);
+      detail::store_scaled(o.row(i0 + r, h), acc + r * d, d, A(1) / l[r]);
       lse(h, i0 + r) = (m[r] + std::log2(l[r])) * kLn2;
     }
   }
 
-  void backward_kv_tile(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
-                        LseView<const A> lse, ThdView<const T> dout, std::span<const AttnSlice> slices,
-                        const Tile& tile, int hk, const A* delta, ThdView<T> dk, ThdView<T> dv, A* ws) const noexcept {
+  /// acc[c] += sum over the block rows r that see key c of w[r][c] * x[r] (for tile columns c in [c0, c1)):
+  /// the exact form of acc += W^T X, used when X holds a NaN or infinity, since a masked weight is 0 and
+  /// 0 * NaN is NaN. `koff` is the slice-relative key of tile column 0, `b0` the block's first slice row.
+  static void exact_key_update(const AttnSlice& sl, std::int64_t koff, std::int64_t b0, int nb, int c0, int c1,
+                               const A* w, const A* x, int d, A* acc) noexcept {
+    for (int c = c0; c < c1; ++c) {
+      const Range rows = intersect(rows_seeing(sl, koff + c, koff + c + 1), {b0, b0 + nb});
+      if (rows.empty()) continue;
+      const int r0 = static_cast<int>(rows.begin - b0);
+      detail::gemm(1, d, static_cast<int>(rows.size()), w + r0 * kKT + c, 1, kKT, x + r0 * d, d, acc + c * d, d, true);
+    }
+  }
+
+  /// All of key tile `tile` of KV head h / group for query head h: S and dP per block of query rows, then
+  /// dV += P^T dO, dK += dS^T (c Q) into the tile's fp32 accumulators (zeroed when `first`) and
+  /// dQ += dS K into the lane's dQ buffer (unscaled). Each slice touches only its own keys of the tile.
+  void backward_tile(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
+                     LseView<const A> lse, ThdView<const T> dout, std::span<const AttnSlice> slices, const Tile& tile,
+                     int h, bool first, const A* delta, A* dk_acc, A* dv_acc, A* dq_lane, A* ws) const noexcept {
     const int d = shape.head_dim;
-    const int group = shape.group_size();
+    const int hk = h / shape.group_size();
     const std::int64_t rq = q_block_rows();
     const int nk = static_cast<int>(tile.row1 - tile.row0);
     A* kt = ws;
     A* vt = kt + round16(std::int64_t{d} * kKT);
-    A* qb = vt + round16(std::int64_t{d} * kKT);
+    A* kn = vt + round16(std::int64_t{d} * kKT);
+    A* qb = kn + round16(std::int64_t{d} * kKT);
     A* ob = qb + round16(rq * d);
     A* pb = ob + round16(rq * d);
     A* sb = pb + round16(rq * kKT);
-    A* dka = sb + round16(rq * kKT);
-    A* dva = dka + round16(std::int64_t{kKT} * d);
-    pack_keys(k, tile.row0, nk, hk, d, kt, nullptr);
+    A* dka = dk_acc + tile.row0 * d;
+    A* dva = dv_acc + tile.row0 * d;
+    pack_keys(k, tile.row0, nk, hk, d, kt, kn);
     pack_keys(v, tile.row0, nk, hk, d, vt, nullptr);
-    std::fill_n(dka, static_cast<std::size_t>(nk) * static_cast<std::size_t>(d), A(0));
-    std::fill_n(dva, static_cast<std::size_t>(nk) * static_cast<std::size_t>(d), A(0));
+    if (first) {
+      std::fill_n(dka, static_cast<std::size_t>(nk) * static_cast<std::size_t>(d), A(0));
+      std::fill_n(dva, static_cast<std::size_t>(nk) * static_cast<std::size_t>(d), A(0));
+    }
     const A c = A(shape.scale()) * kLog2e;
     int lo[kRB], hi[kRB];
-    for (int hh = 0; hh < group; ++hh) {
-      const int h = hk * group + hh;
-      for (const AttnSlice& sl : slices) {
-        const Range kr = intersect(sl.k_range, {tile.row0, tile.row1});
-        if (kr.empty()) continue;
-        const std::int64_t ks = sl.k_range.begin;
-        const Range rows_all = rows_seeing(sl, kr.begin - ks, kr.end - ks);
-        for (std::int64_t b0 = rows_all.begin; b0 < rows_all.end; b0 += rq) {
-          const int nb = static_cast<int>(std::min<std::int64_t>(rq, rows_all.end - b0));
-          const std::int64_t i0 = sl.q_range.begin + b0;
-          pack_rows(q, i0, nb, h, d, c, qb);
-          pack_rows(dout, i0, nb, h, d, A(1), ob);
-          for (int g0 = 0; g0 < nb; g0 += kRB) {
-            const int rows = std::min(kRB, nb - g0);
-            A* p = pb + g0 * kKT;
-            A* ds = sb + g0 * kKT;
-            int pmin = 0, pmax = 0;
-            if (!tile_columns(sl, b0 + g0, rows, tile.row0 - ks, nk, kr.begin - ks, kr.end - ks, lo, hi, pmin, pmax)) {
-              std::fill_n(p, rows * kKT, A(0));
-              std::fill_n(ds, rows * kKT, A(0));
-              continue;
-            }
-            detail::gemm(rows, kKT, d, qb + g0 * d, d, 1, kt, kKT, p, kKT, false);
-            detail::gemm(rows, kKT, d, ob + g0 * d, d, 1, vt, kKT, ds, kKT, false);
-            for (int r = 0; r < rows; ++r) {
-              const std::int64_t i = i0 + g0 + r;
-              if (lo[r] >= hi[r]) {
-                std::fill_n(p + r * kKT, kKT, A(0));
-                std::fill_n(ds + r * kKT, kKT, A(0));
-                continue;
-              }
-              detail::backward_row(p + r * kKT, ds + r * kKT, lo[r], hi[r], lse(h, i) * kLog2e,
-                                   delta[h * q.tokens + i]);
-            }
-          }
-          detail::gemm(nk, d, nb, pb, 1, kKT, ob, d, dva, d, true);  // dV += P^T dO
-          detail::gemm(nk, d, nb, sb, 1, kKT, qb, d, dka, d, true);  // dK += dS^T (c Q)
-        }
-      }
-    }
-    const A dk_scale = A(1) / kLog2e;  // dK = scale dS^T Q = dS^T (c Q) / log2(e)
-    for (int j = 0; j < nk; ++j) {
-      T* krow = dk.row(tile.row0 + j, hk);
-      T* vrow = dv.row(tile.row0 + j, hk);
-      for (int x = 0; x < d; ++x) {
-        krow[x] = T(A(krow[x]) + dka[j * d + x] * dk_scale);
-        vrow[x] = T(A(vrow[x]) + dva[j * d + x]);
-      }
-    }
-  }
-
-  void backward_q_tile(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
-                       LseView<const A> lse, ThdView<const T> dout, const AttnSlice& sl, const Tile& tile, int h,
-                       const A* delta, ThdView<T> dq, A* ws) const noexcept {
-    const int d = shape.head_dim;
-    const int hk = h / shape.group_size();
-    const int n = static_cast<int>(tile.row1 - tile.row0);
-    const std::int64_t br = q_tile_rows();
-    A* qs = ws;
-    A* os = qs + round16(br * d);
-    A* acc = os + round16(br * d);
-    A* kt = acc + round16(br * d);
-    A* vt = kt + round16(std::int64_t{d} * kKT);
-    A* kn = vt + round16(std::int64_t{d} * kKT);
-    A* s = kn + round16(std::int64_t{d} * kKT);
-    A* dp = s + round16(kRB * kKT);
-    const A c = A(shape.scale()) * kLog2e;
-    const std::int64_t i0 = sl.q_range.begin + tile.row0;
-    pack_rows(q, i0, n, h, d, c, qs);
-    pack_rows(dout, i0, n, h, d, A(1), os);
-    std::fill_n(acc, static_cast<std::size_t>(n) * static_cast<std::size_t>(d), A(0));
-    const Range keys = key_span(sl, tile.row0, tile.row1);
-    int lo[kRB], hi[kRB];
-    for (std::int64_t kt0 = keys.begin; kt0 < keys.end; kt0 += kKT) {
-      const int nk = static_cast<int>(std::min<std::int64_t>(kKT, keys.end - kt0));
-      pack_keys(k, sl.k_range.begin + kt0, nk, hk, d, kt, kn);
-      pack_keys(v, sl.k_range.begin + kt0, nk, hk, d, vt, nullptr);
-      for (int g0 = 0; g0 < n; g0 += kRB) {
-        const int rows = std::min(kRB, n - g0);
-        int pmin = 0, pmax = 0;
-        if (!tile_columns(sl, tile.row0 + g0, rows, kt0, nk, keys.begin, keys.end, lo, hi, pmin, pmax)) continue;
-        detail::gemm(rows, kKT, d, qs + g0 * d, d, 1, kt, kKT, s, kKT, false);
-        detail::gemm(rows, kKT, d, os + g0 * d, d, 1, vt, kKT, dp, kKT, false);
-        for (int r = 0; r < rows; ++r) {
-          const std::int64_t i = i0 + g0 + r;
-          if (lo[r] >= hi[r]) {
-            std::fill_n(dp + r * kKT, kKT, A(0));
+    for (const AttnSlice& sl : slices) {
+      const Range kr = intersect(sl.k_range, {tile.row0, tile.row1});
+      if (kr.empty()) continue;
+      const std::int64_t ks = sl.k_range.begin;
+      const Range rows_all = rows_seeing(sl, kr.begin - ks, kr.end - ks);
+      // Only this slice's keys of the tile [c0, c1): the other documents' keys must not meet its rows.
+      const int c0 = static_cast<int>(kr.begin - tile.row0), c1 = static_cast<int>(kr.end - tile.row0);
+      const bool k_finite = detail::all_finite(kn + c0 * d, std::int64_t{c1 - c0} * d);
+      for (std::int64_t b0 = rows_all.begin; b0 < rows_all.end; b0 += rq) {
+        const int nb = static_cast<int>(std::min<std::int64_t>(rq, rows_all.end - b0));
+        const std::int64_t i0 = sl.q_range.begin + b0;
+        pack_rows(q, i0, nb, h, d, c, qb);
+        pack_rows(dout, i0, nb, h, d, A(1), ob);
+        for (int g0 = 0; g0 < nb; g0 += kRB) {
+          const int rows = std::min(kRB, nb - g0);
+          A* p = pb + g0 * kKT;
+          A* ds = sb + g0 * kKT;
+          int pmin = 0, pmax = 0;
+          if (!tile_columns(sl, b0 + g0, rows, tile.row0 - ks, nk, kr.begin - ks, kr.end - ks, lo, hi, pmin, pmax)) {
+            std::fill_n(p, rows * kKT, A(0));
+            std::fill_n(ds, rows * kKT, A(0));
             continue;
           }
-          detail::backward_row(s + r * kKT, dp + r * kKT, lo[r], hi[r], lse(h, i) * kLog2e, delta[h * q.tokens + i]);
+          detail::gemm(rows, kKT, d, qb + g0 * d, d, 1, kt, kKT, p, kKT, false);
+          detail::gemm(rows, kKT, d, ob + g0 * d, d, 1, vt, kKT, ds, kKT, false);
+          for (int r = 0; r < rows; ++r) {
+            const std::int64_t i = i0 + g0 + r;
+            if (lo[r] >= hi[r]) {
+              std::fill_n(p + r * kKT, kKT, A(0));
+              std::fill_n(ds + r * kKT, kKT, A(0));
+              continue;
+            }
+            detail::backward_row(p + r * kKT, ds + r * kKT, lo[r], hi[r], lse(h, i) * kLog2e, delta[h * q.tokens + i]);
+          }
         }
-        detail::gemm(rows, d, pmax - pmin, dp + pmin, kKT, 1, kn + pmin * d, d, acc + g0 * d, d, true);
+        if (detail::all_finite(ob, std::int64_t{nb} * d))
+          detail::gemm(c1 - c0, d, nb, pb + c0, 1, kKT, ob, d, dva + c0 * d, d, true);  // dV += P^T dO
+        else
+          exact_key_update(sl, tile.row0 - ks, b0, nb, c0, c1, pb, ob, d, dva);
+        if (detail::all_finite(qb, std::int64_t{nb} * d))
+          detail::gemm(c1 - c0, d, nb, sb + c0, 1, kKT, qb, d, dka + c0 * d, d, true);  // dK += dS^T (c Q)
+        else
+          exact_key_update(sl, tile.row0 - ks, b0, nb, c0, c1, sb, qb, d, dka);
+        if (k_finite) {  // dQ += dS K
+          detail::gemm(nb, d, c1 - c0, sb + c0, kKT, 1, kn + c0 * d, d, dq_lane + i0 * d, d, true);
+        } else {  // exact per-row key ranges: a masked dS is 0, but 0 * (NaN or inf in K) is not
+          const std::int64_t koff = tile.row0 - ks, klen = sl.k_range.size();
+          for (int r = 0; r < nb; ++r) {
+            const Range vis = intersect(sl.mask.visible_keys(b0 + r, klen), {koff + c0, koff + c1});
+            if (vis.empty()) continue;
+            const int j0 = static_cast<int>(vis.begin - koff);
+            detail::gemm(1, d, static_cast<int>(vis.size()), sb + r * kKT + j0, kKT, 1, kn + j0 * d, d,
+                         dq_lane + (i0 + r) * d, d, true);
+          }
+        }
       }
-    }
-    const A sc = A(shape.scale());
-    for (int r = 0; r < n; ++r) {
-      T* row = dq.row(i0 + r, h);
-      for (int x = 0; x < d; ++x) row[x] = T(A(row[x]) + acc[r * d + x] * sc);
     }
   }
 
@@ -575,5 +637,6 @@ class CpuFlash {
 
 static_assert(AttentionKernel<CpuFlash<float>>);
 static_assert(AttentionKernel<CpuFlash<double>>);
+static_assert(AttentionKernel<CpuFlash<bf16>>);
 
 }  // namespace seqpar::attention

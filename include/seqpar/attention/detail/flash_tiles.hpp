@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "seqpar/attention/detail/bf16.hpp"
+
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 // GCC 12 reports -Wmaybe-uninitialized inside the AVX-512 intrinsics (their _mm512_undefined_ps(),
 // GCC PR105593, fixed in GCC 13); the diagnostic is located in the intrinsic headers, so silence it there.
@@ -23,6 +25,12 @@
 #pragma GCC diagnostic pop
 #endif
 #endif
+
+// Full unrolling of the loops over a micro-kernel's register block. GCC unrolls them at -O3 but not at -O2,
+// and then keeps the accumulator array on the stack (a load and a store around every FMA: 2.5x slower);
+// with the loops unrolled the array is indexed by constants and lives in registers at any -O level.
+// Clang honours the GCC spelling too.
+#define SEQPAR_UNROLL _Pragma("GCC unroll 16")
 
 namespace seqpar::attention::detail {
 
@@ -69,14 +77,52 @@ inline V softmax_row_portable(V* s, int lo, int hi, V& m, V& l) noexcept {
 }
 
 /// Backward row step: s (log2-domain scores) becomes P = exp2(s - lse2) on [lo, hi), 0 elsewhere;
-/// dp (dO . V^T) becomes dS = P * (dp - delta).
+/// dp (dO . V^T) becomes dS = P * (dp - delta) on [lo, hi), 0 elsewhere. Masked lanes are set to 0 by
+/// selection (bitwise AND / masked move), never by a product with 0: their S or dP may be NaN or infinite
+/// (another document's keys share the tile), and 0 * NaN would carry it into this row's gradients.
 template <class V>
 inline void backward_row_portable(V* s, V* dp, int lo, int hi, V lse2, V delta) noexcept {
   for (int j = 0; j < kKeyTile; ++j) {
-    const V p = (j >= lo && j < hi) ? std::exp2(s[j] - lse2) : V(0);
+    const bool visible = j >= lo && j < hi;
+    const V p = visible ? std::exp2(s[j] - lse2) : V(0);
     s[j] = p;
-    dp[j] = p * (dp[j] - delta);
+    dp[j] = visible ? p * (dp[j] - delta) : V(0);  // selected, not multiplied: a masked dP may be NaN
   }
+}
+
+/// dst[x] = A(src[x]) * scale for x < n (packing a row into the accumulation type).
+template <class T, class V>
+inline void load_scaled(const T* src, V* dst, int n, V scale) noexcept {
+  for (int x = 0; x < n; ++x) dst[x] = V(src[x]) * scale;
+}
+/// x[i] *= a for i < n.
+template <class V>
+inline void scale_row(V* x, int n, V a) noexcept {
+  for (int i = 0; i < n; ++i) x[i] *= a;
+}
+/// out[x] = T(A(out[x]) + acc[x] * s) for x < n (adding a finished tile row into a gradient).
+template <class T, class V>
+inline void add_scaled_store(T* out, const V* acc, int n, V s) noexcept {
+  for (int x = 0; x < n; ++x) out[x] = T(V(out[x]) + acc[x] * s);
+}
+/// out[x] = T(acc[x] * s) for x < n.
+template <class T, class V>
+inline void store_scaled(T* out, const V* acc, int n, V s) noexcept {
+  for (int x = 0; x < n; ++x) out[x] = T(acc[x] * s);
+}
+/// sum_x A(a[x]) * A(b[x]).
+template <class V, class T>
+inline V dot(const T* a, const T* b, int n) noexcept {
+  V sum = 0;
+  for (int x = 0; x < n; ++x) sum += V(a[x]) * V(b[x]);
+  return sum;
+}
+/// True when every one of the n values is finite (no NaN, no infinity).
+template <class V>
+inline bool all_finite(const V* x, std::int64_t n) noexcept {
+  bool ok = true;
+  for (std::int64_t i = 0; i < n; ++i) ok &= std::isfinite(x[i]);
+  return ok;
 }
 
 #if defined(__AVX512F__)
@@ -84,9 +130,9 @@ inline void backward_row_portable(V* s, V* dp, int lo, int hi, V lse2, V delta) 
 #define SEQPAR_ALWAYS_INLINE inline __attribute__((always_inline))
 
 /// exp2 on 16 lanes: round-to-nearest split x = n + f, |f| <= 1/2, degree-6 Taylor polynomial of 2^f
-/// (relative error ~1.2e-7), then vscalefps by n. Inputs below -150 (including -inf) give 0.
+/// (relative error ~1.2e-7), then vscalefps by n. Inputs below -150 (including -inf) give 0; NaN gives NaN.
 SEQPAR_ALWAYS_INLINE __m512 exp2_ps(__m512 x) noexcept {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));
+  x = _mm512_max_ps(_mm512_set1_ps(-150.0f), x);  // max(c, NaN) is NaN (the second operand): NaN stays NaN
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
   __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
@@ -111,7 +157,9 @@ SEQPAR_ALWAYS_INLINE void gemm_block(int kdim, const float* a, std::int64_t ai, 
                                      std::int64_t ldb, float* c, std::int64_t ldc, __mmask16 tail,
                                      bool accumulate) noexcept {
   __m512 acc[R][NV];
-  for (int i = 0; i < R; ++i)
+  SEQPAR_UNROLL
+  for (int i = 0; i < R; ++i) {
+    SEQPAR_UNROLL
     for (int v = 0; v < NV; ++v) {
       if (!accumulate)
         acc[i][v] = _mm512_setzero_ps();
@@ -120,24 +168,31 @@ SEQPAR_ALWAYS_INLINE void gemm_block(int kdim, const float* a, std::int64_t ai, 
       else
         acc[i][v] = _mm512_maskz_loadu_ps(tail, c + i * ldc + 16 * v);
     }
+  }
   for (int k = 0; k < kdim; ++k) {
     const float* bk = b + k * ldb;
     __m512 bv[NV];
+    SEQPAR_UNROLL
     for (int v = 0; v < NV; ++v)
       bv[v] = v + 1 < NV ? _mm512_loadu_ps(bk + 16 * v) : _mm512_maskz_loadu_ps(tail, bk + 16 * v);
     const float* ak_ptr = a + k * ak;
+    SEQPAR_UNROLL
     for (int i = 0; i < R; ++i) {
       const __m512 x = _mm512_set1_ps(ak_ptr[i * ai]);
+      SEQPAR_UNROLL
       for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(x, bv[v], acc[i][v]);
     }
   }
-  for (int i = 0; i < R; ++i)
+  SEQPAR_UNROLL
+  for (int i = 0; i < R; ++i) {
+    SEQPAR_UNROLL
     for (int v = 0; v < NV; ++v) {
       if (v + 1 < NV)
         _mm512_storeu_ps(c + i * ldc + 16 * v, acc[i][v]);
       else
         _mm512_mask_storeu_ps(c + i * ldc + 16 * v, tail, acc[i][v]);
     }
+  }
 }
 
 using GemmBlockFn = void (*)(int, const float*, std::int64_t, std::int64_t, const float*, std::int64_t, float*,
@@ -200,6 +255,7 @@ inline float softmax_row(float* s, int lo, int hi, float& m, float& l) noexcept 
   const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   __m512 x[4];
   __mmask16 km[4];
+  SEQPAR_UNROLL
   for (int v = 0; v < 4; ++v) {
     km[v] = static_cast<__mmask16>(mask >> (16 * v));
     x[v] = _mm512_mask_loadu_ps(ninf, km[v], s + 16 * v);
@@ -208,6 +264,7 @@ inline float softmax_row(float* s, int lo, int hi, float& m, float& l) noexcept 
   const float m_new = std::max(m, _mm512_reduce_max_ps(mx4));
   const __m512 mv = _mm512_set1_ps(m_new);
   __m512 sum = _mm512_setzero_ps();
+  SEQPAR_UNROLL
   for (int v = 0; v < 4; ++v) {
     const __m512 p = _mm512_maskz_mov_ps(km[v], exp2_ps(_mm512_sub_ps(x[v], mv)));
     _mm512_storeu_ps(s + 16 * v, p);
@@ -223,11 +280,12 @@ inline void backward_row(float* s, float* dp, int lo, int hi, float lse2, float 
   const std::uint64_t mask = key_mask(lo, hi);
   const __m512 lv = _mm512_set1_ps(lse2);
   const __m512 dv = _mm512_set1_ps(delta);
+  SEQPAR_UNROLL
   for (int v = 0; v < 4; ++v) {
     const __mmask16 km = static_cast<__mmask16>(mask >> (16 * v));
     const __m512 p = _mm512_maskz_mov_ps(km, exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), lv)));
     _mm512_storeu_ps(s + 16 * v, p);
-    _mm512_storeu_ps(dp + 16 * v, _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dp + 16 * v), dv)));
+    _mm512_storeu_ps(dp + 16 * v, _mm512_maskz_mul_ps(km, p, _mm512_sub_ps(_mm512_loadu_ps(dp + 16 * v), dv)));
   }
 }
 
@@ -238,7 +296,9 @@ inline void backward_row(float* s, float* dp, int lo, int hi, float lse2, float 
 /// exp2 on 8 lanes: x clamped to [-126, 127], split x = n + f with |f| <= 1/2, degree-6 Taylor polynomial of
 /// 2^f (relative error ~1.2e-7), times 2^n built in the exponent field. Masked lanes are zeroed by callers.
 SEQPAR_ALWAYS_INLINE __m256 exp2_ps(__m256 x) noexcept {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-126.0f)), _mm256_set1_ps(127.0f));
+  // The constants go first: max/min return the second operand when one is NaN, so a NaN score stays NaN
+  // (clamped, it would become a tiny finite weight and hide the NaN from the output).
+  x = _mm256_min_ps(_mm256_set1_ps(127.0f), _mm256_max_ps(_mm256_set1_ps(-126.0f), x));
   const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 f = _mm256_sub_ps(x, n);
   __m256 p = _mm256_set1_ps(1.5403530393381606e-4f);
@@ -270,7 +330,9 @@ SEQPAR_ALWAYS_INLINE void gemm_block(int kdim, const float* a, std::int64_t ai, 
                                      std::int64_t ldb, float* c, std::int64_t ldc, __m256i tail,
                                      bool accumulate) noexcept {
   __m256 acc[R][NV];
-  for (int i = 0; i < R; ++i)
+  SEQPAR_UNROLL
+  for (int i = 0; i < R; ++i) {
+    SEQPAR_UNROLL
     for (int v = 0; v < NV; ++v) {
       if (!accumulate)
         acc[i][v] = _mm256_setzero_ps();
@@ -279,24 +341,31 @@ SEQPAR_ALWAYS_INLINE void gemm_block(int kdim, const float* a, std::int64_t ai, 
       else
         acc[i][v] = _mm256_maskload_ps(c + i * ldc + 8 * v, tail);
     }
+  }
   for (int k = 0; k < kdim; ++k) {
     const float* bk = b + k * ldb;
     __m256 bv[NV];
+    SEQPAR_UNROLL
     for (int v = 0; v < NV; ++v)
       bv[v] = v + 1 < NV ? _mm256_loadu_ps(bk + 8 * v) : _mm256_maskload_ps(bk + 8 * v, tail);
     const float* ak_ptr = a + k * ak;
+    SEQPAR_UNROLL
     for (int i = 0; i < R; ++i) {
       const __m256 x = _mm256_broadcast_ss(ak_ptr + i * ai);
+      SEQPAR_UNROLL
       for (int v = 0; v < NV; ++v) acc[i][v] = _mm256_fmadd_ps(x, bv[v], acc[i][v]);
     }
   }
-  for (int i = 0; i < R; ++i)
+  SEQPAR_UNROLL
+  for (int i = 0; i < R; ++i) {
+    SEQPAR_UNROLL
     for (int v = 0; v < NV; ++v) {
       if (v + 1 < NV)
         _mm256_storeu_ps(c + i * ldc + 8 * v, acc[i][v]);
       else
         _mm256_maskstore_ps(c + i * ldc + 8 * v, tail, acc[i][v]);
     }
+  }
 }
 
 using GemmBlockFn = void (*)(int, const float*, std::int64_t, std::int64_t, const float*, std::int64_t, float*,
@@ -363,6 +432,7 @@ inline float softmax_row(float* s, int lo, int hi, float& m, float& l) noexcept 
   const bool dense = lo == 0 && hi == kKeyTile;
   __m256 x[8], km[8];
   __m256 mx = ninf;
+  SEQPAR_UNROLL
   for (int v = 0; v < 8; ++v) {
     x[v] = _mm256_loadu_ps(s + 8 * v);
     if (!dense) {
@@ -374,6 +444,7 @@ inline float softmax_row(float* s, int lo, int hi, float& m, float& l) noexcept 
   const float m_new = std::max(m, hmax8(mx));
   const __m256 mv = _mm256_set1_ps(m_new);
   __m256 sum = _mm256_setzero_ps();
+  SEQPAR_UNROLL
   for (int v = 0; v < 8; ++v) {
     __m256 p = exp2_ps(_mm256_sub_ps(x[v], mv));
     if (!dense) p = _mm256_and_ps(p, km[v]);
@@ -389,14 +460,119 @@ inline float softmax_row(float* s, int lo, int hi, float& m, float& l) noexcept 
 inline void backward_row(float* s, float* dp, int lo, int hi, float lse2, float delta) noexcept {
   const __m256 lv = _mm256_set1_ps(lse2);
   const __m256 dv = _mm256_set1_ps(delta);
+  SEQPAR_UNROLL
   for (int v = 0; v < 8; ++v) {
-    const __m256 p = _mm256_and_ps(key_mask8(v, lo, hi), exp2_ps(_mm256_sub_ps(_mm256_loadu_ps(s + 8 * v), lv)));
+    const __m256 km = key_mask8(v, lo, hi);
+    const __m256 p = _mm256_and_ps(km, exp2_ps(_mm256_sub_ps(_mm256_loadu_ps(s + 8 * v), lv)));
     _mm256_storeu_ps(s + 8 * v, p);
-    _mm256_storeu_ps(dp + 8 * v, _mm256_mul_ps(p, _mm256_sub_ps(_mm256_loadu_ps(dp + 8 * v), dv)));
+    _mm256_storeu_ps(dp + 8 * v, _mm256_and_ps(km, _mm256_mul_ps(p, _mm256_sub_ps(_mm256_loadu_ps(dp + 8 * v), dv))));
   }
 }
 
 #endif  // __AVX512F__ / __AVX2__
+
+// ---- float row helpers (AVX2; AVX-512 targets have AVX2): GCC 12 leaves the portable loops scalar at -O2 ----
+#if defined(__AVX2__) && defined(__FMA__)
+inline void load_scaled(const float* src, float* dst, int n, float scale) noexcept {
+  const __m256 sv = _mm256_set1_ps(scale);
+  int x = 0;
+  for (; x + 8 <= n; x += 8) _mm256_storeu_ps(dst + x, _mm256_mul_ps(_mm256_loadu_ps(src + x), sv));
+  for (; x < n; ++x) dst[x] = src[x] * scale;
+}
+inline void scale_row(float* v, int n, float a) noexcept {
+  const __m256 av = _mm256_set1_ps(a);
+  int x = 0;
+  for (; x + 8 <= n; x += 8) _mm256_storeu_ps(v + x, _mm256_mul_ps(_mm256_loadu_ps(v + x), av));
+  for (; x < n; ++x) v[x] *= a;
+}
+inline void add_scaled_store(float* out, const float* acc, int n, float s) noexcept {
+  const __m256 sv = _mm256_set1_ps(s);
+  int x = 0;
+  for (; x + 8 <= n; x += 8)
+    _mm256_storeu_ps(out + x, _mm256_fmadd_ps(_mm256_loadu_ps(acc + x), sv, _mm256_loadu_ps(out + x)));
+  for (; x < n; ++x) out[x] = out[x] + acc[x] * s;
+}
+inline void store_scaled(float* out, const float* acc, int n, float s) noexcept {
+  load_scaled(acc, out, n, s);
+}
+template <>
+inline float dot<float, float>(const float* a, const float* b, int n) noexcept {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int x = 0;
+  for (; x + 16 <= n; x += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + x), _mm256_loadu_ps(b + x), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + x + 8), _mm256_loadu_ps(b + x + 8), s1);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_add_ps(s0, s1));
+  float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  for (; x < n; ++x) sum += a[x] * b[x];
+  return sum;
+}
+template <>
+inline bool all_finite<float>(const float* v, std::int64_t n) noexcept {
+  // x - x is 0 for finite x and NaN for NaN or infinity; the sum of those stays 0 only if all are finite.
+  __m256 acc = _mm256_setzero_ps();
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(v + i);
+    acc = _mm256_add_ps(acc, _mm256_sub_ps(x, x));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  bool ok = true;
+  for (float l : lanes) ok &= (l == 0.0f);
+  for (; i < n; ++i) ok &= std::isfinite(v[i]);
+  return ok;
+}
+
+// bf16 rows: 8 values widen to floats by a 16-bit shift; floats narrow with round-to-nearest-even (the bias
+// 0x7FFF plus the lowest kept bit), NaN lanes kept quiet NaNs.
+SEQPAR_ALWAYS_INLINE __m256 load_bf16x8(const bf16* p) noexcept {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+SEQPAR_ALWAYS_INLINE void store_bf16x8(bf16* p, __m256 x) noexcept {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  const __m256i qnan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x0040));
+  r = _mm256_blendv_epi8(r, qnan, nan);
+  // 8 x u32 (each < 65536) -> 8 x u16: pack within 128-bit lanes, then gather the two low quadwords
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+inline void load_scaled(const bf16* src, float* dst, int n, float scale) noexcept {
+  const __m256 sv = _mm256_set1_ps(scale);
+  int x = 0;
+  for (; x + 8 <= n; x += 8) _mm256_storeu_ps(dst + x, _mm256_mul_ps(load_bf16x8(src + x), sv));
+  for (; x < n; ++x) dst[x] = float(src[x]) * scale;
+}
+inline void add_scaled_store(bf16* out, const float* acc, int n, float s) noexcept {
+  const __m256 sv = _mm256_set1_ps(s);
+  int x = 0;
+  for (; x + 8 <= n; x += 8) store_bf16x8(out + x, _mm256_fmadd_ps(_mm256_loadu_ps(acc + x), sv, load_bf16x8(out + x)));
+  for (; x < n; ++x) out[x] = bf16(float(out[x]) + acc[x] * s);
+}
+inline void store_scaled(bf16* out, const float* acc, int n, float s) noexcept {
+  const __m256 sv = _mm256_set1_ps(s);
+  int x = 0;
+  for (; x + 8 <= n; x += 8) store_bf16x8(out + x, _mm256_mul_ps(_mm256_loadu_ps(acc + x), sv));
+  for (; x < n; ++x) out[x] = bf16(acc[x] * s);
+}
+template <>
+inline float dot<float, bf16>(const bf16* a, const bf16* b, int n) noexcept {
+  __m256 s0 = _mm256_setzero_ps();
+  int x = 0;
+  for (; x + 8 <= n; x += 8) s0 = _mm256_fmadd_ps(load_bf16x8(a + x), load_bf16x8(b + x), s0);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, s0);
+  float sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  for (; x < n; ++x) sum += float(a[x]) * float(b[x]);
+  return sum;
+}
+#endif
 
 template <class V>
 inline void gemm(int m, int n, int kdim, const V* a, std::int64_t ai, std::int64_t ak, const V* b, std::int64_t ldb,

@@ -204,7 +204,7 @@ class KokkosFlash {
 
   template <class K>
   void base(K& f, const AttentionShape& shape) const {
-    f.d = shape.head_dim, f.br = args_.q_tile, f.bc = args_.k_tile, f.scale = A(shape.scale());
+    f.set_tiles(shape.head_dim, args_.q_tile, args_.k_tile), f.scale = A(shape.scale());
   }
 
   template <class K>

@@ -141,8 +141,18 @@ template <class ExecSpace, class A>
 struct TeamBase {
   using member_type = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   using Scratch = Kokkos::View<A*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  /// Columns per register block: the inner loops run over kW consecutive elements with kW
+  /// independent accumulators (a fixed trip count, so compilers vectorise them at -O2 on the host).
+  static constexpr int kW = 8;
   int d = 0, br = 0, bc = 0, level = 0;
+  int ld = 0;   ///< row stride of [rows][head_dim] tiles: d rounded up to kW (padding is zero)
+  int ldc = 0;  ///< row stride of [head_dim][keys] and [rows][keys] tiles: bc rounded up to kW
   A scale = 0;
+
+  static constexpr int pad(int n) { return (n + kW - 1) / kW * kW; }
+  void set_tiles(int head_dim, int q_tile, int k_tile) {
+    d = head_dim, br = q_tile, bc = k_tile, ld = pad(head_dim), ldc = pad(k_tile);
+  }
 
   /// Carves n elements of team scratch.
   KOKKOS_INLINE_FUNCTION static A* take(const member_type& team, int level, std::int64_t n) {
@@ -150,42 +160,57 @@ struct TeamBase {
   }
   static std::size_t bytes(std::int64_t n) { return Scratch::shmem_size(static_cast<std::size_t>(n)); }
 
-  /// dst[r * d + x] = src(row i0 + r, head h)[x] * mul for r < n (team-wide).
+  /// dst[r * ld + x] = src(row i0 + r, head h)[x] * mul for r < n, x < d; 0 for d <= x < ld (team-wide).
   template <class T>
   KOKKOS_INLINE_FUNCTION void load_rows(const member_type& team, Rows<const T> src, std::int64_t i0, int n, int h,
                                         A mul, A* dst) const {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), [&](int r) {
       const T* row = src.row(i0 + r, h);
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d), [&](int x) { dst[r * d + x] = A(row[x]) * mul; });
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, ld),
+                           [&](int x) { dst[r * ld + x] = x < d ? A(row[x]) * mul : A(0); });
     });
   }
-  /// dst[x * bc + c] = src(row j0 + c, head h)[x] for c < n: a transposed key tile.
+  /// dst[x * ldc + c] = src(row j0 + c, head h)[x] for c < n: a transposed key tile.
   template <class T>
   KOKKOS_INLINE_FUNCTION void load_cols(const member_type& team, Rows<const T> src, std::int64_t j0, int n, int h,
                                         A* dst) const {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), [&](int c) {
       const T* row = src.row(j0 + c, h);
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d), [&](int x) { dst[x * bc + c] = A(row[x]); });
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d), [&](int x) { dst[x * ldc + c] = A(row[x]); });
     });
   }
-  /// out[c] = sum_x a[x] * bt[x * bc + c] for c in [c0, c1) (one thread's vector lanes).
+  /// out[c] = sum_x a[x] * bt[x * ldc + c] for c in [c0, c1) (one thread's vector lanes), kW columns
+  /// at a time (columns of a block outside [c0, c1) are computed from whatever the tile holds there
+  /// and not stored).
   KOKKOS_INLINE_FUNCTION void row_times_tile(const member_type& team, const A* a, const A* bt, int c0, int c1,
                                              A* out) const {
-    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c0, c1), [&](int c) { out[c] = A(0); });
-    for (int x = 0; x < d; ++x) {
-      const A ax = a[x];
-      const A* b = bt + x * bc;
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c0, c1), [&](int c) { out[c] += ax * b[c]; });
-    }
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c0 / kW, (c1 + kW - 1) / kW), [&](int g) {
+      A s[kW] = {};
+      const A* b = bt + g * kW;
+      for (int x = 0; x < d; ++x) {
+        const A ax = a[x];
+        const A* bx = b + x * ldc;
+        for (int u = 0; u < kW; ++u) s[u] += ax * bx[u];
+      }
+      for (int u = 0; u < kW; ++u) {
+        const int c = g * kW + u;
+        if (c >= c0 && c < c1) out[c] = s[u];
+      }
+    });
   }
-  /// acc[x] += sum_c w[c] * rows[c * d + x] for c in [c0, c1).
+  /// acc[x] += sum_c w[c] * rows[c * ld + x] for c in [c0, c1), x < ld, kW columns of acc in registers.
   KOKKOS_INLINE_FUNCTION void accumulate_rows(const member_type& team, const A* w, const A* rows, int c0, int c1,
                                               A* acc) const {
-    for (int c = c0; c < c1; ++c) {
-      const A wc = w[c];
-      const A* src = rows + c * d;
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d), [&](int x) { acc[x] += wc * src[x]; });
-    }
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, ld / kW), [&](int g) {
+      A a[kW];
+      for (int u = 0; u < kW; ++u) a[u] = acc[g * kW + u];
+      for (int c = c0; c < c1; ++c) {
+        const A wc = w[c];
+        const A* src = rows + c * ld + g * kW;
+        for (int u = 0; u < kW; ++u) a[u] += wc * src[u];
+      }
+      for (int u = 0; u < kW; ++u) acc[g * kW + u] = a[u];
+    });
   }
 };
 
@@ -202,28 +227,29 @@ struct ForwardKernel : TeamBase<ExecSpace, A> {
   int heads_q = 0, group = 1;
 
   [[nodiscard]] std::size_t scratch_bytes() const {
-    const std::int64_t br = this->br, bc = this->bc, d = this->d;
-    return Base::bytes(br * d) * 2 + Base::bytes(bc * d) * 2 + Base::bytes(br * bc) + Base::bytes(br) * 2;
+    const std::int64_t br = this->br, bc = this->bc, d = this->d, ld = this->ld, ldc = this->ldc;
+    return Base::bytes(br * ld) * 2 + Base::bytes(d * ldc) + Base::bytes(bc * ld) + Base::bytes(br * ldc) +
+           Base::bytes(br) * 2;
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
-    const int d = this->d, br = this->br, bc = this->bc;
+    const int d = this->d, br = this->br, bc = this->bc, ld = this->ld, ldc = this->ldc;
     const std::int64_t idx = team.league_rank();
     const QTile tile = tiles[idx / heads_q];
     const int h = static_cast<int>(idx % heads_q), hk = h / group;
     const AttnSlice s = slices[tile.slice];
     const int n = static_cast<int>(min64(br, s.q_range.end - s.q_range.begin - tile.row0));
-    A* qs = Base::take(team, this->level, std::int64_t{br} * d);
-    A* acc = Base::take(team, this->level, std::int64_t{br} * d);
-    A* kt = Base::take(team, this->level, std::int64_t{bc} * d);
-    A* vs = Base::take(team, this->level, std::int64_t{bc} * d);
-    A* sc = Base::take(team, this->level, std::int64_t{br} * bc);
+    A* qs = Base::take(team, this->level, std::int64_t{br} * ld);
+    A* acc = Base::take(team, this->level, std::int64_t{br} * ld);
+    A* kt = Base::take(team, this->level, std::int64_t{d} * ldc);
+    A* vs = Base::take(team, this->level, std::int64_t{bc} * ld);
+    A* sc = Base::take(team, this->level, std::int64_t{br} * ldc);
     A* m = Base::take(team, this->level, br);
     A* l = Base::take(team, this->level, br);
     const std::int64_t i0 = s.q_range.begin + tile.row0;
     this->load_rows(team, q, i0, n, h, this->scale, qs);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), [&](int r) {
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d), [&](int x) { acc[r * d + x] = A(0); });
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, ld), [&](int x) { acc[r * ld + x] = A(0); });
       Kokkos::single(Kokkos::PerThread(team), [&]() {
         m[r] = A(0);
         l[r] = A(0);  // l == 0 marks "no key seen yet"
@@ -243,8 +269,8 @@ struct ForwardKernel : TeamBase<ExecSpace, A> {
         visible_keys(s, tile.row0 + r, lo, hi);
         const int c0 = static_cast<int>(clamp64(lo - kt0, 0, nk)), c1 = static_cast<int>(clamp64(hi - kt0, 0, nk));
         if (c0 >= c1) return;
-        A* srow = sc + r * bc;
-        this->row_times_tile(team, qs + r * d, kt, c0, c1, srow);
+        A* srow = sc + r * ldc;
+        this->row_times_tile(team, qs + r * ld, kt, c0, c1, srow);
         A mx = srow[c0];
         Kokkos::parallel_reduce(
             Kokkos::ThreadVectorRange(team, c0, c1), [&](int c, A& mm) { mm = srow[c] > mm ? srow[c] : mm; },
@@ -261,8 +287,8 @@ struct ForwardKernel : TeamBase<ExecSpace, A> {
             },
             sum);
         const A alpha = first ? A(0) : exp(m[r] - m_new);
-        A* arow = acc + r * d;
-        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d), [&](int x) { arow[x] *= alpha; });
+        A* arow = acc + r * ld;
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, ld), [&](int x) { arow[x] *= alpha; });
         this->accumulate_rows(team, srow, vs, c0, c1, arow);
         Kokkos::single(Kokkos::PerThread(team), [&]() {
           m[r] = m_new;
@@ -274,7 +300,7 @@ struct ForwardKernel : TeamBase<ExecSpace, A> {
       if (l[r] == A(0)) return;  // a row that sees no key: O = 0, LSE = -inf from the prefill
       const A inv = A(1) / l[r];
       T* orow = o.row(i0 + r, h);
-      const A* arow = acc + r * d;
+      const A* arow = acc + r * ld;
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d), [&](int x) { orow[x] = T(arow[x] * inv); });
       Kokkos::single(Kokkos::PerThread(team), [&]() { lse(h, i0 + r) = m[r] + log(l[r]); });
     });
@@ -296,13 +322,13 @@ struct BackwardBase : TeamBase<ExecSpace, A> {
   KOKKOS_INLINE_FUNCTION void probabilities(const typename TeamBase<ExecSpace, A>::member_type& team,
                                             const AttnSlice& s, std::int64_t b0, int n, std::int64_t kt0, int nk, int h,
                                             const A* qs, const A* os, const A* kt, const A* vt, A* p, A* ds) const {
-    const int d = this->d, bc = this->bc;
+    const int ld = this->ld, ldc = this->ldc;
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), [&](int r) {
       std::int64_t lo = 0, hi = 0;
       visible_keys(s, b0 + r, lo, hi);
       const int c0 = static_cast<int>(clamp64(lo - kt0, 0, nk)), c1 = static_cast<int>(clamp64(hi - kt0, 0, nk));
-      A* prow = p + r * bc;
-      A* drow = ds + r * bc;
+      A* prow = p + r * ldc;
+      A* drow = ds + r * ldc;
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, nk), [&](int c) {
         prow[c] = A(0);
         drow[c] = A(0);
@@ -310,8 +336,8 @@ struct BackwardBase : TeamBase<ExecSpace, A> {
       if (c0 >= c1) return;
       const std::int64_t i = s.q_range.begin + b0 + r;
       const A li = lse(h, i), di = delta[h * q_tokens + i];
-      this->row_times_tile(team, qs + r * d, kt, c0, c1, prow);
-      this->row_times_tile(team, os + r * d, vt, c0, c1, drow);
+      this->row_times_tile(team, qs + r * ld, kt, c0, c1, prow);
+      this->row_times_tile(team, os + r * ld, vt, c0, c1, drow);
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c0, c1), [&](int c) {
         const A pc = exp(prow[c] - li);
         prow[c] = pc;
@@ -330,30 +356,30 @@ struct BackwardQKernel : BackwardBase<ExecSpace, T, A> {
   const QTile* tiles = nullptr;
 
   [[nodiscard]] std::size_t scratch_bytes() const {
-    const std::int64_t br = this->br, bc = this->bc, d = this->d;
-    return Base::bytes(br * d) * 3 + Base::bytes(bc * d) * 3 + Base::bytes(br * bc) * 2;
+    const std::int64_t br = this->br, bc = this->bc, d = this->d, ld = this->ld, ldc = this->ldc;
+    return Base::bytes(br * ld) * 3 + Base::bytes(d * ldc) * 2 + Base::bytes(bc * ld) + Base::bytes(br * ldc) * 2;
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
-    const int d = this->d, br = this->br, bc = this->bc;
+    const int d = this->d, br = this->br, bc = this->bc, ld = this->ld, ldc = this->ldc;
     const std::int64_t idx = team.league_rank();
     const QTile tile = tiles[idx / this->heads_q];
     const int h = static_cast<int>(idx % this->heads_q), hk = h / this->group;
     const AttnSlice s = this->slices[tile.slice];
     const int n = static_cast<int>(min64(br, s.q_range.end - s.q_range.begin - tile.row0));
-    A* qs = Base::take(team, this->level, std::int64_t{br} * d);
-    A* os = Base::take(team, this->level, std::int64_t{br} * d);
-    A* acc = Base::take(team, this->level, std::int64_t{br} * d);
-    A* kt = Base::take(team, this->level, std::int64_t{bc} * d);
-    A* vt = Base::take(team, this->level, std::int64_t{bc} * d);
-    A* kn = Base::take(team, this->level, std::int64_t{bc} * d);
-    A* p = Base::take(team, this->level, std::int64_t{br} * bc);
-    A* ds = Base::take(team, this->level, std::int64_t{br} * bc);
+    A* qs = Base::take(team, this->level, std::int64_t{br} * ld);
+    A* os = Base::take(team, this->level, std::int64_t{br} * ld);
+    A* acc = Base::take(team, this->level, std::int64_t{br} * ld);
+    A* kt = Base::take(team, this->level, std::int64_t{d} * ldc);
+    A* vt = Base::take(team, this->level, std::int64_t{d} * ldc);
+    A* kn = Base::take(team, this->level, std::int64_t{bc} * ld);
+    A* p = Base::take(team, this->level, std::int64_t{br} * ldc);
+    A* ds = Base::take(team, this->level, std::int64_t{br} * ldc);
     const std::int64_t i0 = s.q_range.begin + tile.row0;
     this->load_rows(team, this->q, i0, n, h, this->scale, qs);
     this->load_rows(team, this->dout, i0, n, h, A(1), os);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), [&](int r) {
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d), [&](int x) { acc[r * d + x] = A(0); });
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, ld), [&](int x) { acc[r * ld + x] = A(0); });
     });
     std::int64_t klo = 0, khi = 0, unused = 0;
     visible_keys(s, tile.row0, klo, unused);
@@ -368,11 +394,11 @@ struct BackwardQKernel : BackwardBase<ExecSpace, T, A> {
       this->probabilities(team, s, tile.row0, n, kt0, nk, h, qs, os, kt, vt, p, ds);
       // Each thread reads back only its own rows of dS: no barrier between the two loops.
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n),
-                           [&](int r) { this->accumulate_rows(team, ds + r * bc, kn, 0, nk, acc + r * d); });
+                           [&](int r) { this->accumulate_rows(team, ds + r * ldc, kn, 0, nk, acc + r * ld); });
     }
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), [&](int r) {
       T* row = dq.row(i0 + r, h);
-      const A* arow = acc + r * d;
+      const A* arow = acc + r * ld;
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d),
                            [&](int x) { row[x] = T(A(row[x]) + arow[x] * this->scale); });
     });
@@ -391,30 +417,30 @@ struct BackwardKVKernel : BackwardBase<ExecSpace, T, A> {
   int heads_kv = 0;
 
   [[nodiscard]] std::size_t scratch_bytes() const {
-    const std::int64_t br = this->br, bc = this->bc, d = this->d;
-    return Base::bytes(br * d) * 2 + Base::bytes(bc * d) * 4 + Base::bytes(br * bc) * 2;
+    const std::int64_t br = this->br, bc = this->bc, d = this->d, ld = this->ld, ldc = this->ldc;
+    return Base::bytes(br * ld) * 2 + Base::bytes(d * ldc) * 2 + Base::bytes(bc * ld) * 2 + Base::bytes(br * ldc) * 2;
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
-    const int d = this->d, br = this->br, bc = this->bc;
+    const int d = this->d, br = this->br, bc = this->bc, ld = this->ld, ldc = this->ldc;
     const std::int64_t idx = team.league_rank();
     const int hk = static_cast<int>(idx % heads_kv);
     const std::int64_t j0 = idx / heads_kv * bc;
     const int nk = static_cast<int>(min64(bc, k_tokens - j0));
-    A* kt = Base::take(team, this->level, std::int64_t{bc} * d);
-    A* vt = Base::take(team, this->level, std::int64_t{bc} * d);
-    A* dka = Base::take(team, this->level, std::int64_t{bc} * d);
-    A* dva = Base::take(team, this->level, std::int64_t{bc} * d);
-    A* qs = Base::take(team, this->level, std::int64_t{br} * d);
-    A* os = Base::take(team, this->level, std::int64_t{br} * d);
-    A* p = Base::take(team, this->level, std::int64_t{br} * bc);
-    A* ds = Base::take(team, this->level, std::int64_t{br} * bc);
+    A* kt = Base::take(team, this->level, std::int64_t{d} * ldc);
+    A* vt = Base::take(team, this->level, std::int64_t{d} * ldc);
+    A* dka = Base::take(team, this->level, std::int64_t{bc} * ld);
+    A* dva = Base::take(team, this->level, std::int64_t{bc} * ld);
+    A* qs = Base::take(team, this->level, std::int64_t{br} * ld);
+    A* os = Base::take(team, this->level, std::int64_t{br} * ld);
+    A* p = Base::take(team, this->level, std::int64_t{br} * ldc);
+    A* ds = Base::take(team, this->level, std::int64_t{br} * ldc);
     this->load_cols(team, this->k, j0, nk, hk, kt);
     this->load_cols(team, this->v, j0, nk, hk, vt);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nk), [&](int c) {
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d), [&](int x) {
-        dka[c * d + x] = A(0);
-        dva[c * d + x] = A(0);
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, ld), [&](int x) {
+        dka[c * ld + x] = A(0);
+        dva[c * ld + x] = A(0);
       });
     });
     for (int hh = 0; hh < this->group; ++hh) {
@@ -436,19 +462,25 @@ struct BackwardKVKernel : BackwardBase<ExecSpace, T, A> {
           this->probabilities(team, s, b0, nb, j0 - ks, nk, h, qs, os, kt, vt, p, ds);
           team.team_barrier();
           // dV += P^T dO, dK += dS^T (scale Q): thread per key row.
+          // kW columns of the key row's dV and dK stay in registers across the block's rows.
+          constexpr int kW = Base::kW;
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nk), [&](int c) {
-            A* dvr = dva + c * d;
-            A* dkr = dka + c * d;
-            for (int r = 0; r < nb; ++r) {
-              const A pc = p[r * bc + c], dc = ds[r * bc + c];
-              if (pc == A(0) && dc == A(0)) continue;
-              const A* orow = os + r * d;
-              const A* qrow = qs + r * d;
-              Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d), [&](int x) {
-                dvr[x] += pc * orow[x];
-                dkr[x] += dc * qrow[x];
-              });
-            }
+            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, ld / kW), [&](int g) {
+              A* dvr = dva + c * ld + g * kW;
+              A* dkr = dka + c * ld + g * kW;
+              A av[kW], ak[kW];
+              for (int u = 0; u < kW; ++u) av[u] = dvr[u], ak[u] = dkr[u];
+              for (int r = 0; r < nb; ++r) {
+                const A pc = p[r * ldc + c], dc = ds[r * ldc + c];
+                const A* orow = os + r * ld + g * kW;
+                const A* qrow = qs + r * ld + g * kW;
+                for (int u = 0; u < kW; ++u) {
+                  av[u] += pc * orow[u];
+                  ak[u] += dc * qrow[u];
+                }
+              }
+              for (int u = 0; u < kW; ++u) dvr[u] = av[u], dkr[u] = ak[u];
+            });
           });
         }
       }
@@ -458,8 +490,8 @@ struct BackwardKVKernel : BackwardBase<ExecSpace, T, A> {
       T* krow = dk.row(j0 + c, hk);
       T* vrow = dv.row(j0 + c, hk);
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d), [&](int x) {
-        krow[x] = T(A(krow[x]) + dka[c * d + x]);
-        vrow[x] = T(A(vrow[x]) + dva[c * d + x]);
+        krow[x] = T(A(krow[x]) + dka[c * ld + x]);
+        vrow[x] = T(A(vrow[x]) + dva[c * ld + x]);
       });
     });
   }

@@ -2,7 +2,8 @@
 # Installs the Debian packages seqpar's tests, examples and benchmarks need, if any is missing.
 # As root it runs apt-get; otherwise it prints the exact command and fails.
 set -euo pipefail
-packages=(cmake ninja-build g++ doctest-dev libopenblas-dev libopenmpi-dev openmpi-bin libglpk-dev)
+packages=(cmake ninja-build g++ doctest-dev libopenblas-dev libopenmpi-dev openmpi-bin libglpk-dev
+          libtrilinos-kokkos-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,269 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+/// @file
+/// `attention::KokkosFlash<ExecSpace, T>`: the attention kernel on any Kokkos execution space.
+///
+/// **What.** Forward (O, LSE) and backward (dQ, dK, dV accumulated) over a slice list (disjoint query
+/// ranges; masks full / causal with offset / sliding window), GQA without copying KV: the same
+/// contract as `attention::Reference` and `CpuFlash` (`AttentionKernel`), on the execution context
+/// `kokkos::KokkosExec<ExecSpace>`, so every strategy runs on it (`DistributedAttention<S, KokkosFlash<...>>`).
+///
+/// **Algorithm** (FlashAttention-2, Dao 2023), as Kokkos team kernels (detail/flash_kernels.hpp):
+/// the slices are cut into query tiles of `q_tile` rows by a parallel_scan into the workspace; the
+/// forward is a TeamPolicy over (query tile, query head): the scaled Q tile and an accumulator stay in
+/// team scratch while the key tiles the rows see (`k_tile` keys, K^T and V in team scratch) stream
+/// past, with an online softmax (running max and sum, rescaled accumulator). Backward recomputes
+/// P = exp(S - LSE) with D = rowsum(dO * O), dS = P * (dP - D), deterministically and without atomics:
+/// one TeamPolicy over (key tile of the buffer, KV head) accumulates dV += P^T dO and dK += dS^T Q over
+/// every query head of the group and every slice reading the tile; one over (query tile, query head)
+/// accumulates dQ += dS K.
+///
+/// **Memory.** The calls never allocate: the caller's workspace (in the space's memory,
+/// `workspace_bytes`) holds the tile table and D; tiles live in Kokkos team scratch (level 0 when
+/// they fit, else level 1, which Kokkos keeps between launches). Views live in the space's memory;
+/// for a host-accessible space the slices are validated on the host (a seqpar::Error naming the
+/// argument), for a device space they are trusted as given.
+///
+/// **Requirements.** Kokkos 3.4 or later (Debian's Trilinos 13.2 ships 3.4.01, Serial only), valid for
+/// Kokkos 4. Kokkos must be initialized while a KokkosFlash or KokkosExec exists. Calls on one
+/// execution space are serialised by a process-wide lock (kokkos::launch_mutex): Kokkos 3.4 shares
+/// team scratch between launches on one space instance, and in-process worlds call from many threads.
+///
+/// @code
+/// Kokkos::ScopeGuard guard(argc, argv);
+/// attention::KokkosFlash<Kokkos::Serial, double> flash;
+/// std::vector<std::byte> ws(flash.workspace_bytes(shape, q.tokens, k.tokens));
+/// flash.forward(shape, q, k, v, slices, o, lse, ws);   // or kokkos::as_thd(view) for Kokkos::Views
+/// @endcode
+
+#include <Kokkos_Core.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <mutex>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "seqpar/attention/kernel.hpp"
+#include "seqpar/core/error.hpp"
+#include "seqpar/kokkos/detail/flash_kernels.hpp"
+#include "seqpar/kokkos/exec.hpp"
+
+namespace seqpar::attention {
+
+/// Tunables of KokkosFlash.
+struct KokkosFlashArguments {
+  int q_tile = 64;        ///< query rows per team (forward, dQ) and per dK/dV query block
+  int k_tile = 64;        ///< keys per team-scratch K/V tile (and per dK/dV team)
+  int vector_length = 1;  ///< TeamPolicy vector length (lanes along keys / head_dim); team size is AUTO
+};
+
+template <class ExecSpace, class T>
+class KokkosFlash {
+  static_assert(std::is_floating_point_v<T>, "KokkosFlash<ExecSpace, T>: T must be float or double");
+
+ public:
+  using kernel_category = kernel_tag;
+  using value_type = T;
+  using accum_type = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  using exec_type = kokkos::KokkosExec<ExecSpace>;
+  using Arguments = KokkosFlashArguments;
+
+  KokkosFlash() : KokkosFlash(Arguments{}) {}
+  explicit KokkosFlash(Arguments args, exec_type exec = exec_type()) : args_(args), exec_(std::move(exec)) {
+    constexpr const char* where = "KokkosFlash";
+    seqpar::detail::require(args.q_tile >= 1 && args.q_tile <= 4096, where, "args.q_tile", args.q_tile,
+                            "must be in [1, 4096]");
+    seqpar::detail::require(args.k_tile >= 1 && args.k_tile <= 4096, where, "args.k_tile", args.k_tile,
+                            "must be in [1, 4096]");
+    seqpar::detail::require(args.vector_length >= 1 && args.vector_length <= 1024, where, "args.vector_length",
+                            args.vector_length, "must be in [1, 1024]");
+  }
+
+  [[nodiscard]] const Arguments& arguments() const noexcept { return args_; }
+  [[nodiscard]] const exec_type& exec() const noexcept { return exec_; }
+
+  /// Tile table (one entry per query tile, at most q_rows) and D (heads_q x q_rows), 64-byte aligned.
+  [[nodiscard]] std::size_t workspace_bytes(const AttentionShape& shape, std::int64_t q_rows,
+                                            std::int64_t /*k_rows*/) const noexcept {
+    const auto rows = static_cast<std::size_t>(q_rows > 0 ? q_rows : 0);
+    const auto heads = static_cast<std::size_t>(shape.heads_q > 0 ? shape.heads_q : 0);
+    return 64 + align64(rows * sizeof(kokkos::detail::QTile)) + heads * rows * sizeof(accum_type);
+  }
+
+  void forward(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
+               std::span<const AttnSlice> slices, ThdView<T> o, LseView<accum_type> lse,
+               std::span<std::byte> workspace) const {
+    forward(exec_, shape, q, k, v, slices, o, lse, workspace);
+  }
+
+  void forward(const exec_type& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
+               ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o, LseView<accum_type> lse,
+               std::span<std::byte> workspace) const {
+    constexpr const char* where = "KokkosFlash::forward";
+    check(shape, q, k, v, slices, workspace, where);
+    seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
+    seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
+    const std::lock_guard lock(kokkos::launch_mutex<ExecSpace>());
+    const ExecSpace& space = exec.space();
+    using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
+    const std::int64_t cells = q.tokens * shape.heads_q;
+    if (cells > 0)
+      Kokkos::parallel_for("seqpar::KokkosFlash::prefill", Range(space, 0, cells),
+                           kokkos::detail::Prefill<T, A>{rows(o), lse_rows(lse), shape.heads_q, shape.head_dim,
+                                                         -std::numeric_limits<A>::infinity()});
+    const Work w = carve(shape, q.tokens, workspace);
+    const std::int64_t n_tiles = query_tiles(space, slices, w.tiles);
+    if (n_tiles > 0) {
+      kokkos::detail::ForwardKernel<ExecSpace, T, A> f;
+      base(f, shape);
+      f.q = rows(q), f.k = rows(k), f.v = rows(v), f.o = rows(o), f.lse = lse_rows(lse);
+      f.slices = slices.data(), f.tiles = w.tiles, f.heads_q = shape.heads_q, f.group = shape.group_size();
+      launch("seqpar::KokkosFlash::forward", space, f, n_tiles * shape.heads_q, where);
+    }
+    space.fence();
+  }
+
+  void backward(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
+                ThdView<const T> o, LseView<const accum_type> lse, ThdView<const T> dout,
+                std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
+                std::span<std::byte> workspace) const {
+    backward(exec_, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace);
+  }
+
+  void backward(const exec_type& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
+                ThdView<const T> v, ThdView<const T> o, LseView<const accum_type> lse, ThdView<const T> dout,
+                std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
+                std::span<std::byte> workspace) const {
+    constexpr const char* where = "KokkosFlash::backward";
+    check(shape, q, k, v, slices, workspace, where);
+    seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
+    seqpar::detail::check_view(dout, where, "dout", q.tokens, shape.heads_q, shape.head_dim);
+    seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
+    seqpar::detail::check_view(dq, where, "dq", q.tokens, shape.heads_q, shape.head_dim);
+    seqpar::detail::check_view(dk, where, "dk", k.tokens, shape.heads_kv, shape.head_dim);
+    seqpar::detail::check_view(dv, where, "dv", k.tokens, shape.heads_kv, shape.head_dim);
+    const std::lock_guard lock(kokkos::launch_mutex<ExecSpace>());
+    const ExecSpace& space = exec.space();
+    const Work w = carve(shape, q.tokens, workspace);
+    using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
+    const std::int64_t cells = q.tokens * shape.heads_q;
+    if (cells > 0)
+      Kokkos::parallel_for(
+          "seqpar::KokkosFlash::delta", Range(space, 0, cells),
+          kokkos::detail::RowDot<T, A>{rows(dout), rows(o), w.delta, q.tokens, shape.heads_q, shape.head_dim});
+    const std::int64_t n_tiles = query_tiles(space, slices, w.tiles);
+    const std::int64_t key_tiles = (k.tokens + args_.k_tile - 1) / args_.k_tile;
+    if (n_tiles > 0 && key_tiles > 0) {
+      kokkos::detail::BackwardKVKernel<ExecSpace, T, A> kv;
+      backward_inputs(kv, shape, q, k, v, lse, dout, slices, w);
+      kv.dk = rows(dk), kv.dv = rows(dv);
+      kv.n_slices = static_cast<std::int64_t>(slices.size()), kv.k_tokens = k.tokens, kv.heads_kv = shape.heads_kv;
+      launch("seqpar::KokkosFlash::backward_kv", space, kv, key_tiles * shape.heads_kv, where);
+
+      kokkos::detail::BackwardQKernel<ExecSpace, T, A> dqk;
+      backward_inputs(dqk, shape, q, k, v, lse, dout, slices, w);
+      dqk.dq = rows(dq), dqk.tiles = w.tiles;
+      launch("seqpar::KokkosFlash::backward_q", space, dqk, n_tiles * shape.heads_q, where);
+    }
+    space.fence();
+  }
+
+ private:
+  using A = accum_type;
+
+  struct Work {
+    kokkos::detail::QTile* tiles;
+    A* delta;
+  };
+
+  static constexpr std::size_t align64(std::size_t n) noexcept { return (n + 63) / 64 * 64; }
+
+  [[nodiscard]] Work carve(const AttentionShape& shape, std::int64_t q_rows, std::span<std::byte> workspace) const {
+    (void)shape;
+    const auto addr = reinterpret_cast<std::uintptr_t>(workspace.data());
+    std::byte* base = workspace.data() + ((64 - addr % 64) % 64);
+    const auto rows_ = static_cast<std::size_t>(q_rows);
+    return {reinterpret_cast<kokkos::detail::QTile*>(base),
+            reinterpret_cast<A*>(base + align64(rows_ * sizeof(kokkos::detail::QTile)))};
+  }
+
+  template <class U>
+  static kokkos::detail::Rows<U> rows(ThdView<U> v) noexcept {
+    return {v.data, v.token_stride, v.head_stride};
+  }
+  template <class U>
+  static kokkos::detail::LseRows<U> lse_rows(LseView<U> v) noexcept {
+    return {v.data, v.head_stride};
+  }
+
+  template <class K>
+  void base(K& f, const AttentionShape& shape) const {
+    f.set_tiles(shape.head_dim, args_.q_tile, args_.k_tile), f.scale = A(shape.scale());
+  }
+
+  template <class K>
+  void backward_inputs(K& f, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
+                       LseView<const A> lse, ThdView<const T> dout, std::span<const AttnSlice> slices,
+                       const Work& w) const {
+    base(f, shape);
+    f.q = rows(q), f.k = rows(k), f.v = rows(v), f.dout = rows(dout), f.lse = lse_rows(lse);
+    f.delta = w.delta, f.q_tokens = q.tokens, f.slices = slices.data();
+    f.heads_q = shape.heads_q, f.group = shape.group_size();
+  }
+
+  /// The query tiles of every slice, into `tiles` (in the space's memory); returns their number.
+  [[nodiscard]] std::int64_t query_tiles(const ExecSpace& space, std::span<const AttnSlice> slices,
+                                         kokkos::detail::QTile* tiles) const {
+    std::int64_t total = 0;
+    if (slices.empty()) return 0;
+    Kokkos::parallel_scan("seqpar::KokkosFlash::tiles",
+                          Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(
+                              space, 0, static_cast<std::int64_t>(slices.size())),
+                          kokkos::detail::TileScan{slices.data(), tiles, args_.q_tile}, total);
+    return total;
+  }
+
+  /// A TeamPolicy over `league` teams with the kernel's scratch (level 0 when it fits).
+  template <class K>
+  void launch(const char* label, const ExecSpace& space, K& f, std::int64_t league, const char* where) const {
+    using Policy = Kokkos::TeamPolicy<ExecSpace>;
+    if (league > std::numeric_limits<int>::max())
+      seqpar::detail::throw_invalid(where, "work items", league, "exceed a Kokkos league of INT_MAX teams");
+    const std::size_t bytes = f.scratch_bytes();
+    f.level = bytes <= static_cast<std::size_t>(Policy::scratch_size_max(0)) ? 0 : 1;
+    if (bytes > static_cast<std::size_t>(Policy::scratch_size_max(f.level)))
+      seqpar::detail::throw_invalid(
+          where, "args.q_tile/k_tile", std::to_string(args_.q_tile) + "/" + std::to_string(args_.k_tile),
+          "team scratch of " + std::to_string(bytes) + " bytes exceeds the space's level-1 maximum " +
+              std::to_string(Policy::scratch_size_max(1)) + ": use smaller tiles");
+    Policy policy(space, static_cast<int>(league), Kokkos::AUTO, args_.vector_length);
+    Kokkos::parallel_for(label, policy.set_scratch_size(f.level, Kokkos::PerTeam(bytes)), f);
+  }
+
+  void check(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
+             std::span<const AttnSlice> slices, std::span<std::byte> workspace, const char* where) const {
+    shape.validate(where);
+    seqpar::detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.head_dim);
+    seqpar::detail::check_view(k, where, "k", k.tokens, shape.heads_kv, shape.head_dim);
+    seqpar::detail::check_view(v, where, "v", k.tokens, shape.heads_kv, shape.head_dim);
+    if constexpr (kokkos::kHostAccessible<ExecSpace>) validate_slices(slices, q.tokens, k.tokens, where);
+    const std::size_t need = workspace_bytes(shape, q.tokens, k.tokens);
+    if (workspace.size() < need)
+      seqpar::detail::throw_invalid(where, "workspace.size()", workspace.size(),
+                                    "needs workspace_bytes() = " + std::to_string(need));
+  }
+
+  Arguments args_;
+  exec_type exec_;
+};
+
+static_assert(AttentionKernel<KokkosFlash<Kokkos::DefaultHostExecutionSpace, float>>);
+static_assert(AttentionKernel<KokkosFlash<Kokkos::DefaultHostExecutionSpace, double>>);
+
+}  // namespace seqpar::attention

@@ -1,0 +1,86 @@
+// SPDX-License-Identifier: Apache-2.0
+// The strategy matrix of tests/support/strategy_list.hpp with attention::KokkosFlash<Serial-or-default-
+// host space, double> as every rank's kernel (DistributedAttention on its KokkosExec context, the
+// executor's DataOps<KokkosExec>), on in-process worlds of 1..8 ranks, forward and backward against
+// the fp64 reference over the unsharded batch.
+#include <doctest/doctest.h>
+
+#include <seqpar/kokkos.hpp>
+#include <seqpar/seqpar.hpp>
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "support/distributed_check.hpp"
+#include "support/strategy_list.hpp"
+
+using namespace seqpar;
+
+namespace {
+
+using Kernel = attention::KokkosFlash<Kokkos::DefaultHostExecutionSpace, double>;
+static_assert(attention::AttentionKernel<Kernel>);
+
+// fp64 everywhere: only the summation order differs from the reference.
+constexpr double kTol = 1e-10;
+
+// Small tiles, so that the short shards of these batches still span several query and key tiles.
+Kernel kernel() {
+  return Kernel({.q_tile = 8, .k_tile = 8});
+}
+
+template <class Combination>
+void check_combination(Combination) {
+  using S = typename Combination::strategy;
+  const std::string name = Combination::name();
+  typename S::Arguments args = Combination::arguments();
+  int accepted = 0;
+  for (int world = 1; world <= 8; ++world) {
+    // As tests/strategy: B = 1..4 sequences of unequal length, lognormal documents on even worlds and
+    // a long tail (one document of most of the sequence plus 1..3-token ones) on odd worlds.
+    std::mt19937 rng(1000u * static_cast<unsigned>(world) + 17u);
+    const int sequences = 1 + (world + static_cast<int>(name.size())) % 4;
+    std::vector<std::vector<std::int64_t>> seqs;
+    for (int b = 0; b < sequences; ++b) {
+      const std::int64_t tokens = 40 + 13 * b + static_cast<std::int64_t>(rng() % 17);
+      if (world % 2 == 0) {
+        seqs.push_back(test::lognormal_docs(tokens, 9.0, 1.0, rng));
+        continue;
+      }
+      std::vector<std::int64_t> docs{tokens - static_cast<std::int64_t>(rng() % 8)};
+      for (std::int64_t left = tokens - docs[0]; left > 0;) {
+        docs.push_back(std::min<std::int64_t>(left, 1 + static_cast<std::int64_t>(rng() % 3)));
+        left -= docs.back();
+      }
+      std::shuffle(docs.begin(), docs.end(), rng);
+      seqs.push_back(docs);
+    }
+    const DocumentBatch batch(seqs);
+    const AttentionShape shape = world % 3 == 0 ? AttentionShape{4, 4, 8} : AttentionShape{8, 2, 8};
+    args.ranks_per_node = world >= 4 ? world / 2 : world;
+    INFO(name << ": world " << world << ", " << batch.documents().size() << " documents, heads " << shape.heads_q << ":"
+              << shape.heads_kv);
+    if (!S::can_implement(args, batch, shape, Topology{world, args.ranks_per_node}).ok) continue;
+    ++accepted;
+    const auto err = test::check_strategy<S, Kernel>(batch, shape, world, args, kernel());
+    CHECK(err.o < kTol);
+    CHECK(err.lse < kTol);
+    CHECK(err.dq < kTol);
+    CHECK(err.dk < kTol);
+    CHECK(err.dv < kTol);
+    CHECK(err.bytes_match);
+  }
+  MESSAGE(name << " on KokkosFlash: " << accepted << " world sizes run");
+  CHECK(accepted >= 4);
+}
+
+}  // namespace
+
+TEST_SUITE("kokkos") {
+  TEST_CASE_TEMPLATE_DEFINE("KokkosFlash: partitioner x every communicator", P, kokkos_every_communicator) {
+    test::for_each_communicator<P>([](auto combination) { check_combination(combination); });
+  }
+  TEST_CASE_TEMPLATE_APPLY(kokkos_every_communicator, test::Partitioners);
+}

@@ -22,26 +22,17 @@
 namespace seqpar::examples {
 
 template <class T>
-struct Tensors {  // the whole batch: inputs Q, K, V, dO and outputs O, LSE, dQ, dK, dV
-  ThdTensor<T> q, k, v, dout, o, dq, dk, dv;
-  LseTensor<T> lse;
-  Tensors(std::int64_t n, const AttentionShape& s)
-      : q(n, s.heads_q, s.head_dim),
-        k(n, s.heads_kv, s.head_dim),
-        v(n, s.heads_kv, s.head_dim),
-        dout(n, s.heads_q, s.head_dim),
-        o(n, s.heads_q, s.head_dim),
-        dq(n, s.heads_q, s.head_dim),
-        dk(n, s.heads_kv, s.head_dim),
-        dv(n, s.heads_kv, s.head_dim),
-        lse(s.heads_q, n) {}
+struct Tensors : AttentionTensors<T> {  // the whole batch (or a rank's rows), with the examples' input fills
+  using AttentionTensors<T>::AttentionTensors;
   // Inputs Q, K, V, dO drawn from N(0, 1), in that order.
   void randomize_inputs(std::mt19937& rng) {
     std::normal_distribution<float> normal(0.f, 1.f);
-    for (auto* t : {&q, &k, &v, &dout})
+    for (auto* t : {&this->q, &this->k, &this->v, &this->dout})
       for (auto& x : t->storage) x = normal(rng);
   }
-  void copy_inputs(const Tensors& from) { q = from.q, k = from.k, v = from.v, dout = from.dout; }
+  void copy_inputs(const Tensors& from) {
+    this->q = from.q, this->k = from.k, this->v = from.v, this->dout = from.dout;
+  }
 };
 
 // Per rank: tokens owned, bytes sent by forward and by backward, and bytes its compiled forward and

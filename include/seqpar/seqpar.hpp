@@ -20,6 +20,7 @@
 #include "seqpar/comm/ring.hpp"
 #include "seqpar/core/aligned_bytes.hpp"
 #include "seqpar/core/attention_shape.hpp"
+#include "seqpar/core/attention_tensors.hpp"
 #include "seqpar/core/attn_slice.hpp"
 #include "seqpar/core/document_batch.hpp"
 #include "seqpar/core/error.hpp"

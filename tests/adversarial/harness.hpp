@@ -5,6 +5,7 @@
 #pragma once
 
 #include <seqpar/seqpar.hpp>
+#include <seqpar/train/shard.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace seqpar::test {
@@ -66,23 +68,12 @@ inline bool contains(const std::string& s, const std::string& part) {
 }
 
 /// Global (unsharded) tensors of one forward + backward.
-struct Global {
-  ThdTensor<double> q, k, v, dout, o, dq, dk, dv;
-  LseTensor<double> lse;
-  Global(std::int64_t n, const AttentionShape& s)
-      : q(n, s.heads_q, s.head_dim),
-        k(n, s.heads_kv, s.head_dim),
-        v(n, s.heads_kv, s.head_dim),
-        dout(n, s.heads_q, s.head_dim),
-        o(n, s.heads_q, s.head_dim),
-        dq(n, s.heads_q, s.head_dim),
-        dk(n, s.heads_kv, s.head_dim),
-        dv(n, s.heads_kv, s.head_dim),
-        lse(s.heads_q, n) {}
-};
+using Global = AttentionTensors<double>;
 
-using Factory =
-    std::function<std::unique_ptr<runtime::AttentionEngine<attention::Reference<double>>>(backend::inproc::Transport&)>;
+/// Builds one rank's attention engine over `Kernel` (the fp64 reference unless a test names another).
+template <class Kernel = attention::Reference<double>>
+using FactoryOf = std::function<std::unique_ptr<runtime::AttentionEngine<Kernel>>(backend::inproc::Transport&)>;
+using Factory = FactoryOf<>;
 
 /// The fp64 reference over the whole batch: fills g.o, g.lse, g.dq, g.dk, g.dv from g.q, g.k, g.v, g.dout.
 inline void reference(const DocumentBatch& batch, const AttentionShape& shape, Global& g) {
@@ -94,46 +85,32 @@ inline void reference(const DocumentBatch& batch, const AttentionShape& shape, G
 }
 
 /// Runs the attention `make` builds on `world` ranks over g's inputs; fills g's outputs from the ranks.
-inline void distributed(const DocumentBatch& batch, const AttentionShape& shape, int world, const Factory& make,
-                        Global& g) {
+template <class Kernel>
+void distributed(const DocumentBatch& batch, const AttentionShape& shape, int world, const FactoryOf<Kernel>& make,
+                 Global& g) {
   std::mutex mu;
   backend::inproc::World(world).run([&](backend::inproc::Transport& t) {
     const auto attn = make(t);
-    const auto& owned = attn->owned_ranges(batch);
-    const std::int64_t n = attn->local_tokens(batch);
-    // Moves rows between the global tensor and the local shard (the owned ranges, in order).
-    const auto copy = [&](ThdTensor<double>& global, ThdTensor<double>& local, bool to_local) {
-      std::int64_t row = 0;
-      for (const Range& r : owned)
-        for (std::int64_t tok = r.begin; tok < r.end; ++tok, ++row)
-          for (int h = 0; h < global.heads; ++h)
-            for (int x = 0; x < global.head_dim; ++x)
-              (to_local ? local.view()(row, h, x) : global.view()(tok, h, x)) =
-                  to_local ? global.view()(tok, h, x) : local.view()(row, h, x);
-    };
-    ThdTensor<double> q(n, shape.heads_q, shape.head_dim), k(n, shape.heads_kv, shape.head_dim),
-        v(n, shape.heads_kv, shape.head_dim), dout(n, shape.heads_q, shape.head_dim),
-        o(n, shape.heads_q, shape.head_dim), dq(n, shape.heads_q, shape.head_dim),
-        dk(n, shape.heads_kv, shape.head_dim), dv(n, shape.heads_kv, shape.head_dim);
-    LseTensor<double> lse(shape.heads_q, n);
-    copy(g.q, q, true), copy(g.k, k, true), copy(g.v, v, true), copy(g.dout, dout, true);
-    attn->forward(batch, q.view(), k.view(), v.view(), o.view(), lse.view());
-    attn->backward(batch, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), dq.view(), dk.view(),
-                   dv.view());
-    std::lock_guard lock(mu);
-    copy(g.o, o, false), copy(g.dq, dq, false), copy(g.dk, dk, false), copy(g.dv, dv, false);
-    std::int64_t row = 0;
-    for (const Range& r : owned)
-      for (std::int64_t tok = r.begin; tok < r.end; ++tok, ++row)
-        for (int h = 0; h < shape.heads_q; ++h) g.lse.view()(h, tok) = lse.view()(h, row);
+    const ShardPlan& plan = attn->plan(batch);
+    const int rank = t.rank();
+    Global l(attn->local_tokens(batch), shape);  // this rank's rows, in plan order
+    train::shard(plan, rank, g.q.view(), l.q.view()), train::shard(plan, rank, g.k.view(), l.k.view());
+    train::shard(plan, rank, g.v.view(), l.v.view()), train::shard(plan, rank, g.dout.view(), l.dout.view());
+    attn->forward(batch, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view());
+    attn->backward(batch, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view(), l.dout.view(), l.dq.view(),
+                   l.dk.view(), l.dv.view());
+    std::lock_guard lock(mu);  // ranks own disjoint tokens, so they write disjoint rows
+    for (auto [from, to] : {std::pair{&l.o, &g.o}, {&l.dq, &g.dq}, {&l.dk, &g.dk}, {&l.dv, &g.dv}})
+      train::unshard_local(plan, rank, from->view(), to->view());
+    train::unshard_local(plan, rank, l.lse.view(), g.lse.view());
   });
 }
 
-template <class StrategyT>
-Factory factory(const AttentionShape& shape, typename StrategyT::Arguments args = {}) {
+template <class StrategyT, class Kernel = attention::Reference<double>>
+FactoryOf<Kernel> factory(const AttentionShape& shape, typename StrategyT::Arguments args = {}) {
   return [shape, args](backend::inproc::Transport& t) {
-    return std::unique_ptr<runtime::AttentionEngine<attention::Reference<double>>>(
-        std::make_unique<DistributedAttention<StrategyT, attention::Reference<double>>>(t, shape, args));
+    return std::unique_ptr<runtime::AttentionEngine<Kernel>>(
+        std::make_unique<DistributedAttention<StrategyT, Kernel>>(t, shape, args));
   };
 }
 

@@ -2,8 +2,9 @@
 // Non-finite values through the strategies: a NaN or an Inf planted in one token of one document of
 // q, k, v or dout must leave every other document's O, LSE, dQ, dK and dV exactly as without it, on
 // every communicator (ring merges, all-to-all, all-gather, hierarchical) -- documents are
-// independent. The kernel here is the fp64 reference, so these tests isolate what the strategies,
-// the LSE merge and the data ops do; CpuFlash's own isolation is tested in tests/attention.
+// independent. The first case runs the fp64 reference kernel, so it isolates what the strategies, the
+// LSE merge and the data ops do; the second runs CpuFlash (its tiles mix documents, so a 0 x NaN
+// there would leak) through the same strategies. CpuFlash alone is tested in tests/attention.
 #include <doctest/doctest.h>
 
 #include "adversarial/harness.hpp"
@@ -25,7 +26,8 @@ using Usp = Strategy<partition::BatchAware<partition::Uniform>, comm::Hierarchic
 
 // Plants `value` in each input tensor in turn (one element of document `doc`) and checks that every
 // row of every other document matches the clean run.
-void check_isolation(const char* name, const Factory& make, int world) {
+template <class Kernel>
+void check_isolation(const char* name, const FactoryOf<Kernel>& make, int world) {
   const AttentionShape shape{4, 2, 8};
   const DocumentBatch batch({{11, 17, 6}, {14, 9}});
   const Range poisoned = batch.documents()[1].tokens;  // the second document of sequence 0
@@ -87,6 +89,16 @@ TEST_SUITE("adversarial") {
     whole.partition.capacity_factor = 2.0;
     check_isolation("WholeDoc x Ring", factory<WholeDocRing>(shape, whole), 2);
     check_isolation("BatchAware<Uniform> x Hierarchical", factory<Usp>(shape), 4);
+  }
+
+  TEST_CASE("non-finite: a NaN or Inf stays inside its document with CpuFlash as the kernel") {
+    using Flash = attention::CpuFlash<double>;
+    const AttentionShape shape{4, 2, 8};
+    ZigzagRing::Arguments aware;
+    aware.comm.sharding_aware = true;
+    check_isolation("Zigzag x Ring(sharding-aware), CpuFlash", factory<ZigzagRing, Flash>(shape, aware), 4);
+    check_isolation("Uniform x AllToAll, CpuFlash", factory<Ulysses, Flash>(shape), 2);
+    check_isolation("BatchAware<Uniform> x Hierarchical, CpuFlash", factory<Usp, Flash>(shape), 4);
   }
 
   TEST_CASE("non-finite: the LSE merge never lets a fully masked partial in") {

@@ -29,20 +29,7 @@ using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
 using Usp = Strategy<partition::BatchAware<partition::Uniform>, comm::Hierarchical<comm::AllToAll, comm::Ring>>;
 using Ref = attention::Reference<double>;
 
-struct Local {
-  ThdTensor<double> q, k, v, o, dout, dq, dk, dv;
-  LseTensor<double> lse;
-  Local(std::int64_t n, const AttentionShape& s)
-      : q(n, s.heads_q, s.head_dim),
-        k(n, s.heads_kv, s.head_dim),
-        v(n, s.heads_kv, s.head_dim),
-        o(n, s.heads_q, s.head_dim),
-        dout(n, s.heads_q, s.head_dim),
-        dq(n, s.heads_q, s.head_dim),
-        dk(n, s.heads_kv, s.head_dim),
-        dv(n, s.heads_kv, s.head_dim),
-        lse(s.heads_q, n) {}
-};
+using Local = AttentionTensors<double>;
 
 // Rank 1 (of 3) makes a bad call; the others make the correct one. Rank 1 must throw
 // std::invalid_argument containing `what`, its peers seqpar::Error (kPeerFailed) containing it too,

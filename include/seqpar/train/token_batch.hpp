@@ -9,11 +9,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "seqpar/core/document_batch.hpp"
 #include "seqpar/core/error.hpp"
+#include "seqpar/train/token_meta.hpp"
 
 namespace seqpar::train {
 
@@ -26,21 +28,12 @@ struct TokenBatch {
     detail::require(tokens.size() == static_cast<std::size_t>(documents.total_tokens()), where, "batch.tokens.size()",
                     tokens.size(), "must be the batch's token count " + std::to_string(documents.total_tokens()));
   }
-  /// Position of every token in its document.
-  [[nodiscard]] std::vector<std::int64_t> positions() const {
-    std::vector<std::int64_t> pos(tokens.size(), 0);
-    for (const Document& doc : documents.documents())
-      for (std::int64_t g = doc.tokens.begin; g < doc.tokens.end; ++g)
-        pos[static_cast<std::size_t>(g)] = g - doc.tokens.begin;
-    return pos;
-  }
-  /// Next-token label of every token; -1 at the last token of a document.
+  /// Position of every token in its document (token_meta's definition, over the whole batch).
+  [[nodiscard]] std::vector<std::int64_t> positions() const { return whole_batch_meta(documents).position; }
+  /// Next-token label of every token; -1 at the last token of a document (train::labels').
   [[nodiscard]] std::vector<int> labels() const {
-    std::vector<int> out(tokens.size(), -1);
-    for (const Document& doc : documents.documents())
-      for (std::int64_t g = doc.tokens.begin; g + 1 < doc.tokens.end; ++g)
-        out[static_cast<std::size_t>(g)] = tokens[static_cast<std::size_t>(g + 1)];
-    return out;
+    validate("train::TokenBatch::labels");
+    return train::labels(whole_batch_meta(documents), std::span<const int>(tokens), -1);
   }
   /// Tokens with a label: total tokens - documents.
   [[nodiscard]] std::int64_t label_tokens() const noexcept {

@@ -194,7 +194,8 @@ inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 /// the same GPU with the same fixed costs, so that the replay can say which reading its results need:
 ///  - a100_40gb(): HGX A100 4-GPU, every pair of GPUs on NVLink 3 (4 links each, 230 GB/s a GPU to all
 ///    its peers), one 400 Gb/s port per node (~48 GB/s; 2 x HDR 200 Gb/s NICs give the same per-rank
-///    share, 2 x ~24 GB/s for 4 GPUs) [the default];
+///    share, 2 x ~24 GB/s for 4 GPUs) [the default]. Not modelled: one 400 Gb/s NIC in a PCIe Gen4 x16
+///    slot (A100 hosts are Gen4) would reach only ~25 GB/s a node, which slows Ulysses, not BASP;
 ///  - a100_40gb_nic_per_gpu(): the same node with one NIC per GPU. A100 hosts are PCIe Gen4, so a GPU
 ///    reaches its NIC at most at its x16 Gen4 link's rate: 32 GB/s line (A100 datasheet: PCIe Gen4
 ///    64 GB/s both directions), 25 GB/s measured peak (BaM, ZaidQureshi/bam#54); NCCL gets ~21-24 GB/s

@@ -65,6 +65,9 @@ void check_same(const replay::HardwareProfile& a, const replay::HardwareProfile&
   CHECK(a.peer_latency_intra == b.peer_latency_intra);
   CHECK(a.peer_latency_inter == b.peer_latency_inter);
   CHECK(a.copy_launch == b.copy_launch);
+  CHECK(a.nvlink_domain == b.nvlink_domain);
+  CHECK(a.host.bandwidth == b.host.bandwidth);
+  CHECK(a.host.latency == b.host.latency);
 }
 
 // to_json's text with one key's value replaced (the value runs to the end of its line, less a comma).
@@ -86,6 +89,11 @@ TEST_SUITE("replay") {
       const replay::HardwareProfile p = replay::profiles::by_name(name);
       check_same(replay::profile_from_json(replay::to_json(p)), p);
     }
+    // NVLink domains and the host link travel too (the named PCIe-pairs profile has them).
+    const replay::HardwareProfile pairs =
+        replay::profile_from_json(replay::to_json(replay::profiles::by_name("a100-40gb-pcie-pairs")));
+    CHECK(pairs.nvlink_domain == 2);
+    CHECK(pairs.host.bandwidth == 20e9);
   }
 
   TEST_CASE("replay::profile_from_json accepts any key order and whitespace") {
@@ -136,6 +144,15 @@ TEST_SUITE("replay") {
     const replay::HardwareProfile before_fixed = replay::profile_from_json(old);
     CHECK(before_fixed.collective_latency == 0);
     CHECK(before_fixed.copy_launch == 0);
+    CHECK(before_fixed.nvlink_domain == 0);  // and so are the NVLink domains: the whole node, no host link
+    CHECK(before_fixed.host.bandwidth == 0);
+    // NVLink domains that split a node need the link between them.
+    CHECK(invalid_message([] {
+            (void)replay::profile_from_json(with_value("nvlink_domain", "2"));
+          }).find("host.bandwidth = 0: must be > 0 when nvlink_domain = 2") != std::string::npos);
+    CHECK(invalid_message([] {
+            (void)replay::profile_from_json(with_value("host_bandwidth", "-5"));
+          }).find("host.bandwidth = -5: must be finite and >= 0") != std::string::npos);
     CHECK(invalid_message([] {
             (void)replay::profile_from_json(with_value("peer_latency_inter", "-1e-6"));
           }).find("peer_latency_inter = -1e-06: must be finite and >= 0") != std::string::npos);

@@ -46,11 +46,20 @@ replay::SimulationOptions options(const replay::HardwareProfile& hw) {
   return o;
 }
 
-// Ulysses' forward on 4 ranks of a 1000-token-per-rank batch, heads 4:4, d 32, fp16: two balanced
-// exchanges (Q, K, V; then O and its fp32 LSE), priced by the closed form.
-double ulysses_forward_seconds(const replay::HardwareProfile& hw, const Topology& topo) {
-  const double rows = 1000, qkv = rows * 3 * 4 * 32 * 2, o = rows * 4 * 32 * 2 + rows * 4 * 4;
-  return replay::all_to_all_seconds(hw, topo, 4, qkv) + replay::all_to_all_seconds(hw, topo, 4, o);
+// Ulysses' forward on `ranks` ranks of a 4000-token batch, heads h:h, d 32, fp16: two balanced exchanges
+// (Q, K, V; then O and its fp32 LSE), priced by the closed form.
+double ulysses_forward_seconds(const replay::HardwareProfile& hw, const Topology& topo, int ranks = 4, int h = 4) {
+  const double rows = 4000.0 / ranks, qkv = rows * 3 * h * 32 * 2, o = rows * h * 32 * 2 + rows * h * 4;
+  return replay::all_to_all_seconds(hw, topo, ranks, qkv) + replay::all_to_all_seconds(hw, topo, ranks, o);
+}
+
+// A profile with the fixed costs and the copies taken out: only links and their alphas are left.
+replay::HardwareProfile links_only(replay::HardwareProfile hw) {
+  hw.collective_latency = hw.peer_latency_intra = hw.peer_latency_inter = 0;
+  hw.copy_launch = hw.kernel_launch = 0;
+  hw.hbm_bandwidth = 1e30;
+  hw.peak_flops = 1e30;
+  return hw;
 }
 
 }  // namespace
@@ -152,6 +161,102 @@ TEST_SUITE("replay") {
     const auto c = plan::compile_all<Strategy<partition::Uniform, comm::AllToAll>>({}, batch, shape, topo);
     const auto rep = replay::predict(c, topo, shape, options(hw)).forward;
     CHECK(rep.time_s == doctest::Approx(ulysses_forward_seconds(hw, topo)).epsilon(1e-6));
+  }
+
+  TEST_CASE("NVLink domains: traffic between a node's bridged pairs crosses PCIe, in the closed form and the replay") {
+    replay::HardwareProfile hw = round_profile();
+    hw.peak_flops = 1e30;
+    hw.ranks_per_node = 4;
+    hw.nvlink_domain = 2;
+    hw.host = {2.5e8, 3e-6};
+    const Topology topo{4, 4};
+    const double bytes = 1e6;
+    // A 4-way exchange: a quarter to the pair peer over NVLink, two quarters over the rank's PCIe link.
+    CHECK(replay::all_to_all_seconds(hw, topo, 4, bytes) ==
+          doctest::Approx(3e-6 + std::max(bytes / 4 / 1e9, bytes / 2 / 2.5e8)));
+    CHECK(replay::all_to_all_seconds(hw, topo, 2, bytes) == doctest::Approx(1e-6 + bytes / 2 / 1e9));  // one pair
+    replay::HardwareProfile mesh = hw;  // every pair on NVLink
+    mesh.nvlink_domain = 0;
+    mesh.host = {};
+    CHECK(replay::all_to_all_seconds(mesh, topo, 4, bytes) == doctest::Approx(1e-6 + 3 * bytes / 4 / 1e9));
+    // Three ranks: the lone rank of the second domain sends two thirds over PCIe, the pair one third.
+    CHECK(replay::all_to_all_seconds(hw, Topology{3, 4}, 3, bytes) ==
+          doctest::Approx(3e-6 + std::max(bytes / 3 / 1e9, 2 * bytes / 3 / 2.5e8)));
+    // The replay charges Ulysses' exchanges what the closed form says, with the domains and without.
+    const DocumentBatch batch = DocumentBatch::single({4000});
+    const AttentionShape shape{4, 4, 32, 0};
+    const auto c = plan::compile_all<Strategy<partition::Uniform, comm::AllToAll>>({}, batch, shape, topo);
+    const auto split = replay::predict(c, topo, shape, options(hw)).forward;
+    const auto whole = replay::predict(c, topo, shape, options(mesh)).forward;
+    CHECK(split.time_s == doctest::Approx(ulysses_forward_seconds(hw, topo)).epsilon(1e-6));
+    CHECK(whole.time_s == doctest::Approx(ulysses_forward_seconds(mesh, topo)).epsilon(1e-6));
+    // PCIe at a quarter of NVLink's rate carries half of each rank's bytes: (1/2) / 0.25 against (3/4) / 1.
+    CHECK(split.time_s > 2.5 * whole.time_s);
+    for (const auto& r : split.ranks) CHECK(r.bytes_inter == 0);  // PCIe inside a node is still intra-node
+    // Ring collectives: a ring over both pairs runs at the PCIe link's rate, one inside a pair at NVLink's.
+    CHECK(replay::ring_busbw(hw, topo, 4) == 2.5e8);
+    CHECK(replay::ring_busbw(hw, topo, 2) == 1e9);
+    CHECK(replay::ring_collective_seconds(hw, topo, 4, bytes) ==
+          doctest::Approx(3e-6 + 3 * 1.0e-6 + 0.75 * bytes / 2.5e8));
+
+    // A point-to-point transfer: a ring step between two domains goes over PCIe (alpha + bytes / bandwidth),
+    // and across nodes a modelled host link bounds the NIC's rate.
+    using ZigzagRing = Strategy<partition::Zigzag, comm::Ring>;
+    const AttentionShape kv{4, 2, 64, 0};
+    const DocumentBatch one = DocumentBatch::single({1000});
+    const double ring_bytes = 500.0 * 2 * 2 * 64 * 2;  // each rank's 500 tokens of K and V
+    replay::HardwareProfile solo = round_profile();    // each rank its own domain
+    solo.peak_flops = 1e30;
+    solo.nvlink_domain = 1;
+    solo.host = {2.5e8, 3e-6};
+    const Topology pair{2, 2};
+    CHECK(plan::predict<ZigzagRing>({}, one, kv, pair, options(solo)).forward.time_s ==
+          doctest::Approx(3e-6 + ring_bytes / 2.5e8).epsilon(1e-6));
+    solo.nvlink_domain = 0;
+    solo.host = {5e7, 3e-6};  // slower than the NIC (1e8): the GPU's PCIe link sets the rate
+    const Topology apart{2, 1};
+    CHECK(plan::predict<ZigzagRing>({}, one, kv, apart, options(solo)).forward.time_s ==
+          doctest::Approx(solo.inter.latency + ring_bytes / 5e7).epsilon(1e-6));
+    CHECK(plan::predict<ZigzagRing>({}, one, kv, pair, options(solo)).forward.time_s ==
+          doctest::Approx(solo.intra.latency + ring_bytes / solo.intra.bandwidth).epsilon(1e-6));  // NVLink
+  }
+
+  TEST_CASE("BASP's all-to-all ratio over Ulysses follows the node layout (the BASP paper's 2 x 4 A100-40GB)") {
+    // Per rank b bytes; Ulysses exchanges over all 8 ranks of 2 nodes x 4, BASP over the 4 of a node. Links
+    // only (no fixed costs, no copies): the ratio is the closed form of each layout's busiest link.
+    const Topology topo{8, 4};
+    const double b = 64e6;
+    const auto ratio = [&](const replay::HardwareProfile& p) {
+      const replay::HardwareProfile hw = links_only(p);
+      return replay::all_to_all_seconds(hw, topo, 8, b) / replay::all_to_all_seconds(hw, topo, 4, b);
+    };
+    const double basp_nvlink = 10e-6 + 0.75 * b / 230e9;  // 3 peers x b/4 on NVLink
+    const double basp_pcie = 10e-6 + 0.5 * b / 20e9;      // 2 of them across PCIe
+    // Default, HGX 4-GPU with one NIC a node: Ulysses' 4 ranks x 4 remote peers x b/8 through one 48 GB/s NIC.
+    const double by_default = ratio(replay::profiles::a100_40gb());
+    CHECK(by_default == doctest::Approx((20e-6 + 2 * b / 48e9) / basp_nvlink));
+    // One NIC a GPU: Ulysses sends b/2 through its own 24 GB/s NIC.
+    const double nic_per_gpu = ratio(replay::profiles::a100_40gb_nic_per_gpu());
+    CHECK(nic_per_gpu == doctest::Approx((20e-6 + 0.5 * b / 24e9) / basp_nvlink));
+    // PCIe pairs, one NIC a node: Ulysses still waits on the shared NIC (its PCIe link's 3/4 b at 20 GB/s is
+    // less); BASP now sends half its bytes over PCIe.
+    const double pairs = ratio(replay::profiles::a100_40gb_pcie_pairs());
+    CHECK(pairs == doctest::Approx((20e-6 + 2 * b / 48e9) / basp_pcie));
+    // PCIe pairs, one NIC a GPU: Ulysses' PCIe link carries 2 cross-pair and 4 inter-node eighths.
+    const double pairs_nic = ratio(replay::profiles::a100_40gb_pcie_pairs_nic_per_gpu());
+    CHECK(pairs_nic == doctest::Approx((20e-6 + 0.75 * b / 20e9) / basp_pcie));
+    // The direction: the faster Ulysses' path off the node, or the slower BASP's inside it, the smaller.
+    CHECK(by_default > nic_per_gpu);
+    CHECK(nic_per_gpu > pairs);
+    CHECK(pairs > pairs_nic);
+    CHECK(pairs_nic > 1.0);
+    // The replay agrees with the closed form for Ulysses on 8 ranks of the PCIe-pairs node.
+    const replay::HardwareProfile hw = links_only(replay::profiles::a100_40gb_pcie_pairs_nic_per_gpu());
+    const DocumentBatch batch = DocumentBatch::single({4000});
+    const AttentionShape shape{8, 8, 32, 0};
+    const auto c = plan::compile_all<Strategy<partition::Uniform, comm::AllToAll>>({}, batch, shape, topo);
+    CHECK(replay::predict(c, topo, shape, options(hw)).forward.time_s ==
+          doctest::Approx(ulysses_forward_seconds(hw, topo, 8, 8)).epsilon(1e-6));
   }
 
   TEST_CASE("fixed costs: an exchange pays one call and a handshake per peer, a copy its launch gap") {
@@ -279,5 +384,14 @@ TEST_SUITE("replay") {
     const replay::Replay stuck(u.forward, topo, shape, opt);
     CHECK_THROWS_WITH_AS((void)stuck.run(), doctest::Contains("deadlock"), std::logic_error);
     CHECK(invalid_message([&] { (void)replay::profiles::by_name("tpu-v9"); }).find("tpu-v9") != std::string::npos);
+    auto split = opt;
+    split.hardware.nvlink_domain = 4;  // NVLink domains without a link between them
+    CHECK(invalid_message([&] {
+            (void)replay::Replay(c.forward, topo, shape, split);
+          }).find("host.bandwidth = 0: must be > 0 when nvlink_domain = 4") != std::string::npos);
+    split.hardware.nvlink_domain = -1;
+    CHECK(invalid_message([&] {
+            (void)replay::Replay(c.forward, topo, shape, split);
+          }).find("nvlink_domain = -1: must be >= 0") != std::string::npos);
   }
 }

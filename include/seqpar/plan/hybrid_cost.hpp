@@ -37,9 +37,12 @@ namespace seqpar::plan {
     const Topology& topo = c.plan.topology;
     const int p = topo.world_size;
     const bool spans_nodes = p > topo.ranks_per_node;
-    const double link = spans_nodes ? std::min(hw.intra.bandwidth, hw.inter.bandwidth * hw.nics_per_node /
-                                                                       std::max(1, std::min(p, topo.ranks_per_node)))
-                                    : hw.intra.bandwidth;
+    double link = spans_nodes ? std::min(hw.intra.bandwidth, hw.inter.bandwidth * hw.nics_per_node /
+                                                                 std::max(1, std::min(p, topo.ranks_per_node)))
+                              : hw.intra.bandwidth;
+    // A ring through PCIe (between NVLink domains, or to the NIC where modelled) runs at most at its rate.
+    if (replay::spans_domains(hw, topo, p) || (spans_nodes && hw.has_host_link()))
+      link = std::min(link, hw.host.bandwidth);
     // A ring step: the link's alpha and one call with one peer (HardwareProfile::fixed_comm_seconds).
     const double latency =
         spans_nodes ? hw.inter.latency + hw.fixed_comm_seconds(0, 1) : hw.intra.latency + hw.fixed_comm_seconds(1, 0);

@@ -291,11 +291,17 @@ inline void validate_schedule(const schedule::ChunkPlan& plan, const schedule::P
   const auto p2p_seconds = [&](std::int64_t tokens, int from) {
     const double bytes = static_cast<double>(tokens) * m.hidden * vb;
     const int a = from * g, b = (from + 1) * g;
-    if (topo.same_node(a, b)) return hw.intra.latency + hw.fixed_comm_seconds(1, 0) + bytes / g / hw.intra.bandwidth;
+    if (topo.same_node(a, b)) {  // NVLink, or PCIe between NVLink domains (HardwareProfile::nvlink_domain)
+      const replay::LinkClass& l =
+          hw.same_domain(a % topo.ranks_per_node, b % topo.ranks_per_node) ? hw.intra : hw.host;
+      return l.latency + hw.fixed_comm_seconds(1, 0) + bytes / g / l.bandwidth;
+    }
     const int local = std::min(g, topo.ranks_per_node);
     const double nics = std::max(1.0, static_cast<double>(local) * hw.nics_per_node / topo.ranks_per_node);
     const double nodes = std::max(1.0, static_cast<double>(g) / topo.ranks_per_node);
-    return hw.inter.latency + hw.fixed_comm_seconds(0, 1) + bytes / (nodes * nics * hw.inter.bandwidth);
+    const double wire = bytes / (nodes * nics * hw.inter.bandwidth);
+    return hw.inter.latency + hw.fixed_comm_seconds(0, 1) +
+           (hw.has_host_link() ? std::max(wire, bytes / g / hw.host.bandwidth) : wire);
   };
 
   // Per chunk: its layer on one rank of a stage, its tokens.

@@ -81,24 +81,42 @@ namespace seqpar::replay {
   return bytes > 0 ? bytes / hw.hbm_bandwidth + hw.copy_launch : 0.0;
 }
 
+/// Whether a group of `ranks` consecutive ranks of `topo` (starting at a node boundary) has members in more
+/// than one NVLink domain of a node (HardwareProfile::nvlink_domain): its traffic then crosses PCIe.
+[[nodiscard]] inline bool spans_domains(const HardwareProfile& hw, const Topology& topo, int ranks) noexcept {
+  const int local = std::min(ranks, topo.ranks_per_node);
+  return local > hw.domain_ranks(topo.ranks_per_node);
+}
+
 /// Bus bandwidth of a ring collective (all-gather, reduce-scatter) over `ranks` ranks of `topo`: NVLink
 /// inside one node; across nodes every ring crosses each node boundary once per NIC, so the node's NICs
-/// together bound it (nccl-tests: multi-node ring busbw ~ the node's NIC total, anchors-hw.md 1.3).
+/// together bound it (nccl-tests: multi-node ring busbw ~ the node's NIC total, anchors-hw.md 1.3). A ring
+/// that crosses PCIe (between NVLink domains, or to a NIC when the profile models the host link) runs at
+/// most at the PCIe link's rate (nccl-tests#178: 208 GB/s on an NVLink-bridged A100 pair, 20 GB/s once
+/// the ring crosses PCIe).
 [[nodiscard]] inline double ring_busbw(const HardwareProfile& hw, const Topology& topo, int ranks) noexcept {
   const bool spans_nodes = ranks > topo.ranks_per_node;
-  return spans_nodes ? std::min(hw.intra.bandwidth, hw.nics_per_node * hw.inter.bandwidth) : hw.intra.bandwidth;
+  double bw = spans_nodes ? std::min(hw.intra.bandwidth, hw.nics_per_node * hw.inter.bandwidth) : hw.intra.bandwidth;
+  if (spans_domains(hw, topo, ranks) || (spans_nodes && hw.has_host_link())) bw = std::min(bw, hw.host.bandwidth);
+  return bw;
 }
 
 /// All-gather (or reduce-scatter) where every rank ends with (or starts from) `total_bytes` spread over
 /// `ranks`: the call's fixed cost (HardwareProfile::collective_latency) + base latency + (n-1) ring steps of
-/// hardware latency + (n-1)/n * total / busbw. Step latencies 0.6 us over NVLink and 2.7 us over the network
-/// are NCCL's tuning constants (src/graph/tuning.cc, anchors-hw.md 1.4).
+/// hardware latency + (n-1)/n * total / busbw. Step latencies 0.6 us over NVLink, 1.0 us over PCIe and
+/// 2.7 us over the network are NCCL's tuning constants (src/graph/tuning.cc hwLat, Ring LL; anchors-hw.md 1.4).
 [[nodiscard]] inline double ring_collective_seconds(const HardwareProfile& hw, const Topology& topo, int ranks,
                                                     double total_bytes) noexcept {
   if (ranks <= 1 || total_bytes <= 0) return 0.0;
   const bool spans_nodes = ranks > topo.ranks_per_node;
-  const double alpha = spans_nodes ? hw.inter.latency : hw.intra.latency;
-  return hw.collective_latency + alpha + (ranks - 1) * (spans_nodes ? 2.7e-6 : 0.6e-6) +
+  const bool pcie = spans_domains(hw, topo, ranks);
+  const double alpha = spans_nodes ? hw.inter.latency
+                       : pcie      ? std::max(hw.intra.latency, hw.host.latency)
+                                   : hw.intra.latency;
+  return hw.collective_latency + alpha +
+         (ranks - 1) * (spans_nodes ? 2.7e-6
+                        : pcie      ? 1.0e-6
+                                    : 0.6e-6) +
          (ranks - 1.0) / ranks * total_bytes / ring_busbw(hw, topo, ranks);
 }
 
@@ -106,19 +124,28 @@ namespace seqpar::replay {
 /// every rank holds `bytes_per_rank` and sends 1/ranks of it to each peer (Ulysses' sequence <-> head
 /// exchange). Priced as the replay prices an exchange step: one latency, the call's fixed cost (per call
 /// and per peer, HardwareProfile::fixed_comm_seconds), the busiest link's bytes over its bandwidth (a
-/// rank's NVLink; across nodes, a NIC carries the traffic of the ranks that share it), and packing and
-/// unpacking through HBM.
+/// rank's NVLink to the peers of its NVLink domain; its PCIe link to the other domains of its node, and to
+/// its NIC when the profile models that link; across nodes, a NIC carries the traffic of the ranks that
+/// share it), and packing and unpacking through HBM. The exchange ends with its slowest rank: NVLink is
+/// busiest in the largest domain the group has on a node, PCIe in the smallest.
 [[nodiscard]] inline double all_to_all_seconds(const HardwareProfile& hw, const Topology& topo, int ranks,
                                                double bytes_per_rank) noexcept {
   if (ranks <= 1 || bytes_per_rank <= 0) return 0.0;
-  const int local = std::min(ranks, topo.ranks_per_node);  // group members on one node
+  const int local = std::min(ranks, topo.ranks_per_node);                    // group members on one node
+  const int domain = std::min(local, hw.domain_ranks(topo.ranks_per_node));  // the most on one NVLink domain
+  const int smallest = local % domain == 0 ? domain : local % domain;        // the fewest
   const double to_each = bytes_per_rank / ranks;
-  const double intra = to_each * (local - 1) / hw.intra.bandwidth;
+  const double intra = to_each * (domain - 1) / hw.intra.bandwidth;
   const bool spans_nodes = ranks > topo.ranks_per_node;
   const double ranks_per_nic = std::max(1.0, static_cast<double>(local) / hw.nics_per_node);
   const double inter = spans_nodes ? to_each * (ranks - local) * ranks_per_nic / hw.inter.bandwidth : 0.0;
-  return (spans_nodes ? hw.inter.latency : hw.intra.latency) + hw.fixed_comm_seconds(local - 1, ranks - local) +
-         std::max(intra, inter) + 2.0 * copy_seconds(hw, bytes_per_rank);
+  const double over_pcie = to_each * ((local - smallest) + (hw.has_host_link() ? ranks - local : 0));
+  const double host = over_pcie > 0 ? over_pcie / hw.host.bandwidth : 0.0;
+  const double alpha = spans_nodes      ? hw.inter.latency
+                       : local > domain ? std::max(hw.intra.latency, hw.host.latency)
+                                        : hw.intra.latency;
+  return alpha + hw.fixed_comm_seconds(local - 1, ranks - local) + std::max({intra, inter, host}) +
+         2.0 * copy_seconds(hw, bytes_per_rank);
 }
 
 }  // namespace seqpar::replay

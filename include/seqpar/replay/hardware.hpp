@@ -62,8 +62,17 @@ struct HardwareProfile {
   LinkClass inter;             ///< one NIC across nodes
   int ranks_per_node = 8;      ///< GPUs per node
   int nics_per_node = 8;       ///< inter-node bandwidth of a node = nics_per_node * inter.bandwidth
-  double memory_bytes = 0.0;   ///< per rank
-  int value_bytes = 2;         ///< bytes of one activation element (bf16 = 2, CPU fp32 = 4)
+  /// Which of a node's ranks share NVLink (issue 16: the BASP paper says "NVLink" for a 4-GPU A100-40GB
+  /// node, not which layout). 0: every pair of a node's ranks, over `intra` (NVSwitch, or a full NVLink
+  /// mesh as on HGX A100 4-GPU). k > 0: domains of k consecutive local ranks (local rank / k), as PCIe
+  /// cards in NVLink-bridged pairs (k = 2); traffic between two domains of a node crosses `host`.
+  int nvlink_domain = 0;
+  /// A rank's own PCIe link to its host; bandwidth 0 = never the bottleneck (not modelled). When set it
+  /// carries, in each direction, the rank's traffic to other NVLink domains of its node and its
+  /// inter-node traffic (GPUDirect RDMA reaches the NIC over the GPU's PCIe link).
+  LinkClass host;
+  double memory_bytes = 0.0;  ///< per rank
+  int value_bytes = 2;        ///< bytes of one activation element (bf16 = 2, CPU fp32 = 4)
   /// Processors a node's ranks share (CPU ranks as threads or processes on few cores); 0 = each rank has
   /// its own device. With more ranks on a node than cores, compute is time-shared: each rank's kernels
   /// take ranks_on_node / cores_per_node times longer.
@@ -82,6 +91,16 @@ struct HardwareProfile {
     if (intra_peers + inter_peers <= 0) return 0.0;
     return collective_latency + intra_peers * peer_latency_intra + inter_peers * peer_latency_inter;
   }
+  /// Ranks of one NVLink domain on a node of `node_ranks` ranks (nvlink_domain).
+  [[nodiscard]] int domain_ranks(int node_ranks) const noexcept {
+    return nvlink_domain > 0 ? std::min(nvlink_domain, node_ranks) : node_ranks;
+  }
+  /// Whether local ranks `a` and `b` of one node (their positions on it) share an NVLink domain.
+  [[nodiscard]] bool same_domain(int a, int b) const noexcept {
+    return nvlink_domain <= 0 || a / nvlink_domain == b / nvlink_domain;
+  }
+  /// Whether `host` is modelled (HardwareProfile::host).
+  [[nodiscard]] bool has_host_link() const noexcept { return host.bandwidth > 0; }
   /// Ranks sharing one NIC.
   [[nodiscard]] int ranks_per_nic() const noexcept { return std::max(1, ranks_per_node / std::max(1, nics_per_node)); }
 
@@ -113,6 +132,14 @@ struct HardwareProfile {
     detail::require(inter.latency >= 0, where, "inter.latency", inter.latency, "must be >= 0");
     detail::require(ranks_per_node >= 1, where, "ranks_per_node", ranks_per_node, "must be >= 1");
     detail::require(nics_per_node >= 1, where, "nics_per_node", nics_per_node, "must be >= 1");
+    detail::require(nvlink_domain >= 0, where, "nvlink_domain", nvlink_domain, "must be >= 0");
+    detail::require(host.bandwidth >= 0 && std::isfinite(host.bandwidth), where, "host.bandwidth", host.bandwidth,
+                    "must be finite and >= 0");
+    detail::require(host.latency >= 0 && std::isfinite(host.latency), where, "host.latency", host.latency,
+                    "must be finite and >= 0");
+    detail::require(nvlink_domain == 0 || host.bandwidth > 0, where, "host.bandwidth", host.bandwidth,
+                    "must be > 0 when nvlink_domain = " + std::to_string(nvlink_domain) +
+                        " splits a node (traffic between NVLink domains crosses it)");
     detail::require(memory_bytes > 0, where, "memory_bytes", memory_bytes, "must be > 0");
     detail::require(cores_per_node >= 0, where, "cores_per_node", cores_per_node, "must be >= 0");
     detail::require(value_bytes == 2 || value_bytes == 4 || value_bytes == 8, where, "value_bytes", value_bytes,
@@ -159,6 +186,52 @@ inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   p.ranks_per_node = 4;
   p.nics_per_node = 1;
   p.memory_bytes = 40 * kGiB;
+  return p;
+}
+
+/// The BASP paper's node layout is not given (2 nodes x 4 A100-40GB, "NVLink", 400 Gb/s InfiniBand);
+/// a100_40gb() above is one reading of it. These are the others a 4-GPU A100-40GB node can have, each
+/// the same GPU with the same fixed costs, so that the replay can say which reading its results need:
+///  - a100_40gb(): HGX A100 4-GPU, every pair of GPUs on NVLink 3 (4 links each, 230 GB/s a GPU to all
+///    its peers), one 400 Gb/s port per node (~48 GB/s; 2 x HDR 200 Gb/s NICs give the same per-rank
+///    share, 2 x ~24 GB/s for 4 GPUs) [the default]. Not modelled: one 400 Gb/s NIC in a PCIe Gen4 x16
+///    slot (A100 hosts are Gen4) would reach only ~25 GB/s a node, which slows Ulysses, not BASP;
+///  - a100_40gb_nic_per_gpu(): the same node with one NIC per GPU. A100 hosts are PCIe Gen4, so a GPU
+///    reaches its NIC at most at its x16 Gen4 link's rate: 32 GB/s line (A100 datasheet: PCIe Gen4
+///    64 GB/s both directions), 25 GB/s measured peak (BaM, ZaidQureshi/bam#54); NCCL gets ~21-24 GB/s
+///    a NIC from 4 HDR NICs per 8 A100-SXM4-40GB (85-96 GB/s busbw, nccl-tests#119): 24 GB/s a NIC;
+///  - a100_40gb_pcie_pairs(): A100-40GB PCIe cards, NVLink only within bridged pairs (3 bridges, 12
+///    links, 600 GB/s both directions: A100 40GB PCIe product brief PB-10137-001; nvidia.com: NVLink
+///    "also available in A100 PCIe two-GPU configurations"): NCCL all_reduce busbw 208 GB/s on a
+///    bridged pair and 20 GB/s once the ring crosses PCIe to the other pair (nccl-tests#178, 8 A100
+///    PCIe in NV12 pairs): nvlink_domain 2, intra 208 GB/s, host 20 GB/s; one NIC per node as the
+///    default. Alpha over PCIe: the default's 10 us (no separate figure found: the call's cost
+///    dominates small messages). Compute is kept at the SXM4's (the 250 W card runs at ~90% of it by
+///    NVIDIA's own rating), so these layouts differ in their links only;
+///  - a100_40gb_pcie_pairs_nic_per_gpu(): the pairs with one NIC per GPU (24 GB/s as above); the GPU's
+///    PCIe link then carries both its cross-pair and its inter-node traffic.
+[[nodiscard]] inline HardwareProfile a100_40gb_nic_per_gpu() {
+  HardwareProfile p = a100_40gb();
+  p.name = "a100-40gb-nic-per-gpu";
+  p.inter = {24 * kGB, 20e-6};
+  p.nics_per_node = 4;
+  return p;
+}
+
+[[nodiscard]] inline HardwareProfile a100_40gb_pcie_pairs() {
+  HardwareProfile p = a100_40gb();
+  p.name = "a100-40gb-pcie-pairs";
+  p.intra = {208 * kGB, 10e-6};
+  p.nvlink_domain = 2;
+  p.host = {20 * kGB, 10e-6};
+  return p;
+}
+
+[[nodiscard]] inline HardwareProfile a100_40gb_pcie_pairs_nic_per_gpu() {
+  HardwareProfile p = a100_40gb_pcie_pairs();
+  p.name = "a100-40gb-pcie-pairs-nic-per-gpu";
+  p.inter = {24 * kGB, 20e-6};
+  p.nics_per_node = 4;
   return p;
 }
 
@@ -215,7 +288,13 @@ inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 }
 
 [[nodiscard]] inline std::vector<std::string> names() {
-  return {"a100-40gb", "a800-80gb", "h100-sxm", "h200"};
+  return {"a100-40gb",
+          "a100-40gb-nic-per-gpu",
+          "a100-40gb-pcie-pairs",
+          "a100-40gb-pcie-pairs-nic-per-gpu",
+          "a800-80gb",
+          "h100-sxm",
+          "h200"};
 }
 
 /// The named profile (case-insensitive; "a100", "a800", "h100" accepted). Throws naming the name.
@@ -223,6 +302,9 @@ inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   std::string n(name);
   std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   if (n == "a100-40gb" || n == "a100") return a100_40gb();
+  if (n == "a100-40gb-nic-per-gpu") return a100_40gb_nic_per_gpu();
+  if (n == "a100-40gb-pcie-pairs") return a100_40gb_pcie_pairs();
+  if (n == "a100-40gb-pcie-pairs-nic-per-gpu") return a100_40gb_pcie_pairs_nic_per_gpu();
   if (n == "a800-80gb" || n == "a800") return a800_80gb();
   if (n == "h100-sxm" || n == "h100") return h100_sxm();
   if (n == "h200") return h200();

@@ -22,7 +22,8 @@ namespace seqpar::replay {
 
 /// A HardwareProfile as one flat JSON object (what bench/calibrate --profile-out writes and a planner
 /// or `seqpar_plan --profile FILE` reads back). Links are flattened to `intra_bandwidth`,
-/// `intra_latency`, `inter_bandwidth`, `inter_latency`; every other key is the member's name. Numbers are
+/// `intra_latency`, `inter_bandwidth`, `inter_latency`, `host_bandwidth`, `host_latency`; every other key
+/// is the member's name. Numbers are
 /// written with 17 significant digits so that `profile_from_json(to_json(p))` gives p back exactly.
 ///
 /// @code
@@ -66,6 +67,9 @@ namespace seqpar::replay {
   add("peer_latency_intra", num(p.peer_latency_intra));
   add("peer_latency_inter", num(p.peer_latency_inter));
   add("copy_launch", num(p.copy_launch));
+  add("nvlink_domain", std::to_string(p.nvlink_domain));
+  add("host_bandwidth", num(p.host.bandwidth));
+  add("host_latency", num(p.host.latency));
   return s + "\n}\n";
 }
 
@@ -116,9 +120,10 @@ class ProfileReader {
   }
 
  private:
-  // The fixed costs (issue 16) came later: profiles written before them load with 0, as they were priced.
+  // The fixed costs and the NVLink domains (issue 16) came later: profiles written before them load with 0
+  // (whole-node NVLink, no host link), as they were priced.
   static constexpr std::size_t kRequiredKeys = 19;
-  static constexpr std::array<std::string_view, 23> kKeys = {"name",
+  static constexpr std::array<std::string_view, 26> kKeys = {"name",
                                                              "peak_flops",
                                                              "gemm_efficiency",
                                                              "attention_efficiency",
@@ -140,7 +145,10 @@ class ProfileReader {
                                                              "collective_latency",
                                                              "peer_latency_intra",
                                                              "peer_latency_inter",
-                                                             "copy_launch"};
+                                                             "copy_launch",
+                                                             "nvlink_domain",
+                                                             "host_bandwidth",
+                                                             "host_latency"};
 
   [[noreturn]] void fail(std::string_view what, const std::string& value, std::string_view why) const {
     throw_invalid("replay::profile_from_json", std::string(what) + " (at offset " + std::to_string(at_) + ")",
@@ -234,6 +242,12 @@ class ProfileReader {
       p.peer_latency_inter = x;
     else if (key == "copy_launch")
       p.copy_launch = x;
+    else if (key == "nvlink_domain")
+      integer(key, x, p.nvlink_domain);
+    else if (key == "host_bandwidth")
+      p.host.bandwidth = x;
+    else if (key == "host_latency")
+      p.host.latency = x;
   }
 
   std::string_view text_;

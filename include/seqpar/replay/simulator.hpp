@@ -78,13 +78,14 @@ struct SimulationReport {
 
 /// Replays compiled per-rank programs (one per world rank) on a hardware profile: attention kernels by
 /// FLOPs at the profile's efficiency for their tile length, point-to-point transfers and collectives by
-/// alpha-beta on the link class they cross (NVLink inside a node; a NIC shared by the node's ranks across
-/// nodes) plus the call's fixed costs (one per exchange or grouped post, one per peer:
-/// HardwareProfile::fixed_comm_seconds), copies through HBM plus a launch gap each. Each rank runs its steps in order,
-/// as the executor does: a transfer starts when both sides have posted it and overlaps whatever the ranks compute until
-/// the matching wait; a collective starts when its last member arrives. The programs are lowered once; `run` replays
-/// them from any per-rank start times (the step simulator replays one layer after another). Cost: O(total steps +
-/// transfers) per run; lowering is linear in the programs' pieces.
+/// alpha-beta on the link class they cross (NVLink inside a node's NVLink domain; the ranks' PCIe links
+/// between domains of a node; a NIC shared by the node's ranks across nodes, and the rank's PCIe link on
+/// the way when the profile models it: HardwareProfile::nvlink_domain, host) plus the call's fixed costs (one per
+/// exchange or grouped post, one per peer: HardwareProfile::fixed_comm_seconds), copies through HBM plus a launch gap
+/// each. Each rank runs its steps in order, as the executor does: a transfer starts when both sides have posted it and
+/// overlaps whatever the ranks compute until the matching wait; a collective starts when its last member arrives. The
+/// programs are lowered once; `run` replays them from any per-rank start times (the step simulator replays one layer
+/// after another). Cost: O(total steps + transfers) per run; lowering is linear in the programs' pieces.
 class Replay {
  public:
   Replay(std::span<const comm::Program> programs, const Topology& topology, const AttentionShape& shape,
@@ -270,6 +271,7 @@ class Replay {
     int src = 0, dst = 0;
     std::uint64_t bytes = 0;
     bool inter = false;
+    bool host = false;  // same node, other NVLink domain: over the ranks' PCIe links
     double duration = 0;
   };
   struct Instance {
@@ -280,6 +282,10 @@ class Replay {
   [[nodiscard]] int nic_of(int rank) const noexcept {
     const int local = rank % topo_.ranks_per_node;
     return topo_.node_of(rank) * options_.hardware.nics_per_node + local % options_.hardware.nics_per_node;
+  }
+  /// Same node, different NVLink domains (HardwareProfile::nvlink_domain): the transfer crosses PCIe.
+  [[nodiscard]] bool crosses_domains(int a, int b) const noexcept {
+    return topo_.same_node(a, b) && !options_.hardware.same_domain(a % topo_.ranks_per_node, b % topo_.ranks_per_node);
   }
   [[nodiscard]] double compute_share() const noexcept {
     const HardwareProfile& hw = options_.hardware;
@@ -323,7 +329,8 @@ class Replay {
     struct PostInfo {
       comm::Level level;
       int tag;
-      double intra_out;  // the sender's intra-node bytes in this post: its flows share its link
+      double intra_out;  // the sender's NVLink bytes in this post: its flows share its link
+      double host_out;   // the sender's bytes over its PCIe link in this post (HardwareProfile::host)
       double fixed;      // the post's call and per-peer cost (HardwareProfile::fixed_comm_seconds)
     };
     std::vector<PostInfo> message_post;
@@ -331,7 +338,8 @@ class Replay {
     // Collectives: the k-th exchange of a rank on a level group meets the k-th of every member.
     std::unordered_map<std::string, std::vector<int>> group_instances;
     struct InstanceBytes {
-      std::unordered_map<int, double> intra_out, intra_in, nic_out, nic_in;
+      std::unordered_map<int, double> intra_out, intra_in, host_out, host_in, nic_out, nic_in;
+      bool crosses_domains = false;
       bool spans_nodes = false;
       double bytes = 0;
       double fixed = 0;  // the largest per-call + per-peer cost of a member (HardwareProfile::fixed_comm_seconds)
@@ -388,7 +396,7 @@ class Replay {
                 },
                 [&](const comm::PostStep& post) {
                   const int begin = static_cast<int>(lr.msgs.size());
-                  double packed = 0, intra_out = 0;
+                  double packed = 0, intra_out = 0, host_out = 0;
                   int intra_peers = 0, inter_peers = 0;
                   for (const comm::Transfer& tr : post.sends) {
                     const int dst = world_of(post.level, tr.peer);
@@ -396,17 +404,21 @@ class Replay {
                     for (const comm::BufferPiece& bp : tr.pieces) bytes += bytes_of(bp.buffer, bp.piece);
                     packed += bytes;
                     const bool inter = !topo_.same_node(r, dst);
+                    const bool cross = crosses_domains(r, dst);
                     (inter ? lr.bytes_inter : lr.bytes_intra) += static_cast<std::uint64_t>(bytes);
                     if (inter) {
                       nic_out[nic_key(nic_of(r), post.level, post.tag)] += bytes;
                       nic_in[nic_key(nic_of(dst), post.level, post.tag)] += bytes;
+                      if (hw.has_host_link()) host_out += bytes;
+                    } else if (cross) {
+                      host_out += bytes;
                     } else {
                       intra_out += bytes;
                     }
                     const int id = static_cast<int>(messages_.size());
-                    messages_.push_back({r, dst, static_cast<std::uint64_t>(bytes), inter, 0.0});
+                    messages_.push_back({r, dst, static_cast<std::uint64_t>(bytes), inter, cross, 0.0});
                     ++(inter ? inter_peers : intra_peers);
-                    message_post.push_back({post.level, post.tag, 0.0, 0.0});
+                    message_post.push_back({post.level, post.tag, 0.0, 0.0, 0.0});
                     sends_by_key[key_of(r, dst, post.level, post.tag)].push_back(id);
                     lr.msgs.push_back(id);
                   }
@@ -415,6 +427,7 @@ class Replay {
                   const double fixed = hw.fixed_comm_seconds(intra_peers, inter_peers);
                   for (std::size_t i = static_cast<std::size_t>(begin); i < lr.msgs.size(); ++i) {
                     message_post[static_cast<std::size_t>(lr.msgs[i])].intra_out = intra_out;
+                    message_post[static_cast<std::size_t>(lr.msgs[i])].host_out = host_out;
                     message_post[static_cast<std::size_t>(lr.msgs[i])].fixed = fixed;
                   }
                   double unpacked = 0;
@@ -468,7 +481,16 @@ class Replay {
                         ib.spans_nodes = true;
                         ib.nic_out[nic_of(r)] += bytes;
                         ib.nic_in[nic_of(dst)] += bytes;
+                        if (hw.has_host_link()) {
+                          ib.host_out[r] += bytes;
+                          ib.host_in[dst] += bytes;
+                        }
                         lr.bytes_inter += static_cast<std::uint64_t>(bytes);
+                      } else if (crosses_domains(r, dst)) {
+                        ib.crosses_domains = true;
+                        ib.host_out[r] += bytes;
+                        ib.host_in[dst] += bytes;
+                        lr.bytes_intra += static_cast<std::uint64_t>(bytes);
                       } else {
                         ib.intra_out[r] += bytes;
                         ib.intra_in[dst] += bytes;
@@ -514,11 +536,15 @@ class Replay {
     for (std::size_t m = 0; m < messages_.size(); ++m) {
       Message& msg = messages_[m];
       const PostInfo& info = message_post[m];
+      const double bytes = static_cast<double>(msg.bytes);
       if (msg.inter) {
         const double through = std::max(nic_out[nic_key(nic_of(msg.src), info.level, info.tag)],
                                         nic_in[nic_key(nic_of(msg.dst), info.level, info.tag)]);
-        msg.duration =
-            hw.inter.latency + info.fixed + std::max(static_cast<double>(msg.bytes), through) / hw.inter.bandwidth;
+        double wire = std::max(bytes, through) / hw.inter.bandwidth;
+        if (hw.has_host_link()) wire = std::max(wire, std::max(bytes, info.host_out) / hw.host.bandwidth);
+        msg.duration = hw.inter.latency + info.fixed + wire;
+      } else if (msg.host) {
+        msg.duration = hw.host.latency + info.fixed + std::max(bytes, info.host_out) / hw.host.bandwidth;
       } else {
         msg.duration = hw.intra.latency + info.fixed +
                        std::max(static_cast<double>(msg.bytes), info.intra_out) / hw.intra.bandwidth;
@@ -531,8 +557,12 @@ class Replay {
       for (const auto& [k, b] : ib.intra_in) worst = std::max(worst, b / hw.intra.bandwidth);
       for (const auto& [k, b] : ib.nic_out) worst = std::max(worst, b / hw.inter.bandwidth);
       for (const auto& [k, b] : ib.nic_in) worst = std::max(worst, b / hw.inter.bandwidth);
-      instances_[i].duration =
-          ib.bytes > 0 ? (ib.spans_nodes ? hw.inter.latency : hw.intra.latency) + ib.fixed + worst : 0.0;
+      for (const auto& [k, b] : ib.host_out) worst = std::max(worst, b / hw.host.bandwidth);
+      for (const auto& [k, b] : ib.host_in) worst = std::max(worst, b / hw.host.bandwidth);
+      const double alpha = ib.spans_nodes       ? hw.inter.latency
+                           : ib.crosses_domains ? std::max(hw.intra.latency, hw.host.latency)
+                                                : hw.intra.latency;
+      instances_[i].duration = ib.bytes > 0 ? alpha + ib.fixed + worst : 0.0;
     }
   }
 

@@ -397,10 +397,12 @@ void print_help(std::FILE* out) {
 
 void print_list() {
   std::printf("profiles:\n");
+  int width = 0;
+  for (const std::string& name : replay::profiles::names()) width = std::max(width, static_cast<int>(name.size()));
   for (const std::string& name : replay::profiles::names()) {
     const replay::HardwareProfile p = replay::profiles::by_name(name);
-    std::printf("  %-12s %4.0f TFLOP/s, %5.1f GiB, %d per node, intra %.0f GB/s, inter %.0f GB/s x %d NICs/node\n",
-                p.name.c_str(), p.peak_flops / 1e12, p.memory_bytes / replay::profiles::kGiB, p.ranks_per_node,
+    std::printf("  %-*s %4.0f TFLOP/s, %5.1f GiB, %d per node, intra %.0f GB/s, inter %.0f GB/s x %d NICs/node\n",
+                width, p.name.c_str(), p.peak_flops / 1e12, p.memory_bytes / replay::profiles::kGiB, p.ranks_per_node,
                 p.intra.bandwidth / 1e9, p.inter.bandwidth / 1e9, p.nics_per_node);
   }
   std::printf("models:\n");

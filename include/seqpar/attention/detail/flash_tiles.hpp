@@ -378,9 +378,10 @@ SEQPAR_ALWAYS_INLINE void gemm_block(int kdim, const float* a, std::int64_t ai, 
 using GemmBlockFn = void (*)(int, const float*, std::int64_t, std::int64_t, const float*, std::int64_t, float*,
                              std::int64_t, __m256i, bool) noexcept;
 
+/// `full`: 16 columns (no masked loads or stores).
 template <int R>
-inline GemmBlockFn gemm_block_for(int nv) noexcept {
-  return nv == 1 ? &gemm_block<R, 1> : &gemm_block<R, 2>;
+inline GemmBlockFn gemm_block_for(int nv, bool full) noexcept {
+  return full ? &gemm_block<R, 2, false> : nv == 1 ? &gemm_block<R, 1> : &gemm_block<R, 2>;
 }
 
 inline void gemm(int m, int n, int kdim, const float* a, std::int64_t ai, std::int64_t ak, const float* b,
@@ -398,22 +399,22 @@ inline void gemm(int m, int n, int kdim, const float* a, std::int64_t ai, std::i
       GemmBlockFn fn = nullptr;
       switch (r) {
         case 1:
-          fn = gemm_block_for<1>(nv);
+          fn = gemm_block_for<1>(nv, w == 16);
           break;
         case 2:
-          fn = gemm_block_for<2>(nv);
+          fn = gemm_block_for<2>(nv, w == 16);
           break;
         case 3:
-          fn = gemm_block_for<3>(nv);
+          fn = gemm_block_for<3>(nv, w == 16);
           break;
         case 4:
-          fn = gemm_block_for<4>(nv);
+          fn = gemm_block_for<4>(nv, w == 16);
           break;
         case 5:
-          fn = gemm_block_for<5>(nv);
+          fn = gemm_block_for<5>(nv, w == 16);
           break;
         default:
-          fn = gemm_block_for<6>(nv);
+          fn = gemm_block_for<6>(nv, w == 16);
           break;
       }
       fn(kdim, a + i0 * ai, ai, ak, b + j0, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);

@@ -2,8 +2,11 @@
 // CpuFlash forward/backward throughput against this machine's measured fp32 FMA peak and against an
 // unfused baseline (OpenBLAS sgemm for Q K^T and P V plus a softmax pass) when OpenBLAS is available.
 // FLOPs = 4 * d * Hq * (visible pairs) forward, 2.5x that backward. Best-of-N timing.
-//   attention_cpu [--smoke] [--quick] [--threads N] [--seq N] [--d N] [--mask causal|doc] [--heads HQ:HKV]
-//                 [--dtype fp32|both] [--peer torch] [--python PATH] [--json FILE]
+//   attention_cpu [--smoke] [--quick] [--threads N,..] [--seq N,..] [--d N,..] [--mask causal|doc,..]
+//                 [--heads HQ:HKV,..] [--dtype fp32|both] [--no-blas] [--peer torch] [--python PATH] [--json FILE]
+// Each list option selects a subset of the default table (threads 1,2 x seq 4096,16384 x d 128,64 x heads
+// 8:8,32:8 x mask causal,doc: all of it takes well over 10 minutes on 2 cores); the rows are the product of the
+// lists. --no-blas skips the unfused OpenBLAS baseline (slow at 16K: tens of seconds per run).
 // --dtype both (the default) adds CpuFlash<bf16> rows (bf16 storage, fp32 accumulation) after each fp32 row.
 // --peer torch runs bench/torch_peer/sdpa.py (PyTorch's scaled_dot_product_attention, same shapes, same run)
 // with the venv made by bench/torch_peer/install.sh and prints our GFLOP/s over torch's.
@@ -257,6 +260,18 @@ std::pair<double, double> run_torch_peer(const std::string& python, const std::s
   return {fwd, bwd};
 }
 
+/// "a,b,c" -> {"a", "b", "c"} (an option's list of values: the rows of the table are their product).
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  while (true) {
+    const std::size_t comma = s.find(',', at);
+    out.push_back(s.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (comma == std::string::npos) return out;
+    at = comma + 1;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -267,15 +282,15 @@ int main(int argc, char** argv) {
   std::vector<std::string> masks{"causal", "doc"};
   std::vector<std::pair<int, int>> heads{{8, 8}, {32, 8}};
   std::string json, peer;
-  bool bf16_rows = true;
+  bool bf16_rows = true, use_blas = true;
 #if defined(SEQPAR_TORCH_PEER_SCRIPT)
   std::string python = SEQPAR_TORCH_PEER_PYTHON, script = SEQPAR_TORCH_PEER_SCRIPT;
 #else
   std::string python = "build/torch-venv/bin/python", script = "bench/torch_peer/sdpa.py";
 #endif
   const char* usage =
-      "usage: %s [--smoke] [--quick] [--threads N] [--seq N] [--d N] [--mask causal|doc] [--heads HQ:HKV]\n"
-      "          [--dtype fp32|both] [--peer torch] [--python PATH] [--json FILE]\n";
+      "usage: %s [--smoke] [--quick] [--threads N,..] [--seq N,..] [--d N,..] [--mask causal|doc,..]\n"
+      "          [--heads HQ:HKV,..] [--dtype fp32|both] [--no-blas] [--peer torch] [--python PATH] [--json FILE]\n";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has = i + 1 < argc;
@@ -283,22 +298,47 @@ int main(int argc, char** argv) {
       smoke = true;
     else if (a == "--quick")
       quick = true;
-    else if (a == "--threads" && has)
-      thread_list = {std::atoi(argv[++i])};
-    else if (a == "--seq" && has)
-      seqs = {std::atoll(argv[++i])};
-    else if (a == "--d" && has)
-      dims = {std::atoi(argv[++i])};
-    else if (a == "--mask" && has)
-      masks = {argv[++i]};
-    else if (a == "--heads" && has) {
-      int hq = 0, hkv = 0;
-      if (std::sscanf(argv[++i], "%d:%d", &hq, &hkv) != 2 || hq < 1 || hkv < 1 || hq % hkv != 0) {
-        std::fprintf(stderr, "--heads wants HQ:HKV with HKV dividing HQ, got %s\n", argv[i]);
-        return 2;
+    else if (a == "--threads" && has) {
+      thread_list.clear();
+      for (const std::string& x : split_list(argv[++i])) thread_list.push_back(std::atoi(x.c_str()));
+    } else if (a == "--seq" && has) {
+      seqs.clear();
+      for (const std::string& x : split_list(argv[++i])) {
+        seqs.push_back(std::atoll(x.c_str()));
+        if (seqs.back() < 1) {
+          std::fprintf(stderr, "--seq wants positive lengths, got %s\n", x.c_str());
+          return 2;
+        }
       }
-      heads = {{hq, hkv}};
-    } else if (a == "--dtype" && has) {
+    } else if (a == "--d" && has) {
+      dims.clear();
+      for (const std::string& x : split_list(argv[++i])) {
+        dims.push_back(std::atoi(x.c_str()));
+        if (dims.back() < 1) {
+          std::fprintf(stderr, "--d wants positive head dims, got %s\n", x.c_str());
+          return 2;
+        }
+      }
+    } else if (a == "--mask" && has) {
+      masks = split_list(argv[++i]);
+      for (const std::string& m : masks)
+        if (m != "causal" && m != "doc") {
+          std::fprintf(stderr, "--mask wants causal or doc, got %s\n", m.c_str());
+          return 2;
+        }
+    } else if (a == "--heads" && has) {
+      heads.clear();
+      for (const std::string& x : split_list(argv[++i])) {
+        int hq = 0, hkv = 0;
+        if (std::sscanf(x.c_str(), "%d:%d", &hq, &hkv) != 2 || hq < 1 || hkv < 1 || hq % hkv != 0) {
+          std::fprintf(stderr, "--heads wants HQ:HKV with HKV dividing HQ, got %s\n", x.c_str());
+          return 2;
+        }
+        heads.emplace_back(hq, hkv);
+      }
+    } else if (a == "--no-blas")
+      use_blas = false;
+    else if (a == "--dtype" && has) {
       const std::string d = argv[++i];
       if (d != "fp32" && d != "both") {
         std::fprintf(stderr, "--dtype wants fp32 or both (fp32 and bf16), got %s\n", d.c_str());
@@ -327,9 +367,10 @@ int main(int argc, char** argv) {
   }
 #if defined(SEQPAR_BENCH_OPENBLAS)
   setenv("OPENBLAS_CORETYPE", "SkylakeX", 0);  // OpenBLAS 0.3.21 misdetects Zen 5 as Haswell
-  const bool have_blas = true;
+  const bool have_blas = use_blas;
 #else
   const bool have_blas = false;
+  (void)use_blas;
 #endif
 
   struct Config {
@@ -391,7 +432,7 @@ int main(int argc, char** argv) {
           budget, 3);
       double base = 0;
 #if defined(SEQPAR_BENCH_OPENBLAS)
-      {
+      if (have_blas) {
         openblas_set_num_threads(threads);
         ThdTensor<float> ob(c.seq, c.hq, c.d);
         std::vector<float> s;
@@ -464,7 +505,7 @@ int main(int argc, char** argv) {
                 x.dtype.c_str(), x.p.mask.c_str(), static_cast<long long>(x.p.seq), x.p.d, x.p.hq, x.p.hkv, x.threads,
                 x.gflops, 100.0 * x.gflops / pk, base_s, ratio_s, peer_s, pratio_s);
   }
-  if (!have_blas) std::printf("\nbaseline n/a: built without OpenBLAS\n");
+  if (!have_blas) std::printf("\nbaseline n/a: built without OpenBLAS, or --no-blas\n");
   if (std::any_of(kernel_rows.begin(), kernel_rows.end(), [&](const KernelRow& r) { return r.gflops > peak1; }))
     std::printf(
         "note: a micro-kernel ran above the measured peak: the machine was loaded while the peak was "

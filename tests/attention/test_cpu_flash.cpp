@@ -170,6 +170,8 @@ std::vector<Case> small_cases() {
   cs.push_back({"len7 causal", 2, 2, 64, 7, 7, one(7, 7, Mask::causal()), false});
   cs.push_back({"len7 full d40", 4, 1, 40, 7, 7, one(7, 7, Mask::full()), false});
   cs.push_back({"full 37x53 d24", 2, 2, 24, 37, 53, one(37, 53, Mask::full()), false});
+  cs.push_back(
+      {"causal d20 (8 x 8 transposes plus a remainder)", 2, 1, 20, 45, 45, one(45, 45, Mask::causal()), false});
   cs.push_back({"causal offset 16", 2, 1, 64, 37, 53, one(37, 53, Mask::causal(16)), false});
   cs.push_back({"causal offset -5 (masked rows)", 2, 2, 64, 37, 53, one(37, 53, Mask::causal(-5)), false});
   cs.push_back({"sliding w9 offset 16", 8, 2, 40, 70, 86, one(70, 86, Mask::sliding_window(9, 16)), false});

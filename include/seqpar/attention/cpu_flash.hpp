@@ -12,29 +12,29 @@
 ///
 /// **Algorithm** (FlashAttention-2, Dao 2023). Forward: per work item (query head, query tile of
 /// `q_tile` rows) the Q tile is packed pre-scaled by softmax_scale * log2(e); KV is streamed in tiles of
-/// 64 keys (K^T packed [d][64], V packed [64][d]); for each block of 6 query rows the scores S = Q K^T come
-/// from a broadcast-FMA micro-kernel (6 x 64 in 24 zmm), an online softmax in base 2 updates the running
+/// 64 keys (K^T packed [d][64] by 8 x 8 transposes, V packed [64][d]); for each score block of 48 query rows
+/// the scores S = Q K^T come from a broadcast-FMA micro-kernel (6 rows x 64 keys in 24 zmm, 6 x 16 in 12 ymm
+/// on AVX2; the 48 rows share each K^T panel from L1), an online softmax in base 2 updates the running
 /// max / sum and rescales the output rows, and P V accumulates into an fp32 output tile. Tiles and row
 /// blocks that the mask hides are skipped; only diagonal tiles are masked element-wise.
 /// Backward recomputes P = exp2(S - LSE2) with D = rowsum(dO * O), dP = dO V^T, dS = P * (dP - D) once per
 /// (query head, key tile, query block) and uses it three times: dV += P^T dO, dK += dS^T Q, dQ += dS K (5 tile
-/// GEMMs). It is deterministic with no atomics: query heads run in turn; a head's key tiles are dealt to
-/// `max(4, threads)` lanes (largest first, least-loaded lane), a lane owns its tiles' fp32 dK/dV and its own
-/// fp32 dQ buffer, threads take whole lanes, and the lane buffers are summed in lane order, so the bits
-/// depend on `Arguments` (and not on the thread count of the executing context up to 4).
-/// Masked (query, key) pairs never enter a product: scores and dS are masked by selection, a slice touches
-/// only its own keys of a tile, and a tile whose V, K, Q or dO values hold a NaN or infinity is multiplied
-/// over each row's exact visible keys, so a non-finite value stays in the rows and keys that read it.
-/// Work items run largest-first (by visible area) on the execution context's thread pool (`HostExec`; the
-/// kernel's own context has `threads` threads, 1 runs inline on the caller). AVX-512 micro-kernels are used for float
-/// when compiled with
+/// GEMMs); a head's c Q and dO rows are packed once for all of its key tiles. It is deterministic with no atomics:
+/// query heads run in turn; a head's key tiles are dealt to `max(4, threads)` lanes (largest first, least-loaded lane),
+/// a lane owns its tiles' fp32 dK/dV and its own fp32 dQ buffer, threads take whole lanes, and the lane buffers are
+/// summed in lane order, so the bits depend on `Arguments` (and not on the thread count of the executing context up to
+/// 4). Masked (query, key) pairs never enter a product: scores and dS are masked by selection, a slice touches only its
+/// own keys of a tile, and a tile whose V, K, Q or dO values hold a NaN or infinity is multiplied over each row's exact
+/// visible keys, so a non-finite value stays in the rows and keys that read it. Work items run largest-first (by
+/// visible area) on the execution context's thread pool (`HostExec`; the kernel's own context has `threads` threads, 1
+/// runs inline on the caller). AVX-512 micro-kernels are used for float when compiled with
 /// __AVX512F__; otherwise (and for double) a portable auto-vectorised path with the same blocking.
 ///
 /// **Memory.** No allocation in forward/backward: the caller passes `workspace_bytes(shape, q_rows,
 /// k_rows)` bytes (per thread: a few q_tile x head_dim fp32 tiles, ~0.9 MB at q_tile 576, d 128; plus
 /// heads_q * q_rows accumulators for D, tile lists of O(q_rows) entries, and the backward's fp32
-/// accumulators: lanes x q_rows x head_dim for dQ and 2 x k_rows x head_dim for dK/dV, e.g. 24 MiB at
-/// 8K tokens, d 128, 1-4 threads).
+/// accumulators: lanes x q_rows x head_dim for dQ and 2 x k_rows x head_dim for dK/dV, and 2 x q_rows x
+/// head_dim for one head's packed Q and dO, e.g. 32 MiB at 8K tokens, d 128, 1-4 threads).
 ///
 /// **Requirements.** Views as `Reference` (head_dim contiguous, any token/head strides); q_ranges of one
 /// call disjoint; precision: accumulation in `accum_type` (float for float, double for double); exp2 by a
@@ -204,8 +204,30 @@ class CpuFlash {
     const int group = shape.group_size();
     const A sc = A(shape.scale());
     const A dk_scale = A(1) / kLog2e;  // dK = scale dS^T Q = dS^T (c Q) / log2(e)
+    const A c = sc * kLog2e;
     for (int h = 0; h < shape.heads_q; ++h) {
       const int hk = h / group, hh = h % group;
+      // The head's c Q and dO rows, packed once (every key tile reads them; packing per tile re-read the
+      // strided rows from memory for each one); whether all are finite decides the tiles' product forms.
+      std::atomic<bool> q_finite{true}, o_finite{true};
+      {
+        constexpr std::int64_t kChunk = 256;
+        std::atomic<std::int64_t> next{0};
+        auto body = [&](int) {
+          for (std::int64_t r0 = next.fetch_add(kChunk, std::memory_order_relaxed); r0 < q.tokens;
+               r0 = next.fetch_add(kChunk, std::memory_order_relaxed)) {
+            const std::int64_t nr = std::min(kChunk, q.tokens - r0);
+            A* qr = w.qp + r0 * d;
+            A* orow = w.op + r0 * d;
+            pack_rows(q, r0, nr, h, d, c, qr);
+            pack_rows(dout, r0, nr, h, d, A(1), orow);
+            if (!detail::all_finite(qr, nr * d)) q_finite.store(false, std::memory_order_relaxed);
+            if (!detail::all_finite(orow, nr * d)) o_finite.store(false, std::memory_order_relaxed);
+          }
+        };
+        exec.parallel(body);
+      }
+      const Packed packed{w.qp, w.op, q_finite.load(), o_finite.load()};
       {
         std::atomic<int> next{0};
         auto body = [&](int thread) {
@@ -214,7 +236,7 @@ class CpuFlash {
                lane = next.fetch_add(1, std::memory_order_relaxed))
             for (std::int64_t t = 0; t < n_kt; ++t)
               if (w.tiles[t].slice == lane)
-                backward_tile(shape, q, k, v, lse, dout, slices, w.tiles[t], h, hh == 0, w.delta, w.dk_acc, w.dv_acc,
+                backward_tile(shape, q, k, v, lse, packed, slices, w.tiles[t], h, hh == 0, w.delta, w.dk_acc, w.dv_acc,
                               w.dq_lanes + static_cast<std::size_t>(lane) * lane_stride, ws);
         };
         exec.parallel(body);
@@ -258,6 +280,10 @@ class CpuFlash {
   using A = accum_type;
   static constexpr int kKT = detail::kKeyTile;
   static constexpr int kRB = detail::kRowBlock;
+  /// Query rows per score block: S (and dP) are computed for this many rows at once, so that each 16-key
+  /// panel of K^T (and V in P V) is read from L1 by its 8 register blocks instead of by one (a block of 6
+  /// rows at a time streams all of K^T and V, 64 KiB at d 128, from L2 per 6 rows).
+  static constexpr int kSB = 8 * kRB;
   static constexpr A kLog2e = std::numbers::log2e_v<A>;
   static constexpr A kLn2 = std::numbers::ln2_v<A>;
 
@@ -271,7 +297,8 @@ class CpuFlash {
   };
 
   struct Layout {
-    std::size_t tiles_off, tiles_count, qtiles_off, delta_off, dq_off, dk_off, dv_off, threads_off, thread_bytes, total;
+    std::size_t tiles_off, tiles_count, qtiles_off, delta_off, dq_off, dk_off, dv_off, qp_off, op_off, threads_off,
+        thread_bytes, total;
   };
 
   struct Work {
@@ -281,6 +308,8 @@ class CpuFlash {
     A* dq_lanes;  // lanes() x q_rows x d
     A* dk_acc;    // k_rows x d
     A* dv_acc;    // k_rows x d
+    A* qp;        // q_rows x d: the current head's Q pre-scaled by c (backward)
+    A* op;        // q_rows x d: the current head's dO (backward)
     std::byte* threads;
     std::size_t thread_bytes;
     [[nodiscard]] A* thread(int t) const noexcept {
@@ -300,8 +329,8 @@ class CpuFlash {
     const std::int64_t d = std::max(shape.head_dim, 1);
     const std::int64_t br = q_tile_rows();
     const std::int64_t rq = q_block_rows();
-    const std::size_t fwd = 2 * round16(br * d) + 2 * round16(d * kKT) + round16(kRB * kKT) + 2 * round16(br);
-    const std::size_t bwd = 3 * round16(d * kKT) + 2 * round16(rq * d) + 2 * round16(rq * kKT);
+    const std::size_t fwd = 2 * round16(br * d) + 2 * round16(d * kKT) + round16(kSB * kKT) + 2 * round16(br);
+    const std::size_t bwd = 3 * round16(d * kKT) + 2 * round16(rq * kKT);
     const auto qn = static_cast<std::size_t>(std::max<std::int64_t>(q_rows, 0));
     const auto kn = static_cast<std::size_t>(std::max<std::int64_t>(k_rows, 0));
     const auto du = static_cast<std::size_t>(d);
@@ -313,7 +342,9 @@ class CpuFlash {
     l.dq_off = l.delta_off + align64(static_cast<std::size_t>(std::max(shape.heads_q, 0)) * qn * sizeof(A));
     l.dk_off = l.dq_off + align64(static_cast<std::size_t>(lanes()) * qn * du * sizeof(A));
     l.dv_off = l.dk_off + align64(kn * du * sizeof(A));
-    l.threads_off = l.dv_off + align64(kn * du * sizeof(A));
+    l.qp_off = l.dv_off + align64(kn * du * sizeof(A));
+    l.op_off = l.qp_off + align64(qn * du * sizeof(A));
+    l.threads_off = l.op_off + align64(qn * du * sizeof(A));
     l.thread_bytes = align64(std::max(fwd, bwd) * sizeof(A));
     l.total = 64 + l.threads_off + static_cast<std::size_t>(args_.threads) * l.thread_bytes;
     return l;
@@ -330,6 +361,8 @@ class CpuFlash {
             reinterpret_cast<A*>(base + l.dq_off),
             reinterpret_cast<A*>(base + l.dk_off),
             reinterpret_cast<A*>(base + l.dv_off),
+            reinterpret_cast<A*>(base + l.qp_off),
+            reinterpret_cast<A*>(base + l.op_off),
             base + l.threads_off,
             l.thread_bytes};
   }
@@ -431,7 +464,15 @@ class CpuFlash {
   /// K^T of keys [j0, j0 + nk) of KV head hk into kt[d][64] (zero-padded), optionally also
   /// natural-layout rows into nat[64][d].
   static void pack_keys(ThdView<const T> src, std::int64_t j0, int nk, int hk, int d, A* kt, A* nat) noexcept {
-    for (int c = 0; c < kKT; ++c) {
+    int c = 0;
+    for (; c + 8 <= nk; c += 8) {  // eight keys at a time (8 x 8 block transposes where vectorised)
+      const T* rows[8];
+      for (int r = 0; r < 8; ++r) rows[r] = src.row(j0 + c + r, hk);
+      detail::transpose_rows8(rows, d, kt + c, kKT);
+      if (nat != nullptr)
+        for (int r = 0; r < 8; ++r) detail::load_scaled(rows[r], nat + (c + r) * d, d, A(1));
+    }
+    for (; c < kKT; ++c) {
       if (c < nk) {
         const T* row = src.row(j0 + c, hk);
         for (int x = 0; x < d; ++x) kt[x * kKT + c] = A(row[x]);
@@ -486,7 +527,7 @@ class CpuFlash {
     A* kt = acc + round16(br * d);
     A* vp = kt + round16(std::int64_t{d} * kKT);
     A* s = vp + round16(std::int64_t{d} * kKT);
-    A* m = s + round16(kRB * kKT);
+    A* m = s + round16(kSB * kKT);
     A* l = m + round16(br);
     const std::int64_t i0 = sl.q_range.begin + tile.row0;
     pack_rows(q, i0, n, h, d, A(shape.scale()) * kLog2e, qs);
@@ -495,18 +536,23 @@ class CpuFlash {
     std::fill_n(l, n, A(0));
 
     const Range keys = key_span(sl, tile.row0, tile.row1);
-    int lo[kRB], hi[kRB];
+    int lo[kSB], hi[kSB];
     for (std::int64_t kt0 = keys.begin; kt0 < keys.end; kt0 += kKT) {
       const int nk = static_cast<int>(std::min<std::int64_t>(kKT, keys.end - kt0));
       pack_keys(k, sl.k_range.begin + kt0, nk, hk, d, kt, nullptr);
       pack_rows(v, sl.k_range.begin + kt0, nk, hk, d, A(1), vp);
       const bool v_finite = detail::all_finite(vp, std::int64_t{nk} * d);
-      for (int g0 = 0; g0 < n; g0 += kRB) {
-        const int rows = std::min(kRB, n - g0);
+      for (int g0 = 0; g0 < n; g0 += kSB) {
+        int rows = std::min(kSB, n - g0);
         int pmin = 0, pmax = 0;
         if (!tile_columns(sl, tile.row0 + g0, rows, kt0, nk, keys.begin, keys.end, lo, hi, pmin, pmax)) continue;
-        detail::gemm(rows, kKT, d, qs + g0 * d, d, 1, kt, kKT, s, kKT, false);
-        for (int r = 0; r < rows; ++r) {
+        // Masks are monotone in the row: the rows that see a key of this tile are one run [ra, rb).
+        int ra = 0;
+        while (lo[ra] >= hi[ra]) ++ra;
+        while (lo[rows - 1] >= hi[rows - 1]) --rows;
+        const int nr = rows - ra;
+        detail::gemm(nr, kKT, d, qs + (g0 + ra) * d, d, 1, kt, kKT, s + ra * kKT, kKT, false);
+        for (int r = ra; r < rows; ++r) {
           A* sr = s + r * kKT;
           if (lo[r] >= hi[r]) {
             std::fill_n(sr, kKT, A(0));
@@ -516,9 +562,9 @@ class CpuFlash {
           if (alpha != A(1)) detail::scale_row(acc + (g0 + r) * d, d, alpha);
         }
         if (v_finite) {
-          detail::gemm(rows, d, pmax - pmin, s + pmin, kKT, 1, vp + pmin * d, d, acc + g0 * d, d, true);
+          detail::gemm(nr, d, pmax - pmin, s + ra * kKT + pmin, kKT, 1, vp + pmin * d, d, acc + (g0 + ra) * d, d, true);
         } else {  // exact per-row key ranges: a masked P is 0, but 0 * (NaN or inf in V) is not
-          for (int r = 0; r < rows; ++r)
+          for (int r = ra; r < rows; ++r)
             if (lo[r] < hi[r])
               detail::gemm(1, d, hi[r] - lo[r], s + r * kKT + lo[r], kKT, 1, vp + lo[r] * d, d, acc + (g0 + r) * d, d,
                            true);
@@ -545,11 +591,18 @@ class CpuFlash {
     }
   }
 
+  /// The current head's packed query-side rows (all q rows, indexed by buffer row) and their finiteness.
+  struct Packed {
+    const A* q;  // c Q
+    const A* o;  // dO
+    bool q_finite, o_finite;
+  };
+
   /// All of key tile `tile` of KV head h / group for query head h: S and dP per block of query rows, then
   /// dV += P^T dO, dK += dS^T (c Q) into the tile's fp32 accumulators (zeroed when `first`) and
   /// dQ += dS K into the lane's dQ buffer (unscaled). Each slice touches only its own keys of the tile.
   void backward_tile(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
-                     LseView<const A> lse, ThdView<const T> dout, std::span<const AttnSlice> slices, const Tile& tile,
+                     LseView<const A> lse, const Packed& packed, std::span<const AttnSlice> slices, const Tile& tile,
                      int h, bool first, const A* delta, A* dk_acc, A* dv_acc, A* dq_lane, A* ws) const noexcept {
     const int d = shape.head_dim;
     const int hk = h / shape.group_size();
@@ -558,9 +611,7 @@ class CpuFlash {
     A* kt = ws;
     A* vt = kt + round16(std::int64_t{d} * kKT);
     A* kn = vt + round16(std::int64_t{d} * kKT);
-    A* qb = kn + round16(std::int64_t{d} * kKT);
-    A* ob = qb + round16(rq * d);
-    A* pb = ob + round16(rq * d);
+    A* pb = kn + round16(std::int64_t{d} * kKT);
     A* sb = pb + round16(rq * kKT);
     A* dka = dk_acc + tile.row0 * d;
     A* dva = dv_acc + tile.row0 * d;
@@ -570,8 +621,7 @@ class CpuFlash {
       std::fill_n(dka, static_cast<std::size_t>(nk) * static_cast<std::size_t>(d), A(0));
       std::fill_n(dva, static_cast<std::size_t>(nk) * static_cast<std::size_t>(d), A(0));
     }
-    const A c = A(shape.scale()) * kLog2e;
-    int lo[kRB], hi[kRB];
+    int lo[kSB], hi[kSB];
     for (const AttnSlice& sl : slices) {
       const Range kr = intersect(sl.k_range, {tile.row0, tile.row1});
       if (kr.empty()) continue;
@@ -583,10 +633,10 @@ class CpuFlash {
       for (std::int64_t b0 = rows_all.begin; b0 < rows_all.end; b0 += rq) {
         const int nb = static_cast<int>(std::min<std::int64_t>(rq, rows_all.end - b0));
         const std::int64_t i0 = sl.q_range.begin + b0;
-        pack_rows(q, i0, nb, h, d, c, qb);
-        pack_rows(dout, i0, nb, h, d, A(1), ob);
-        for (int g0 = 0; g0 < nb; g0 += kRB) {
-          const int rows = std::min(kRB, nb - g0);
+        const A* qb = packed.q + i0 * d;
+        const A* ob = packed.o + i0 * d;
+        for (int g0 = 0; g0 < nb; g0 += kSB) {
+          const int rows = std::min(kSB, nb - g0);
           A* p = pb + g0 * kKT;
           A* ds = sb + g0 * kKT;
           int pmin = 0, pmax = 0;
@@ -607,11 +657,11 @@ class CpuFlash {
             detail::backward_row(p + r * kKT, ds + r * kKT, lo[r], hi[r], lse(h, i) * kLog2e, delta[h * q.tokens + i]);
           }
         }
-        if (detail::all_finite(ob, std::int64_t{nb} * d))
+        if (packed.o_finite || detail::all_finite(ob, std::int64_t{nb} * d))
           detail::gemm(c1 - c0, d, nb, pb + c0, 1, kKT, ob, d, dva + c0 * d, d, true);  // dV += P^T dO
         else
           exact_key_update(sl, tile.row0 - ks, b0, nb, c0, c1, pb, ob, d, dva);
-        if (detail::all_finite(qb, std::int64_t{nb} * d))
+        if (packed.q_finite || detail::all_finite(qb, std::int64_t{nb} * d))
           detail::gemm(c1 - c0, d, nb, sb + c0, 1, kKT, qb, d, dka + c0 * d, d, true);  // dK += dS^T (c Q)
         else
           exact_key_update(sl, tile.row0 - ks, b0, nb, c0, c1, sb, qb, d, dka);

@@ -95,6 +95,12 @@ template <class T, class V>
 inline void load_scaled(const T* src, V* dst, int n, V scale) noexcept {
   for (int x = 0; x < n; ++x) dst[x] = V(src[x]) * scale;
 }
+/// dst[x * ldd + r] = A(rows[r][x]) for r < 8, x < n (eight key rows into K^T layout).
+template <class T, class V>
+inline void transpose_rows8(const T* const* rows, int n, V* dst, std::int64_t ldd) noexcept {
+  for (int x = 0; x < n; ++x)
+    for (int r = 0; r < 8; ++r) dst[x * ldd + r] = V(rows[r][x]);
+}
 /// x[i] *= a for i < n.
 template <class V>
 inline void scale_row(V* x, int n, V a) noexcept {
@@ -325,7 +331,8 @@ SEQPAR_ALWAYS_INLINE __m256 key_mask8(int v, int lo, int hi) noexcept {
   return _mm256_castsi256_ps(_mm256_and_si256(ge, lt));
 }
 
-template <int R, int NV>
+/// `Tail`: the last of the NV vectors is partial (masked loads and stores); false for full 8 NV columns.
+template <int R, int NV, bool Tail = true>
 SEQPAR_ALWAYS_INLINE void gemm_block(int kdim, const float* a, std::int64_t ai, std::int64_t ak, const float* b,
                                      std::int64_t ldb, float* c, std::int64_t ldc, __m256i tail,
                                      bool accumulate) noexcept {
@@ -336,7 +343,7 @@ SEQPAR_ALWAYS_INLINE void gemm_block(int kdim, const float* a, std::int64_t ai, 
     for (int v = 0; v < NV; ++v) {
       if (!accumulate)
         acc[i][v] = _mm256_setzero_ps();
-      else if (v + 1 < NV)
+      else if (v + 1 < NV || !Tail)
         acc[i][v] = _mm256_loadu_ps(c + i * ldc + 8 * v);
       else
         acc[i][v] = _mm256_maskload_ps(c + i * ldc + 8 * v, tail);
@@ -347,7 +354,7 @@ SEQPAR_ALWAYS_INLINE void gemm_block(int kdim, const float* a, std::int64_t ai, 
     __m256 bv[NV];
     SEQPAR_UNROLL
     for (int v = 0; v < NV; ++v)
-      bv[v] = v + 1 < NV ? _mm256_loadu_ps(bk + 8 * v) : _mm256_maskload_ps(bk + 8 * v, tail);
+      bv[v] = v + 1 < NV || !Tail ? _mm256_loadu_ps(bk + 8 * v) : _mm256_maskload_ps(bk + 8 * v, tail);
     const float* ak_ptr = a + k * ak;
     SEQPAR_UNROLL
     for (int i = 0; i < R; ++i) {
@@ -360,7 +367,7 @@ SEQPAR_ALWAYS_INLINE void gemm_block(int kdim, const float* a, std::int64_t ai, 
   for (int i = 0; i < R; ++i) {
     SEQPAR_UNROLL
     for (int v = 0; v < NV; ++v) {
-      if (v + 1 < NV)
+      if (v + 1 < NV || !Tail)
         _mm256_storeu_ps(c + i * ldc + 8 * v, acc[i][v]);
       else
         _mm256_maskstore_ps(c + i * ldc + 8 * v, tail, acc[i][v]);
@@ -371,9 +378,10 @@ SEQPAR_ALWAYS_INLINE void gemm_block(int kdim, const float* a, std::int64_t ai, 
 using GemmBlockFn = void (*)(int, const float*, std::int64_t, std::int64_t, const float*, std::int64_t, float*,
                              std::int64_t, __m256i, bool) noexcept;
 
+/// `full`: 16 columns (no masked loads or stores).
 template <int R>
-inline GemmBlockFn gemm_block_for(int nv) noexcept {
-  return nv == 1 ? &gemm_block<R, 1> : &gemm_block<R, 2>;
+inline GemmBlockFn gemm_block_for(int nv, bool full) noexcept {
+  return full ? &gemm_block<R, 2, false> : nv == 1 ? &gemm_block<R, 1> : &gemm_block<R, 2>;
 }
 
 inline void gemm(int m, int n, int kdim, const float* a, std::int64_t ai, std::int64_t ak, const float* b,
@@ -385,28 +393,28 @@ inline void gemm(int m, int n, int kdim, const float* a, std::int64_t ai, std::i
     for (int i0 = 0; i0 < m; i0 += kRowBlock) {
       const int r = std::min(kRowBlock, m - i0);
       if (nv == 2 && r == kRowBlock && w == 16) {  // the hot case, inlined
-        gemm_block<6, 2>(kdim, a + i0 * ai, ai, ak, b + j0, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
+        gemm_block<6, 2, false>(kdim, a + i0 * ai, ai, ak, b + j0, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
         continue;
       }
       GemmBlockFn fn = nullptr;
       switch (r) {
         case 1:
-          fn = gemm_block_for<1>(nv);
+          fn = gemm_block_for<1>(nv, w == 16);
           break;
         case 2:
-          fn = gemm_block_for<2>(nv);
+          fn = gemm_block_for<2>(nv, w == 16);
           break;
         case 3:
-          fn = gemm_block_for<3>(nv);
+          fn = gemm_block_for<3>(nv, w == 16);
           break;
         case 4:
-          fn = gemm_block_for<4>(nv);
+          fn = gemm_block_for<4>(nv, w == 16);
           break;
         case 5:
-          fn = gemm_block_for<5>(nv);
+          fn = gemm_block_for<5>(nv, w == 16);
           break;
         default:
-          fn = gemm_block_for<6>(nv);
+          fn = gemm_block_for<6>(nv, w == 16);
           break;
       }
       fn(kdim, a + i0 * ai, ai, ak, b + j0, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
@@ -542,6 +550,47 @@ SEQPAR_ALWAYS_INLINE void store_bf16x8(bf16* p, __m256 x) noexcept {
   // 8 x u32 (each < 65536) -> 8 x u16: pack within 128-bit lanes, then gather the two low quadwords
   const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+SEQPAR_ALWAYS_INLINE __m256 load8(const float* p) noexcept {
+  return _mm256_loadu_ps(p);
+}
+SEQPAR_ALWAYS_INLINE __m256 load8(const bf16* p) noexcept {
+  return load_bf16x8(p);
+}
+/// 8 x 8 blocks by unpack / shuffle / 128-bit permute (the scalar loop costs ~8% of the forward at d 128).
+template <class T>
+SEQPAR_ALWAYS_INLINE void transpose_rows8_avx2(const T* const* rows, int n, float* dst, std::int64_t ldd) noexcept {
+  int x = 0;
+  for (; x + 8 <= n; x += 8) {
+    __m256 t[8], u[8];
+    SEQPAR_UNROLL
+    for (int r = 0; r < 8; r += 2) {
+      const __m256 a = load8(rows[r] + x), b = load8(rows[r + 1] + x);
+      t[r] = _mm256_unpacklo_ps(a, b);      // a0 b0 a1 b1 | a4 b4 a5 b5
+      t[r + 1] = _mm256_unpackhi_ps(a, b);  // a2 b2 a3 b3 | a6 b6 a7 b7
+    }
+    SEQPAR_UNROLL
+    for (int h = 0; h < 8; h += 4) {  // rows h..h+3: columns 0|4, 1|5, 2|6, 3|7
+      u[h] = _mm256_shuffle_ps(t[h], t[h + 2], _MM_SHUFFLE(1, 0, 1, 0));
+      u[h + 1] = _mm256_shuffle_ps(t[h], t[h + 2], _MM_SHUFFLE(3, 2, 3, 2));
+      u[h + 2] = _mm256_shuffle_ps(t[h + 1], t[h + 3], _MM_SHUFFLE(1, 0, 1, 0));
+      u[h + 3] = _mm256_shuffle_ps(t[h + 1], t[h + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    float* o = dst + x * ldd;
+    SEQPAR_UNROLL
+    for (int c = 0; c < 4; ++c) {
+      _mm256_storeu_ps(o + c * ldd, _mm256_permute2f128_ps(u[c], u[c + 4], 0x20));
+      _mm256_storeu_ps(o + (c + 4) * ldd, _mm256_permute2f128_ps(u[c], u[c + 4], 0x31));
+    }
+  }
+  for (; x < n; ++x)
+    for (int r = 0; r < 8; ++r) dst[x * ldd + r] = float(rows[r][x]);
+}
+inline void transpose_rows8(const float* const* rows, int n, float* dst, std::int64_t ldd) noexcept {
+  transpose_rows8_avx2(rows, n, dst, ldd);
+}
+inline void transpose_rows8(const bf16* const* rows, int n, float* dst, std::int64_t ldd) noexcept {
+  transpose_rows8_avx2(rows, n, dst, ldd);
 }
 inline void load_scaled(const bf16* src, float* dst, int n, float scale) noexcept {
   const __m256 sv = _mm256_set1_ps(scale);

@@ -382,6 +382,19 @@ TEST_SUITE("attention") {
     const AttentionShape bad_gqa{3, 2, 32, 0.0};
     CHECK_THROWS_AS(flash.forward(bad_gqa, q.view(), k.view(), v.view(), good, o.view(), lse.view(), ws),
                     std::invalid_argument);
+    // Outputs that share memory with an input, another output or the workspace.
+    CHECK_THROWS_WITH_AS(flash.forward(shape, q.view(), k.view(), v.view(), good, q.view(), lse.view(), ws),
+                         doctest::Contains("overlaps q"), std::invalid_argument);
+    ThdTensor<float> dout(10, 4, 32);
+    CHECK_THROWS_WITH_AS(flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), good,
+                                        dout.view(), dk.view(), dv.view(), ws),
+                         doctest::Contains("overlaps dout"), std::invalid_argument);
+    std::vector<std::byte> ws_over_o(ws.size() + o.storage.size() * sizeof(float));
+    ThdView<float> o_in_ws = ThdView<float>::dense(reinterpret_cast<float*>(ws_over_o.data()), 10, 4, 32);
+    CHECK_THROWS_WITH_AS(
+        flash.forward(shape, q.view(), k.view(), v.view(), good, o_in_ws, lse.view(), std::span<std::byte>(ws_over_o)),
+        doctest::Contains("workspace = [0x"), std::invalid_argument);
+    CHECK_NOTHROW(flash.forward(shape, q.view(), k.view(), v.view(), good, o.view(), lse.view(), ws));
   }
   TEST_CASE_TEMPLATE("CpuFlash keeps a NaN or infinity inside the rows and keys that read it", T, float, double,
                      attention::bf16) {

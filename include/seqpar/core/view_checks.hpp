@@ -82,4 +82,14 @@ void check_disjoint(const char* where, const char* out_name, const ViewA& out, c
   throw_invalid(where, out_name, value.str(), why.str());
 }
 
+/// check_disjoint of output `out` against each (name, view) pair that follows.
+template <class Out>
+void check_disjoint_from(const char* /*where*/, const char* /*out_name*/, const Out& /*out*/) {}
+template <class Out, class View, class... Rest>
+void check_disjoint_from(const char* where, const char* out_name, const Out& out, const char* name, const View& view,
+                         const Rest&... rest) {
+  check_disjoint(where, out_name, out, name, view);
+  check_disjoint_from(where, out_name, out, rest...);
+}
+
 }  // namespace seqpar::detail

@@ -20,6 +20,8 @@
 //   fuzz_api [--seconds S] [--seed N]
 #include <seqpar/seqpar.hpp>
 
+#include "fuzz_driver.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -342,45 +344,23 @@ void batch_case(std::mt19937& rng) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  double seconds = 10;
-  std::uint32_t seed = std::random_device{}();
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--seconds" && i + 1 < argc)
-      seconds = std::stod(argv[++i]);
-    else if (a == "--seed" && i + 1 < argc)
-      seed = static_cast<std::uint32_t>(std::stoul(argv[++i]));
-    else {
-      std::fprintf(stderr, "usage: %s [--seconds S] [--seed N]\n", argv[0]);
-      return 2;
+  const test::FuzzRun run = test::run_fuzz(argc, argv, [](std::mt19937& rng) {
+    batch_case(rng);
+    kernel_case(rng);
+    switch (pick(rng, 3)) {
+      case 0:
+        distributed_case<Strategy<partition::Zigzag, comm::Ring>>(rng, "Zigzag x Ring");
+        break;
+      case 1:
+        distributed_case<Strategy<partition::Uniform, comm::AllToAll>>(rng, "Uniform x AllToAll");
+        break;
+      default:
+        distributed_case<Strategy<partition::PerDoc, comm::AllGather>>(rng, "PerDoc x AllGather");
+        break;
     }
-  }
-  const auto stop = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  long cases = 0;
-  for (std::uint32_t s = seed;; ++s) {
-    if (std::chrono::steady_clock::now() > stop) break;
-    std::mt19937 rng(s);
-    try {
-      batch_case(rng);
-      kernel_case(rng);
-      switch (pick(rng, 3)) {
-        case 0:
-          distributed_case<Strategy<partition::Zigzag, comm::Ring>>(rng, "Zigzag x Ring");
-          break;
-        case 1:
-          distributed_case<Strategy<partition::Uniform, comm::AllToAll>>(rng, "Uniform x AllToAll");
-          break;
-        default:
-          distributed_case<Strategy<partition::PerDoc, comm::AllGather>>(rng, "PerDoc x AllGather");
-          break;
-      }
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "FAILED at seed %u: %s\n", s, e.what());
-      return 1;
-    }
-    ++cases;
-  }
-  std::printf("fuzz_api: %ld cases (batch, kernel, distributed) in %.0f s (seeds %u..%u)\n", cases, seconds, seed,
-              seed + static_cast<std::uint32_t>(cases));
+  });
+  if (run.status != 0) return run.status;
+  std::printf("fuzz_api: %ld cases (batch, kernel, distributed) in %.0f s (seeds %u..%u)\n", run.cases, run.seconds,
+              run.seed, run.seed + static_cast<std::uint32_t>(run.cases));
   return 0;
 }

@@ -27,6 +27,7 @@
 #include <variant>
 #include <vector>
 
+#include "fuzz_driver.hpp"
 #include "support/strategy_list.hpp"
 
 using namespace seqpar;
@@ -139,24 +140,7 @@ void check(const std::string& name, const DocumentBatch& batch, const AttentionS
 }  // namespace
 
 int main(int argc, char** argv) {
-  double seconds = 10;
-  std::uint32_t seed = std::random_device{}();
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--seconds" && i + 1 < argc)
-      seconds = std::stod(argv[++i]);
-    else if (a == "--seed" && i + 1 < argc)
-      seed = static_cast<std::uint32_t>(std::stoul(argv[++i]));
-    else {
-      std::fprintf(stderr, "usage: %s [--seconds S] [--seed N]\n", argv[0]);
-      return 2;
-    }
-  }
-  const auto stop = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  long cases = 0;
-  for (std::uint32_t s = seed;; ++s) {
-    if (std::chrono::steady_clock::now() > stop) break;
-    std::mt19937 rng(s);
+  const test::FuzzRun run = test::run_fuzz(argc, argv, [](std::mt19937& rng) {
     const DocumentBatch batch = random_batch(rng);
     const int world = 1 + static_cast<int>(rng() % 12);
     const int rpn = 1 + static_cast<int>(rng() % static_cast<std::uint32_t>(world));
@@ -169,15 +153,16 @@ int main(int argc, char** argv) {
         check<typename C::strategy>(C::name(), batch, shape, world, args);
       });
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "FAILED at seed %u (world %d, %d per node, heads %d:%d, %zu documents): %s\n", s, world, rpn,
-                   shape.heads_q, shape.heads_kv, batch.documents().size(), e.what());
-      return 1;
+      throw std::runtime_error("world " + std::to_string(world) + ", " + std::to_string(rpn) + " per node, heads " +
+                               std::to_string(shape.heads_q) + ":" + std::to_string(shape.heads_kv) + ", " +
+                               std::to_string(batch.documents().size()) + " documents: " + e.what());
     }
-    ++cases;
-  }
+  });
+  if (run.status != 0) return run.status;
   std::printf(
       "fuzz_plans: %ld random batches x %zu partitioners x %zu communicator configurations checked in %.0f s "
       "(seeds %u..%u)\n",
-      cases, test::kNumPartitioners, test::kNumCommunicators, seconds, seed, seed + static_cast<std::uint32_t>(cases));
-  return cases > 0 ? 0 : 1;
+      run.cases, test::kNumPartitioners, test::kNumCommunicators, run.seconds, run.seed,
+      run.seed + static_cast<std::uint32_t>(run.cases));
+  return run.cases > 0 ? 0 : 1;
 }

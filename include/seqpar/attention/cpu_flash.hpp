@@ -60,10 +60,10 @@
 #include <type_traits>
 
 #include "seqpar/attention/detail/bf16.hpp"
+#include "seqpar/attention/detail/call_checks.hpp"
 #include "seqpar/attention/detail/flash_tiles.hpp"
 #include "seqpar/attention/kernel.hpp"
 #include "seqpar/core/host_exec.hpp"
-#include "seqpar/core/view_checks.hpp"
 
 namespace seqpar::attention {
 
@@ -131,12 +131,7 @@ class CpuFlash {
                std::span<std::byte> workspace) const {
     constexpr const char* where = "CpuFlash::forward";
     check(exec, shape, q, k, v, slices, workspace, where);
-    seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
-    seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
-    // The kernel zeroes its outputs first and reads its inputs tile by tile: an alias is a wrong answer.
-    seqpar::detail::check_disjoint_from(where, "o", o, "q", q, "k", k, "v", v);
-    seqpar::detail::check_disjoint_from(where, "lse", lse, "q", q, "k", k, "v", v, "o", o);
-    seqpar::detail::check_disjoint_from(where, "workspace", workspace, "q", q, "k", k, "v", v, "o", o, "lse", lse);
+    detail::check_forward_outputs(where, shape, q, k, v, o, lse, workspace);
 
     for (int h = 0; h < shape.heads_q; ++h)
       for (std::int64_t t = 0; t < q.tokens; ++t) {
@@ -173,19 +168,7 @@ class CpuFlash {
                 std::span<std::byte> workspace) const {
     constexpr const char* where = "CpuFlash::backward";
     check(exec, shape, q, k, v, slices, workspace, where);
-    seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
-    seqpar::detail::check_view(dout, where, "dout", q.tokens, shape.heads_q, shape.head_dim);
-    seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
-    seqpar::detail::check_view(dq, where, "dq", q.tokens, shape.heads_q, shape.head_dim);
-    seqpar::detail::check_view(dk, where, "dk", k.tokens, shape.heads_kv, shape.head_dim);
-    seqpar::detail::check_view(dv, where, "dv", k.tokens, shape.heads_kv, shape.head_dim);
-    seqpar::detail::check_disjoint_from(where, "dq", dq, "q", q, "k", k, "v", v, "o", o, "lse", lse, "dout", dout);
-    seqpar::detail::check_disjoint_from(where, "dk", dk, "q", q, "k", k, "v", v, "o", o, "lse", lse, "dout", dout, "dq",
-                                        dq);
-    seqpar::detail::check_disjoint_from(where, "dv", dv, "q", q, "k", k, "v", v, "o", o, "lse", lse, "dout", dout, "dq",
-                                        dq, "dk", dk);
-    seqpar::detail::check_disjoint_from(where, "workspace", workspace, "q", q, "k", k, "v", v, "o", o, "lse", lse,
-                                        "dout", dout, "dq", dq, "dk", dk, "dv", dv);
+    detail::check_backward_views(where, shape, q, k, v, o, lse, dout, dq, dk, dv, workspace);
 
     const Work w = carve(shape, q.tokens, k.tokens, workspace);
     const int d = shape.head_dim;

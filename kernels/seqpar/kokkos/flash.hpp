@@ -49,6 +49,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "seqpar/attention/detail/call_checks.hpp"
 #include "seqpar/attention/kernel.hpp"
 #include "seqpar/core/error.hpp"
 #include "seqpar/kokkos/detail/flash_kernels.hpp"
@@ -107,8 +108,7 @@ class KokkosFlash {
                std::span<std::byte> workspace) const {
     constexpr const char* where = "KokkosFlash::forward";
     check(shape, q, k, v, slices, workspace, where);
-    seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
-    seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
+    attention::detail::check_forward_outputs(where, shape, q, k, v, o, lse, workspace);
     const std::lock_guard lock(kokkos::launch_mutex<ExecSpace>());
     const ExecSpace& space = exec.space();
     using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>;
@@ -142,12 +142,7 @@ class KokkosFlash {
                 std::span<std::byte> workspace) const {
     constexpr const char* where = "KokkosFlash::backward";
     check(shape, q, k, v, slices, workspace, where);
-    seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
-    seqpar::detail::check_view(dout, where, "dout", q.tokens, shape.heads_q, shape.head_dim);
-    seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
-    seqpar::detail::check_view(dq, where, "dq", q.tokens, shape.heads_q, shape.head_dim);
-    seqpar::detail::check_view(dk, where, "dk", k.tokens, shape.heads_kv, shape.head_dim);
-    seqpar::detail::check_view(dv, where, "dv", k.tokens, shape.heads_kv, shape.head_dim);
+    attention::detail::check_backward_views(where, shape, q, k, v, o, lse, dout, dq, dk, dv, workspace);
     const std::lock_guard lock(kokkos::launch_mutex<ExecSpace>());
     const ExecSpace& space = exec.space();
     const Work w = carve(shape, q.tokens, workspace);

@@ -35,16 +35,7 @@ struct ThrowingKernel : attention::Reference<double> {
 };
 static_assert(attention::AttentionKernel<ThrowingKernel>);
 
-struct Local {
-  ThdTensor<double> q, k, v, o;
-  LseTensor<double> lse;
-  Local(std::int64_t n, const AttentionShape& s)
-      : q(n, s.heads_q, s.head_dim),
-        k(n, s.heads_kv, s.head_dim),
-        v(n, s.heads_kv, s.head_dim),
-        o(n, s.heads_q, s.head_dim),
-        lse(s.heads_q, n) {}
-};
+using Local = AttentionTensors<double>;  // only q, k, v, o, lse are used here
 
 // Runs `body(rank, transport)` on a world of n ranks with a short timeout; returns each rank's error
 // message ("" if it returned normally) and the exception World::run rethrew.

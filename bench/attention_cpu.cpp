@@ -141,7 +141,9 @@ void measure_peak(const std::vector<int>& thread_list, std::vector<double>& peak
 }
 
 // ---- micro-kernel: detail::gemm on L1-resident packed tiles, one thread, at this build's flags ----
-// The shapes of the forward's two tile products: S = Q K^T (96 x 64 x d) and O += P V (96 x d x 64).
+// The shapes of the forward's two tile products: S = Q K^T (96 x 64 x d) and O += P V (96 x d x 64), with B
+// packed in column panels as CpuFlash packs K^T and V; P V also with a row-major V (the unpacked layout, whose
+// 512-byte row stride at d 128 lands on a few L1 sets), to show what the packing buys.
 // A drop here means the micro-kernel's code generation regressed (e.g. accumulators spilled at -O2).
 struct KernelRow {
   std::string what;
@@ -149,9 +151,12 @@ struct KernelRow {
   double gflops;
 };
 
-KernelRow time_gemm(const char* what, int m, int n, int k, double budget_s) {
-  std::vector<float> a(static_cast<std::size_t>(m) * k), b(static_cast<std::size_t>(k) * n),
+KernelRow time_gemm(const char* what, int m, int n, int k, bool packed, double budget_s) {
+  constexpr int kP = attention::detail::kPanel;
+  const int n_pad = (n + kP - 1) / kP * kP;
+  std::vector<float> a(static_cast<std::size_t>(m) * k), b(static_cast<std::size_t>(k) * n_pad),
       c(static_cast<std::size_t>(m) * n);
+  const std::int64_t ldb = packed ? kP : n, panel = packed ? std::int64_t{k} * kP : kP;
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (float& x : a) x = u(rng);
@@ -160,7 +165,7 @@ KernelRow time_gemm(const char* what, int m, int n, int k, double budget_s) {
   const double t = best_time(
       [&] {
         for (int r = 0; r < inner; ++r)
-          attention::detail::gemm(m, n, k, a.data(), k, 1, b.data(), n, c.data(), n, true);
+          attention::detail::gemm(m, n, k, a.data(), k, 1, b.data(), ldb, panel, c.data(), n, true);
       },
       budget_s, 20);
   return {what, m, n, k, 2.0 * m * n * k * inner / t * 1e-9};
@@ -402,8 +407,10 @@ int main(int argc, char** argv) {
   // Micro-kernel rows (1 thread): the tile products at this build's flags.
   std::vector<KernelRow> kernel_rows;
   for (int d : smoke ? std::vector<int>{64} : dims) {
-    kernel_rows.push_back(time_gemm("S = Q K^T", 96, attention::detail::kKeyTile, d, smoke ? 0.05 : 0.5));
-    kernel_rows.push_back(time_gemm("O += P V", 96, d, attention::detail::kKeyTile, smoke ? 0.05 : 0.5));
+    const double b = smoke ? 0.05 : 0.5;
+    kernel_rows.push_back(time_gemm("S = Q K^T", 96, attention::detail::kKeyTile, d, true, b));
+    kernel_rows.push_back(time_gemm("O += P V", 96, d, attention::detail::kKeyTile, true, b));
+    kernel_rows.push_back(time_gemm("O += P V, row-major V", 96, d, attention::detail::kKeyTile, false, b));
   }
 
   std::vector<Record> records;
@@ -482,7 +489,7 @@ int main(int argc, char** argv) {
   const double peak1 = peak[1];
   std::printf("\n\nmicro-kernel (1 thread, L1-resident packed tiles, this build's flags):\n");
   for (const KernelRow& r : kernel_rows)
-    std::printf("  %-10s %3d x %3d x %3d  %7.1f GFLOP/s  %5.1f%% of 1T peak\n", r.what.c_str(), r.m, r.n, r.k, r.gflops,
+    std::printf("  %-22s %3d x %3d x %3d  %7.1f GFLOP/s  %5.1f%% of 1T peak\n", r.what.c_str(), r.m, r.n, r.k, r.gflops,
                 100.0 * r.gflops / peak1);
   std::printf("\n%-5s %-5s %-6s %6s %4s %7s %3s %9s %6s %9s %7s %9s %7s\n", "pass", "dtype", "mask", "seq", "d",
               "Hq:Hkv", "thr", "GFLOP/s", "frac", "baseline", "ratio", "torch", "ratio");

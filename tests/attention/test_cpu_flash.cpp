@@ -48,6 +48,10 @@ struct Case {
   std::int64_t q_rows = 0, k_rows = 0;
   std::vector<AttnSlice> slices;
   bool strided = false;  // views are heads_slice of a wider tensor
+  /// Key magnitudes ramp along the buffer: k(t) *= 1 + ramp * t (ramp > 0: every later key tile holds larger
+  /// scores, so the online softmax's reference max must move, by more than its lazy threshold, tile after tile)
+  /// or 1 + |ramp| * (k_rows - 1 - t) (ramp < 0: the first tile dominates and the max never moves again).
+  double k_ramp = 0.0;
 };
 
 /// (tokens, heads + pad, d) storage viewed as (tokens, heads, d) starting at head `pad / 2`.
@@ -109,6 +113,12 @@ void check_case(const Case& c, const attention::CpuFlashArguments& args) {
   fill_normal(k.view(), rng);
   fill_normal(v.view(), rng);
   fill_normal(dout.view(), rng);
+  if (c.k_ramp != 0.0)
+    for (std::int64_t t = 0; t < c.k_rows; ++t) {
+      const double f = c.k_ramp > 0 ? 1 + c.k_ramp * double(t) : 1 - c.k_ramp * double(c.k_rows - 1 - t);
+      for (int h = 0; h < c.hkv; ++h)
+        for (int x = 0; x < c.d; ++x) k.view()(t, h, x) = T(double(k.view()(t, h, x)) * f);
+    }
 
   // fp64 oracle on the same (T-representable) inputs
   const auto qd = to_double<T>(q.view()), kd = to_double<T>(k.view()), vd = to_double<T>(v.view()),
@@ -185,6 +195,13 @@ std::vector<Case> small_cases() {
                 {{30, 60}, {10, 70}, Mask::causal(30)},
                 {{65, 78}, {5, 40}, Mask::full()}};
     cs.push_back(c);
+  }
+  {  // log2-domain scores growing by ~0.3 per key: the reference max moves past the lazy threshold (8) again and
+     // again, so the output rows are rescaled; and the mirror case, where it never moves after the first tile
+    Case up{"causal, key norms ramping up", 2, 1, 64, 300, 300, one(300, 300, Mask::causal()), false, 0.05};
+    cs.push_back(up);
+    Case down{"causal, key norms ramping down", 2, 1, 64, 300, 300, one(300, 300, Mask::causal()), false, -0.05};
+    cs.push_back(down);
   }
   return cs;
 }

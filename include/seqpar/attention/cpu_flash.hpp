@@ -10,13 +10,15 @@
 /// slices (disjoint query ranges, any keys, masks full / causal with explicit offset / sliding window),
 /// GQA without copying KV. Satisfies `AttentionKernel`, so it drops in wherever `Reference` does.
 ///
-/// **Algorithm** (FlashAttention-2, Dao 2023). Forward: per work item (query head, query tile of
-/// `q_tile` rows) the Q tile is packed pre-scaled by softmax_scale * log2(e); KV is streamed in tiles of
-/// 64 keys (K^T packed [d][64] by 8 x 8 transposes, V packed [64][d]); for each score block of 48 query rows
-/// the scores S = Q K^T come from a broadcast-FMA micro-kernel (6 rows x 64 keys in 24 zmm, 6 x 16 in 12 ymm
-/// on AVX2; the 48 rows share each K^T panel from L1), an online softmax in base 2 updates the running
-/// max / sum and rescales the output rows, and P V accumulates into an fp32 output tile. Tiles and row
-/// blocks that the mask hides are skipped; only diagonal tiles are masked element-wise.
+/// **Algorithm** (FlashAttention-2, Dao 2023). Forward, one KV head at a time: its K^T and V are packed once
+/// into the micro-kernel's B panels for every 64-key tile of the buffer (K^T by 8 x 8 transposes); then per work
+/// item (query head of the group, query tile of `q_tile` rows) the Q tile is packed pre-scaled by
+/// softmax_scale * log2(e), and for each 64-key tile the rows see and each score block of 48 query rows the
+/// scores S = Q K^T come from a broadcast-FMA micro-kernel (6 rows x 64 keys in 24 zmm, 6 x 16 in 12 ymm on
+/// AVX2; the 48 rows share each K^T panel from L1; only the 16-key panels holding visible keys), an online
+/// softmax in base 2 updates the running max / sum (lazily: the output rows are rescaled only when a row's max
+/// grows by more than 2^8) and P V accumulates into an fp32 output tile. Tiles and row blocks that the mask
+/// hides are skipped; only blocks that a mask edge crosses are masked element-wise.
 /// Backward recomputes P = exp2(S - LSE2) with D = rowsum(dO * O), dP = dO V^T, dS = P * (dP - D) once per
 /// (query head, key tile, query block) and uses it three times: dV += P^T dO, dK += dS^T Q, dQ += dS K (5 tile
 /// GEMMs); a head's c Q and dO rows are packed once for all of its key tiles. It is deterministic with no atomics:
@@ -31,10 +33,11 @@
 /// __AVX512F__; otherwise (and for double) a portable auto-vectorised path with the same blocking.
 ///
 /// **Memory.** No allocation in forward/backward: the caller passes `workspace_bytes(shape, q_rows,
-/// k_rows)` bytes (per thread: a few q_tile x head_dim fp32 tiles, ~0.9 MB at q_tile 576, d 128; plus
+/// k_rows)` bytes (per thread: two q_tile x head_dim fp32 tiles, ~0.6 MB at q_tile 576, d 128; plus
 /// heads_q * q_rows accumulators for D, tile lists of O(q_rows) entries, and the backward's fp32
-/// accumulators: lanes x q_rows x head_dim for dQ and 2 x k_rows x head_dim for dK/dV, and 2 x q_rows x
-/// head_dim for one head's packed Q and dO, e.g. 32 MiB at 8K tokens, d 128, 1-4 threads).
+/// accumulators: lanes x q_rows x head_dim for dQ and 2 x k_rows x head_dim for dK/dV (the forward packs one
+/// KV head's K^T and V there), and 2 x q_rows x head_dim for one head's packed Q and dO, e.g. 32 MiB at 8K
+/// tokens, d 128, 1-4 threads).
 ///
 /// **Requirements.** Views as `Reference` (head_dim contiguous, any token/head strides); q_ranges of one
 /// call disjoint; precision: accumulation in `accum_type` (float for float, double for double); exp2 by a
@@ -140,18 +143,40 @@ class CpuFlash {
       }
     const Work w = carve(shape, q.tokens, k.tokens, workspace);
     const std::int64_t n_tiles = query_tiles(slices, w.tiles);
-    const std::int64_t total = n_tiles * shape.heads_q;
-    std::atomic<std::int64_t> next{0};
-    auto body = [&](int thread) {
-      A* ws = w.thread(thread);
-      for (std::int64_t idx = next.fetch_add(1, std::memory_order_relaxed); idx < total;
-           idx = next.fetch_add(1, std::memory_order_relaxed)) {
-        const Tile& tile = w.tiles[idx / shape.heads_q];
-        forward_tile(shape, q, k, v, slices[static_cast<std::size_t>(tile.slice)], tile,
-                     static_cast<int>(idx % shape.heads_q), o, lse, ws);
+    const std::int64_t n_kt = (k.tokens + kKT - 1) / kKT;
+    const int group = shape.group_size();
+    // One KV head at a time: its K^T and V are packed once into micro-kernel panels for every 64-key tile of
+    // the buffer (packing them per query tile re-read the strided K/V rows from memory once per query tile:
+    // ~8% of the forward at 4K, d 128), then the query tiles of the group's query heads read them.
+    for (int hk = 0; hk < shape.heads_kv; ++hk) {
+      {
+        std::atomic<std::int64_t> next{0};
+        auto body = [&](int) {
+          for (std::int64_t t = next.fetch_add(1, std::memory_order_relaxed); t < n_kt;
+               t = next.fetch_add(1, std::memory_order_relaxed)) {
+            const int nk = static_cast<int>(std::min<std::int64_t>(kKT, k.tokens - t * kKT));
+            A* kt = w.k_pack + t * tile_elems(shape.head_dim);
+            A* vp = w.v_pack + t * tile_elems(shape.head_dim);
+            pack_keys(k, t * kKT, nk, hk, shape.head_dim, kt, nullptr);
+            pack_panels(v, t * kKT, nk, hk, shape.head_dim, vp);
+            w.v_finite[t] = panels_finite(vp, 0, nk, shape.head_dim) ? 1 : 0;
+          }
+        };
+        exec.parallel(body);
       }
-    };
-    exec.parallel(body);
+      const std::int64_t total = n_tiles * group;
+      std::atomic<std::int64_t> next{0};
+      auto body = [&](int thread) {
+        A* ws = w.thread(thread);
+        for (std::int64_t idx = next.fetch_add(1, std::memory_order_relaxed); idx < total;
+             idx = next.fetch_add(1, std::memory_order_relaxed)) {
+          const Tile& tile = w.tiles[idx / group];
+          forward_tile(shape, q, k.tokens, w, slices[static_cast<std::size_t>(tile.slice)], tile,
+                       hk * group + static_cast<int>(idx % group), o, lse, ws);
+        }
+      };
+      exec.parallel(body);
+    }
   }
 
   void backward(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
@@ -275,10 +300,15 @@ class CpuFlash {
   using A = accum_type;
   static constexpr int kKT = detail::kKeyTile;
   static constexpr int kRB = detail::kRowBlock;
+  static constexpr int kP = detail::kPanel;
   /// Query rows per score block: S (and dP) are computed for this many rows at once, so that each 16-key
   /// panel of K^T (and V in P V) is read from L1 by its 8 register blocks instead of by one (a block of 6
   /// rows at a time streams all of K^T and V, 64 KiB at d 128, from L2 per 6 rows).
+#ifndef SEQPAR_KSB
   static constexpr int kSB = 8 * kRB;
+#else
+  static constexpr int kSB = SEQPAR_KSB;
+#endif
   static constexpr A kLog2e = std::numbers::log2e_v<A>;
   static constexpr A kLn2 = std::numbers::ln2_v<A>;
 
@@ -292,19 +322,22 @@ class CpuFlash {
   };
 
   struct Layout {
-    std::size_t tiles_off, tiles_count, qtiles_off, delta_off, dq_off, dk_off, dv_off, qp_off, op_off, threads_off,
-        thread_bytes, total;
+    std::size_t tiles_off, tiles_count, qtiles_off, delta_off, dq_off, dk_off, dv_off, qp_off, op_off, flags_off,
+        threads_off, thread_bytes, total;
   };
 
   struct Work {
     Tile* tiles;   // key tiles (backward) or query tiles (forward)
     Tile* qtiles;  // query tiles (backward)
     A* delta;
-    A* dq_lanes;  // lanes() x q_rows x d
-    A* dk_acc;    // k_rows x d
-    A* dv_acc;    // k_rows x d
-    A* qp;        // q_rows x d: the current head's Q pre-scaled by c (backward)
-    A* op;        // q_rows x d: the current head's dO (backward)
+    A* dq_lanes;              // lanes() x q_rows x d
+    A* dk_acc;                // k_rows x d (backward)
+    A* dv_acc;                // k_rows x d (backward)
+    A* k_pack;                // forward: the current KV head's K^T, tile t at t * tile_elems(d) (the dk_acc memory)
+    A* v_pack;                // forward: its V in head-dim panels, likewise (the dv_acc memory)
+    unsigned char* v_finite;  // forward: 1 when tile t of v_pack is all finite
+    A* qp;                    // q_rows x d: the current head's Q pre-scaled by c (backward)
+    A* op;                    // q_rows x d: the current head's dO (backward)
     std::byte* threads;
     std::size_t thread_bytes;
     [[nodiscard]] A* thread(int t) const noexcept {
@@ -312,20 +345,30 @@ class CpuFlash {
     }
   };
 
-  static constexpr std::size_t round16(std::int64_t n) noexcept { return static_cast<std::size_t>((n + 15) / 16 * 16); }
-  static constexpr std::size_t align64(std::size_t n) noexcept { return (n + 63) / 64 * 64; }
+  static constexpr std::size_t round16(std::int64_t n) noexcept {
+    return static_cast<std::size_t>((n + 15) / 16 * 16);
+  }
+  static constexpr std::size_t align64(std::size_t n) noexcept {
+    return (n + 63) / 64 * 64;
+  }
 
-  [[nodiscard]] int q_tile_rows() const noexcept { return (args_.q_tile + kRB - 1) / kRB * kRB; }
-  [[nodiscard]] int q_block_rows() const noexcept { return (args_.backward_q_block + kRB - 1) / kRB * kRB; }
+  [[nodiscard]] int q_tile_rows() const noexcept {
+    return (args_.q_tile + kRB - 1) / kRB * kRB;
+  }
+  [[nodiscard]] int q_block_rows() const noexcept {
+    return (args_.backward_q_block + kRB - 1) / kRB * kRB;
+  }
   /// Backward lanes: fixed for given Arguments (at least 4 so that 1..4 threads give the same bits).
-  [[nodiscard]] int lanes() const noexcept { return std::max(4, args_.threads); }
+  [[nodiscard]] int lanes() const noexcept {
+    return std::max(4, args_.threads);
+  }
 
   [[nodiscard]] Layout layout(const AttentionShape& shape, std::int64_t q_rows, std::int64_t k_rows) const noexcept {
     const std::int64_t d = std::max(shape.head_dim, 1);
     const std::int64_t br = q_tile_rows();
     const std::int64_t rq = q_block_rows();
-    const std::size_t fwd = 2 * round16(br * d) + 2 * round16(d * kKT) + round16(kSB * kKT) + 2 * round16(br);
-    const std::size_t bwd = 3 * round16(d * kKT) + 2 * round16(rq * kKT);
+    const std::size_t fwd = 2 * round16(br * d) + round16(kSB * kKT) + 2 * round16(br);
+    const std::size_t bwd = 3 * round16(tile_elems(static_cast<int>(d))) + 2 * round16(rq * kKT);
     const auto qn = static_cast<std::size_t>(std::max<std::int64_t>(q_rows, 0));
     const auto kn = static_cast<std::size_t>(std::max<std::int64_t>(k_rows, 0));
     const auto du = static_cast<std::size_t>(d);
@@ -336,10 +379,14 @@ class CpuFlash {
     l.delta_off = l.qtiles_off + align64(l.tiles_count * sizeof(Tile));
     l.dq_off = l.delta_off + align64(static_cast<std::size_t>(std::max(shape.heads_q, 0)) * qn * sizeof(A));
     l.dk_off = l.dq_off + align64(static_cast<std::size_t>(lanes()) * qn * du * sizeof(A));
-    l.dv_off = l.dk_off + align64(kn * du * sizeof(A));
-    l.qp_off = l.dv_off + align64(kn * du * sizeof(A));
+    // dK / dV accumulators (backward), or the packed K^T / V tiles of one KV head (forward)
+    const std::size_t n_kt = (kn + kKT - 1) / kKT;
+    const std::size_t kv = std::max(kn * du, n_kt * static_cast<std::size_t>(tile_elems(static_cast<int>(d))));
+    l.dv_off = l.dk_off + align64(kv * sizeof(A));
+    l.qp_off = l.dv_off + align64(kv * sizeof(A));
     l.op_off = l.qp_off + align64(qn * du * sizeof(A));
-    l.threads_off = l.op_off + align64(qn * du * sizeof(A));
+    l.flags_off = l.op_off + align64(qn * du * sizeof(A));
+    l.threads_off = l.flags_off + align64(n_kt);
     l.thread_bytes = align64(std::max(fwd, bwd) * sizeof(A));
     l.total = 64 + l.threads_off + static_cast<std::size_t>(args_.threads) * l.thread_bytes;
     return l;
@@ -356,6 +403,9 @@ class CpuFlash {
             reinterpret_cast<A*>(base + l.dq_off),
             reinterpret_cast<A*>(base + l.dk_off),
             reinterpret_cast<A*>(base + l.dv_off),
+            reinterpret_cast<A*>(base + l.dk_off),
+            reinterpret_cast<A*>(base + l.dv_off),
+            reinterpret_cast<unsigned char*>(base + l.flags_off),
             reinterpret_cast<A*>(base + l.qp_off),
             reinterpret_cast<A*>(base + l.op_off),
             base + l.threads_off,
@@ -456,26 +506,59 @@ class CpuFlash {
     return n;
   }
 
-  /// K^T of keys [j0, j0 + nk) of KV head hk into kt[d][64] (zero-padded), optionally also
-  /// natural-layout rows into nat[64][d].
+  /// Elements of a key tile packed as B panels of the micro-kernel: K^T ([64 / kP][d][kP], key panels) or
+  /// natural rows ([ceil(d / kP)][64][kP], head-dim panels; columns past d are zero).
+  static constexpr std::int64_t tile_elems(int d) noexcept {
+    return std::int64_t{kKT} * ((std::int64_t{d} + kP - 1) / kP * kP);
+  }
+  /// Distance between two panels of a natural-layout tile (64 rows of kP).
+  static constexpr std::int64_t kRowPanel = std::int64_t{kKT} * kP;
+
+  /// K^T of keys [j0, j0 + nk) of KV head hk into kt as key panels (column c of K^T, i.e. key c, at
+  /// kt[(c / kP) * d * kP + x * kP + c % kP]; keys past nk are zero), optionally also the natural rows into
+  /// nat as head-dim panels (pack_panels).
   static void pack_keys(ThdView<const T> src, std::int64_t j0, int nk, int hk, int d, A* kt, A* nat) noexcept {
+    const std::int64_t kt_panel = std::int64_t{d} * kP;
     int c = 0;
     for (; c + 8 <= nk; c += 8) {  // eight keys at a time (8 x 8 block transposes where vectorised)
       const T* rows[8];
       for (int r = 0; r < 8; ++r) rows[r] = src.row(j0 + c + r, hk);
-      detail::transpose_rows8(rows, d, kt + c, kKT);
-      if (nat != nullptr)
-        for (int r = 0; r < 8; ++r) detail::load_scaled(rows[r], nat + (c + r) * d, d, A(1));
+      detail::transpose_rows8(rows, d, kt + (c / kP) * kt_panel + c % kP, kP);
     }
     for (; c < kKT; ++c) {
+      A* col = kt + (c / kP) * kt_panel + c % kP;
       if (c < nk) {
         const T* row = src.row(j0 + c, hk);
-        for (int x = 0; x < d; ++x) kt[x * kKT + c] = A(row[x]);
-        if (nat != nullptr) detail::load_scaled(row, nat + c * d, d, A(1));
+        for (int x = 0; x < d; ++x) col[x * kP] = A(row[x]);
       } else {
-        for (int x = 0; x < d; ++x) kt[x * kKT + c] = A(0);
+        for (int x = 0; x < d; ++x) col[x * kP] = A(0);
       }
     }
+    if (nat != nullptr) pack_panels(src, j0, nk, hk, d, nat);
+  }
+
+  /// Rows [j0, j0 + nk) of head hk as head-dim panels: element x of row c at
+  /// dst[(x / kP) * kRowPanel + c * kP + x % kP], zero for x >= d (rows past nk are not written).
+  static void pack_panels(ThdView<const T> src, std::int64_t j0, int nk, int hk, int d, A* dst) noexcept {
+    const int full = d / kP * kP;
+    for (int c = 0; c < nk; ++c) {
+      const T* row = src.row(j0 + c, hk);
+      A* out = dst + c * kP;
+      for (int x = 0; x < full; x += kP) detail::load_scaled(row + x, out + (x / kP) * kRowPanel, kP, A(1));
+      if (full < d) {
+        A* tail = out + (full / kP) * kRowPanel;
+        detail::load_scaled(row + full, tail, d - full, A(1));
+        std::fill(tail + (d - full), tail + kP, A(0));
+      }
+    }
+  }
+
+  /// Whether rows [c0, c1) of a head-dim-panel tile are all finite (the zero padding is).
+  static bool panels_finite(const A* p, int c0, int c1, int d) noexcept {
+    bool ok = true;
+    for (int x = 0; x < d; x += kP)
+      ok &= detail::all_finite(p + (x / kP) * kRowPanel + c0 * kP, std::int64_t{c1 - c0} * kP);
+    return ok;
   }
 
   static void pack_rows(ThdView<const T> src, std::int64_t i0, std::int64_t n, int h, int d, A scale, A* dst) noexcept {
@@ -489,6 +572,18 @@ class CpuFlash {
   static bool tile_columns(const AttnSlice& sl, std::int64_t first, int rows, std::int64_t kt0, int nk,
                            std::int64_t kmin, std::int64_t kmax, int* lo, int* hi, int& pmin, int& pmax) noexcept {
     const std::int64_t klen = sl.k_range.size();
+    // Masks are monotone in the row (both ends of the visible range never decrease), so when the first row
+    // sees to the tile's end and the last row from its start, every row sees the whole tile: most blocks
+    // of a long causal slice, decided in two mask evaluations instead of one per row.
+    const std::int64_t t0 = std::max(kt0, kmin), t1 = std::min(kt0 + nk, kmax);
+    if (t0 < t1 && sl.mask.visible_keys(first, klen).end >= t1 &&
+        sl.mask.visible_keys(first + rows - 1, klen).begin <= t0) {
+      pmin = static_cast<int>(t0 - kt0);
+      pmax = static_cast<int>(t1 - kt0);
+      std::fill_n(lo, rows, pmin);
+      std::fill_n(hi, rows, pmax);
+      return true;
+    }
     bool any = false;
     pmin = kKT;
     pmax = 0;
@@ -511,17 +606,17 @@ class CpuFlash {
     return {sl.mask.visible_keys(r0, klen).begin, sl.mask.visible_keys(r1 - 1, klen).end};
   }
 
-  void forward_tile(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
+  /// Query rows `tile` of slice `sl` for query head h, against the KV head's packed tiles in w (k_pack, v_pack,
+  /// v_finite): the buffer's 64-key tiles that the rows see, each restricted to the slice's visible keys.
+  void forward_tile(const AttentionShape& shape, ThdView<const T> q, std::int64_t k_rows, const Work& w,
                     const AttnSlice& sl, const Tile& tile, int h, ThdView<T> o, LseView<A> lse, A* ws) const noexcept {
     const int d = shape.head_dim;
-    const int hk = h / shape.group_size();
     const int n = static_cast<int>(tile.row1 - tile.row0);
     const std::int64_t br = q_tile_rows();
+    const std::int64_t te = tile_elems(d);
     A* qs = ws;
     A* acc = qs + round16(br * d);
-    A* kt = acc + round16(br * d);
-    A* vp = kt + round16(std::int64_t{d} * kKT);
-    A* s = vp + round16(std::int64_t{d} * kKT);
+    A* s = acc + round16(br * d);
     A* m = s + round16(kSB * kKT);
     A* l = m + round16(br);
     const std::int64_t i0 = sl.q_range.begin + tile.row0;
@@ -530,13 +625,15 @@ class CpuFlash {
     std::fill_n(m, n, -std::numeric_limits<A>::infinity());
     std::fill_n(l, n, A(0));
 
-    const Range keys = key_span(sl, tile.row0, tile.row1);
+    const Range keys = key_span(sl, tile.row0, tile.row1);  // slice-relative
+    const std::int64_t ks = sl.k_range.begin;
     int lo[kSB], hi[kSB];
-    for (std::int64_t kt0 = keys.begin; kt0 < keys.end; kt0 += kKT) {
-      const int nk = static_cast<int>(std::min<std::int64_t>(kKT, keys.end - kt0));
-      pack_keys(k, sl.k_range.begin + kt0, nk, hk, d, kt, nullptr);
-      pack_rows(v, sl.k_range.begin + kt0, nk, hk, d, A(1), vp);
-      const bool v_finite = detail::all_finite(vp, std::int64_t{nk} * d);
+    for (std::int64_t t = (ks + keys.begin) / kKT; t * kKT < ks + keys.end; ++t) {
+      const std::int64_t kt0 = t * kKT - ks;  // slice-relative key of tile column 0 (may be negative)
+      const int nk = static_cast<int>(std::min<std::int64_t>(kKT, k_rows - t * kKT));
+      const A* kt = w.k_pack + t * te;
+      const A* vp = w.v_pack + t * te;
+      const bool v_finite = w.v_finite[t] != 0;
       for (int g0 = 0; g0 < n; g0 += kSB) {
         int rows = std::min(kSB, n - g0);
         int pmin = 0, pmax = 0;
@@ -546,7 +643,11 @@ class CpuFlash {
         while (lo[ra] >= hi[ra]) ++ra;
         while (lo[rows - 1] >= hi[rows - 1]) --rows;
         const int nr = rows - ra;
-        detail::gemm(nr, kKT, d, qs + (g0 + ra) * d, d, 1, kt, kKT, s + ra * kKT, kKT, false);
+        // Only the key panels that hold visible columns [pmin, pmax) (a short document's keys fill a part of the
+        // tile); the other columns of s stay stale and are masked by selection in softmax_row.
+        const int c0 = pmin / kP * kP, c1 = std::min(kKT, (pmax + kP - 1) / kP * kP);
+        detail::gemm(nr, c1 - c0, d, qs + (g0 + ra) * d, d, 1, kt + (c0 / kP) * d * kP, kP, std::int64_t{d} * kP,
+                     s + ra * kKT + c0, kKT, false);
         for (int r = ra; r < rows; ++r) {
           A* sr = s + r * kKT;
           if (lo[r] >= hi[r]) {
@@ -557,12 +658,13 @@ class CpuFlash {
           if (alpha != A(1)) detail::scale_row(acc + (g0 + r) * d, d, alpha);
         }
         if (v_finite) {
-          detail::gemm(nr, d, pmax - pmin, s + ra * kKT + pmin, kKT, 1, vp + pmin * d, d, acc + (g0 + ra) * d, d, true);
+          detail::gemm(nr, d, pmax - pmin, s + ra * kKT + pmin, kKT, 1, vp + pmin * kP, kP, kRowPanel,
+                       acc + (g0 + ra) * d, d, true);
         } else {  // exact per-row key ranges: a masked P is 0, but 0 * (NaN or inf in V) is not
           for (int r = ra; r < rows; ++r)
             if (lo[r] < hi[r])
-              detail::gemm(1, d, hi[r] - lo[r], s + r * kKT + lo[r], kKT, 1, vp + lo[r] * d, d, acc + (g0 + r) * d, d,
-                           true);
+              detail::gemm(1, d, hi[r] - lo[r], s + r * kKT + lo[r], kKT, 1, vp + lo[r] * kP, kP, kRowPanel,
+                           acc + (g0 + r) * d, d, true);
         }
       }
     }
@@ -604,9 +706,9 @@ class CpuFlash {
     const std::int64_t rq = q_block_rows();
     const int nk = static_cast<int>(tile.row1 - tile.row0);
     A* kt = ws;
-    A* vt = kt + round16(std::int64_t{d} * kKT);
-    A* kn = vt + round16(std::int64_t{d} * kKT);
-    A* pb = kn + round16(std::int64_t{d} * kKT);
+    A* vt = kt + round16(tile_elems(d));
+    A* kn = vt + round16(tile_elems(d));
+    A* pb = kn + round16(tile_elems(d));
     A* sb = pb + round16(rq * kKT);
     A* dka = dk_acc + tile.row0 * d;
     A* dva = dv_acc + tile.row0 * d;
@@ -624,7 +726,7 @@ class CpuFlash {
       const Range rows_all = rows_seeing(sl, kr.begin - ks, kr.end - ks);
       // Only this slice's keys of the tile [c0, c1): the other documents' keys must not meet its rows.
       const int c0 = static_cast<int>(kr.begin - tile.row0), c1 = static_cast<int>(kr.end - tile.row0);
-      const bool k_finite = detail::all_finite(kn + c0 * d, std::int64_t{c1 - c0} * d);
+      const bool k_finite = panels_finite(kn, c0, c1, d);
       for (std::int64_t b0 = rows_all.begin; b0 < rows_all.end; b0 += rq) {
         const int nb = static_cast<int>(std::min<std::int64_t>(rq, rows_all.end - b0));
         const std::int64_t i0 = sl.q_range.begin + b0;
@@ -640,8 +742,8 @@ class CpuFlash {
             std::fill_n(ds, rows * kKT, A(0));
             continue;
           }
-          detail::gemm(rows, kKT, d, qb + g0 * d, d, 1, kt, kKT, p, kKT, false);
-          detail::gemm(rows, kKT, d, ob + g0 * d, d, 1, vt, kKT, ds, kKT, false);
+          detail::gemm(rows, kKT, d, qb + g0 * d, d, 1, kt, kP, std::int64_t{d} * kP, p, kKT, false);
+          detail::gemm(rows, kKT, d, ob + g0 * d, d, 1, vt, kP, std::int64_t{d} * kP, ds, kKT, false);
           for (int r = 0; r < rows; ++r) {
             const std::int64_t i = i0 + g0 + r;
             if (lo[r] >= hi[r]) {
@@ -661,14 +763,14 @@ class CpuFlash {
         else
           exact_key_update(sl, tile.row0 - ks, b0, nb, c0, c1, sb, qb, d, dka);
         if (k_finite) {  // dQ += dS K
-          detail::gemm(nb, d, c1 - c0, sb + c0, kKT, 1, kn + c0 * d, d, dq_lane + i0 * d, d, true);
+          detail::gemm(nb, d, c1 - c0, sb + c0, kKT, 1, kn + c0 * kP, kP, kRowPanel, dq_lane + i0 * d, d, true);
         } else {  // exact per-row key ranges: a masked dS is 0, but 0 * (NaN or inf in K) is not
           const std::int64_t koff = tile.row0 - ks, klen = sl.k_range.size();
           for (int r = 0; r < nb; ++r) {
             const Range vis = intersect(sl.mask.visible_keys(b0 + r, klen), {koff + c0, koff + c1});
             if (vis.empty()) continue;
             const int j0 = static_cast<int>(vis.begin - koff);
-            detail::gemm(1, d, static_cast<int>(vis.size()), sb + r * kKT + j0, kKT, 1, kn + j0 * d, d,
+            detail::gemm(1, d, static_cast<int>(vis.size()), sb + r * kKT + j0, kKT, 1, kn + j0 * kP, kP, kRowPanel,
                          dq_lane + (i0 + r) * d, d, true);
           }
         }

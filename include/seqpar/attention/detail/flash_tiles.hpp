@@ -38,39 +38,68 @@ namespace seqpar::attention::detail {
 inline constexpr int kKeyTile = 64;
 /// Rows per register block of the micro-kernels.
 inline constexpr int kRowBlock = 6;
+/// Lazy rescaling (as in FlashAttention-4): a row's reference max m moves only when a tile's max exceeds it by
+/// more than this many powers of two, so most tiles skip the alpha = exp2(m_old - m_new) rescale of the output
+/// row. Exact, not an approximation: P = exp2(s - m) <= 2^8 and the sum l use the same m, and O = acc / l,
+/// LSE = m + log2(l) do not depend on which m was used (fp32 holds the up to 256x larger values easily).
+inline constexpr float kLazyRescale = 8.0f;
 
-/// C[i][j] (+)= sum_k A(i, k) * B[k * ldb + j] for i < m, j < n, k < kdim, where A(i, k) = a[i * ai + k * ak]
-/// (so A may be row-major or transposed). Portable version: the j loop vectorises.
+/// The new reference max of a row with reference max m after a tile whose visible max is mx (NaN keeps m,
+/// as max(m, NaN) did; the first tile, m = -inf, always moves it).
+template <class V>
+inline V lazy_max(V m, V mx) noexcept {
+  return mx > m + V(kLazyRescale) ? mx : m;
+}
+
+/// Columns per B panel: the micro-kernel's column block (64 floats on AVX-512, 16 on AVX2 and portable).
+#if defined(__AVX512F__)
+inline constexpr int kPanel = 64;
+#else
+inline constexpr int kPanel = 16;
+#endif
+
+/// C[i][j] (+)= sum_k A(i, k) * B(k, j) for i < m, j < n, k < kdim, where A(i, k) = a[i * ai + k * ak] (so A
+/// may be row-major or transposed) and B(k, j) = b[(j / kPanel) * panel + k * ldb + j % kPanel]: B is stored as
+/// column panels of kPanel columns, `panel` elements apart. Row-major B is the case panel = kPanel; packed
+/// panels (ldb = kPanel) are contiguous, so the micro-kernel streams each one instead of reading one cache
+/// line per row at a row stride that maps to a few L1 sets (a 64 x 128 V tile at 512-byte stride: 76% of the
+/// packed form's speed). Portable version: the j loop vectorises.
 template <class V>
 inline void gemm_portable(int m, int n, int kdim, const V* a, std::int64_t ai, std::int64_t ak, const V* b,
-                          std::int64_t ldb, V* c, std::int64_t ldc, bool accumulate) noexcept {
+                          std::int64_t ldb, std::int64_t panel, V* c, std::int64_t ldc, bool accumulate) noexcept {
   for (int i = 0; i < m; ++i) {
     V* ci = c + i * ldc;
     if (!accumulate)
       for (int j = 0; j < n; ++j) ci[j] = V(0);
-    for (int k = 0; k < kdim; ++k) {
-      const V aik = a[i * ai + k * ak];
-      const V* bk = b + k * ldb;
-      for (int j = 0; j < n; ++j) ci[j] += aik * bk[j];
+    for (int j0 = 0; j0 < n; j0 += kPanel) {
+      const int w = std::min(kPanel, n - j0);
+      const V* bp = b + (j0 / kPanel) * panel;
+      V* cj = ci + j0;
+      for (int k = 0; k < kdim; ++k) {
+        const V aik = a[i * ai + k * ak];
+        const V* bk = bp + k * ldb;
+        for (int j = 0; j < w; ++j) cj[j] += aik * bk[j];
+      }
     }
   }
 }
 
 /// Online-softmax update of one row of raw log2-domain scores s[0, kKeyTile) of which [lo, hi) are
-/// visible (lo < hi): s becomes P = exp2(s - m_new) (0 outside), m and l are updated; returns the
-/// factor alpha = exp2(m_old - m_new) by which the row's accumulated output must be rescaled.
+/// visible (lo < hi): s becomes P = exp2(s - m_new) (0 outside), the reference max m (lazy_max) and the sum l
+/// are updated; returns the factor alpha = exp2(m_old - m_new) by which the row's accumulated output must be
+/// rescaled (1 when m did not move).
 template <class V>
 inline V softmax_row_portable(V* s, int lo, int hi, V& m, V& l) noexcept {
   V mx = -std::numeric_limits<V>::infinity();
   for (int j = lo; j < hi; ++j) mx = std::max(mx, s[j]);
-  const V m_new = std::max(m, mx);
+  const V m_new = lazy_max(m, mx);
   V sum = 0;
   for (int j = 0; j < kKeyTile; ++j) {
     const V p = (j >= lo && j < hi) ? std::exp2(s[j] - m_new) : V(0);
     s[j] = p;
     sum += p;
   }
-  const V alpha = m == -std::numeric_limits<V>::infinity() ? V(0) : std::exp2(m - m_new);
+  const V alpha = m == m_new ? V(1) : m == -std::numeric_limits<V>::infinity() ? V(0) : std::exp2(m - m_new);
   l = l * alpha + sum;
   m = m_new;
   return alpha;
@@ -219,9 +248,10 @@ inline GemmBlockFn gemm_block_for(int nv) noexcept {
 }
 
 inline void gemm(int m, int n, int kdim, const float* a, std::int64_t ai, std::int64_t ak, const float* b,
-                 std::int64_t ldb, float* c, std::int64_t ldc, bool accumulate) noexcept {
+                 std::int64_t ldb, std::int64_t panel, float* c, std::int64_t ldc, bool accumulate) noexcept {
   for (int j0 = 0; j0 < n; j0 += 64) {
     const int w = std::min(64, n - j0);
+    const float* bj = b + (j0 / 64) * panel;
     const int nv = (w + 15) / 16;
     const __mmask16 tail = (w % 16) != 0 ? static_cast<__mmask16>((1u << (w % 16)) - 1u) : __mmask16(0xFFFF);
     for (int i0 = 0; i0 < m; i0 += kRowBlock) {
@@ -248,9 +278,9 @@ inline void gemm(int m, int n, int kdim, const float* a, std::int64_t ai, std::i
           break;
       }
       if (nv == 4 && r == kRowBlock && w == 64) {  // the hot case, inlined
-        gemm_block<6, 4>(kdim, a + i0 * ai, ai, ak, b + j0, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
+        gemm_block<6, 4>(kdim, a + i0 * ai, ai, ak, bj, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
       } else {
-        fn(kdim, a + i0 * ai, ai, ak, b + j0, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
+        fn(kdim, a + i0 * ai, ai, ak, bj, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
       }
     }
   }
@@ -267,7 +297,7 @@ inline float softmax_row(float* s, int lo, int hi, float& m, float& l) noexcept 
     x[v] = _mm512_mask_loadu_ps(ninf, km[v], s + 16 * v);
   }
   const __m512 mx4 = _mm512_max_ps(_mm512_max_ps(x[0], x[1]), _mm512_max_ps(x[2], x[3]));
-  const float m_new = std::max(m, _mm512_reduce_max_ps(mx4));
+  const float m_new = lazy_max(m, _mm512_reduce_max_ps(mx4));
   const __m512 mv = _mm512_set1_ps(m_new);
   __m512 sum = _mm512_setzero_ps();
   SEQPAR_UNROLL
@@ -276,7 +306,7 @@ inline float softmax_row(float* s, int lo, int hi, float& m, float& l) noexcept 
     _mm512_storeu_ps(s + 16 * v, p);
     sum = _mm512_add_ps(sum, p);
   }
-  const float alpha = m == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp2(m - m_new);
+  const float alpha = m == m_new ? 1.0f : m == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp2(m - m_new);
   l = l * alpha + _mm512_reduce_add_ps(sum);
   m = m_new;
   return alpha;
@@ -385,15 +415,16 @@ inline GemmBlockFn gemm_block_for(int nv, bool full) noexcept {
 }
 
 inline void gemm(int m, int n, int kdim, const float* a, std::int64_t ai, std::int64_t ak, const float* b,
-                 std::int64_t ldb, float* c, std::int64_t ldc, bool accumulate) noexcept {
+                 std::int64_t ldb, std::int64_t panel, float* c, std::int64_t ldc, bool accumulate) noexcept {
   for (int j0 = 0; j0 < n; j0 += 16) {
     const int w = std::min(16, n - j0);
+    const float* bj = b + (j0 / 16) * panel;
     const int nv = (w + 7) / 8;
     const __m256i tail = tail_mask8(w - 8 * (nv - 1));
     for (int i0 = 0; i0 < m; i0 += kRowBlock) {
       const int r = std::min(kRowBlock, m - i0);
       if (nv == 2 && r == kRowBlock && w == 16) {  // the hot case, inlined
-        gemm_block<6, 2, false>(kdim, a + i0 * ai, ai, ak, b + j0, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
+        gemm_block<6, 2, false>(kdim, a + i0 * ai, ai, ak, bj, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
         continue;
       }
       GemmBlockFn fn = nullptr;
@@ -417,7 +448,7 @@ inline void gemm(int m, int n, int kdim, const float* a, std::int64_t ai, std::i
           fn = gemm_block_for<6>(nv, w == 16);
           break;
       }
-      fn(kdim, a + i0 * ai, ai, ak, b + j0, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
+      fn(kdim, a + i0 * ai, ai, ak, bj, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
     }
   }
 }
@@ -449,7 +480,7 @@ inline float softmax_row(float* s, int lo, int hi, float& m, float& l) noexcept 
     }
     mx = _mm256_max_ps(mx, x[v]);
   }
-  const float m_new = std::max(m, hmax8(mx));
+  const float m_new = lazy_max(m, hmax8(mx));
   const __m256 mv = _mm256_set1_ps(m_new);
   __m256 sum = _mm256_setzero_ps();
   SEQPAR_UNROLL
@@ -459,7 +490,7 @@ inline float softmax_row(float* s, int lo, int hi, float& m, float& l) noexcept 
     _mm256_storeu_ps(s + 8 * v, p);
     sum = _mm256_add_ps(sum, p);
   }
-  const float alpha = m == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp2(m - m_new);
+  const float alpha = m == m_new ? 1.0f : m == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp2(m - m_new);
   l = l * alpha + hsum8(sum);
   m = m_new;
   return alpha;
@@ -625,8 +656,14 @@ inline float dot<float, bf16>(const bf16* a, const bf16* b, int n) noexcept {
 
 template <class V>
 inline void gemm(int m, int n, int kdim, const V* a, std::int64_t ai, std::int64_t ak, const V* b, std::int64_t ldb,
+                 std::int64_t panel, V* c, std::int64_t ldc, bool accumulate) noexcept {
+  gemm_portable(m, n, kdim, a, ai, ak, b, ldb, panel, c, ldc, accumulate);
+}
+/// Row-major B (B(k, j) = b[k * ldb + j]).
+template <class V>
+inline void gemm(int m, int n, int kdim, const V* a, std::int64_t ai, std::int64_t ak, const V* b, std::int64_t ldb,
                  V* c, std::int64_t ldc, bool accumulate) noexcept {
-  gemm_portable(m, n, kdim, a, ai, ak, b, ldb, c, ldc, accumulate);
+  gemm(m, n, kdim, a, ai, ak, b, ldb, std::int64_t{kPanel}, c, ldc, accumulate);
 }
 template <class V>
 inline V softmax_row(V* s, int lo, int hi, V& m, V& l) noexcept {

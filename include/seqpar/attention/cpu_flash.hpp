@@ -643,11 +643,19 @@ class CpuFlash {
         while (lo[ra] >= hi[ra]) ++ra;
         while (lo[rows - 1] >= hi[rows - 1]) --rows;
         const int nr = rows - ra;
-        // Only the key panels that hold visible columns [pmin, pmax) (a short document's keys fill a part of the
-        // tile); the other columns of s stay stale and are masked by selection in softmax_row.
-        const int c0 = pmin / kP * kP, c1 = std::min(kKT, (pmax + kP - 1) / kP * kP);
-        detail::gemm(nr, c1 - c0, d, qs + (g0 + ra) * d, d, 1, kt + (c0 / kP) * d * kP, kP, std::int64_t{d} * kP,
-                     s + ra * kKT + c0, kKT, false);
+        // Per register block of 6 rows, only the keys its rows see: S over the 16-key panels that hold them
+        // (the other columns of s stay stale and are masked by selection in softmax_row), P V over exactly them.
+        // Every row in [ra, rows) sees the tile and the visible ranges move right with the row, so a block's
+        // keys run from its first row's lo to its last row's hi.
+        int col_lo[kSB / kRB], col_hi[kSB / kRB], k_lo[kSB / kRB], k_hi[kSB / kRB];
+        for (int i = 0, rb = 0; i < nr; i += kRB, ++rb) {
+          k_lo[rb] = lo[ra + i];
+          k_hi[rb] = hi[std::min(rows, ra + i + kRB) - 1];
+          col_lo[rb] = k_lo[rb] / kP * kP;
+          col_hi[rb] = std::min(kKT, (k_hi[rb] + kP - 1) / kP * kP);
+        }
+        detail::gemm(nr, kKT, d, qs + (g0 + ra) * d, d, 1, kt, kP, std::int64_t{d} * kP, s + ra * kKT, kKT, false,
+                     {col_lo, col_hi, nullptr, nullptr});
         for (int r = ra; r < rows; ++r) {
           A* sr = s + r * kKT;
           if (lo[r] >= hi[r]) {
@@ -658,8 +666,8 @@ class CpuFlash {
           if (alpha != A(1)) detail::scale_row(acc + (g0 + r) * d, d, alpha);
         }
         if (v_finite) {
-          detail::gemm(nr, d, pmax - pmin, s + ra * kKT + pmin, kKT, 1, vp + pmin * kP, kP, kRowPanel,
-                       acc + (g0 + ra) * d, d, true);
+          detail::gemm(nr, d, kKT, s + ra * kKT, kKT, 1, vp, kP, kRowPanel, acc + (g0 + ra) * d, d, true,
+                       {nullptr, nullptr, k_lo, k_hi});
         } else {  // exact per-row key ranges: a masked P is 0, but 0 * (NaN or inf in V) is not
           for (int r = ra; r < rows; ++r)
             if (lo[r] < hi[r])

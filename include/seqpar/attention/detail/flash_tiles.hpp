@@ -58,6 +58,19 @@ inline constexpr int kPanel = 64;
 inline constexpr int kPanel = 16;
 #endif
 
+/// Work that differs per register block of kRowBlock rows (block rb holds rows [kRowBlock * rb, ...)): along a
+/// mask edge each block computes only what its own rows see, at 6-row x 16-key granularity instead of a whole
+/// score block's (a 48 x 64 block on a causal diagonal is half hidden; short documents are mostly edge). Block rb
+/// computes only columns [col_lo[rb], col_hi[rb]) (multiples of kPanel, or n; its other columns of C are left as
+/// they were) and sums only over k in [k_lo[rb], k_hi[rb]) (A is zero elsewhere). Null: all columns / all k.
+/// Panels stay the outer loop, so each B panel is still read from L1 by all row blocks.
+struct BlockRanges {
+  const int* col_lo = nullptr;
+  const int* col_hi = nullptr;
+  const int* k_lo = nullptr;
+  const int* k_hi = nullptr;
+};
+
 /// C[i][j] (+)= sum_k A(i, k) * B(k, j) for i < m, j < n, k < kdim, where A(i, k) = a[i * ai + k * ak] (so A
 /// may be row-major or transposed) and B(k, j) = b[(j / kPanel) * panel + k * ldb + j % kPanel]: B is stored as
 /// column panels of kPanel columns, `panel` elements apart. Row-major B is the case panel = kPanel; packed
@@ -66,7 +79,20 @@ inline constexpr int kPanel = 16;
 /// packed form's speed). Portable version: the j loop vectorises.
 template <class V>
 inline void gemm_portable(int m, int n, int kdim, const V* a, std::int64_t ai, std::int64_t ak, const V* b,
-                          std::int64_t ldb, std::int64_t panel, V* c, std::int64_t ldc, bool accumulate) noexcept {
+                          std::int64_t ldb, std::int64_t panel, V* c, std::int64_t ldc, bool accumulate,
+                          const BlockRanges& rg = {}) noexcept {
+  if (rg.col_lo != nullptr || rg.k_lo != nullptr) {
+    for (int i0 = 0, rb = 0; i0 < m; i0 += kRowBlock, ++rb) {
+      const int j0 = rg.col_lo != nullptr ? rg.col_lo[rb] : 0;
+      const int j1 = rg.col_lo != nullptr ? std::min(n, rg.col_hi[rb]) : n;
+      const int k0 = rg.k_lo != nullptr ? rg.k_lo[rb] : 0;
+      const int k1 = rg.k_lo != nullptr ? rg.k_hi[rb] : kdim;
+      if (j0 < j1)
+        gemm_portable(std::min(kRowBlock, m - i0), j1 - j0, k1 - k0, a + i0 * ai + k0 * ak, ai, ak,
+                      b + (j0 / kPanel) * panel + k0 * ldb, ldb, panel, c + i0 * ldc + j0, ldc, accumulate);
+    }
+    return;
+  }
   for (int i = 0; i < m; ++i) {
     V* ci = c + i * ldc;
     if (!accumulate)
@@ -248,13 +274,19 @@ inline GemmBlockFn gemm_block_for(int nv) noexcept {
 }
 
 inline void gemm(int m, int n, int kdim, const float* a, std::int64_t ai, std::int64_t ak, const float* b,
-                 std::int64_t ldb, std::int64_t panel, float* c, std::int64_t ldc, bool accumulate) noexcept {
+                 std::int64_t ldb, std::int64_t panel, float* c, std::int64_t ldc, bool accumulate,
+                 const BlockRanges& rg = {}) noexcept {
   for (int j0 = 0; j0 < n; j0 += 64) {
     const int w = std::min(64, n - j0);
     const float* bj = b + (j0 / 64) * panel;
     const int nv = (w + 15) / 16;
     const __mmask16 tail = (w % 16) != 0 ? static_cast<__mmask16>((1u << (w % 16)) - 1u) : __mmask16(0xFFFF);
-    for (int i0 = 0; i0 < m; i0 += kRowBlock) {
+    for (int i0 = 0, rb = 0; i0 < m; i0 += kRowBlock, ++rb) {
+      if (rg.col_lo != nullptr && (j0 < rg.col_lo[rb] || j0 >= rg.col_hi[rb])) continue;
+      const int k0 = rg.k_lo != nullptr ? rg.k_lo[rb] : 0;
+      const int kn = rg.k_lo != nullptr ? rg.k_hi[rb] - k0 : kdim;
+      const float* ab = a + i0 * ai + k0 * ak;
+      const float* bb = bj + k0 * ldb;
       const int r = std::min(kRowBlock, m - i0);
       GemmBlockFn fn = nullptr;
       switch (r) {
@@ -278,9 +310,9 @@ inline void gemm(int m, int n, int kdim, const float* a, std::int64_t ai, std::i
           break;
       }
       if (nv == 4 && r == kRowBlock && w == 64) {  // the hot case, inlined
-        gemm_block<6, 4>(kdim, a + i0 * ai, ai, ak, bj, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
+        gemm_block<6, 4>(kn, ab, ai, ak, bb, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
       } else {
-        fn(kdim, a + i0 * ai, ai, ak, bj, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
+        fn(kn, ab, ai, ak, bb, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
       }
     }
   }
@@ -415,16 +447,22 @@ inline GemmBlockFn gemm_block_for(int nv, bool full) noexcept {
 }
 
 inline void gemm(int m, int n, int kdim, const float* a, std::int64_t ai, std::int64_t ak, const float* b,
-                 std::int64_t ldb, std::int64_t panel, float* c, std::int64_t ldc, bool accumulate) noexcept {
+                 std::int64_t ldb, std::int64_t panel, float* c, std::int64_t ldc, bool accumulate,
+                 const BlockRanges& rg = {}) noexcept {
   for (int j0 = 0; j0 < n; j0 += 16) {
     const int w = std::min(16, n - j0);
     const float* bj = b + (j0 / 16) * panel;
     const int nv = (w + 7) / 8;
     const __m256i tail = tail_mask8(w - 8 * (nv - 1));
-    for (int i0 = 0; i0 < m; i0 += kRowBlock) {
+    for (int i0 = 0, rb = 0; i0 < m; i0 += kRowBlock, ++rb) {
+      if (rg.col_lo != nullptr && (j0 < rg.col_lo[rb] || j0 >= rg.col_hi[rb])) continue;
+      const int k0 = rg.k_lo != nullptr ? rg.k_lo[rb] : 0;
+      const int kn = rg.k_lo != nullptr ? rg.k_hi[rb] - k0 : kdim;
+      const float* ab = a + i0 * ai + k0 * ak;
+      const float* bb = bj + k0 * ldb;
       const int r = std::min(kRowBlock, m - i0);
       if (nv == 2 && r == kRowBlock && w == 16) {  // the hot case, inlined
-        gemm_block<6, 2, false>(kdim, a + i0 * ai, ai, ak, bj, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
+        gemm_block<6, 2, false>(kn, ab, ai, ak, bb, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
         continue;
       }
       GemmBlockFn fn = nullptr;
@@ -448,7 +486,7 @@ inline void gemm(int m, int n, int kdim, const float* a, std::int64_t ai, std::i
           fn = gemm_block_for<6>(nv, w == 16);
           break;
       }
-      fn(kdim, a + i0 * ai, ai, ak, bj, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
+      fn(kn, ab, ai, ak, bb, ldb, c + i0 * ldc + j0, ldc, tail, accumulate);
     }
   }
 }
@@ -656,8 +694,8 @@ inline float dot<float, bf16>(const bf16* a, const bf16* b, int n) noexcept {
 
 template <class V>
 inline void gemm(int m, int n, int kdim, const V* a, std::int64_t ai, std::int64_t ak, const V* b, std::int64_t ldb,
-                 std::int64_t panel, V* c, std::int64_t ldc, bool accumulate) noexcept {
-  gemm_portable(m, n, kdim, a, ai, ak, b, ldb, panel, c, ldc, accumulate);
+                 std::int64_t panel, V* c, std::int64_t ldc, bool accumulate, const BlockRanges& rg = {}) noexcept {
+  gemm_portable(m, n, kdim, a, ai, ak, b, ldb, panel, c, ldc, accumulate, rg);
 }
 /// Row-major B (B(k, j) = b[k * ldb + j]).
 template <class V>
@@ -665,6 +703,7 @@ inline void gemm(int m, int n, int kdim, const V* a, std::int64_t ai, std::int64
                  V* c, std::int64_t ldc, bool accumulate) noexcept {
   gemm(m, n, kdim, a, ai, ak, b, ldb, std::int64_t{kPanel}, c, ldc, accumulate);
 }
+
 template <class V>
 inline V softmax_row(V* s, int lo, int hi, V& m, V& l) noexcept {
   return softmax_row_portable(s, lo, hi, m, l);

@@ -304,11 +304,7 @@ class CpuFlash {
   /// Query rows per score block: S (and dP) are computed for this many rows at once, so that each 16-key
   /// panel of K^T (and V in P V) is read from L1 by its 8 register blocks instead of by one (a block of 6
   /// rows at a time streams all of K^T and V, 64 KiB at d 128, from L2 per 6 rows).
-#ifndef SEQPAR_KSB
   static constexpr int kSB = 8 * kRB;
-#else
-  static constexpr int kSB = SEQPAR_KSB;
-#endif
   static constexpr A kLog2e = std::numbers::log2e_v<A>;
   static constexpr A kLn2 = std::numbers::ln2_v<A>;
 

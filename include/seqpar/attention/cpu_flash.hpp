@@ -241,13 +241,15 @@ class CpuFlash {
             A* orow = w.op + r0 * d;
             pack_rows(q, r0, nr, h, d, c, qr);
             pack_rows(dout, r0, nr, h, d, A(1), orow);
+            rows_to_panels(qr, nr, d, w.qpp + r0 * kP, q.tokens * kP);
+            rows_to_panels(orow, nr, d, w.opp + r0 * kP, q.tokens * kP);
             if (!detail::all_finite(qr, nr * d)) q_finite.store(false, std::memory_order_relaxed);
             if (!detail::all_finite(orow, nr * d)) o_finite.store(false, std::memory_order_relaxed);
           }
         };
         exec.parallel(body);
       }
-      const Packed packed{w.qp, w.op, q_finite.load(), o_finite.load()};
+      const Packed packed{w.qp, w.op, w.qpp, w.opp, q.tokens * kP, q_finite.load(), o_finite.load()};
       {
         std::atomic<int> next{0};
         auto body = [&](int thread) {
@@ -318,8 +320,8 @@ class CpuFlash {
   };
 
   struct Layout {
-    std::size_t tiles_off, tiles_count, qtiles_off, delta_off, dq_off, dk_off, dv_off, qp_off, op_off, flags_off,
-        threads_off, thread_bytes, total;
+    std::size_t tiles_off, tiles_count, qtiles_off, delta_off, dq_off, dk_off, dv_off, qp_off, op_off, qpp_off, opp_off,
+        flags_off, threads_off, thread_bytes, total;
   };
 
   struct Work {
@@ -334,6 +336,8 @@ class CpuFlash {
     unsigned char* v_finite;  // forward: 1 when tile t of v_pack is all finite
     A* qp;                    // q_rows x d: the current head's Q pre-scaled by c (backward)
     A* op;                    // q_rows x d: the current head's dO (backward)
+    A* qpp;                   // the same c Q as head-dim panels of q_rows x kP (backward; rows_to_panels)
+    A* opp;                   // dO likewise
     std::byte* threads;
     std::size_t thread_bytes;
     [[nodiscard]] A* thread(int t) const noexcept {
@@ -341,30 +345,22 @@ class CpuFlash {
     }
   };
 
-  static constexpr std::size_t round16(std::int64_t n) noexcept {
-    return static_cast<std::size_t>((n + 15) / 16 * 16);
-  }
-  static constexpr std::size_t align64(std::size_t n) noexcept {
-    return (n + 63) / 64 * 64;
-  }
+  static constexpr std::size_t round16(std::int64_t n) noexcept { return static_cast<std::size_t>((n + 15) / 16 * 16); }
+  static constexpr std::size_t align64(std::size_t n) noexcept { return (n + 63) / 64 * 64; }
 
-  [[nodiscard]] int q_tile_rows() const noexcept {
-    return (args_.q_tile + kRB - 1) / kRB * kRB;
-  }
-  [[nodiscard]] int q_block_rows() const noexcept {
-    return (args_.backward_q_block + kRB - 1) / kRB * kRB;
-  }
+  [[nodiscard]] int q_tile_rows() const noexcept { return (args_.q_tile + kRB - 1) / kRB * kRB; }
+  [[nodiscard]] int q_block_rows() const noexcept { return (args_.backward_q_block + kRB - 1) / kRB * kRB; }
   /// Backward lanes: fixed for given Arguments (at least 4 so that 1..4 threads give the same bits).
-  [[nodiscard]] int lanes() const noexcept {
-    return std::max(4, args_.threads);
-  }
+  [[nodiscard]] int lanes() const noexcept { return std::max(4, args_.threads); }
 
   [[nodiscard]] Layout layout(const AttentionShape& shape, std::int64_t q_rows, std::int64_t k_rows) const noexcept {
     const std::int64_t d = std::max(shape.head_dim, 1);
     const std::int64_t br = q_tile_rows();
     const std::int64_t rq = q_block_rows();
     const std::size_t fwd = 2 * round16(br * d) + round16(kSB * kKT) + 2 * round16(br);
-    const std::size_t bwd = 3 * round16(tile_elems(static_cast<int>(d))) + 2 * round16(rq * kKT);
+    // + per register block of the query block: the key range of its dQ product (two ints each)
+    const std::size_t bwd =
+        3 * round16(tile_elems(static_cast<int>(d))) + 2 * round16(rq * kKT) + 2 * round16(rq / kRB + 1);
     const auto qn = static_cast<std::size_t>(std::max<std::int64_t>(q_rows, 0));
     const auto kn = static_cast<std::size_t>(std::max<std::int64_t>(k_rows, 0));
     const auto du = static_cast<std::size_t>(d);
@@ -381,7 +377,10 @@ class CpuFlash {
     l.dv_off = l.dk_off + align64(kv * sizeof(A));
     l.qp_off = l.dv_off + align64(kv * sizeof(A));
     l.op_off = l.qp_off + align64(qn * du * sizeof(A));
-    l.flags_off = l.op_off + align64(qn * du * sizeof(A));
+    const std::size_t dp = static_cast<std::size_t>((d + kP - 1) / kP * kP);
+    l.qpp_off = l.op_off + align64(qn * du * sizeof(A));
+    l.opp_off = l.qpp_off + align64(qn * dp * sizeof(A));
+    l.flags_off = l.opp_off + align64(qn * dp * sizeof(A));
     l.threads_off = l.flags_off + align64(n_kt);
     l.thread_bytes = align64(std::max(fwd, bwd) * sizeof(A));
     l.total = 64 + l.threads_off + static_cast<std::size_t>(args_.threads) * l.thread_bytes;
@@ -404,6 +403,8 @@ class CpuFlash {
             reinterpret_cast<unsigned char*>(base + l.flags_off),
             reinterpret_cast<A*>(base + l.qp_off),
             reinterpret_cast<A*>(base + l.op_off),
+            reinterpret_cast<A*>(base + l.qpp_off),
+            reinterpret_cast<A*>(base + l.opp_off),
             base + l.threads_off,
             l.thread_bytes};
   }
@@ -557,6 +558,21 @@ class CpuFlash {
     return ok;
   }
 
+  /// n packed rows of d values into head-dim panels: value x of row r at dst[(x / kP) * panel + r * kP + x % kP],
+  /// zero for x >= d. As a GEMM's B operand a panel is contiguous (row-major rows at a 512-byte stride, d 128,
+  /// fall on a few L1 sets: 62 vs 74 GFLOP/s for the dV product's shape).
+  static void rows_to_panels(const A* rows, std::int64_t n, int d, A* dst, std::int64_t panel) noexcept {
+    for (std::int64_t r = 0; r < n; ++r) {
+      const A* row = rows + r * d;
+      for (int x = 0; x < d; x += kP) {
+        const int w = std::min(kP, d - x);
+        A* out = dst + (x / kP) * panel + r * kP;
+        std::copy_n(row + x, w, out);
+        std::fill(out + w, out + kP, A(0));
+      }
+    }
+  }
+
   static void pack_rows(ThdView<const T> src, std::int64_t i0, std::int64_t n, int h, int d, A scale, A* dst) noexcept {
     for (std::int64_t r = 0; r < n; ++r) {
       detail::load_scaled(src.row(i0 + r, h), dst + r * d, d, scale);
@@ -694,8 +710,11 @@ class CpuFlash {
 
   /// The current head's packed query-side rows (all q rows, indexed by buffer row) and their finiteness.
   struct Packed {
-    const A* q;  // c Q
-    const A* o;  // dO
+    const A* q;          // c Q
+    const A* o;          // dO
+    const A* qp;         // c Q as head-dim panels (the B operand of dK += dS^T (c Q))
+    const A* op;         // dO as head-dim panels (the B operand of dV += P^T dO)
+    std::int64_t panel;  // distance between the panels of qp / op
     bool q_finite, o_finite;
   };
 
@@ -714,6 +733,10 @@ class CpuFlash {
     A* kn = vt + round16(tile_elems(d));
     A* pb = kn + round16(tile_elems(d));
     A* sb = pb + round16(rq * kKT);
+    // Per register block of the query block: the keys (relative to the slice's first tile column c0) its dQ
+    // product sums over.
+    int* dq_lo = reinterpret_cast<int*>(sb + round16(rq * kKT));
+    int* dq_hi = dq_lo + (rq / kRB + 1);
     A* dka = dk_acc + tile.row0 * d;
     A* dva = dv_acc + tile.row0 * d;
     pack_keys(k, tile.row0, nk, hk, d, kt, kn);
@@ -723,10 +746,13 @@ class CpuFlash {
       std::fill_n(dva, static_cast<std::size_t>(nk) * static_cast<std::size_t>(d), A(0));
     }
     int lo[kSB], hi[kSB];
+    int col_lo[kSB / kRB], col_hi[kSB / kRB];
+    int kv_lo[kKT / kRB + 1], kv_hi[kKT / kRB + 1];
     for (const AttnSlice& sl : slices) {
       const Range kr = intersect(sl.k_range, {tile.row0, tile.row1});
       if (kr.empty()) continue;
       const std::int64_t ks = sl.k_range.begin;
+      const std::int64_t koff = tile.row0 - ks;  // slice-relative key of tile column 0
       const Range rows_all = rows_seeing(sl, kr.begin - ks, kr.end - ks);
       // Only this slice's keys of the tile [c0, c1): the other documents' keys must not meet its rows.
       const int c0 = static_cast<int>(kr.begin - tile.row0), c1 = static_cast<int>(kr.end - tile.row0);
@@ -741,13 +767,30 @@ class CpuFlash {
           A* p = pb + g0 * kKT;
           A* ds = sb + g0 * kKT;
           int pmin = 0, pmax = 0;
-          if (!tile_columns(sl, b0 + g0, rows, tile.row0 - ks, nk, kr.begin - ks, kr.end - ks, lo, hi, pmin, pmax)) {
+          const bool any = tile_columns(sl, b0 + g0, rows, koff, nk, kr.begin - ks, kr.end - ks, lo, hi, pmin, pmax);
+          // Per register block of 6 rows: the tile columns its rows see (S and dP over the 16-key panels that
+          // hold them; dQ over exactly them). A block's rows may include rows that see none of the tile.
+          for (int i = 0, rb = 0; i < rows; i += kRB, ++rb) {
+            int kl = kKT, kh = 0;
+            for (int r = i; r < std::min(rows, i + kRB); ++r)
+              if (lo[r] < hi[r]) {
+                kl = std::min(kl, lo[r]);
+                kh = std::max(kh, hi[r]);
+              }
+            if (!any || kl >= kh) kl = kh = c0;
+            col_lo[rb] = kl / kP * kP;
+            col_hi[rb] = kl == kh ? col_lo[rb] : std::min(kKT, (kh + kP - 1) / kP * kP);
+            dq_lo[g0 / kRB + rb] = kl - c0;
+            dq_hi[g0 / kRB + rb] = kh - c0;
+          }
+          if (!any) {
             std::fill_n(p, rows * kKT, A(0));
             std::fill_n(ds, rows * kKT, A(0));
             continue;
           }
-          detail::gemm(rows, kKT, d, qb + g0 * d, d, 1, kt, kP, std::int64_t{d} * kP, p, kKT, false);
-          detail::gemm(rows, kKT, d, ob + g0 * d, d, 1, vt, kP, std::int64_t{d} * kP, ds, kKT, false);
+          const detail::BlockRanges cols{col_lo, col_hi, nullptr, nullptr};
+          detail::gemm(rows, kKT, d, qb + g0 * d, d, 1, kt, kP, std::int64_t{d} * kP, p, kKT, false, cols);
+          detail::gemm(rows, kKT, d, ob + g0 * d, d, 1, vt, kP, std::int64_t{d} * kP, ds, kKT, false, cols);
           for (int r = 0; r < rows; ++r) {
             const std::int64_t i = i0 + g0 + r;
             if (lo[r] >= hi[r]) {
@@ -758,18 +801,29 @@ class CpuFlash {
             detail::backward_row(p + r * kKT, ds + r * kKT, lo[r], hi[r], lse(h, i) * kLog2e, delta[h * q.tokens + i]);
           }
         }
-        if (packed.o_finite || detail::all_finite(ob, std::int64_t{nb} * d))
-          detail::gemm(c1 - c0, d, nb, pb + c0, 1, kKT, ob, d, dva + c0 * d, d, true);  // dV += P^T dO
+        // Per register block of 6 keys (from c0): the block's query rows that see any of its keys. P and dS are
+        // zero elsewhere, so dV and dK sum over those rows only.
+        for (int j = c0, kb = 0; j < c1; j += kRB, ++kb) {
+          const Range seen = intersect(rows_seeing(sl, koff + j, koff + std::min(c1, j + kRB)), {b0, b0 + nb});
+          kv_lo[kb] = seen.empty() ? 0 : static_cast<int>(seen.begin - b0);
+          kv_hi[kb] = seen.empty() ? 0 : static_cast<int>(seen.end - b0);
+        }
+        const detail::BlockRanges key_rows{nullptr, nullptr, kv_lo, kv_hi};
+        if (packed.o_finite || detail::all_finite(ob, std::int64_t{nb} * d))  // dV += P^T dO
+          detail::gemm(c1 - c0, d, nb, pb + c0, 1, kKT, packed.op + i0 * kP, kP, packed.panel, dva + c0 * d, d, true,
+                       key_rows);
         else
-          exact_key_update(sl, tile.row0 - ks, b0, nb, c0, c1, pb, ob, d, dva);
-        if (packed.q_finite || detail::all_finite(qb, std::int64_t{nb} * d))
-          detail::gemm(c1 - c0, d, nb, sb + c0, 1, kKT, qb, d, dka + c0 * d, d, true);  // dK += dS^T (c Q)
+          exact_key_update(sl, koff, b0, nb, c0, c1, pb, ob, d, dva);
+        if (packed.q_finite || detail::all_finite(qb, std::int64_t{nb} * d))  // dK += dS^T (c Q)
+          detail::gemm(c1 - c0, d, nb, sb + c0, 1, kKT, packed.qp + i0 * kP, kP, packed.panel, dka + c0 * d, d, true,
+                       key_rows);
         else
-          exact_key_update(sl, tile.row0 - ks, b0, nb, c0, c1, sb, qb, d, dka);
+          exact_key_update(sl, koff, b0, nb, c0, c1, sb, qb, d, dka);
         if (k_finite) {  // dQ += dS K
-          detail::gemm(nb, d, c1 - c0, sb + c0, kKT, 1, kn + c0 * kP, kP, kRowPanel, dq_lane + i0 * d, d, true);
+          detail::gemm(nb, d, c1 - c0, sb + c0, kKT, 1, kn + c0 * kP, kP, kRowPanel, dq_lane + i0 * d, d, true,
+                       {nullptr, nullptr, dq_lo, dq_hi});
         } else {  // exact per-row key ranges: a masked dS is 0, but 0 * (NaN or inf in K) is not
-          const std::int64_t koff = tile.row0 - ks, klen = sl.k_range.size();
+          const std::int64_t klen = sl.k_range.size();
           for (int r = 0; r < nb; ++r) {
             const Range vis = intersect(sl.mask.visible_keys(b0 + r, klen), {koff + c0, koff + c1});
             if (vis.empty()) continue;

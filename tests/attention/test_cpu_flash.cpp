@@ -452,6 +452,54 @@ TEST_SUITE("attention") {
     }
   }
 
+  TEST_CASE("softmax_row: P within 3e-7 of exp2 in fp64, and the reference max moves only past 2^8") {
+    // The online-softmax row step of the forward (the AVX2 or AVX-512 path where the build has it): its exp2
+    // polynomial over the whole argument range [-126, 8] that the lazy reference max allows, and the rule
+    // that m moves only when a tile's visible max exceeds it by more than kLazyRescale.
+    std::mt19937_64 rng(11);
+    std::uniform_real_distribution<float> score(-110.0f, 12.0f);
+    std::uniform_int_distribution<int> col(0, attention::detail::kKeyTile);
+    int moved = 0, kept = 0;
+    for (int trial = 0; trial < 400; ++trial) {
+      CAPTURE(trial);
+      std::vector<float> row(attention::detail::kKeyTile);
+      for (float& x : row) x = score(rng);
+      int lo = col(rng), hi = col(rng);
+      if (lo > hi) std::swap(lo, hi);
+      if (lo == hi) continue;
+      if (trial % 4 == 0) lo = 0, hi = attention::detail::kKeyTile;  // the dense path
+      const float m0 = trial % 5 == 0 ? -std::numeric_limits<float>::infinity() : score(rng);
+      const float l0 = trial % 5 == 0 ? 0.0f : 3.0f;
+      float m = m0, l = l0;
+      const std::vector<float> in = row;
+      const float alpha = attention::detail::softmax_row(row.data(), lo, hi, m, l);
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int j = lo; j < hi; ++j) mx = std::max(mx, in[static_cast<std::size_t>(j)]);
+      const float want_m = mx > m0 + attention::detail::kLazyRescale ? mx : m0;
+      REQUIRE(m == want_m);
+      (m == m0 ? kept : moved) += 1;
+      const float alpha_arg = m0 - m;  // in float, as the kernel forms it
+      const double want_alpha = m == m0                                         ? 1.0
+                                : m0 == -std::numeric_limits<float>::infinity() ? 0.0
+                                                                                : std::exp2(double(alpha_arg));
+      CHECK(std::abs(alpha - want_alpha) <= 3e-7 * want_alpha);
+      double sum = 0;
+      for (int j = 0; j < attention::detail::kKeyTile; ++j) {
+        const std::size_t u = static_cast<std::size_t>(j);
+        // the argument as the kernel forms it, in float (its rounding, up to 2^-18 at |x| ~ 100, is the input's)
+        const float arg = in[u] - m;
+        const double want = j >= lo && j < hi ? std::exp2(double(arg)) : 0.0;
+        CAPTURE(j);
+        CAPTURE(arg);
+        CHECK(std::abs(double(row[u]) - want) <= 3e-7 * want + 2e-38);  // 2^-126 floor of the argument
+        sum += want;
+      }
+      CHECK(std::abs(double(l) - (l0 * want_alpha + sum)) <= 1e-6 * (l0 * want_alpha + sum));
+    }
+    CHECK(moved > 20);  // both branches of the lazy rule ran (fixed seed: 46 kept)
+    CHECK(kept > 20);
+  }
+
   TEST_CASE("bf16 rounds to nearest even, keeps NaN and infinity, and the vector paths agree with the scalar one") {
     using attention::bf16;
     CHECK(bf16(1.0f).bits == 0x3F80);

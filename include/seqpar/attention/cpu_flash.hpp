@@ -41,7 +41,7 @@
 ///
 /// **Requirements.** Views as `Reference` (head_dim contiguous, any token/head strides); q_ranges of one
 /// call disjoint; precision: accumulation in `accum_type` (float for float, double for double); exp2 by a
-/// polynomial with ~1.2e-7 relative error on the AVX-512 path. Calls on one object are serialised.
+/// polynomial with ~1e-7 relative error on the AVX2 and AVX-512 paths. Calls on one object are serialised.
 ///
 /// @code
 /// attention::CpuFlash<float> flash({.threads = 2});

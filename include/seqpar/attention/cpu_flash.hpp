@@ -22,14 +22,15 @@
 /// Backward recomputes P = exp2(S - LSE2) with D = rowsum(dO * O), dP = dO V^T, dS = P * (dP - D) once per
 /// (query head, key tile, query block) and uses it three times: dV += P^T dO, dK += dS^T Q, dQ += dS K (5 tile
 /// GEMMs); a head's c Q and dO rows are packed once for all of its key tiles. It is deterministic with no atomics:
-/// query heads run in turn; a head's key tiles are dealt to `max(4, threads)` lanes (largest first, least-loaded lane),
-/// a lane owns its tiles' fp32 dK/dV and its own fp32 dQ buffer, threads take whole lanes, and the lane buffers are
-/// summed in lane order, so the bits depend on `Arguments` (and not on the thread count of the executing context up to
-/// 4). Masked (query, key) pairs never enter a product: scores and dS are masked by selection, a slice touches only its
-/// own keys of a tile, and a tile whose V, K, Q or dO values hold a NaN or infinity is multiplied over each row's exact
-/// visible keys, so a non-finite value stays in the rows and keys that read it. Work items run largest-first (by
-/// visible area) on the execution context's thread pool (`HostExec`; the kernel's own context has `threads` threads, 1
-/// runs inline on the caller). AVX-512 micro-kernels are used for float when compiled with
+/// query heads run in turn; a head's key tiles are dealt to `max(4, threads)` lanes (contiguous runs of about equal
+/// cost), a lane owns its tiles' fp32 dK/dV and its own fp32 dQ buffer (over the query rows its tiles reach), threads
+/// take whole lanes, and the lane buffers are summed in lane order, so the bits depend on `Arguments` (and not on the
+/// thread count of the executing context up to 4). Masked (query, key) pairs never enter a product: scores and dS are
+/// masked by selection, a slice touches only its own keys of a tile, and a tile whose V, K, Q or dO values hold a NaN
+/// or infinity is multiplied over each row's exact visible keys, so a non-finite value stays in the rows and keys that
+/// read it. Work items run largest-first (by visible area) on the execution context's thread pool (`HostExec`; the
+/// kernel's own context has `threads` threads, 1 runs inline on the caller). AVX-512 micro-kernels are used for float
+/// when compiled with
 /// __AVX512F__; otherwise (and for double) a portable auto-vectorised path with the same blocking.
 ///
 /// **Memory.** No allocation in forward/backward: the caller passes `workspace_bytes(shape, q_rows,
@@ -211,8 +212,8 @@ class CpuFlash {
     }
     // One pass in 5 tile GEMMs (S, dP, dV += P^T dO, dK += dS^T Q, dQ += dS K), deterministic without atomics:
     // query heads run one after another; within a head, the key tiles are dealt to a fixed number of lanes
-    // (largest first to the least-loaded lane: a function of the slices and `lanes()`, not of the thread
-    // count), each lane owns its tiles' dK/dV accumulators and its own dQ buffer, threads take whole lanes,
+    // (contiguous runs of key tiles of about equal cost: a function of the slices and `lanes()`, not of the
+    // thread count), each lane owns its tiles' dK/dV accumulators and its own dQ buffer, threads take whole lanes,
     // and the lanes' dQ buffers are summed in lane order. dK/dV stay in fp32 across the query heads of a group
     // and are added into dk/dv after its last head.
     const std::int64_t n_kt = key_tiles(slices, k.tokens, w.tiles);
@@ -220,7 +221,12 @@ class CpuFlash {
     const int n_lanes = lanes();
     deal_lanes(w.tiles, n_kt, n_lanes);
     const std::size_t lane_stride = static_cast<std::size_t>(q.tokens) * static_cast<std::size_t>(d);
-    std::fill_n(w.dq_lanes, lane_stride * static_cast<std::size_t>(n_lanes), A(0));
+    Range reach[1024];  // per lane: the query rows its dQ buffer holds (zero elsewhere, never read there)
+    for (int lane = 0; lane < n_lanes; ++lane) {
+      reach[lane] = lane_rows(slices, w.tiles, n_kt, lane);
+      std::fill_n(w.dq_lanes + static_cast<std::size_t>(lane) * lane_stride + reach[lane].begin * d,
+                  reach[lane].size() * d, A(0));
+    }
     const int group = shape.group_size();
     const A sc = A(shape.scale());
     const A dk_scale = A(1) / kLog2e;  // dK = scale dS^T Q = dS^T (c Q) / log2(e)
@@ -274,12 +280,20 @@ class CpuFlash {
               const Tile& tile = w.qtiles[idx];
               const std::int64_t i0 = slices[static_cast<std::size_t>(tile.slice)].q_range.begin;
               for (std::int64_t i = i0 + tile.row0; i < i0 + tile.row1; ++i) {
-                A* sum = w.dq_lanes + static_cast<std::size_t>(i) * static_cast<std::size_t>(d);
-                for (int lane = 1; lane < n_lanes; ++lane) {
-                  A* other = sum + static_cast<std::size_t>(lane) * lane_stride;
-                  detail::add_scaled_store(sum, other, d, A(1));
-                  std::fill_n(other, d, A(0));
+                // the lanes that reach row i, summed in lane order (the first one holds the sum), then zeroed
+                A* sum = nullptr;
+                for (int lane = 0; lane < n_lanes; ++lane) {
+                  if (!reach[lane].contains(i)) continue;
+                  A* row = w.dq_lanes + static_cast<std::size_t>(lane) * lane_stride +
+                           static_cast<std::size_t>(i) * static_cast<std::size_t>(d);
+                  if (sum == nullptr) {
+                    sum = row;
+                  } else {
+                    detail::add_scaled_store(sum, row, d, A(1));
+                    std::fill_n(row, d, A(0));
+                  }
                 }
+                if (sum == nullptr) continue;
                 detail::add_scaled_store(dq.row(i, h), sum, d, sc);
                 std::fill_n(sum, d, A(0));
               }
@@ -311,7 +325,8 @@ class CpuFlash {
   static constexpr A kLn2 = std::numbers::ln2_v<A>;
 
   /// A work unit: rows [row0, row1) of slice `slice` (slice-relative), or key rows [row0, row1) of the
-  /// buffer when slice < 0 (backward; there `slice` then holds the lane). Sorted by cost, largest first.
+  /// buffer when slice < 0 (backward; there `slice` then holds the lane). Query tiles are sorted by cost, largest
+  /// first; key tiles stay in key order.
   struct Tile {
     std::int64_t cost;
     std::int64_t row0;
@@ -409,17 +424,37 @@ class CpuFlash {
             l.thread_bytes};
   }
 
-  /// Deals key tiles (sorted largest first) to lanes, each to the least-loaded lane (lowest index on ties):
-  /// the lane is stored in the tile's `slice` field.
+  /// Deals key tiles (in key order) to lanes as contiguous runs of about equal cost: tile t goes to lane
+  /// floor(lanes * (cost before t + half its own) / total), stored in the tile's `slice` field. Contiguous runs keep a
+  /// lane's query rows together (a short document's rows meet one lane, and only those lanes' dQ rows are summed);
+  /// the split is off from equal by at most half a tile's cost per lane.
   static void deal_lanes(Tile* tiles, std::int64_t n, int n_lanes) noexcept {
-    std::int64_t load[1025] = {};
+    double total = 0;
+    for (std::int64_t t = 0; t < n; ++t) total += double(tiles[t].cost);
+    double before = 0;
     for (std::int64_t t = 0; t < n; ++t) {
-      int best = 0;
-      for (int lane = 1; lane < n_lanes; ++lane)
-        if (load[lane] < load[best]) best = lane;
-      load[best] += tiles[t].cost;
-      tiles[t].slice = best;
+      const double mid = before + 0.5 * double(tiles[t].cost);
+      tiles[t].slice = std::clamp(static_cast<std::int64_t>(double(n_lanes) * mid / total), std::int64_t{0},
+                                  std::int64_t{n_lanes - 1});
+      before += double(tiles[t].cost);
     }
+  }
+
+  /// The hull of the buffer's query rows that lane `lane`'s key tiles reach (the rows its dQ buffer holds).
+  static Range lane_rows(std::span<const AttnSlice> slices, const Tile* tiles, std::int64_t n, int lane) noexcept {
+    std::int64_t lo = std::numeric_limits<std::int64_t>::max(), hi = std::numeric_limits<std::int64_t>::min();
+    for (std::int64_t t = 0; t < n; ++t) {
+      if (tiles[t].slice != lane) continue;
+      for (const AttnSlice& sl : slices) {
+        const Range kr = intersect(sl.k_range, {tiles[t].row0, tiles[t].row1});
+        if (kr.empty()) continue;
+        const Range rows = rows_seeing(sl, kr.begin - sl.k_range.begin, kr.end - sl.k_range.begin);
+        if (rows.empty()) continue;
+        lo = std::min(lo, sl.q_range.begin + rows.begin);
+        hi = std::max(hi, sl.q_range.begin + rows.end);
+      }
+    }
+    return lo < hi ? Range{lo, hi} : Range{0, 0};
   }
 
   void check(const HostExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
@@ -486,7 +521,7 @@ class CpuFlash {
     return {lo, hi};
   }
 
-  /// Key tiles of the KV buffer with the work of the slices that read them; returns the count.
+  /// Key tiles of the KV buffer with the work of the slices that read them, in key order; returns the count.
   static std::int64_t key_tiles(std::span<const AttnSlice> slices, std::int64_t k_rows, Tile* tiles) noexcept {
     std::int64_t n = 0;
     for (std::int64_t t0 = 0; t0 < k_rows; t0 += kKT) {
@@ -499,7 +534,6 @@ class CpuFlash {
       }
       if (cost > 0) tiles[n++] = {cost, tile.begin, tile.end, -1};
     }
-    sort_tiles(tiles, n);
     return n;
   }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
 using namespace seqpar;
@@ -51,6 +52,21 @@ TEST_SUITE("attention") {
     attention::Reference<double>{}.forward(shape, q.view(), k.view(), v.view(), masked, o.view(), lse.view());
     CHECK(o.storage[0] == 0.0);
     CHECK(lse.storage[0] == -std::numeric_limits<double>::infinity());
+  }
+
+  TEST_CASE("Reference refuses outputs that alias an input, as the flash kernels do") {
+    const AttentionShape shape{1, 1, 2, 1.0};
+    ThdTensor<double> q(3, 1, 2), k(3, 1, 2), v(3, 1, 2), o(3, 1, 2), dq(3, 1, 2), dk(3, 1, 2), dout(3, 1, 2);
+    LseTensor<double> lse(1, 3);
+    const std::vector<AttnSlice> s{{{0, 3}, {0, 3}, Mask::causal()}};
+    const attention::Reference<double> ref;
+    // o over v: rows of o written while later rows still read v
+    CHECK_THROWS_AS(ref.forward(shape, q.view(), k.view(), v.view(), s, v.view(), lse.view()), std::invalid_argument);
+    ref.forward(shape, q.view(), k.view(), v.view(), s, o.view(), lse.view());
+    // dv over dq
+    CHECK_THROWS_AS(ref.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), s, dq.view(),
+                                 dk.view(), dq.view()),
+                    std::invalid_argument);
   }
 
   TEST_CASE("Reference backward matches central finite differences (fp64)") {

@@ -222,8 +222,8 @@ class CpuFlash {
     deal_lanes(w.tiles, n_kt, n_lanes);
     const std::size_t lane_stride = static_cast<std::size_t>(q.tokens) * static_cast<std::size_t>(d);
     Range reach[1024];  // per lane: the query rows its dQ buffer holds (zero elsewhere, never read there)
+    lane_reach(slices, w.tiles, n_kt, n_lanes, reach);
     for (int lane = 0; lane < n_lanes; ++lane) {
-      reach[lane] = lane_rows(slices, w.tiles, n_kt, lane);
       std::fill_n(w.dq_lanes + static_cast<std::size_t>(lane) * lane_stride + reach[lane].begin * d,
                   reach[lane].size() * d, A(0));
     }
@@ -440,21 +440,22 @@ class CpuFlash {
     }
   }
 
-  /// The hull of the buffer's query rows that lane `lane`'s key tiles reach (the rows its dQ buffer holds).
-  static Range lane_rows(std::span<const AttnSlice> slices, const Tile* tiles, std::int64_t n, int lane) noexcept {
-    std::int64_t lo = std::numeric_limits<std::int64_t>::max(), hi = std::numeric_limits<std::int64_t>::min();
+  /// reach[lane] = the hull of the buffer's query rows that lane's key tiles reach (the rows its dQ buffer holds),
+  /// for every lane in one pass over the tiles.
+  static void lane_reach(std::span<const AttnSlice> slices, const Tile* tiles, std::int64_t n, int n_lanes,
+                         Range* reach) noexcept {
+    std::fill_n(reach, n_lanes, Range{0, 0});
     for (std::int64_t t = 0; t < n; ++t) {
-      if (tiles[t].slice != lane) continue;
+      Range& r = reach[tiles[t].slice];
       for (const AttnSlice& sl : slices) {
         const Range kr = intersect(sl.k_range, {tiles[t].row0, tiles[t].row1});
         if (kr.empty()) continue;
         const Range rows = rows_seeing(sl, kr.begin - sl.k_range.begin, kr.end - sl.k_range.begin);
         if (rows.empty()) continue;
-        lo = std::min(lo, sl.q_range.begin + rows.begin);
-        hi = std::max(hi, sl.q_range.begin + rows.end);
+        const Range abs{sl.q_range.begin + rows.begin, sl.q_range.begin + rows.end};
+        r = r.empty() ? abs : Range{std::min(r.begin, abs.begin), std::max(r.end, abs.end)};
       }
     }
-    return lo < hi ? Range{lo, hi} : Range{0, 0};
   }
 
   void check(const HostExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
@@ -616,7 +617,7 @@ class CpuFlash {
   /// Visible tile columns [lo, hi) of rows first.. (slice-relative) for the slice-relative key tile
   /// [kt0, kt0 + nk) restricted to slice-relative keys [kmin, kmax). Returns false if all are empty.
   static bool tile_columns(const AttnSlice& sl, std::int64_t first, int rows, std::int64_t kt0, int nk,
-                           std::int64_t kmin, std::int64_t kmax, int* lo, int* hi, int& pmin, int& pmax) noexcept {
+                           std::int64_t kmin, std::int64_t kmax, int* lo, int* hi) noexcept {
     const std::int64_t klen = sl.k_range.size();
     // Masks are monotone in the row (both ends of the visible range never decrease), so when the first row
     // sees to the tile's end and the last row from its start, every row sees the whole tile: most blocks
@@ -624,24 +625,16 @@ class CpuFlash {
     const std::int64_t t0 = std::max(kt0, kmin), t1 = std::min(kt0 + nk, kmax);
     if (t0 < t1 && sl.mask.visible_keys(first, klen).end >= t1 &&
         sl.mask.visible_keys(first + rows - 1, klen).begin <= t0) {
-      pmin = static_cast<int>(t0 - kt0);
-      pmax = static_cast<int>(t1 - kt0);
-      std::fill_n(lo, rows, pmin);
-      std::fill_n(hi, rows, pmax);
+      std::fill_n(lo, rows, static_cast<int>(t0 - kt0));
+      std::fill_n(hi, rows, static_cast<int>(t1 - kt0));
       return true;
     }
     bool any = false;
-    pmin = kKT;
-    pmax = 0;
     for (int r = 0; r < rows; ++r) {
       const Range vis = intersect(sl.mask.visible_keys(first + r, klen), {kmin, kmax});
       lo[r] = static_cast<int>(std::clamp<std::int64_t>(vis.begin - kt0, 0, nk));
       hi[r] = static_cast<int>(std::clamp<std::int64_t>(vis.end - kt0, 0, nk));
-      if (lo[r] < hi[r]) {
-        any = true;
-        pmin = std::min(pmin, lo[r]);
-        pmax = std::max(pmax, hi[r]);
-      }
+      any |= lo[r] < hi[r];
     }
     return any;
   }
@@ -682,8 +675,7 @@ class CpuFlash {
       const bool v_finite = w.v_finite[t] != 0;
       for (int g0 = 0; g0 < n; g0 += kSB) {
         int rows = std::min(kSB, n - g0);
-        int pmin = 0, pmax = 0;
-        if (!tile_columns(sl, tile.row0 + g0, rows, kt0, nk, keys.begin, keys.end, lo, hi, pmin, pmax)) continue;
+        if (!tile_columns(sl, tile.row0 + g0, rows, kt0, nk, keys.begin, keys.end, lo, hi)) continue;
         // Masks are monotone in the row: the rows that see a key of this tile are one run [ra, rb).
         int ra = 0;
         while (lo[ra] >= hi[ra]) ++ra;
@@ -800,8 +792,7 @@ class CpuFlash {
           const int rows = std::min(kSB, nb - g0);
           A* p = pb + g0 * kKT;
           A* ds = sb + g0 * kKT;
-          int pmin = 0, pmax = 0;
-          const bool any = tile_columns(sl, b0 + g0, rows, koff, nk, kr.begin - ks, kr.end - ks, lo, hi, pmin, pmax);
+          const bool any = tile_columns(sl, b0 + g0, rows, koff, nk, kr.begin - ks, kr.end - ks, lo, hi);
           // Per register block of 6 rows: the tile columns its rows see (S and dP over the 16-key panels that
           // hold them; dQ over exactly them). A block's rows may include rows that see none of the tile.
           for (int i = 0, rb = 0; i < rows; i += kRB, ++rb) {

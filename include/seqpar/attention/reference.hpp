@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "seqpar/attention/detail/call_checks.hpp"
 #include "seqpar/attention/kernel.hpp"
 #include "seqpar/core/host_exec.hpp"
 
@@ -48,10 +49,10 @@ class Reference {
 
   void forward(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
                std::span<const AttnSlice> slices, ThdView<T> o, LseView<double> lse,
-               std::span<std::byte> /*workspace*/ = {}) const {
+               std::span<std::byte> workspace = {}) const {
     check(shape, q, k, v, slices, "Reference::forward");
-    seqpar::detail::check_view(o, "Reference::forward", "o", q.tokens, shape.heads_q, shape.head_dim);
-    seqpar::detail::check_view(lse, "Reference::forward", "lse", shape.heads_q, q.tokens);
+    // the flash kernels' output checks: o is written while v is still read, so an alias is a wrong answer here too
+    detail::check_forward_outputs("Reference::forward", shape, q, k, v, o, lse, workspace);
     const int d = shape.head_dim;
     const double scale = shape.scale();
     for (int h = 0; h < shape.heads_q; ++h)
@@ -92,15 +93,10 @@ class Reference {
 
   void backward(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
                 ThdView<const T> o, LseView<const double> lse, ThdView<const T> dout, std::span<const AttnSlice> slices,
-                ThdView<T> dq, ThdView<T> dk, ThdView<T> dv, std::span<std::byte> /*workspace*/ = {}) const {
+                ThdView<T> dq, ThdView<T> dk, ThdView<T> dv, std::span<std::byte> workspace = {}) const {
     constexpr const char* where = "Reference::backward";
     check(shape, q, k, v, slices, where);
-    seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
-    seqpar::detail::check_view(dout, where, "dout", q.tokens, shape.heads_q, shape.head_dim);
-    seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
-    seqpar::detail::check_view(dq, where, "dq", q.tokens, shape.heads_q, shape.head_dim);
-    seqpar::detail::check_view(dk, where, "dk", k.tokens, shape.heads_kv, shape.head_dim);
-    seqpar::detail::check_view(dv, where, "dv", k.tokens, shape.heads_kv, shape.head_dim);
+    detail::check_backward_views(where, shape, q, k, v, o, lse, dout, dq, dk, dv, workspace);
     const int d = shape.head_dim;
     const double scale = shape.scale();
     std::vector<double> dqi(static_cast<std::size_t>(d));

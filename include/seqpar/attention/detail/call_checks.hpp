@@ -3,10 +3,10 @@
 #pragma once
 
 /// @file
-/// The output-side checks every flash kernel runs on a call (after its own checks of q, k, v, the
-/// slices and the workspace size): each output's extents and layout, and that no output shares memory
-/// with an input, another output or the workspace. Flash kernels zero or accumulate into their outputs
-/// while reading their inputs tile by tile, so an alias is a wrong answer, not a slow one.
+/// The output-side checks every host kernel (Reference, CpuFlash, KokkosFlash) runs on a call (after its own
+/// checks of q, k, v, the slices and the workspace size): each output's extents and layout, and that no output
+/// shares memory with an input, another output or the workspace. Kernels zero or accumulate into their outputs
+/// while still reading their inputs, so an alias is a wrong answer, not a slow one.
 
 #include <cstddef>
 #include <span>

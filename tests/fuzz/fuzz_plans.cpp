@@ -13,7 +13,7 @@
 //    point-to-point send has a receive of the same size on its peer (same level group and tag);
 //  - every compute step's slices are valid for its buffers (disjoint queries, in range).
 // Exits non-zero on the first violation, printing the seed that reproduces it.
-//   fuzz_plans [--seconds S] [--seed N]
+//   fuzz_plans [--seconds S] [--seed N] [--replay A,B,...]
 #include <seqpar/core/overloaded.hpp>
 #include <seqpar/seqpar.hpp>
 
@@ -161,8 +161,7 @@ int main(int argc, char** argv) {
   if (run.status != 0) return run.status;
   std::printf(
       "fuzz_plans: %ld random batches x %zu partitioners x %zu communicator configurations checked in %.0f s "
-      "(seeds %u..%u)\n",
-      run.cases, test::kNumPartitioners, test::kNumCommunicators, run.seconds, run.seed,
-      run.seed + static_cast<std::uint32_t>(run.cases));
+      "(%s)\n",
+      run.cases, test::kNumPartitioners, test::kNumCommunicators, run.seconds, run.seeds().c_str());
   return run.cases > 0 ? 0 : 1;
 }

@@ -4,8 +4,8 @@
 //
 //  1. Profile. Kernel: CpuFlash<float> (1 thread, as one rank runs it) on packed causal documents of a few
 //     lengths L and on full-mask L x L blocks (what ring steps run), forward and backward. The model is
-//     replay::attention_seconds' tile model: a slice costs the FLOPs of the 64 x 64 key tiles CpuFlash
-//     computes (detail::kKeyTile) plus `overhead` tiles per 64-row query block (the per-block setup and
+//     replay::attention_seconds' tile model: a slice costs the FLOPs of the 128 x 128 key tiles CpuFlash
+//     computes (detail::kKeyTile) plus `overhead` tiles per 128-row query block (the per-block setup and
 //     the rescaling of the output), at rate r_inf. t = (F_tiles + overhead * F_rows) / r_inf is linear in
 //     (1/r_inf, overhead/r_inf), fitted by least squares over every point, each weighted by its relative
 //     error. peak_flops is this core's fp32 FMA peak from a register-blocked FMA loop (as

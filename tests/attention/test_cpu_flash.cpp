@@ -189,6 +189,12 @@ std::vector<Case> small_cases() {
   cs.push_back({"GQA 8:2 causal d128", 8, 2, 128, 150, 150, one(150, 150, Mask::causal()), false});
   cs.push_back({"document causal", 4, 2, 64, 111, 111, self_slices({1, 5, 1, 70, 33, 1}, Mask::causal()), false});
   cs.push_back({"strided heads_slice", 4, 2, 40, 90, 90, self_slices({17, 73}, Mask::causal()), true});
+  // Documents across several 128-key tiles: starts and ends at, just before and just after tile edges
+  // (127, 128, 129, 256), a document longer than a tile inside one, and one-token documents between them.
+  cs.push_back({"document causal across key tiles", 4, 2, 48, 700, 700,
+                self_slices({127, 1, 128, 129, 1, 214, 100}, Mask::causal()), false});
+  cs.push_back({"sliding w140 across key tiles, GQA 6:2", 6, 2, 40, 520, 520,
+                self_slices({3, 389, 128}, Mask::sliding_window(140)), false});
   {  // rows in no slice, and two query blocks sharing keys (zigzag-like)
     Case c{"gaps and shared keys", 2, 1, 64, 80, 70, {}, false};
     c.slices = {{{0, 20}, {0, 70}, Mask::causal(10)},
@@ -207,7 +213,7 @@ std::vector<Case> small_cases() {
 }
 
 // ---- non-finite isolation ----
-// Four documents packed in one buffer (KV tiles of 64 keys straddle their boundaries), masks causal,
+// Four documents packed in one buffer (KV tiles of 128 keys straddle their boundaries), masks causal,
 // causal, sliding window and full; a NaN or infinity planted at one token of one tensor must leave every
 // output and gradient that cannot depend on it bit-for-bit as in the clean run (and finite).
 struct Outputs {

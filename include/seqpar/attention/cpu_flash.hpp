@@ -11,9 +11,9 @@
 /// GQA without copying KV. Satisfies `AttentionKernel`, so it drops in wherever `Reference` does.
 ///
 /// **Algorithm** (FlashAttention-2, Dao 2023). Forward, one KV head at a time: its K^T and V are packed once
-/// into the micro-kernel's B panels for every 64-key tile of the buffer (K^T by 8 x 8 transposes); then per work
+/// into the micro-kernel's B panels for every 128-key tile of the buffer (K^T by 8 x 8 transposes); then per work
 /// item (query head of the group, query tile of `q_tile` rows) the Q tile is packed pre-scaled by
-/// softmax_scale * log2(e), and for each 64-key tile the rows see and each score block of 48 query rows the
+/// softmax_scale * log2(e), and for each 128-key tile the rows see and each score block of 48 query rows the
 /// scores S = Q K^T come from a broadcast-FMA micro-kernel (6 rows x 64 keys in 24 zmm, 6 x 16 in 12 ymm on
 /// AVX2; the 48 rows share each K^T panel from L1; only the 16-key panels holding visible keys), an online
 /// softmax in base 2 updates the running max / sum (lazily: the output rows are rescaled only when a row's max
@@ -59,6 +59,7 @@
 #include <limits>
 #include <memory>
 #include <numbers>
+#include <numeric>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -146,7 +147,7 @@ class CpuFlash {
     const std::int64_t n_tiles = query_tiles(slices, w.tiles);
     const std::int64_t n_kt = (k.tokens + kKT - 1) / kKT;
     const int group = shape.group_size();
-    // One KV head at a time: its K^T and V are packed once into micro-kernel panels for every 64-key tile of
+    // One KV head at a time: its K^T and V are packed once into micro-kernel panels for every 128-key tile of
     // the buffer (packing them per query tile re-read the strided K/V rows from memory once per query tile:
     // ~8% of the forward at 4K, d 128), then the query tiles of the group's query heads read them.
     for (int hk = 0; hk < shape.heads_kv; ++hk) {
@@ -219,7 +220,8 @@ class CpuFlash {
     const std::int64_t n_kt = key_tiles(slices, k.tokens, w.tiles);
     const std::int64_t n_qt = query_tiles(slices, w.qtiles);
     const int n_lanes = lanes();
-    deal_lanes(w.tiles, n_kt, n_lanes);
+    int lane_order[1024];
+    deal_lanes(w.tiles, n_kt, n_lanes, lane_order);
     const std::size_t lane_stride = static_cast<std::size_t>(q.tokens) * static_cast<std::size_t>(d);
     Range reach[1024];  // per lane: the query rows its dQ buffer holds (zero elsewhere, never read there)
     lane_reach(slices, w.tiles, n_kt, n_lanes, reach);
@@ -260,12 +262,14 @@ class CpuFlash {
         std::atomic<int> next{0};
         auto body = [&](int thread) {
           A* ws = w.thread(thread);
-          for (int lane = next.fetch_add(1, std::memory_order_relaxed); lane < n_lanes;
-               lane = next.fetch_add(1, std::memory_order_relaxed))
+          for (int at = next.fetch_add(1, std::memory_order_relaxed); at < n_lanes;
+               at = next.fetch_add(1, std::memory_order_relaxed)) {
+            const int lane = lane_order[at];
             for (std::int64_t t = 0; t < n_kt; ++t)
               if (w.tiles[t].slice == lane)
                 backward_tile(shape, q, k, v, lse, packed, slices, w.tiles[t], h, hh == 0, w.delta, w.dk_acc, w.dv_acc,
                               w.dq_lanes + static_cast<std::size_t>(lane) * lane_stride, ws);
+          }
         };
         exec.parallel(body);
       }
@@ -319,7 +323,7 @@ class CpuFlash {
   static constexpr int kP = detail::kPanel;
   /// Query rows per score block: S (and dP) are computed for this many rows at once, so that each 16-key
   /// panel of K^T (and V in P V) is read from L1 by its 8 register blocks instead of by one (a block of 6
-  /// rows at a time streams all of K^T and V, 64 KiB at d 128, from L2 per 6 rows).
+  /// rows at a time streams all of K^T and V, 128 KiB at d 128, from L2 per 6 rows).
   static constexpr int kSB = 8 * kRB;
   static constexpr A kLog2e = std::numbers::log2e_v<A>;
   static constexpr A kLn2 = std::numbers::ln2_v<A>;
@@ -428,16 +432,24 @@ class CpuFlash {
   /// floor(lanes * (cost before t + half its own) / total), stored in the tile's `slice` field. Contiguous runs keep a
   /// lane's query rows together (a short document's rows meet one lane, and only those lanes' dQ rows are summed);
   /// the split is off from equal by at most half a tile's cost per lane.
-  static void deal_lanes(Tile* tiles, std::int64_t n, int n_lanes) noexcept {
+  /// `order` receives the lanes by decreasing cost: threads take them in that order (largest first), which
+  /// pairs a heavy lane with a light one when there are fewer threads than lanes (the bits do not depend on it).
+  static void deal_lanes(Tile* tiles, std::int64_t n, int n_lanes, int* order) noexcept {
     double total = 0;
     for (std::int64_t t = 0; t < n; ++t) total += double(tiles[t].cost);
     double before = 0;
+    double lane_cost[1024] = {};
     for (std::int64_t t = 0; t < n; ++t) {
       const double mid = before + 0.5 * double(tiles[t].cost);
       tiles[t].slice = std::clamp(static_cast<std::int64_t>(double(n_lanes) * mid / total), std::int64_t{0},
                                   std::int64_t{n_lanes - 1});
       before += double(tiles[t].cost);
+      lane_cost[tiles[t].slice] += double(tiles[t].cost);
     }
+    std::iota(order, order + n_lanes, 0);
+    std::sort(order, order + n_lanes, [&](int a, int b) {  // not stable_sort: it allocates
+      return lane_cost[a] != lane_cost[b] ? lane_cost[a] > lane_cost[b] : a < b;
+    });
   }
 
   /// reach[lane] = the hull of the buffer's query rows that lane's key tiles reach (the rows its dQ buffer holds),
@@ -523,6 +535,8 @@ class CpuFlash {
   }
 
   /// Key tiles of the KV buffer with the work of the slices that read them, in key order; returns the count.
+  /// A tile's cost is its visible (query, key) pairs, summed per key (the bounding rectangle of the rows that see
+  /// the tile counted a causal diagonal's masked half too, and lanes dealt by it ran up to 30% apart).
   static std::int64_t key_tiles(std::span<const AttnSlice> slices, std::int64_t k_rows, Tile* tiles) noexcept {
     std::int64_t n = 0;
     for (std::int64_t t0 = 0; t0 < k_rows; t0 += kKT) {
@@ -530,20 +544,20 @@ class CpuFlash {
       std::int64_t cost = 0;
       for (const AttnSlice& sl : slices) {
         const Range kr = intersect(sl.k_range, tile);
-        if (kr.empty()) continue;
-        cost += rows_seeing(sl, kr.begin - sl.k_range.begin, kr.end - sl.k_range.begin).size() * kr.size();
+        for (std::int64_t j = kr.begin - sl.k_range.begin; j < kr.end - sl.k_range.begin; ++j)
+          cost += rows_seeing(sl, j, j + 1).size();
       }
       if (cost > 0) tiles[n++] = {cost, tile.begin, tile.end, -1};
     }
     return n;
   }
 
-  /// Elements of a key tile packed as B panels of the micro-kernel: K^T ([64 / kP][d][kP], key panels) or
-  /// natural rows ([ceil(d / kP)][64][kP], head-dim panels; columns past d are zero).
+  /// Elements of a key tile packed as B panels of the micro-kernel: K^T ([kKT / kP][d][kP], key panels) or
+  /// natural rows ([ceil(d / kP)][kKT][kP], head-dim panels; columns past d are zero).
   static constexpr std::int64_t tile_elems(int d) noexcept {
     return std::int64_t{kKT} * ((std::int64_t{d} + kP - 1) / kP * kP);
   }
-  /// Distance between two panels of a natural-layout tile (64 rows of kP).
+  /// Distance between two panels of a natural-layout tile (kKT rows of kP).
   static constexpr std::int64_t kRowPanel = std::int64_t{kKT} * kP;
 
   /// K^T of keys [j0, j0 + nk) of KV head hk into kt as key panels (column c of K^T, i.e. key c, at
@@ -646,7 +660,7 @@ class CpuFlash {
   }
 
   /// Query rows `tile` of slice `sl` for query head h, against the KV head's packed tiles in w (k_pack, v_pack,
-  /// v_finite): the buffer's 64-key tiles that the rows see, each restricted to the slice's visible keys.
+  /// v_finite): the buffer's 128-key tiles that the rows see, each restricted to the slice's visible keys.
   void forward_tile(const AttentionShape& shape, ThdView<const T> q, std::int64_t k_rows, const Work& w,
                     const AttnSlice& sl, const Tile& tile, int h, ThdView<T> o, LseView<A> lse, A* ws) const noexcept {
     const int d = shape.head_dim;

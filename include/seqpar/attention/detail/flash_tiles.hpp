@@ -34,8 +34,12 @@
 
 namespace seqpar::attention::detail {
 
-/// Keys per KV tile: one score row of a tile is four 16-float vectors.
-inline constexpr int kKeyTile = 64;
+/// Keys per KV tile: one score row of a tile is eight 16-float vectors. 128 rather than 64 halves what the
+/// backward streams per key (its packed Q, dO and the lane's dQ rows are read, and dQ written, once per key
+/// tile: at 64 keys the 2-thread causal backward ran 20-25% slower) and the load/store of the accumulators
+/// around each k = kKeyTile product (P V, dQ += dS K). Rows touch only the vectors their visible keys occupy
+/// (softmax_row, backward_row, BlockRanges), so short documents do not pay for the wider tile.
+inline constexpr int kKeyTile = 128;
 /// Rows per register block of the micro-kernels.
 inline constexpr int kRowBlock = 6;
 /// Lazy rescaling (as in FlashAttention-4): a row's reference max m moves only when a tile's max exceeds it by
@@ -66,7 +70,7 @@ inline constexpr int kPanel = 16;
 
 /// Work that differs per register block of kRowBlock rows (block rb holds rows [kRowBlock * rb, ...)): along a
 /// mask edge each block computes only what its own rows see, at 6-row x 16-key granularity instead of a whole
-/// score block's (a 48 x 64 block on a causal diagonal is half hidden; short documents are mostly edge). Block rb
+/// score block's (a 48 x 128 block on a causal diagonal is mostly hidden; short documents are mostly edge). Block rb
 /// computes only columns [col_lo[rb], col_hi[rb]) (multiples of kPanel, or n; its other columns of C are left as
 /// they were) and sums only over k in [k_lo[rb], k_hi[rb]) (A is zero elsewhere). Null: all columns / all k.
 /// Panels stay the outer loop, so each B panel is still read from L1 by all row blocks.
@@ -211,11 +215,10 @@ SEQPAR_ALWAYS_INLINE __m512 exp2_ps(__m512 x) noexcept {
   return _mm512_scalef_ps(p, n);
 }
 
-/// Lanes [lo, hi) of the four 16-lane vectors of a 64-key row.
-SEQPAR_ALWAYS_INLINE std::uint64_t key_mask(int lo, int hi) noexcept {
-  const std::uint64_t upto = hi >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << hi) - 1;
-  const std::uint64_t below = (std::uint64_t{1} << lo) - 1;
-  return upto & ~below;
+/// Lanes of 16-lane vector v (keys 16v .. 16v+15) inside [lo, hi).
+SEQPAR_ALWAYS_INLINE __mmask16 key_mask16(int v, int lo, int hi) noexcept {
+  const int a = std::clamp(lo - 16 * v, 0, 16), b = std::clamp(hi - 16 * v, 0, 16);
+  return static_cast<__mmask16>(((1u << b) - 1u) & ~((1u << a) - 1u));
 }
 
 template <int R, int NV>
@@ -323,27 +326,26 @@ inline void gemm(int m, int n, int kdim, const float* a, std::int64_t ai, std::i
   }
 }
 
+// Row steps over the vectors that hold [lo, hi) only (two passes: max, then exp; the second reloads from L1);
+// the row's other vectors are stored as 0, since a register block's products may reach past this row's keys.
 inline float softmax_row(float* s, int lo, int hi, float& m, float& l) noexcept {
-  const std::uint64_t mask = key_mask(lo, hi);
+  constexpr int kV = kKeyTile / 16;
+  const int v0 = lo / 16, v1 = (hi + 15) / 16;
   const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  __m512 x[4];
-  __mmask16 km[4];
-  SEQPAR_UNROLL
-  for (int v = 0; v < 4; ++v) {
-    km[v] = static_cast<__mmask16>(mask >> (16 * v));
-    x[v] = _mm512_mask_loadu_ps(ninf, km[v], s + 16 * v);
-  }
-  const __m512 mx4 = _mm512_max_ps(_mm512_max_ps(x[0], x[1]), _mm512_max_ps(x[2], x[3]));
-  const bool moves = _mm512_cmp_ps_mask(mx4, _mm512_set1_ps(m + kLazyRescale), _CMP_GT_OQ) != 0;  // NaN: no
-  const float m_new = moves ? lazy_max(m, _mm512_reduce_max_ps(mx4)) : m;
+  __m512 mx = ninf;
+  for (int v = v0; v < v1; ++v) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(ninf, key_mask16(v, lo, hi), s + 16 * v));
+  const bool moves = _mm512_cmp_ps_mask(mx, _mm512_set1_ps(m + kLazyRescale), _CMP_GT_OQ) != 0;  // NaN: no
+  const float m_new = moves ? lazy_max(m, _mm512_reduce_max_ps(mx)) : m;
   const __m512 mv = _mm512_set1_ps(m_new);
   __m512 sum = _mm512_setzero_ps();
-  SEQPAR_UNROLL
-  for (int v = 0; v < 4; ++v) {
-    const __m512 p = _mm512_maskz_mov_ps(km[v], exp2_ps(_mm512_sub_ps(x[v], mv)));
+  for (int v = 0; v < v0; ++v) _mm512_storeu_ps(s + 16 * v, _mm512_setzero_ps());
+  for (int v = v0; v < v1; ++v) {
+    const __m512 p =
+        _mm512_maskz_mov_ps(key_mask16(v, lo, hi), exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), mv)));
     _mm512_storeu_ps(s + 16 * v, p);
     sum = _mm512_add_ps(sum, p);
   }
+  for (int v = v1; v < kV; ++v) _mm512_storeu_ps(s + 16 * v, _mm512_setzero_ps());
   const float alpha = m == m_new ? 1.0f : m == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp2(m - m_new);
   l = l * alpha + _mm512_reduce_add_ps(sum);
   m = m_new;
@@ -351,12 +353,17 @@ inline float softmax_row(float* s, int lo, int hi, float& m, float& l) noexcept 
 }
 
 inline void backward_row(float* s, float* dp, int lo, int hi, float lse2, float delta) noexcept {
-  const std::uint64_t mask = key_mask(lo, hi);
+  constexpr int kV = kKeyTile / 16;
+  const int v0 = lo / 16, v1 = (hi + 15) / 16;
   const __m512 lv = _mm512_set1_ps(lse2);
   const __m512 dv = _mm512_set1_ps(delta);
-  SEQPAR_UNROLL
-  for (int v = 0; v < 4; ++v) {
-    const __mmask16 km = static_cast<__mmask16>(mask >> (16 * v));
+  for (int v = 0; v < kV; ++v) {
+    if (v < v0 || v >= v1) {
+      _mm512_storeu_ps(s + 16 * v, _mm512_setzero_ps());
+      _mm512_storeu_ps(dp + 16 * v, _mm512_setzero_ps());
+      continue;
+    }
+    const __mmask16 km = key_mask16(v, lo, hi);
     const __m512 p = _mm512_maskz_mov_ps(km, exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(s + 16 * v), lv)));
     _mm512_storeu_ps(s + 16 * v, p);
     _mm512_storeu_ps(dp + 16 * v, _mm512_maskz_mul_ps(km, p, _mm512_sub_ps(_mm512_loadu_ps(dp + 16 * v), dv)));
@@ -510,33 +517,33 @@ SEQPAR_ALWAYS_INLINE float hsum8(__m256 v) noexcept {
   return _mm_cvtss_f32(x);
 }
 
+// Row steps over the vectors that hold [lo, hi) only (two passes: max, then exp; the second reloads from L1);
+// the row's other vectors are stored as 0, since a register block's products may reach past this row's keys.
 SEQPAR_ALWAYS_INLINE float softmax_row(float* s, int lo, int hi, float& m, float& l) noexcept {
+  constexpr int kV = kKeyTile / 8;
+  const int v0 = lo / 8, v1 = (hi + 7) / 8;
   const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  const bool dense = lo == 0 && hi == kKeyTile;
-  __m256 x[8], km[8];
-  __m256 mx = ninf;
-  SEQPAR_UNROLL
-  for (int v = 0; v < 8; ++v) {
-    x[v] = _mm256_loadu_ps(s + 8 * v);
-    if (!dense) {
-      km[v] = key_mask8(v, lo, hi);
-      x[v] = _mm256_blendv_ps(ninf, x[v], km[v]);
-    }
-    mx = _mm256_max_ps(mx, x[v]);
+  __m256 mx = ninf, mx2 = ninf;  // two chains: max has a 3-cycle latency
+  int v = v0;
+  for (; v + 1 < v1; v += 2) {
+    mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, _mm256_loadu_ps(s + 8 * v), key_mask8(v, lo, hi)));
+    mx2 = _mm256_max_ps(mx2, _mm256_blendv_ps(ninf, _mm256_loadu_ps(s + 8 * v + 8), key_mask8(v + 1, lo, hi)));
   }
+  if (v < v1) mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, _mm256_loadu_ps(s + 8 * v), key_mask8(v, lo, hi)));
+  mx = _mm256_max_ps(mx, mx2);
   // The common case, no lane above m + 2^8: m stays, with no horizontal reduction on the critical path.
   const bool moves =
       _mm256_movemask_ps(_mm256_cmp_ps(mx, _mm256_set1_ps(m + kLazyRescale), _CMP_GT_OQ)) != 0;  // NaN: no
   const float m_new = moves ? lazy_max(m, hmax8(mx)) : m;
   const __m256 mv = _mm256_set1_ps(m_new);
   __m256 sum = _mm256_setzero_ps();
-  SEQPAR_UNROLL
-  for (int v = 0; v < 8; ++v) {
-    __m256 p = exp2_ps(_mm256_sub_ps(x[v], mv));
-    if (!dense) p = _mm256_and_ps(p, km[v]);
+  for (v = 0; v < v0; ++v) _mm256_storeu_ps(s + 8 * v, _mm256_setzero_ps());
+  for (; v < v1; ++v) {
+    const __m256 p = _mm256_and_ps(key_mask8(v, lo, hi), exp2_ps(_mm256_sub_ps(_mm256_loadu_ps(s + 8 * v), mv)));
     _mm256_storeu_ps(s + 8 * v, p);
     sum = _mm256_add_ps(sum, p);
   }
+  for (; v < kV; ++v) _mm256_storeu_ps(s + 8 * v, _mm256_setzero_ps());
   const float alpha = m == m_new ? 1.0f : m == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp2(m - m_new);
   l = l * alpha + hsum8(sum);
   m = m_new;
@@ -544,14 +551,24 @@ SEQPAR_ALWAYS_INLINE float softmax_row(float* s, int lo, int hi, float& m, float
 }
 
 inline void backward_row(float* s, float* dp, int lo, int hi, float lse2, float delta) noexcept {
+  constexpr int kV = kKeyTile / 8;
+  const int v0 = lo / 8, v1 = (hi + 7) / 8;
   const __m256 lv = _mm256_set1_ps(lse2);
   const __m256 dv = _mm256_set1_ps(delta);
-  SEQPAR_UNROLL
-  for (int v = 0; v < 8; ++v) {
+  int v = 0;
+  for (; v < v0; ++v) {
+    _mm256_storeu_ps(s + 8 * v, _mm256_setzero_ps());
+    _mm256_storeu_ps(dp + 8 * v, _mm256_setzero_ps());
+  }
+  for (; v < v1; ++v) {
     const __m256 km = key_mask8(v, lo, hi);
     const __m256 p = _mm256_and_ps(km, exp2_ps(_mm256_sub_ps(_mm256_loadu_ps(s + 8 * v), lv)));
     _mm256_storeu_ps(s + 8 * v, p);
     _mm256_storeu_ps(dp + 8 * v, _mm256_and_ps(km, _mm256_mul_ps(p, _mm256_sub_ps(_mm256_loadu_ps(dp + 8 * v), dv))));
+  }
+  for (; v < kV; ++v) {
+    _mm256_storeu_ps(s + 8 * v, _mm256_setzero_ps());
+    _mm256_storeu_ps(dp + 8 * v, _mm256_setzero_ps());
   }
 }
 

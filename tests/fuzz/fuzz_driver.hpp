@@ -25,7 +25,8 @@ struct FuzzRun {
 
   /// "seeds A..B", or "replayed seeds A, B" after --replay.
   [[nodiscard]] std::string seeds() const {
-    if (replay.empty()) return "seeds " + std::to_string(seed) + ".." + std::to_string(seed + cases);
+    if (replay.empty())
+      return "seeds " + std::to_string(seed) + ".." + std::to_string(seed + static_cast<std::uint32_t>(cases));
     std::string out = "replayed seeds";
     for (std::size_t i = 0; i < replay.size(); ++i) out += (i ? ", " : " ") + std::to_string(replay[i]);
     return out;
@@ -56,7 +57,14 @@ FuzzRun run_fuzz(int argc, char** argv, Case&& one_case) {
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "--seconds" && i + 1 < argc) {
-        run.seconds = std::stod(argv[++i]);
+        const std::string v = argv[++i];
+        std::size_t end = 0;
+        try {
+          run.seconds = std::stod(v, &end);
+        } catch (const std::exception&) {
+          end = 0;
+        }
+        if (v.empty() || end != v.size() || !(run.seconds >= 0)) throw std::invalid_argument("seconds '" + v + "'");
       } else if (a == "--seed" && i + 1 < argc) {
         run.seed = detail::parse_seed(argv[++i]);
       } else if (a == "--replay" && i + 1 < argc) {
@@ -91,7 +99,7 @@ FuzzRun run_fuzz(int argc, char** argv, Case&& one_case) {
   if (!run.replay.empty()) {
     run.seconds = 0;
     for (const std::uint32_t s : run.replay)
-      if (!one(s)) return run;
+      if (!one(s)) break;
     return run;
   }
   const auto stop = std::chrono::steady_clock::now() + std::chrono::duration<double>(run.seconds);

@@ -36,7 +36,7 @@ namespace seqpar::attention::detail {
 
 /// Keys per KV tile: one score row of a tile is eight 16-float vectors. 128 rather than 64 halves what the
 /// backward streams per key (its packed Q, dO and the lane's dQ rows are read, and dQ written, once per key
-/// tile: at 64 keys the 2-thread causal backward ran 20-25% slower) and the load/store of the accumulators
+/// tile: at 64 keys the causal backward ran 12-25% slower in interleaved runs) and the load/store of the accumulators
 /// around each k = kKeyTile product (P V, dQ += dS K). Rows touch only the vectors their visible keys occupy
 /// (softmax_row, backward_row, BlockRanges), so short documents do not pay for the wider tile.
 inline constexpr int kKeyTile = 128;

@@ -20,7 +20,7 @@
 //   usage: 08_dpp_chunks [--smoke] [--tokens T] [--threads K]
 #include "example_support.hpp"
 
-#include <seqpar/schedule/chunked_attention.hpp>
+#include <seqpar/runtime/chunked_attention.hpp>
 #include <seqpar/schedule/dynamic_chunk.hpp>
 
 #include <algorithm>
@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
   backend::inproc::World(kRanks).run([&](backend::inproc::Transport& transport) {
     DistributedAttention<HybridRing, Kernel> attn(transport, shape, args, Kernel({.threads = opt.threads}));
     const std::int64_t whole_rows = attn.local_tokens(batch);  // the unchunked plan of the same strategy
-    schedule::ChunkedAttention<Kernel> chunked(attn, transport, Kernel({.threads = opt.threads}));
+    runtime::ChunkedAttention<Kernel> chunked(attn, transport, Kernel({.threads = opt.threads}));
     chunked.begin(plan.chunks);
     const int nc = chunked.num_chunks();
     std::vector<Tensors<double>> local;

@@ -3,7 +3,7 @@
 // ranks (8 in-process ranks), the batch cut by schedule::DynamicChunk, the chunks grouped into 1F1B
 // pipelines by schedule::group_pipelines under a per-stage memory cap (which makes it checkpoint
 // some chunks' layers on some stages), and each stage's attention run by Hybrid x sharding-aware
-// Ring through schedule::ChunkedAttention (train::run_pipelined_step).
+// Ring through runtime::ChunkedAttention (train::run_pipelined_step).
 //
 // It prints the plan, then per stage the activation memory: what the planner predicted (the stage's
 // peak under the schedule's decisions, shared by its 2 ranks), what the memory model gives for each

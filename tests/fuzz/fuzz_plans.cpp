@@ -126,7 +126,7 @@ void check(const std::string& name, const DocumentBatch& batch, const AttentionS
                              expected[{members, -1 - static_cast<int>(m.src), static_cast<int>(peer), ex.self}] += eb;
                            }
                        },
-                       [](const comm::ZeroStep&) {}, [](const comm::WaitStep&) {}},
+                       [](const comm::ZeroStep&) {}, [](const comm::WaitStep&) {}, [](const comm::CopyStep&) {}},
             step);
       }
     }

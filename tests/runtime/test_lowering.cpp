@@ -5,6 +5,7 @@
 // a kernel call's slices have disjoint query rows.
 #include <doctest/doctest.h>
 
+#include <seqpar/schedule/dynamic_chunk.hpp>
 #include <seqpar/seqpar.hpp>
 
 #include <algorithm>
@@ -81,7 +82,12 @@ void check_lowered(const comm::Program& program, std::uint64_t inputs) {
                      if (!a.backward) CHECK((op.access.writes & (bit(a.o) | bit(BufferId::kOPart))) != 0);
                    },
                    [&](const MergeOp&) { CHECK((op.access.reads & bit(BufferId::kOPart)) != 0); }, [](const ZeroOp&) {},
-                   [](const FillEmptyOp&) {}},
+                   [](const FillEmptyOp&) {},
+                   [&](const CopyOp& c) {
+                     CHECK(c.bytes <= lp.layout.pack_send_bytes);
+                     CHECK(c.pack.count > 0);
+                     CHECK(c.unpack.count > 0);
+                   }},
         op.op);
   }
   for (bool p : posted) CHECK_FALSE(p);  // every post waited for
@@ -123,9 +129,62 @@ void check_strategy_lowering(std::mt19937& rng, typename S::Arguments args = {})
   }
 }
 
+// The prefix-carry programs of a chunked run (comm::ChunkCarry) on every rank: the caller binds its
+// chunk tensors and the carry buffers.
+void check_carry_lowering(std::mt19937& rng) {
+  using B = BufferId;
+  const std::uint64_t carry = bit(B::kKCarry) | bit(B::kVCarry) | bit(B::kDkCarry) | bit(B::kDvCarry);
+  const std::uint64_t forward_in = bit(B::kQ) | bit(B::kK) | bit(B::kV) | bit(B::kO) | bit(B::kLse) | carry;
+  const std::uint64_t backward_in = forward_in | bit(B::kDout) | bit(B::kDq) | bit(B::kDk) | bit(B::kDv);
+  for (int trial = 0; trial < 20; ++trial) {
+    const DocumentBatch batch({{std::uniform_int_distribution<std::int64_t>(60, 200)(rng), 5, 9}, {31, 2}});
+    const auto chunks =
+        schedule::DynamicChunk{{.token_capacity = 48, .time_target = 0, .slices = 0, .cost = {}}}.chunks(batch);
+    const int world = std::uniform_int_distribution<int>(1, 6)(rng);
+    const AttentionShape shape{4, 2, 8};
+    using S = Strategy<partition::Zigzag, comm::Ring>;
+    const Topology topo{world, world};
+    std::vector<std::vector<std::vector<Range>>> owned;
+    for (const Chunk& ch : chunks) {
+      const auto planned = S::plan({}, ch.batch, shape, topo);
+      REQUIRE(planned.status);
+      owned.emplace_back();
+      for (int r = 0; r < world; ++r) {  // chunk-batch rows -> global rows (the chunk's tokens concatenated)
+        std::vector<Range> global;
+        for (const Range& l : planned.plan.owned[static_cast<std::size_t>(r)]) {
+          std::int64_t at = 0;
+          for (const Range& t : ch.tokens) {
+            const Range i{std::max(l.begin, at), std::min(l.end, at + t.size())};
+            if (!i.empty()) global.push_back({t.begin + (i.begin - at), t.begin + (i.end - at)});
+            at += t.size();
+          }
+        }
+        owned.back().push_back(global);
+      }
+    }
+    const comm::ChunkCarry cc(chunks, owned, shape);
+    std::int64_t declared = 0;
+    for (int c = 0; c < cc.num_chunks(); ++c)
+      for (int r = 0; r < world; ++r) {
+        CAPTURE(c);
+        CAPTURE(r);
+        check_lowered(cc.forward(c, r, true), forward_in);
+        check_lowered(cc.forward(c, r, false), forward_in);
+        check_lowered(cc.backward(c, r), backward_in);
+        declared += static_cast<std::int64_t>(cc.forward(c, r, true).bytes_sent(4, 4));
+      }
+    if (world > 1) CHECK(declared > 0);  // a split document's prefix crosses ranks
+  }
+}
+
 }  // namespace
 
 TEST_SUITE("runtime") {
+  TEST_CASE("lowered prefix-carry programs of chunked runs: bytes, accesses, local copies") {
+    std::mt19937 rng(5);
+    check_carry_lowering(rng);
+  }
+
   TEST_CASE("lowered programs: bytes, accesses, post/wait pairs, workspace regions") {
     std::mt19937 rng(11);
     using partition::Uniform, partition::Zigzag, partition::PerDoc, partition::Hybrid, partition::WholeDoc;

@@ -7,6 +7,7 @@
 // counter, so each in-process rank (a thread) counts its own, including what its sends allocate.
 #include <doctest/doctest.h>
 
+#include <seqpar/schedule/dynamic_chunk.hpp>
 #include <seqpar/seqpar.hpp>
 
 #include <atomic>
@@ -136,9 +137,79 @@ std::size_t steady_state_allocations(const DocumentBatch& batch, int world, type
   return worst;
 }
 
+/// The same for a chunked run (DPP): begin on the same chunks, every chunk's forward, then every
+/// backward in reverse, on a batch whose long document is split across chunks (so the prefix carry
+/// moves); returns the most any rank allocated in one such pass after warm-up.
+template <class S>
+std::size_t chunked_steady_state_allocations(int world, typename S::Arguments args = {}) {
+  const AttentionShape shape{4, 2, 16};
+  const DocumentBatch batch({{150, 7, 12, 30}, {9, 40, 5}});
+  const std::vector<Chunk> chunks =
+      schedule::DynamicChunk{{.token_capacity = 96, .time_target = 0, .slices = 3, .cost = {}}}.chunks(batch);
+  REQUIRE(chunks.size() <= 8);  // every chunk batch stays in the engine's plan cache
+  std::size_t worst = 0;
+  std::mutex mu;
+  backend::inproc::World(world).run([&](backend::inproc::Transport& t) {
+    DistributedAttention<S, attention::CpuFlash<float>> attn(t, shape, args);
+    runtime::ChunkedAttention<attention::CpuFlash<float>> chunked(attn, t);
+    chunked.begin(chunks);
+    REQUIRE(chunked.carry_rows() >= 0);
+    const int nc = chunked.num_chunks();
+    struct Local {
+      ThdTensor<float> q, k, v, o, dout, dq, dk, dv;
+      LseTensor<float> lse;
+    };
+    std::vector<Local> loc;
+    std::mt19937 rng(static_cast<std::uint32_t>(t.rank()) + 7);
+    std::normal_distribution<float> normal;
+    for (int c = 0; c < nc; ++c) {
+      const std::int64_t n = chunked.local_tokens(c);
+      loc.push_back({ThdTensor<float>(n, 4, 16), ThdTensor<float>(n, 2, 16), ThdTensor<float>(n, 2, 16),
+                     ThdTensor<float>(n, 4, 16), ThdTensor<float>(n, 4, 16), ThdTensor<float>(n, 4, 16),
+                     ThdTensor<float>(n, 2, 16), ThdTensor<float>(n, 2, 16), LseTensor<float>(4, n)});
+      for (auto* x : {&loc.back().q, &loc.back().k, &loc.back().v, &loc.back().dout})
+        for (float& e : x->storage) e = normal(rng);
+    }
+    std::vector<std::vector<Chunk>> copies(4, chunks);  // begin takes its chunks by value: moved in, not copied
+    const auto step = [&](std::size_t i) {
+      chunked.begin(std::move(copies[i]));
+      for (int c = 0; c < nc; ++c) {
+        Local& l = loc[static_cast<std::size_t>(c)];
+        chunked.forward(c, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view());
+      }
+      for (int c = nc - 1; c >= 0; --c) {
+        Local& l = loc[static_cast<std::size_t>(c)];
+        chunked.backward(c, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view(), l.dout.view(), l.dq.view(),
+                         l.dk.view(), l.dv.view());
+      }
+    };
+    for (std::size_t i = 0; i < 3; ++i) step(i);
+    const std::size_t before = t_allocations;
+    t_counting = true;
+    step(3);
+    t_counting = false;
+    const std::size_t made = t_allocations - before;
+    std::lock_guard lock(mu);
+    worst = std::max(worst, made);
+  });
+  return worst;
+}
+
 }  // namespace
 
 TEST_SUITE("runtime") {
+  TEST_CASE("a chunked (DPP) forward + backward on cached chunks allocates nothing on any rank") {
+    using partition::Uniform, partition::Zigzag, partition::PerDoc;
+    for (int world : {2, 4}) {
+      CAPTURE(world);
+      CHECK(chunked_steady_state_allocations<Strategy<Uniform, comm::AllToAll>>(world) == 0);
+      CHECK(chunked_steady_state_allocations<Strategy<Zigzag, comm::Ring>>(world) == 0);
+      Strategy<PerDoc, comm::AllGather>::Arguments gather;
+      gather.comm.sharding_aware = true;
+      CHECK(chunked_steady_state_allocations<Strategy<PerDoc, comm::AllGather>>(world, gather) == 0);
+    }
+  }
+
   TEST_CASE("a second forward + backward on a cached batch allocates nothing on any rank") {
     using partition::Uniform, partition::Zigzag, partition::Hybrid, partition::PerDoc;
     for (int world : {2, 4, 8}) {

@@ -5,12 +5,13 @@
 // attention over the whole batch (fp64 reference), with long documents split 2-8 ways.
 #include <doctest/doctest.h>
 
-#include <seqpar/schedule/chunked_attention.hpp>
+#include <seqpar/runtime/chunked_attention.hpp>
 #include <seqpar/schedule/dynamic_chunk.hpp>
 #include <seqpar/schedule/pipeline.hpp>
 #include <seqpar/seqpar.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <mutex>
 #include <numeric>
@@ -23,6 +24,10 @@
 using namespace seqpar;
 
 namespace {
+
+// Bytes the prefix programs declared and calls whose transport count differed (every rank, every call).
+std::atomic<std::uint64_t> g_prefix_bytes{0};
+std::atomic<int> g_byte_mismatches{0};
 
 // Long documents (a few times the capacity) among lognormal short ones, over `sequences` sequences.
 DocumentBatch long_tail_batch(int sequences, std::int64_t capacity, std::uint32_t seed) {
@@ -77,6 +82,14 @@ void check_plan(const DocumentBatch& batch, const schedule::DynamicChunk& sched)
   for (std::size_t d = 0; d < next.size(); ++d) CHECK(next[d] == batch.documents()[d].tokens.size());
 }
 
+// The prefix program of the last call declared exactly the bytes the transport counted.
+template <class Chunked>
+void count_bytes(const Chunked& chunked, int c, int pass) {
+  const std::uint64_t declared = chunked.program(c, pass).bytes_sent(sizeof(double), sizeof(double));
+  g_prefix_bytes += declared;
+  if (declared != chunked.last_bytes_sent()) ++g_byte_mismatches;
+}
+
 // Runs `chunks` chunk by chunk with the attention `make` builds on `world` ranks and compares with the
 // reference on the whole batch.
 test::Errors check_chunked(const DocumentBatch& batch, const std::vector<schedule::Chunk>& chunks,
@@ -104,7 +117,7 @@ test::Errors check_chunked(const DocumentBatch& batch, const std::vector<schedul
   std::mutex mu;
   backend::inproc::World(world).run([&](backend::inproc::Transport& transport) {
     const auto owner = make(transport);
-    schedule::ChunkedAttention<Kernel> chunked(*owner, transport);
+    runtime::ChunkedAttention<Kernel> chunked(*owner, transport);
     chunked.begin(chunks);
     const int nc = chunked.num_chunks();
     struct Local {
@@ -130,12 +143,14 @@ test::Errors check_chunked(const DocumentBatch& batch, const std::vector<schedul
         l.o = ThdTensor<double>(m, shape.heads_q, d);
         l.lse = LseTensor<double>(shape.heads_q, m);
         chunked.forward(c, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view());
+        count_bytes(chunked, c, 0);
       } else {
         l.dq = ThdTensor<double>(m, shape.heads_q, d);
         l.dk = ThdTensor<double>(m, shape.heads_kv, d);
         l.dv = ThdTensor<double>(m, shape.heads_kv, d);
         chunked.backward(c, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view(), l.dout.view(), l.dq.view(),
                          l.dk.view(), l.dv.view());
+        count_bytes(chunked, c, 2);
       }
     }
     std::lock_guard lock(mu);
@@ -219,7 +234,7 @@ TEST_SUITE("schedule") {
     backend::inproc::World(1).run([&](backend::inproc::Transport& t) {
       const AttentionShape shape{2, 2, 8};
       DistributedAttention<Strategy<partition::Uniform, comm::AllToAll>, attention::Reference<double>> attn(t, shape);
-      schedule::ChunkedAttention<attention::Reference<double>> chunked(attn, t);
+      runtime::ChunkedAttention<attention::Reference<double>> chunked(attn, t);
       chunked.begin(chunks);
       std::vector<ThdTensor<double>> x, o;  // o apart: an output may not share memory with q, k, v
       std::vector<LseTensor<double>> l;
@@ -244,6 +259,8 @@ TEST_SUITE("schedule") {
 
   TEST_CASE("ChunkedAttention over every strategy equals attention over the whole batch (fp64, 1..8 ranks)") {
     int runs = 0;
+    g_prefix_bytes = 0;
+    g_byte_mismatches = 0;
     test::for_each_combination([&]<class C>(C) {
       using S = typename C::strategy;
       typename S::Arguments args = C::arguments();
@@ -292,5 +309,8 @@ TEST_SUITE("schedule") {
       }
     });
     CHECK(runs > 100);
+    // The prefix carry moved bytes, and each call's transport count equals what its program declares.
+    CHECK(g_prefix_bytes > 0);
+    CHECK(g_byte_mismatches == 0);
   }
 }

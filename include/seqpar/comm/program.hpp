@@ -16,8 +16,9 @@
 namespace seqpar::comm {
 
 /// Buffers a program reads and writes. The first ones are the caller's sequence-sharded tensors
-/// (local rows = the rank's owned tokens, in plan order); the rest are staging buffers the program
-/// declares and the executor places in its workspace.
+/// (local rows = the rank's owned tokens, in plan order); then the carry (K/V rows a chunked run keeps
+/// for later chunks, and their gradients: bound by the chunked runner, rows = Program::carry_rows);
+/// the rest are staging buffers the program declares and the executor places in its workspace.
 enum class BufferId : std::uint8_t {
   kQ,
   kK,
@@ -28,6 +29,10 @@ enum class BufferId : std::uint8_t {
   kDq,
   kDk,
   kDv,  // caller's views
+  kKCarry,
+  kVCarry,
+  kDkCarry,
+  kDvCarry,  // carried rows (chunked attention), bound like the caller's views
   kQHeads,
   kKHeads,
   kVHeads,
@@ -49,6 +54,10 @@ enum class BufferId : std::uint8_t {
   kVGather,
   kDkGather,
   kDvGather,  // all-gathered KV and its gradients
+  kKPrefix,
+  kVPrefix,
+  kDkPrefix,
+  kDvPrefix,  // a chunk's prefix K/V gathered from the carry, and its gradients
   kCount
 };
 inline constexpr int kNumBuffers = static_cast<int>(BufferId::kCount);
@@ -58,6 +67,14 @@ inline constexpr int kNumBuffers = static_cast<int>(BufferId::kCount);
 }
 [[nodiscard]] constexpr bool is_caller_buffer(BufferId b) noexcept {
   return static_cast<int>(b) <= static_cast<int>(BufferId::kDv);
+}
+[[nodiscard]] constexpr bool is_carry_buffer(BufferId b) noexcept {
+  return static_cast<int>(b) >= static_cast<int>(BufferId::kKCarry) &&
+         static_cast<int>(b) <= static_cast<int>(BufferId::kDvCarry);
+}
+/// Buffers whose memory the program's runner binds (not placed in the executor's workspace).
+[[nodiscard]] constexpr bool is_bound_buffer(BufferId b) noexcept {
+  return is_caller_buffer(b) || is_carry_buffer(b);
 }
 
 /// A staging buffer: rows x heads (x head_dim, unless it holds LSE values).
@@ -163,13 +180,30 @@ struct ComputeStep {
   }
 };
 
-using Step = std::variant<ExchangeStep, ZeroStep, ComputeStep, PostStep, WaitStep>;
+/// One buffer's part of a local copy: the pieces of `src` in order land in the pieces of `dst` in
+/// order (equal element counts; like an exchange's pieces for its own rank, without the collective).
+/// With `accumulate` the values are added.
+struct LocalMove {
+  BufferId src{};
+  BufferId dst{};
+  bool accumulate = false;
+  std::vector<Piece> from;  ///< pieces of src
+  std::vector<Piece> to;    ///< pieces of dst
+};
+
+/// Copies between this rank's buffers, no communication (a chunked run keeping K/V rows in the carry,
+/// and adding the gradients later chunks returned for them).
+struct CopyStep {
+  std::vector<LocalMove> moves;
+};
+
+using Step = std::variant<ExchangeStep, ZeroStep, ComputeStep, PostStep, WaitStep, CopyStep>;
 
 /// The step's kind as error messages and traces name it.
 [[nodiscard]] inline const char* step_name(const Step& step) noexcept {
   return std::visit(Overloaded{[](const ExchangeStep&) { return "exchange"; }, [](const ZeroStep&) { return "zero"; },
                                [](const ComputeStep&) { return "compute"; }, [](const PostStep&) { return "post"; },
-                               [](const WaitStep&) { return "wait"; }},
+                               [](const WaitStep&) { return "wait"; }, [](const CopyStep&) { return "copy"; }},
                     step);
 }
 
@@ -195,7 +229,8 @@ void for_each_sent_piece(const Step& step, Fn&& fn) {
                               for (const Piece& p : m.send[peer]) fn(ex.level, static_cast<int>(peer), m.src, p);
                             }
                         },
-                        [](const auto&) {}},
+                        [](const ZeroStep&) {}, [](const ComputeStep&) {}, [](const WaitStep&) {},
+                        [](const CopyStep&) {}},  // every kind named: a new sending step must be counted here
              step);
 }
 
@@ -206,6 +241,7 @@ struct Program {
   int head_dim = 0;
   double softmax_scale = 0;
   std::int64_t local_tokens = 0;
+  std::int64_t carry_rows = 0;  ///< rows of the carry buffers (kKCarry..kDvCarry) on this rank
   std::vector<BufferSpec> staging;
   std::vector<Step> steps;
   /// Sub-communicators the inner and outer levels run on, as a split of the world: this rank's

@@ -22,6 +22,7 @@
 #include "seqpar/replay/costs.hpp"
 #include "seqpar/replay/hardware.hpp"
 #include "seqpar/replay/trace.hpp"
+#include "seqpar/runtime/lowered_program.hpp"
 
 namespace seqpar::replay {
 
@@ -42,6 +43,9 @@ struct RankTiming {
   double exposed_comm_s = 0;  ///< time blocked on a transfer or a collective (includes waiting for slower peers)
   std::uint64_t bytes_intra = 0, bytes_inter = 0;  ///< sent, by link class
   double staging_bytes = 0;                        ///< the program's staging buffers
+  /// What the executor does on this rank: kernel calls, the slices and (query, key) pairs summed over
+  /// query heads they cover, and partial results merged.
+  std::int64_t kernel_calls = 0, slices = 0, head_pairs = 0, merges = 0;
 };
 
 namespace report_detail {
@@ -88,7 +92,16 @@ struct SimulationReport {
 /// after another). Cost: O(total steps + transfers) per run; lowering is linear in the programs' pieces.
 class Replay {
  public:
+  /// Replays the programs as the executor runs them: each is lowered by runtime::lower (the executor's
+  /// own lowering) for the options' element sizes, then priced op by op.
   Replay(std::span<const comm::Program> programs, const Topology& topology, const AttentionShape& shape,
+         const SimulationOptions& options)
+      : Replay(lowered(programs, options), topology, shape, options) {}
+
+  /// Replays lowered programs (one per world rank, lowered for the options' element sizes): what an
+  /// executor runs, op for op (attention calls, merges, fills, zero fills, local copies, exchanges,
+  /// posts and waits).
+  Replay(std::span<const runtime::LoweredProgram> programs, const Topology& topology, const AttentionShape& shape,
          const SimulationOptions& options)
       : topo_(topology), options_(options) {
     constexpr const char* where = "replay::Replay";
@@ -103,6 +116,22 @@ class Replay {
       detail::require(programs[static_cast<std::size_t>(r)].rank == r, where, "programs[r].rank",
                       programs[static_cast<std::size_t>(r)].rank, "must equal r = " + std::to_string(r));
     lower(programs, shape);
+  }
+
+  /// `programs` lowered as the executor lowers them, for the options' element sizes (kernel scratch
+  /// is not priced: sized 0).
+  [[nodiscard]] static std::vector<runtime::LoweredProgram> lowered(std::span<const comm::Program> programs,
+                                                                    const SimulationOptions& options) {
+    const int value_bytes = options.value_bytes != 0 ? options.value_bytes : options.hardware.value_bytes;
+    detail::require(value_bytes > 0, "replay::Replay", "options.value_bytes", value_bytes, "must be > 0");
+    detail::require(options.lse_bytes > 0, "replay::Replay", "options.lse_bytes", options.lse_bytes, "must be > 0");
+    std::vector<runtime::LoweredProgram> out;
+    out.reserve(programs.size());
+    for (const comm::Program& p : programs)
+      out.push_back(runtime::lower(p, static_cast<std::size_t>(value_bytes),
+                                   static_cast<std::size_t>(options.lse_bytes),
+                                   [](const AttentionShape&, std::int64_t, std::int64_t) { return std::uint64_t{0}; }));
+    return out;
   }
 
   [[nodiscard]] int world_size() const noexcept { return topo_.world_size; }
@@ -129,6 +158,10 @@ class Replay {
       rt.bytes_intra = ranks_[static_cast<std::size_t>(r)].bytes_intra;
       rt.bytes_inter = ranks_[static_cast<std::size_t>(r)].bytes_inter;
       rt.staging_bytes = ranks_[static_cast<std::size_t>(r)].staging_bytes;
+      rt.kernel_calls = ranks_[static_cast<std::size_t>(r)].kernel_calls;
+      rt.slices = ranks_[static_cast<std::size_t>(r)].slices;
+      rt.head_pairs = ranks_[static_cast<std::size_t>(r)].head_pairs;
+      rt.merges = ranks_[static_cast<std::size_t>(r)].merges;
     }
     const auto traced = [&](int r) { return record_trace && options_.trace && r < options_.trace_max_ranks; };
     // Ranks to advance. A rank blocked on a transfer or a collective leaves the queue and is put back by
@@ -266,7 +299,14 @@ class Replay {
     std::vector<int> msgs;
     std::uint64_t bytes_intra = 0, bytes_inter = 0;
     double staging_bytes = 0;
+    std::int64_t kernel_calls = 0, slices = 0, head_pairs = 0, merges = 0;
   };
+
+  [[nodiscard]] static const comm::BufferSpec* find_staging(const runtime::LoweredProgram& p, comm::BufferId b) {
+    for (const comm::BufferSpec& s : p.staging)
+      if (s.id == b) return &s;
+    return nullptr;
+  }
   struct Message {
     int src = 0, dst = 0;
     std::uint64_t bytes = 0;
@@ -293,12 +333,10 @@ class Replay {
     return hw.cores_per_node > 0 ? std::max(1.0, static_cast<double>(on_node) / hw.cores_per_node) : 1.0;
   }
 
-  void lower(std::span<const comm::Program> programs, const AttentionShape& shape) {
+  void lower(std::span<const runtime::LoweredProgram> programs, const AttentionShape& shape) {
     const HardwareProfile& hw = options_.hardware;
     const int n = topo_.world_size;
     const double vb = options_.value_bytes, lb = options_.lse_bytes;
-    const auto value_bytes = static_cast<std::size_t>(options_.value_bytes),
-               lse_bytes = static_cast<std::size_t>(options_.lse_bytes);
     const double share = compute_share();
     ranks_.resize(static_cast<std::size_t>(n));
 
@@ -347,65 +385,79 @@ class Replay {
     std::vector<InstanceBytes> inst_bytes;
 
     for (int r = 0; r < n; ++r) {
-      const comm::Program& p = programs[static_cast<std::size_t>(r)];
+      const runtime::LoweredProgram& p = programs[static_cast<std::size_t>(r)];
       LoweredRank& lr = ranks_[static_cast<std::size_t>(r)];
       const int d = p.head_dim;
       for (const comm::BufferSpec& s : p.staging)
         lr.staging_bytes += static_cast<double>(s.rows) * s.heads * (comm::is_lse(s.id) ? lb : vb * d);
-      const auto bytes_of = [&](comm::BufferId b, const comm::Piece& pc) {  // the executor's byte count
-        return static_cast<double>(comm::piece_bytes(b, pc, d, value_bytes, lse_bytes));
-      };
       const auto world_of = [&](comm::Level l, int peer) {
         const auto& members = p.level_members[static_cast<std::size_t>(l)];
         detail::require(peer >= 0 && static_cast<std::size_t>(peer) < members.size(), "replay::Replay", "peer", peer,
                         "is not a member of the level of rank " + std::to_string(r));
         return members[static_cast<std::size_t>(peer)];
       };
+      // Bytes of a buffer's rows on this rank (zero fills): the caller's tensors have the program's
+      // local rows with Hq (q, o, dq, dout) or Hkv heads, the carry its own rows, staging its spec.
+      const auto buffer_bytes = [&](comm::BufferId b) {
+        using comm::BufferId;
+        if (const comm::BufferSpec* s = find_staging(p, b))
+          return static_cast<double>(s->rows) * s->heads * (comm::is_lse(b) ? lb : vb * d);
+        if (comm::is_carry_buffer(b)) return static_cast<double>(p.carry_rows) * shape.heads_kv * vb * d;
+        const bool kv = b == BufferId::kK || b == BufferId::kV || b == BufferId::kDk || b == BufferId::kDv;
+        if (b == BufferId::kLse) return static_cast<double>(p.local_tokens) * shape.heads_q * lb;
+        return static_cast<double>(p.local_tokens) * (kv ? shape.heads_kv : shape.heads_q) * vb * d;
+      };
       std::array<std::pair<int, int>, comm::kNumSlots> slot_msgs{};  // msgs range of the slot's last post
       std::array<double, comm::kNumSlots> slot_unpack{};             // bytes it receives (unpacked at the wait)
       std::unordered_map<std::string, int> group_seen;
-      for (const comm::Step& step : p.steps) {
+      for (const runtime::LoweredOp& lop : p.ops) {
         std::visit(
             Overloaded{
-                [&](const comm::ComputeStep& c) {
-                  double sec = 0, flops = 0, merged = 0;
-                  for (const auto& wave : c.waves)
-                    for (const comm::HeadGroup& g : c.head_groups) {
-                      const int heads = static_cast<int>(g.q_heads.size());
-                      sec += attention_seconds(hw, wave, heads, d, c.backward);
-                      flops += attention_flops(static_cast<double>(total_area(wave)) * heads, d, c.backward);
-                      if (c.merge)
-                        for (const AttnSlice& s : wave)
-                          merged += static_cast<double>(s.q_range.size()) * heads * d * vb;
-                    }
-                  lr.ops.push_back(
-                      {OpKind::kCompute, sec * share, 0, 0, c.backward ? "attention bwd" : "attention fwd", flops});
-                  if (merged > 0)
-                    lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, 1.5 * merged), 0, 0, "merge", merged});
+                [&](const runtime::AttentionOp& a) {
+                  const auto slices = p.view(p.slices, a.slices);
+                  const int heads = static_cast<int>(a.heads.q_heads.size());
+                  const double pairs = static_cast<double>(total_area(slices)) * heads;
+                  lr.ops.push_back({OpKind::kCompute, attention_seconds(hw, slices, heads, d, a.backward) * share, 0, 0,
+                                    a.backward ? "attention bwd" : "attention fwd",
+                                    attention_flops(pairs, d, a.backward)});
+                  lr.kernel_calls += 1;
+                  lr.slices += static_cast<std::int64_t>(slices.size());
+                  lr.head_pairs += static_cast<std::int64_t>(total_area(slices)) * heads;
                 },
-                [&](const comm::ZeroStep& z) {
+                [&](const runtime::MergeOp& m) {
+                  double merged = 0;
+                  for (const AttnSlice& s : p.view(p.slices, m.slices))
+                    merged += static_cast<double>(s.q_range.size()) * static_cast<double>(m.heads.q_heads.size()) *
+                              (d * vb + lb);
+                  // Reads the partial and the result, writes the result.
+                  lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, 1.5 * merged), 0, 0, "merge", merged});
+                  lr.merges += 1;
+                },
+                [&](const runtime::FillEmptyOp& f) {
+                  const double bytes =
+                      static_cast<double>(p.local_tokens) * static_cast<double>(f.heads.q_heads.size()) * (d * vb + lb);
+                  lr.ops.push_back({OpKind::kCopy, fill_seconds(hw, bytes), 0, 0, "fill", bytes});
+                },
+                [&](const runtime::ZeroOp& z) {
                   double bytes = 0;
-                  for (comm::BufferId b : z.buffers) {
-                    if (const comm::BufferSpec* s = p.staging_spec(b))
-                      bytes += static_cast<double>(s->rows) * s->heads * d * vb;
-                    else
-                      bytes += static_cast<double>(p.local_tokens) * shape.heads_q * d *
-                               vb;  // caller gradient (upper bound)
-                  }
-                  lr.ops.push_back({OpKind::kCopy, fill_seconds(hw, bytes), 0, 0, comm::step_name(step), bytes});
+                  for (comm::BufferId b : p.view(p.buffers, z.buffers)) bytes += buffer_bytes(b);
+                  lr.ops.push_back({OpKind::kCopy, fill_seconds(hw, bytes), 0, 0, lop.kind, bytes});
                 },
-                [&](const comm::PostStep& post) {
+                [&](const runtime::CopyOp& c) {
+                  const auto bytes = static_cast<double>(c.bytes);  // packed into the send region, unpacked from it
+                  if (bytes > 0) lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, 2 * bytes), 0, 0, "copy", bytes});
+                },
+                [&](const runtime::PostOp& post) {
                   const int begin = static_cast<int>(lr.msgs.size());
                   double packed = 0, intra_out = 0, host_out = 0;
                   int intra_peers = 0, inter_peers = 0;
-                  for (const comm::Transfer& tr : post.sends) {
+                  for (const runtime::TransferEntry& tr : p.view(p.transfers, post.sends)) {
                     const int dst = world_of(post.level, tr.peer);
-                    double bytes = 0;
-                    for (const comm::BufferPiece& bp : tr.pieces) bytes += bytes_of(bp.buffer, bp.piece);
+                    const auto bytes = static_cast<double>(tr.bytes);
                     packed += bytes;
                     const bool inter = !topo_.same_node(r, dst);
                     const bool cross = crosses_domains(r, dst);
-                    (inter ? lr.bytes_inter : lr.bytes_intra) += static_cast<std::uint64_t>(bytes);
+                    (inter ? lr.bytes_inter : lr.bytes_intra) += tr.bytes;
                     if (inter) {
                       nic_out[nic_key(nic_of(r), post.level, post.tag)] += bytes;
                       nic_in[nic_key(nic_of(dst), post.level, post.tag)] += bytes;
@@ -416,7 +468,7 @@ class Replay {
                       intra_out += bytes;
                     }
                     const int id = static_cast<int>(messages_.size());
-                    messages_.push_back({r, dst, static_cast<std::uint64_t>(bytes), inter, cross, 0.0});
+                    messages_.push_back({r, dst, tr.bytes, inter, cross, 0.0});
                     ++(inter ? inter_peers : intra_peers);
                     message_post.push_back({post.level, post.tag, 0.0, 0.0, 0.0});
                     sends_by_key[key_of(r, dst, post.level, post.tag)].push_back(id);
@@ -431,27 +483,26 @@ class Replay {
                     message_post[static_cast<std::size_t>(lr.msgs[i])].fixed = fixed;
                   }
                   double unpacked = 0;
-                  for (const comm::Transfer& tr : post.recvs) {
+                  for (const runtime::TransferEntry& tr : p.view(p.transfers, post.recvs)) {
                     const int src = world_of(post.level, tr.peer);
-                    for (const comm::BufferPiece& bp : tr.pieces) unpacked += bytes_of(bp.buffer, bp.piece);
+                    unpacked += static_cast<double>(tr.bytes);
                     const std::uint64_t key = key_of(src, r, post.level, post.tag);
                     recvs.push_back({r, lr.msgs.size(), key, recv_ordinal[key]++});
                     lr.msgs.push_back(-1);  // resolved below
                   }
                   if (packed > 0) lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, packed), 0, 0, "pack", packed});
-                  lr.ops.push_back(
-                      {OpKind::kPost, 0, begin, static_cast<int>(lr.msgs.size()), comm::step_name(step), packed});
+                  lr.ops.push_back({OpKind::kPost, 0, begin, static_cast<int>(lr.msgs.size()), lop.kind, packed});
                   slot_msgs[static_cast<std::size_t>(post.slot)] = {begin, static_cast<int>(lr.msgs.size())};
                   slot_unpack[static_cast<std::size_t>(post.slot)] = unpacked;
                 },
-                [&](const comm::WaitStep& w) {
+                [&](const runtime::WaitOp& w) {
                   const auto [b, e] = slot_msgs[static_cast<std::size_t>(w.slot)];
-                  lr.ops.push_back({OpKind::kWait, 0, b, e, comm::step_name(step), 0});
+                  lr.ops.push_back({OpKind::kWait, 0, b, e, lop.kind, 0});
                   const double unpacked = slot_unpack[static_cast<std::size_t>(w.slot)];
                   if (unpacked > 0)
                     lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, unpacked), 0, 0, "unpack", unpacked});
                 },
-                [&](const comm::ExchangeStep& ex) {
+                [&](const runtime::ExchangeOp& ex) {
                   const auto& members = p.level_members[static_cast<std::size_t>(ex.level)];
                   std::string gkey = std::to_string(static_cast<int>(ex.level)) + ':';
                   for (int m : members) gkey += std::to_string(m) + ',';
@@ -464,59 +515,50 @@ class Replay {
                   }
                   const int inst = list[static_cast<std::size_t>(ordinal)];
                   InstanceBytes& ib = inst_bytes[static_cast<std::size_t>(inst)];
-                  double sent = 0, local = 0, received = 0;
-                  std::vector<char> talks(members.size(), 0);  // peers this rank sends to or receives from
-                  for (const comm::Move& mv : ex.moves) {
-                    for (std::size_t peer = 0; peer < mv.send.size(); ++peer) {
-                      double bytes = 0;
-                      for (const comm::Piece& pc : mv.send[peer]) bytes += bytes_of(mv.src, pc);
-                      if (static_cast<int>(peer) == ex.self) {
-                        local += bytes;
-                        continue;
-                      }
-                      const int dst = world_of(ex.level, static_cast<int>(peer));
-                      if (bytes > 0 && peer < talks.size()) talks[peer] = 1;
-                      sent += bytes;
-                      if (!topo_.same_node(r, dst)) {
-                        ib.spans_nodes = true;
-                        ib.nic_out[nic_of(r)] += bytes;
-                        ib.nic_in[nic_of(dst)] += bytes;
-                        if (hw.has_host_link()) {
-                          ib.host_out[r] += bytes;
-                          ib.host_in[dst] += bytes;
-                        }
-                        lr.bytes_inter += static_cast<std::uint64_t>(bytes);
-                      } else if (crosses_domains(r, dst)) {
-                        ib.crosses_domains = true;
+                  const auto self =
+                      static_cast<std::size_t>(std::find(members.begin(), members.end(), r) - members.begin());
+                  const auto send_counts = p.view(p.counts, ex.send_counts);
+                  const auto recv_counts = p.view(p.counts, ex.recv_counts);
+                  double sent = 0;
+                  int intra_peers = 0, inter_peers = 0;
+                  for (std::size_t peer = 0; peer < send_counts.size(); ++peer) {
+                    const auto bytes = static_cast<double>(send_counts[peer]);
+                    const bool talks =
+                        peer != self && (send_counts[peer] > 0 || (peer < recv_counts.size() && recv_counts[peer] > 0));
+                    if (talks) ++(topo_.same_node(r, members[peer]) ? intra_peers : inter_peers);
+                    if (peer == self || bytes == 0) continue;
+                    const int dst = world_of(ex.level, static_cast<int>(peer));
+                    sent += bytes;
+                    if (!topo_.same_node(r, dst)) {
+                      ib.spans_nodes = true;
+                      ib.nic_out[nic_of(r)] += bytes;
+                      ib.nic_in[nic_of(dst)] += bytes;
+                      if (hw.has_host_link()) {
                         ib.host_out[r] += bytes;
                         ib.host_in[dst] += bytes;
-                        lr.bytes_intra += static_cast<std::uint64_t>(bytes);
-                      } else {
-                        ib.intra_out[r] += bytes;
-                        ib.intra_in[dst] += bytes;
-                        lr.bytes_intra += static_cast<std::uint64_t>(bytes);
                       }
+                      lr.bytes_inter += send_counts[peer];
+                    } else if (crosses_domains(r, dst)) {
+                      ib.crosses_domains = true;
+                      ib.host_out[r] += bytes;
+                      ib.host_in[dst] += bytes;
+                      lr.bytes_intra += send_counts[peer];
+                    } else {
+                      ib.intra_out[r] += bytes;
+                      ib.intra_in[dst] += bytes;
+                      lr.bytes_intra += send_counts[peer];
                     }
-                    for (std::size_t peer = 0; peer < mv.recv.size(); ++peer)
-                      if (static_cast<int>(peer) != ex.self)
-                        for (const comm::Piece& pc : mv.recv[peer]) {
-                          const double bytes = bytes_of(mv.dst, pc);
-                          if (bytes > 0 && peer < talks.size()) talks[peer] = 1;
-                          received += bytes;
-                        }
                   }
-                  int intra_peers = 0, inter_peers = 0;
-                  for (std::size_t peer = 0; peer < talks.size(); ++peer)
-                    if (talks[peer]) ++(topo_.same_node(r, members[peer]) ? intra_peers : inter_peers);
                   ib.fixed = std::max(ib.fixed, hw.fixed_comm_seconds(intra_peers, inter_peers));
                   ib.bytes += sent;
-                  if (sent + local > 0)
-                    lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, sent + local), 0, 0, "pack", sent + local});
+                  // The executor packs every piece (its own rank's too) and unpacks every piece it receives.
+                  const auto packed = static_cast<double>(ex.send_bytes), unpacked = static_cast<double>(ex.recv_bytes);
+                  if (packed > 0) lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, packed), 0, 0, "pack", packed});
                   lr.ops.push_back({OpKind::kCollective, 0, inst, 0, "all_to_all", sent});
-                  if (received > 0)
-                    lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, received), 0, 0, "unpack", received});
+                  if (unpacked > 0)
+                    lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, unpacked), 0, 0, "unpack", unpacked});
                 }},
-            step);
+            lop.op);
       }
     }
 

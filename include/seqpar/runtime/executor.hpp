@@ -172,6 +172,14 @@ class Executor {
     Ops::unpack(c.exec, c.b, copies(op.unpack), recv, c.lp.head_dim);
   }
 
+  // A local copy bounces through the exchange's send region: the same pack and unpack an exchange
+  // runs, so every context's DataOps serves it.
+  void execute(const Context& c, const CopyOp& op) {
+    std::byte* region = c.at(c.lp.layout.pack_send);
+    Ops::pack(c.exec, c.b, copies(op.pack), region, c.lp.head_dim);
+    Ops::unpack(c.exec, c.b, copies(op.unpack), region, c.lp.head_dim);
+  }
+
   void execute(const Context& c, const ZeroOp& op) { Ops::zero(c.exec, c.b, c.lp.view(c.lp.buffers, op.buffers)); }
 
   void execute(const Context& c, const FillEmptyOp& op) {

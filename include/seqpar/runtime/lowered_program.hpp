@@ -20,6 +20,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <stdexcept>
+#include <string>
 #include <variant>
 #include <vector>
 
@@ -124,6 +126,13 @@ struct MergeOp {
   TableSpan slices;
 };
 
+/// Local copies between buffers: `pack` into the exchange's send region, then `unpack` from it (the
+/// same pack/unpack as an exchange, no collective between them).
+struct CopyOp {
+  TableSpan pack, unpack;
+  std::uint64_t bytes = 0;
+};
+
 /// Starts a slot's transfers: `sends` packed now and sent, `recvs` posted.
 struct PostOp {
   comm::Level level = comm::Level::kGroup;
@@ -138,7 +147,7 @@ struct WaitOp {
   TableSpan unpack;
 };
 
-using Op = std::variant<ExchangeOp, ZeroOp, FillEmptyOp, AttentionOp, MergeOp, PostOp, WaitOp>;
+using Op = std::variant<ExchangeOp, ZeroOp, FillEmptyOp, AttentionOp, MergeOp, PostOp, WaitOp, CopyOp>;
 
 /// An op, what it touches, and the program step it came from (for error messages).
 struct LoweredOp {
@@ -164,6 +173,7 @@ struct LoweredProgram {
   int head_dim = 0;
   double softmax_scale = 0;
   std::int64_t local_tokens = 0;
+  std::int64_t carry_rows = 0;
   std::size_t num_steps = 0;
   std::vector<comm::BufferSpec> staging;
   std::array<std::vector<int>, comm::kNumLevels> level_members{};
@@ -205,6 +215,7 @@ class Lowering {
     out_.head_dim = program.head_dim;
     out_.softmax_scale = program.softmax_scale;
     out_.local_tokens = program.local_tokens;
+    out_.carry_rows = program.carry_rows;
     out_.num_steps = program.steps.size();
     out_.staging = program.staging;
     out_.level_members = program.level_members;
@@ -218,7 +229,8 @@ class Lowering {
       std::visit(
           Overloaded{[&](const comm::ExchangeStep& s) { exchange(s); }, [&](const comm::ZeroStep& s) { zero(s); },
                      [&](const comm::ComputeStep& s) { compute(s, kernel_bytes); },
-                     [&](const comm::PostStep& s) { post(s); }, [&](const comm::WaitStep& s) { wait(s); }},
+                     [&](const comm::PostStep& s) { post(s); }, [&](const comm::WaitStep& s) { wait(s); },
+                     [&](const comm::CopyStep& s) { copy(s); }},
           p_.steps[i]);
     }
     place();
@@ -287,6 +299,32 @@ class Lowering {
     emit(op, a);
   }
 
+  void copy(const comm::CopyStep& step) {
+    CopyOp op;
+    Access a{access::bit(access::kPackSend), access::bit(access::kPackSend)};
+    std::size_t first = out_.copies.size();
+    std::uint64_t offset = 0;
+    for (const comm::LocalMove& m : step.moves) {
+      for (const comm::Piece& piece : m.from) offset = add_copy(m.src, piece, false, offset);
+      a.reads |= access::bit(m.src);
+    }
+    op.pack = span_from(first, out_.copies.size());
+    op.bytes = offset;
+    first = out_.copies.size();
+    std::uint64_t landed = 0;
+    for (const comm::LocalMove& m : step.moves) {
+      for (const comm::Piece& piece : m.to) landed = add_copy(m.dst, piece, m.accumulate, landed);
+      a.writes |= access::bit(m.dst);
+      if (m.accumulate) a.reads |= access::bit(m.dst);
+    }
+    op.unpack = span_from(first, out_.copies.size());
+    if (landed != offset)
+      throw std::logic_error("runtime::lower: a copy step's destination pieces hold " + std::to_string(landed) +
+                             " bytes, its source pieces " + std::to_string(offset));
+    out_.layout.pack_send_bytes = std::max(out_.layout.pack_send_bytes, op.bytes);
+    emit(op, a);
+  }
+
   void zero(const comm::ZeroStep& z) {
     const std::size_t first = out_.buffers.size();
     Access a;
@@ -301,6 +339,7 @@ class Lowering {
   void compute(const comm::ComputeStep& c, KernelBytes& kernel_bytes) {
     const auto rows = [&](BufferId b) -> std::int64_t {
       if (comm::is_caller_buffer(b)) return p_.local_tokens;
+      if (comm::is_carry_buffer(b)) return p_.carry_rows;
       const comm::BufferSpec* s = p_.staging_spec(b);
       return s ? s->rows : 0;
     };

@@ -7,7 +7,7 @@
 /// (../shared/research/seeds.md section 4): the batch cut into chunks (`schedule::DynamicChunk`),
 /// the chunks grouped into 1F1B pipelines run one after another (`schedule::group_pipelines`), the
 /// layers split over pipeline stages, each stage a group of ranks that runs every chunk's attention
-/// with a seqpar strategy (`schedule::ChunkedAttention` per layer: a split document's later slices
+/// with a seqpar strategy (`runtime::ChunkedAttention` per layer: a split document's later slices
 /// read the K/V its earlier slices left on the ranks), activations and their gradients sent between
 /// neighbouring stages, and each chunk's layers checkpointed on each stage as the schedule's
 /// diagonal decisions say (a checkpointed layer keeps its input and is recomputed before its
@@ -42,7 +42,7 @@
 #include "seqpar/core/range.hpp"
 #include "seqpar/core/transport.hpp"
 #include "seqpar/runtime/distributed_attention.hpp"
-#include "seqpar/schedule/chunked_attention.hpp"
+#include "seqpar/runtime/chunked_attention.hpp"
 #include "seqpar/schedule/dynamic_chunk.hpp"
 #include "seqpar/schedule/pipeline.hpp"
 #include "seqpar/train/tiny_transformer.hpp"
@@ -104,9 +104,9 @@ PipelinedStepResult<T> run_pipelined_step(Tr& world, const TinyTransformer<T>& m
   // The stage's attention group, one chunked attention per layer of the stage.
   Tr attention_world = world.split(stage, out.attention_rank);
   DistributedAttention<StrategyT, Kernel> attention(attention_world, cfg.attention_shape(), args, make_kernel());
-  std::vector<std::unique_ptr<schedule::ChunkedAttention<Kernel>>> chunked;
+  std::vector<std::unique_ptr<runtime::ChunkedAttention<Kernel>>> chunked;
   for (int l = 0; l < per_stage; ++l) {
-    chunked.push_back(std::make_unique<schedule::ChunkedAttention<Kernel>>(attention, attention_world, make_kernel()));
+    chunked.push_back(std::make_unique<runtime::ChunkedAttention<Kernel>>(attention, attention_world, make_kernel()));
     chunked.back()->begin(plan.chunks);
   }
   for (const auto& ca : chunked)

@@ -63,7 +63,7 @@ inline constexpr int kThreads = 256;
 inline constexpr int kVecBytes = 16;
 using Vec = uint4;  // one 16-byte access
 static_assert(sizeof(Vec) == kVecBytes);
-static_assert(kNumBuffers <= 32, "data_ops::Buffers: buffer flags no longer fit 32 bits");
+static_assert(kNumBuffers <= 64, "data_ops::Buffers: buffer flags no longer fit 64 bits");
 
 /// The executor's buffer table as a kernel argument (fields only: views' members are host code).
 template <class T, class A>
@@ -79,8 +79,8 @@ struct Buffers {
   };
   Thd thd[kNumBuffers];
   Lse lse[kNumBuffers];
-  std::uint32_t is_lse;      // bit b: buffer b holds LSE values
-  std::uint32_t vectorized;  // bit b: buffer b's head_dim runs start 16-byte aligned and are 16-byte multiples
+  std::uint64_t is_lse;      // bit b: buffer b holds LSE values
+  std::uint64_t vectorized;  // bit b: buffer b's head_dim runs start 16-byte aligned and are 16-byte multiples
 };
 
 /// Whether every head_dim run of `v` starts 16-byte aligned and spans whole 16-byte words.
@@ -100,8 +100,8 @@ template <class T, class A>
     const LseView<A>& l = b.lse_of(id);
     out.thd[i] = {v.data, v.token_stride, v.head_stride};
     out.lse[i] = {l.data, l.head_stride};
-    if (comm::is_lse(id)) out.is_lse |= 1u << i;
-    if (vector_rows(v, head_dim)) out.vectorized |= 1u << i;
+    if (comm::is_lse(id)) out.is_lse |= std::uint64_t{1} << i;
+    if (vector_rows(v, head_dim)) out.vectorized |= std::uint64_t{1} << i;
   }
   return out;
 }

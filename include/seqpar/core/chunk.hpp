@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+/// @file
+/// `Chunk`: a piece of a batch that a batch-level scheduler (schedule/) hands to the attention, and
+/// that the chunked runner (runtime::ChunkedAttention) runs. Data only: planners produce it, the
+/// runtime consumes it, so it lives below both.
+
+#include <cstdint>
+#include <vector>
+
+#include "seqpar/core/document_batch.hpp"
+#include "seqpar/core/range.hpp"
+
+namespace seqpar {
+
+/// What a chunk is made of (DPP's chunk types).
+enum class ChunkKind : std::uint8_t {
+  kWhole,    ///< the batch as given (Static)
+  kSplit,    ///< one balanced slice of a long document
+  kBatched,  ///< short documents packed together
+  kHybrid,   ///< a long document's tail slice plus short documents
+};
+
+/// "whole", "split", "batched", "hybrid": how tools and examples print a chunk's kind.
+[[nodiscard]] constexpr const char* kind_name(ChunkKind k) noexcept {
+  switch (k) {
+    case ChunkKind::kSplit:
+      return "split";
+    case ChunkKind::kBatched:
+      return "batched";
+    case ChunkKind::kHybrid:
+      return "hybrid";
+    case ChunkKind::kWhole:
+      break;
+  }
+  return "whole";
+}
+
+/// A piece of work a batch-level scheduler hands to the attention: a batch of its own, the global
+/// token ranges of the scheduled batch it covers (in the chunk's token order; concatenated they are
+/// the chunk batch's tokens), and for each range the global keys its queries also attend to, carried
+/// from earlier chunks (a split document's earlier slices; empty for a whole document). A range with
+/// a prefix is one document piece of the chunk batch, and its prefix is that document's tokens before it.
+struct Chunk {
+  DocumentBatch batch;
+  std::vector<Range> tokens;
+  std::vector<Range> prefix;  ///< same size as tokens
+  ChunkKind kind = ChunkKind::kWhole;
+  double cost = 0;  ///< the scheduler's cost estimate (DynamicChunk: its cost model's units)
+};
+
+}  // namespace seqpar

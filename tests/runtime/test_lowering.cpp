@@ -149,18 +149,8 @@ void check_carry_lowering(std::mt19937& rng) {
       const auto planned = S::plan({}, ch.batch, shape, topo);
       REQUIRE(planned.status);
       owned.emplace_back();
-      for (int r = 0; r < world; ++r) {  // chunk-batch rows -> global rows (the chunk's tokens concatenated)
-        std::vector<Range> global;
-        for (const Range& l : planned.plan.owned[static_cast<std::size_t>(r)]) {
-          std::int64_t at = 0;
-          for (const Range& t : ch.tokens) {
-            const Range i{std::max(l.begin, at), std::min(l.end, at + t.size())};
-            if (!i.empty()) global.push_back({t.begin + (i.begin - at), t.begin + (i.end - at)});
-            at += t.size();
-          }
-        }
-        owned.back().push_back(global);
-      }
+      for (int r = 0; r < world; ++r)
+        owned.back().push_back(comm::ChunkCarry::to_global(ch, planned.plan.owned[static_cast<std::size_t>(r)]));
     }
     const comm::ChunkCarry cc(chunks, owned, shape);
     std::int64_t declared = 0;

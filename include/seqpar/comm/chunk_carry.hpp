@@ -126,6 +126,21 @@ class ChunkCarry {
       }
   }
 
+  /// Rows of the chunk batch (a plan's `owned` ranges, in chunk-batch coordinates) as global ranges of
+  /// the scheduled batch: the chunk's token ranges, concatenated, are the chunk batch's rows.
+  [[nodiscard]] static std::vector<Range> to_global(const Chunk& chunk, const std::vector<Range>& local) {
+    std::vector<Range> out;
+    for (const Range& r : local) {
+      std::int64_t at = 0;
+      for (const Range& t : chunk.tokens) {
+        if (const Range i = intersect(r, {at, at + t.size()}); !i.empty())
+          out.push_back({t.begin + (i.begin - at), t.begin + (i.end - at)});
+        at += t.size();
+      }
+    }
+    return out;
+  }
+
   [[nodiscard]] int world_size() const noexcept { return ranks_; }
   [[nodiscard]] int num_chunks() const noexcept { return static_cast<int>(tokens_.size()); }
   /// Global rows of chunk c on `rank`, in its local row order.

@@ -14,8 +14,10 @@
 ///              a checkpointed layer first runs its forward again (its all-to-all and compute).
 /// GEMMs are priced per token (roofline over the rank's T / d_s rows), attention per tile over the
 /// chunk's pieces with ceil(Hq / d_s) heads per rank (Ulysses with uneven heads: the busiest rank). A
-/// piece with a prefix (a split document's later slice) is computed as ChunkedAttention does it: a causal
-/// call over the piece and a full call over the prefix keys, which stay where they were (not sent again).
+/// piece with a prefix (a split document's later slice) also attends to its prefix as
+/// runtime::ChunkedAttention runs it: the carry's programs (comm::ChunkCarry: the prefix rows sent to the
+/// ranks holding the piece's queries, a full-mask call there, merged; in backward the dK/dV sent back)
+/// are compiled for the stage's group and replayed (replay::Replay), not priced by a formula.
 /// ZeRO collectives run on their own stream and hide under compute, not under the all-to-all (both use
 /// NVLink). The last stage adds the LM head (its weights gathered like a layer's).
 /// Between stages a forward sends chunk_tokens x hidden activations (value bytes) and a backward their
@@ -49,15 +51,20 @@
 #include <string>
 #include <vector>
 
+#include "seqpar/comm/all_to_all.hpp"
+#include "seqpar/comm/chunk_carry.hpp"
 #include "seqpar/core/attn_slice.hpp"
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/topology.hpp"
+#include "seqpar/partition/uniform.hpp"
 #include "seqpar/plan/step.hpp"
 #include "seqpar/replay/costs.hpp"
 #include "seqpar/replay/hardware.hpp"
 #include "seqpar/replay/model_shape.hpp"
+#include "seqpar/replay/simulator.hpp"
 #include "seqpar/schedule/dynamic_chunk.hpp"
 #include "seqpar/schedule/pipeline.hpp"
+#include "seqpar/strategy.hpp"
 
 namespace seqpar::plan {
 
@@ -97,9 +104,11 @@ struct UlyssesLayer {
   double attention = 0;           ///< forward kernel, ceil(Hq / ranks) heads over all the pieces
   double attention_backward = 0;  ///< backward kernel
   double all_to_all = 0;          ///< forward exchanges (Q, K, V to heads; O back); backward moves as much
+  double prefix = 0;              ///< the prefix term's forward (replayed carry program: exchange, call, merge)
+  double prefix_backward = 0;     ///< its backward (exchange, call, dK/dV returned, carry gradients added)
 
-  [[nodiscard]] double forward_compute() const noexcept { return gemm + attention; }
-  [[nodiscard]] double backward_compute() const noexcept { return 2.0 * gemm + attention_backward; }
+  [[nodiscard]] double forward_compute() const noexcept { return gemm + attention + prefix; }
+  [[nodiscard]] double backward_compute() const noexcept { return 2.0 * gemm + attention_backward + prefix_backward; }
 };
 
 /// One layer over `slices` (the pieces' attention, document coordinates) and `tokens` rows in all, on a
@@ -131,6 +140,61 @@ struct UlyssesLayer {
   for (const schedule::ChunkPiece& p : plan.pieces[static_cast<std::size_t>(c)]) {
     out.push_back({{p.begin, p.end}, {p.begin, p.end}, Mask::causal()});
     if (p.begin > 0) out.push_back({{p.begin, p.end}, {0, p.begin}, Mask::full()});
+  }
+  return out;
+}
+
+/// The causal slices of chunk `c`'s pieces over their own rows (what the strategy runs; the prefix
+/// term is the carry's, prefix_seconds).
+[[nodiscard]] inline std::vector<AttnSlice> chunk_own_slices(const schedule::ChunkPlan& plan, int c) {
+  std::vector<AttnSlice> out;
+  for (const schedule::ChunkPiece& p : plan.pieces[static_cast<std::size_t>(c)])
+    out.push_back({{p.begin, p.end}, {p.begin, p.end}, Mask::causal()});
+  return out;
+}
+
+/// Seconds of one layer's prefix term per chunk (0 for chunks without a prefix), forward and backward.
+struct PrefixSeconds {
+  double forward = 0, backward = 0;
+};
+
+/// The prefix terms of `plan`'s chunks on one stage of `options` as runtime::ChunkedAttention runs them:
+/// every chunk planned by the stage's Ulysses strategy on its d_s ranks, the carry's programs compiled
+/// for every rank (comm::ChunkCarry), each chunk's forward and backward prefix programs replayed on the
+/// stage's group (the slowest rank's time).
+[[nodiscard]] inline std::vector<PrefixSeconds> prefix_seconds(const schedule::ChunkPlan& plan,
+                                                               const PipelineStepOptions& options) {
+  using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
+  const int g = options.sp_ranks;
+  const Topology group{g, std::min(g, options.hardware.ranks_per_node)};
+  const AttentionShape shape{options.model.heads_q, options.model.heads_kv, options.model.head_dim};
+  std::vector<PrefixSeconds> out(plan.chunks.size());
+  bool any = false;
+  for (std::size_t c = 0; c < plan.chunks.size(); ++c)
+    for (const Range& p : plan.chunks[c].prefix) any = any || !p.empty();
+  if (!any) return out;
+  std::vector<std::vector<std::vector<Range>>> owned;
+  for (const Chunk& ch : plan.chunks) {
+    const auto planned = Ulysses::plan({}, ch.batch, shape, group);
+    if (!planned.status)
+      throw std::invalid_argument("plan::prefix_seconds: the stage's Ulysses refuses a chunk: " +
+                                  planned.status.reason);
+    owned.emplace_back();
+    for (int r = 0; r < g; ++r)
+      owned.back().push_back(comm::ChunkCarry::to_global(ch, planned.plan.owned[static_cast<std::size_t>(r)]));
+  }
+  const comm::ChunkCarry carry(plan.chunks, std::move(owned), shape);
+  replay::SimulationOptions sim;
+  sim.hardware = options.hardware;
+  for (int c = 0; c < carry.num_chunks(); ++c) {
+    if (!carry.has_prefix(c)) continue;
+    std::vector<comm::Program> fwd, bwd;
+    for (int r = 0; r < g; ++r) {
+      fwd.push_back(carry.forward(c, r, true));
+      bwd.push_back(carry.backward(c, r));
+    }
+    out[static_cast<std::size_t>(c)] = {replay::Replay(fwd, group, shape, sim).run({}, false).time_s,
+                                        replay::Replay(bwd, group, shape, sim).run({}, false).time_s};
   }
   return out;
 }
@@ -307,10 +371,13 @@ inline void validate_schedule(const schedule::ChunkPlan& plan, const schedule::P
   // Per chunk: its layer on one rank of a stage, its tokens.
   std::vector<UlyssesLayer> layer(static_cast<std::size_t>(total));
   std::vector<std::int64_t> tokens(static_cast<std::size_t>(total));
+  const std::vector<PrefixSeconds> prefix = prefix_seconds(plan, options);
   for (int c = 0; c < total; ++c) {
-    tokens[static_cast<std::size_t>(c)] = plan.chunks[static_cast<std::size_t>(c)].batch.total_tokens();
-    const auto slices = chunk_slices(plan, c);
-    layer[static_cast<std::size_t>(c)] = ulysses_layer(hw, m, group, slices, tokens[static_cast<std::size_t>(c)]);
+    const auto ci = static_cast<std::size_t>(c);
+    tokens[ci] = plan.chunks[ci].batch.total_tokens();
+    layer[ci] = ulysses_layer(hw, m, group, chunk_own_slices(plan, c), tokens[ci]);
+    layer[ci].prefix = prefix[ci].forward;
+    layer[ci].prefix_backward = prefix[ci].backward;
   }
 
   PipelineStepReport rep;

@@ -249,7 +249,8 @@ class ChunkedAttention {
     std::vector<std::vector<std::vector<Range>>> owned(chunks.size());
     for (std::size_t c = 0; c < chunks.size(); ++c) {
       const ShardPlan& plan = attention_.plan(chunks[c].batch);
-      for (int r = 0; r < ranks; ++r) owned[c].push_back(to_global(chunks[c], plan.owned[static_cast<std::size_t>(r)]));
+      for (int r = 0; r < ranks; ++r)
+        owned[c].push_back(comm::ChunkCarry::to_global(chunks[c], plan.owned[static_cast<std::size_t>(r)]));
     }
     plan_.reset();
     chunks_.clear();
@@ -279,20 +280,6 @@ class ChunkedAttention {
     if (carry_mem_.size() < 4 * carry_stride_) carry_mem_ = Ops::allocate(attention_.exec(), 4 * carry_stride_);
     forward_done_.assign(chunks_.size(), false);
     backward_done_.assign(chunks_.size(), false);
-  }
-
-  // Chunk-batch token ranges -> global ranges of the scheduled batch (the chunk's tokens, concatenated).
-  static std::vector<Range> to_global(const Chunk& ch, const std::vector<Range>& local) {
-    std::vector<Range> out;
-    for (const Range& r : local) {
-      std::int64_t at = 0;
-      for (const Range& t : ch.tokens) {
-        const Range i{std::max(r.begin, at), std::min(r.end, at + t.size())};
-        if (!i.empty()) out.push_back({t.begin + (i.begin - at), t.begin + (i.end - at)});
-        at += t.size();
-      }
-    }
-    return out;
   }
 
   static bool same_chunks(const std::vector<Chunk>& a, const std::vector<Chunk>& b) {

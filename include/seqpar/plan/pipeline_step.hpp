@@ -3,7 +3,8 @@
 #pragma once
 
 /// @file
-/// A training step of DPP (InfiniPipe / Concertina, ../shared/research/seeds.md section 4) on the cost
+/// A training step of DPP (InfiniPipe / Concertina: "Efficient Long-Context LLM Training with Dynamic Pipeline
+/// Parallelism") on the cost
 /// model: a chunk plan (`schedule::DynamicChunk`) run as 1F1B pipelines (`schedule::group_pipelines`)
 /// over d_p stages, each stage a group of d_s ranks running Ulysses sequence parallelism with ZeRO-3
 /// inside the stage (the paper: d_s = 8 inside a node, d_p = 4 across nodes, FSDP per stage).

@@ -17,7 +17,7 @@
 #include "seqpar/core/error.hpp"
 
 /// Document-length mixes of the workloads the papers train on, for the cost model, the replays
-/// (bench/replay.cpp) and seqpar-plan.
+/// (bench/replay/) and seqpar-plan.
 ///
 /// A distribution is named by a string: "single", "fixed:<len>", "uniform:<lo>:<hi>", or one of the
 /// corpus-shaped mixes below. No paper publishes its length histogram, so the corpus mixes are

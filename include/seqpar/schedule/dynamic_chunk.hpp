@@ -3,8 +3,8 @@
 #pragma once
 
 /// @file
-/// `schedule::DynamicChunk`: DPP's workload-balanced chunking (InfiniPipe / Concertina, Alg. 1;
-/// ../shared/research/seeds.md section 4). A batch becomes an ordered list of chunks:
+/// `schedule::DynamicChunk`: DPP's workload-balanced chunking (InfiniPipe / Concertina, Alg. 1 of "Efficient
+/// Long-Context LLM Training with Dynamic Pipeline Parallelism"). A batch becomes an ordered list of chunks:
 ///  - split chunks: every long document is cut by one slicing mesh into slices of equal *cost*
 ///    (causal attention makes later positions dearer, so later slices are shorter);
 ///  - batched chunks: short documents packed best-fit-decreasing under the token capacity and the

@@ -3,7 +3,8 @@
 #pragma once
 
 /// @file
-/// DPP's pipeline scheduling over a chunk plan (../shared/research/seeds.md section 4):
+/// DPP's pipeline scheduling over a chunk plan (InfiniPipe:
+/// "Efficient Long-Context LLM Training with Dynamic Pipeline Parallelism"):
 ///  - 1F1B over the chunks of a pipeline on d_p stages (`one_f_one_b`): stage p runs d_p - 1 - p
 ///    warm-up forwards, then alternates forward and backward, then drains; backward order equals
 ///    forward order, so at any time a stage holds a contiguous window of chunks;

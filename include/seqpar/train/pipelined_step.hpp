@@ -4,7 +4,8 @@
 
 /// @file
 /// `train::run_pipelined_step`: one training step of a `TinyTransformer` the way DPP runs it
-/// (../shared/research/seeds.md section 4): the batch cut into chunks (`schedule::DynamicChunk`),
+/// (InfiniPipe: "Efficient Long-Context LLM Training with Dynamic Pipeline Parallelism"): the batch cut into
+/// chunks (`schedule::DynamicChunk`),
 /// the chunks grouped into 1F1B pipelines run one after another (`schedule::group_pipelines`), the
 /// layers split over pipeline stages, each stage a group of ranks that runs every chunk's attention
 /// with a seqpar strategy (`runtime::ChunkedAttention` per layer: a split document's later slices

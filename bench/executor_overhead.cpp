@@ -11,13 +11,20 @@
 // is already cached), counted by the operator new replacement below and reported as the maximum over
 // ranks and repetitions. The issue's goal, printed beside each row: ratio <= 1.15 at 2 ranks, <= 1.3 at
 // 8 ranks, and no allocation.
+// The dpp-chunked cases (DPP): a long-tail batch of the same size (one document of 3/8 of the tokens, one
+// of 1/8, short ones) cut by DynamicChunk (capacity --chunk-tokens, default tokens / 5) into chunks with
+// split documents, run through runtime::ChunkedAttention over Ulysses or the zigzag ring, beside the
+// unchunked run of the same batch on the same ranks: ratio chunked / unchunked, heap allocations of a
+// pass (goal 0), and the prefix bytes the transport counted (the carry runs on a transport of its own)
+// against those the carry's programs declare (goal: equal).
 // Timing: in each repetition the ranks leave a barrier, run forward, meet at a second barrier and run
 // backward; the fwd row is the forward's span (first rank's start to last rank's end: steady_clock is
 // one clock for every thread of the process), the fwd+bwd row the sum of both spans. The baseline runs
 // forward and backward back to back.
 //   usage: executor_overhead [--smoke] [--json FILE] [--reps N] [--warmup N] [--threads N] [--tokens N]
-//                            [--ranks a,b,c] [--cases a,b]
+//                            [--ranks a,b,c] [--cases a,b] [--chunk-tokens N]
 #include <seqpar/backend/inproc/world.hpp>
+#include <seqpar/schedule/dynamic_chunk.hpp>
 #include <seqpar/seqpar.hpp>
 
 #include <algorithm>
@@ -147,9 +154,16 @@ struct Config {
   AttentionShape shape{32, 8, 128};
   std::vector<int> ranks{2, 4, 8};
   std::vector<std::string> cases = all_cases();
+  std::int64_t chunk_tokens = 0;  // DynamicChunk's token capacity for the dpp-chunked cases (0: tokens / 5)
   static std::vector<std::string> all_cases() {
-    return {"ulysses", "zigzag-ring", "zigzag-ring-sharding-aware", "hybrid-allgather-sharding-aware"};
+    return {"ulysses",
+            "zigzag-ring",
+            "zigzag-ring-sharding-aware",
+            "hybrid-allgather-sharding-aware",
+            "dpp-chunked-ulysses",
+            "dpp-chunked-zigzag-ring"};
   }
+  [[nodiscard]] static bool chunked(const std::string& name) { return name.rfind("dpp-chunked-", 0) == 0; }
 };
 
 // One sequence of `tokens` tokens: a few long documents (two of tokens/32 and two of tokens/64, 3/32
@@ -218,6 +232,25 @@ void fill_rows(ThdTensor<float>& t, Input which, const std::vector<Range>& owned
     }
 }
 
+// The dpp-chunked cases' batch: one sequence of `tokens` tokens with a long tail, one document of 3/8 of
+// the tokens and one of 1/8 (DynamicChunk splits them across chunks, so the KV prefix moves) among short
+// ones (16 to tokens/128 tokens), shuffled. Drawn like document_mix.
+std::vector<std::int64_t> long_tail_mix(std::int64_t tokens) {
+  std::mt19937_64 rng(20261204);
+  std::vector<std::int64_t> docs;
+  std::int64_t left = tokens;
+  for (std::int64_t len : {tokens * 3 / 8, tokens / 8})
+    if (len >= 1 && len <= left) docs.push_back(len), left -= len;
+  const std::int64_t shortest = 16, longest = std::max<std::int64_t>(shortest, tokens / 128);
+  while (left > 0) {
+    const std::int64_t len = shortest + static_cast<std::int64_t>(rng() % std::uint64_t(longest - shortest + 1));
+    docs.push_back(std::min(len, left));
+    left -= docs.back();
+  }
+  for (std::size_t i = docs.size() - 1; i > 0; --i) std::swap(docs[i], docs[rng() % (i + 1)]);
+  return docs;
+}
+
 // The batch every case runs, and the baseline's O on every kSampleStride-th token (all heads): the
 // reference the ranks' O is compared with.
 struct Batch {
@@ -238,8 +271,17 @@ struct Row {
   double load = 0;
   bool finite = true;
   double ratio = 1, gflops = 0, goal_ratio = 0;
+  // dpp-chunked rows: ratio is chunked / unchunked (the same strategy on the same batch and ranks); the
+  // goal is no allocation and prefix bytes counted by the transport = declared by the carry's programs.
+  bool chunked = false;
+  int chunks = 0;
+  std::uint64_t prefix_bytes_counted = 0, prefix_bytes_declared = 0;  // summed over ranks, one fwd+bwd pass
+  bool declared_known = false;  // the runtime declares its prefix bytes (not the hand-run carry of before)
   [[nodiscard]] bool baseline() const { return ranks == 1 && name == "cpu-flash"; }
-  [[nodiscard]] bool goal_met() const { return baseline() || (ratio <= goal_ratio && allocations == 0); }
+  [[nodiscard]] bool goal_met() const {
+    if (chunked) return allocations == 0 && declared_known && prefix_bytes_counted == prefix_bytes_declared;
+    return baseline() || (ratio <= goal_ratio && allocations == 0);
+  }
 };
 
 // The issue sets 1.15 at 2 ranks and 1.3 at 8; 4 ranks are held to the 8-rank bound, since they too
@@ -412,6 +454,170 @@ std::vector<Row> run_distributed(const std::string& name, typename S::Arguments 
   return {fwd, both};
 }
 
+// The dpp-chunked cases: the batch cut into `chunks`, run chunk by chunk through ChunkedAttention over
+// strategy S on `ranks` in-process ranks (every forward, then every backward in reverse; each pass
+// begins on the same chunks, so the plans and the carry's programs are cached). Timed and counted as
+// run_distributed does; also the prefix bytes the transport counted (its bytes less the strategy's) and
+// those the carry's programs declare. `Chunked` is a parameter so that the rows build against a runtime
+// that does not declare them (the comparison with the hand-run carry this replaced).
+template <class S, class Chunked = runtime::ChunkedAttention<Kernel>>
+std::vector<Row> run_chunked(const std::string& name, typename S::Arguments args, int ranks, const Batch& batch,
+                             const std::vector<schedule::Chunk>& chunks, const Config& c) {
+  const AttentionShape& shape = c.shape;
+  const int d = shape.head_dim;
+  const int kernel_threads = std::max(1, c.threads / ranks);
+  std::vector<RankTimes> times(static_cast<std::size_t>(ranks));
+  for (RankTimes& r : times) {
+    const auto n = static_cast<std::size_t>(c.reps);
+    r.forward_start.resize(n), r.forward_end.resize(n), r.backward_start.resize(n), r.backward_end.resize(n);
+    r.forward_allocations.resize(n), r.allocations.resize(n);
+  }
+  std::vector<std::uint64_t> counted(static_cast<std::size_t>(ranks)), declared(static_cast<std::size_t>(ranks));
+  bool declares = false;
+  backend::inproc::World(ranks).run([&](auto& transport) {
+    DistributedAttention<S, Kernel> attn(transport, shape, args, Kernel({.threads = kernel_threads}));
+    // The carry runs on a transport of its own (a split with the same ranks), so that its counters see
+    // the prefix traffic alone: not the strategy's programs, nor the engine's agreements.
+    auto carry_transport = transport.split(0, transport.rank());
+    Chunked chunked(attn, carry_transport, Kernel({.threads = kernel_threads}));
+    chunked.begin(chunks);
+    const int nc = chunked.num_chunks();
+    struct Local {
+      ThdTensor<float> q, k, v, dout, o, dq, dk, dv;
+      LseTensor<float> lse;
+    };
+    std::vector<Local> loc;
+    for (int ch = 0; ch < nc; ++ch) {
+      const std::int64_t n = chunked.local_tokens(ch);
+      loc.push_back({ThdTensor<float>(n, shape.heads_q, d), ThdTensor<float>(n, shape.heads_kv, d),
+                     ThdTensor<float>(n, shape.heads_kv, d), ThdTensor<float>(n, shape.heads_q, d),
+                     ThdTensor<float>(n, shape.heads_q, d), ThdTensor<float>(n, shape.heads_q, d),
+                     ThdTensor<float>(n, shape.heads_kv, d), ThdTensor<float>(n, shape.heads_kv, d),
+                     LseTensor<float>(shape.heads_q, n)});
+      const auto& owned = chunked.owned_global(ch);
+      fill_rows(loc.back().q, Input::kQ, owned), fill_rows(loc.back().k, Input::kK, owned);
+      fill_rows(loc.back().v, Input::kV, owned), fill_rows(loc.back().dout, Input::kDout, owned);
+    }
+    // begin takes its chunks by value: the copies are made here, moved in inside the timed passes.
+    std::vector<std::vector<schedule::Chunk>> copies(static_cast<std::size_t>(c.warmup + c.reps), chunks);
+    std::uint64_t prefix_bytes = 0, declared_bytes = 0;
+    const auto forward = [&] {
+      for (int ch = 0; ch < nc; ++ch) {
+        Local& l = loc[static_cast<std::size_t>(ch)];
+        const std::uint64_t before = carry_transport.counters().bytes_sent;
+        chunked.forward(ch, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view());
+        prefix_bytes += carry_transport.counters().bytes_sent - before;
+        if constexpr (requires(Chunked & x) { x.program(0, 0); })
+          declared_bytes += chunked.program(ch, 0).bytes_sent(sizeof(float), sizeof(float));
+      }
+    };
+    const auto backward = [&] {
+      for (int ch = nc - 1; ch >= 0; --ch) {
+        Local& l = loc[static_cast<std::size_t>(ch)];
+        const std::uint64_t before = carry_transport.counters().bytes_sent;
+        chunked.backward(ch, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view(), l.dout.view(), l.dq.view(),
+                         l.dk.view(), l.dv.view());
+        prefix_bytes += carry_transport.counters().bytes_sent - before;
+        if constexpr (requires(Chunked & x) { x.program(0, 0); })
+          declared_bytes += chunked.program(ch, 2).bytes_sent(sizeof(float), sizeof(float));
+      }
+    };
+    RankTimes& mine = times[static_cast<std::size_t>(transport.rank())];
+    std::size_t next = 0;
+    for (int i = 0; i < c.warmup; ++i) {
+      chunked.begin(std::move(copies[next++]));
+      forward();
+      backward();
+    }
+    for (int rep = 0; rep < c.reps; ++rep) {
+      const auto i = static_cast<std::size_t>(rep);
+      transport.barrier();
+      prefix_bytes = declared_bytes = 0;  // what the last pass moved
+      const std::uint64_t a0 = thread_allocations;
+      mine.forward_start[i] = Clock::now();
+      chunked.begin(std::move(copies[next++]));
+      forward();
+      mine.forward_end[i] = Clock::now();
+      const std::uint64_t a1 = thread_allocations;
+      transport.barrier();
+      const std::uint64_t a2 = thread_allocations;
+      mine.backward_start[i] = Clock::now();
+      backward();
+      mine.backward_end[i] = Clock::now();
+      mine.forward_allocations[i] = a1 - a0;
+      mine.allocations[i] = (a1 - a0) + (thread_allocations - a2);
+    }
+    counted[static_cast<std::size_t>(transport.rank())] = prefix_bytes;
+    declared[static_cast<std::size_t>(transport.rank())] = declared_bytes;
+    if constexpr (requires(Chunked & x) { x.program(0, 0); }) declares = true;
+    const std::int64_t row = std::int64_t{shape.heads_q} * d;
+    for (int ch = 0; ch < nc; ++ch) {
+      const Local& l = loc[static_cast<std::size_t>(ch)];
+      mine.finite = mine.finite && all_finite(l.o.storage) && all_finite(l.lse.storage) && all_finite(l.dq.storage) &&
+                    all_finite(l.dk.storage) && all_finite(l.dv.storage);
+      std::int64_t at = 0;
+      for (const Range& r : chunked.owned_global(ch)) {
+        for (std::int64_t t = r.begin; t < r.end; ++t)
+          if (t % Batch::kSampleStride == 0) {
+            const float* mine_o = l.o.storage.data() + (at + t - r.begin) * row;
+            const float* whole_o = batch.o_sample.data() + t / Batch::kSampleStride * row;
+            for (std::int64_t x = 0; x < row; ++x)
+              mine.max_abs_diff_o = std::max<double>(mine.max_abs_diff_o, std::abs(mine_o[x] - whole_o[x]));
+          }
+        at += r.size();
+      }
+    }
+  });
+  Row fwd{.name = name, .ranks = ranks, .threads_per_rank = kernel_threads, .pass = "fwd"};
+  Row both{.name = name, .ranks = ranks, .threads_per_rank = kernel_threads, .pass = "fwd+bwd"};
+  const auto span = [&](auto start, auto end, std::size_t i) {
+    Clock::time_point first = Clock::time_point::max(), last = Clock::time_point::min();
+    for (const RankTimes& r : times) first = std::min(first, (r.*start)[i]), last = std::max(last, (r.*end)[i]);
+    return seconds_between(first, last);
+  };
+  for (std::size_t i = 0; i < static_cast<std::size_t>(c.reps); ++i) {
+    const double f = span(&RankTimes::forward_start, &RankTimes::forward_end, i);
+    fwd.seconds.push_back(f);
+    both.seconds.push_back(f + span(&RankTimes::backward_start, &RankTimes::backward_end, i));
+    for (const RankTimes& r : times) {
+      fwd.allocations = std::max(fwd.allocations, r.forward_allocations[i]);
+      both.allocations = std::max(both.allocations, r.allocations[i]);
+    }
+  }
+  for (Row* row : {&fwd, &both}) {
+    for (const RankTimes& r : times) {
+      row->finite = row->finite && r.finite;
+      row->max_abs_diff_o = std::max(row->max_abs_diff_o, r.max_abs_diff_o);
+    }
+    row->load = load_average();
+    row->chunked = true;
+    row->chunks = static_cast<int>(chunks.size());
+    row->declared_known = declares;
+    for (std::size_t r = 0; r < counted.size(); ++r) {
+      row->prefix_bytes_counted += counted[r];
+      row->prefix_bytes_declared += declared[r];
+    }
+  }
+  return {fwd, both};
+}
+
+// The strategy a dpp-chunked case runs over: its rows beside the unchunked run of the same batch.
+std::vector<Row> run_chunked_case(const std::string& name, int ranks, const Batch& batch,
+                                  const std::vector<schedule::Chunk>& chunks, const Config& c) {
+  std::vector<Row> rows;
+  const auto both = [&]<class S>(S*) {
+    rows = run_distributed<S>(name + " unchunked", {}, ranks, batch, c);
+    for (Row& r : run_chunked<S>(name, {}, ranks, batch, chunks, c)) rows.push_back(r);
+  };
+  if (name == "dpp-chunked-ulysses")
+    both(static_cast<Ulysses*>(nullptr));
+  else if (name == "dpp-chunked-zigzag-ring")
+    both(static_cast<ZigzagRing*>(nullptr));
+  else
+    throw std::invalid_argument("executor_overhead: unknown case " + name);
+  return rows;
+}
+
 std::vector<Row> run_case(const std::string& name, int ranks, const Batch& batch, const Config& c) {
   if (name == "ulysses") return run_distributed<Ulysses>(name, {}, ranks, batch, c);
   if (name == "zigzag-ring") return run_distributed<ZigzagRing>(name, {}, ranks, batch, c);
@@ -483,10 +689,12 @@ int main(int argc, char** argv) {
       for (const std::string& x : split_list(argv[++i])) c.ranks.push_back(std::stoi(x));
     } else if (a == "--cases" && i + 1 < argc) {
       c.cases = split_list(argv[++i]);
+    } else if (a == "--chunk-tokens" && i + 1 < argc) {
+      c.chunk_tokens = std::max<std::int64_t>(1, std::stoll(argv[++i]));
     } else {
       std::fprintf(stderr,
                    "unknown argument %s\nusage: executor_overhead [--smoke] [--json FILE] [--reps N] [--warmup N] "
-                   "[--threads N] [--tokens N] [--ranks a,b,c] [--cases a,b]\n",
+                   "[--threads N] [--tokens N] [--ranks a,b,c] [--cases a,b] [--chunk-tokens N]\n",
                    a.c_str());
       return 2;
     }
@@ -495,7 +703,7 @@ int main(int argc, char** argv) {
     if (const auto all = Config::all_cases(); std::find(all.begin(), all.end(), name) == all.end()) {
       std::fprintf(stderr,
                    "unknown case %s (cases: ulysses, zigzag-ring, zigzag-ring-sharding-aware, "
-                   "hybrid-allgather-sharding-aware)\n",
+                   "hybrid-allgather-sharding-aware, dpp-chunked-ulysses, dpp-chunked-zigzag-ring)\n",
                    name.c_str());
       return 2;
     }
@@ -545,7 +753,15 @@ int main(int argc, char** argv) {
           .add("allocations", r.allocations)
           .add("max_abs_diff_o", r.max_abs_diff_o)
           .add("load_average", r.load);
-      if (r.baseline())
+      if (r.chunked)
+        j.add("chunks", r.chunks)
+            .add("ratio_to", "unchunked")
+            .add("prefix_bytes_counted", r.prefix_bytes_counted)
+            .add("prefix_bytes_declared", r.prefix_bytes_declared)
+            .add("declared_known", r.declared_known);
+      if (r.chunked)
+        j.add("goal", "0 allocations, prefix bytes counted = declared");
+      else if (r.baseline())
         j.add("goal", "baseline");
       else
         j.add("goal_ratio", r.goal_ratio).add("goal_allocations", 0);
@@ -561,6 +777,7 @@ int main(int argc, char** argv) {
   try {
     for (int ranks : c.ranks)
       for (const std::string& name : c.cases) {
+        if (Config::chunked(name)) continue;  // below, on their own batch
         for (Row& r : run_case(name, ranks, batch, c)) {
           finish(r, base[r.pass == "fwd+bwd"]);
           rows.push_back(r);
@@ -570,6 +787,67 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {  // a strategy refused the batch, or a rank failed
     std::fprintf(stderr, "executor_overhead: %s\n", e.what());
     return 1;
+  }
+
+  // The dpp-chunked cases: a long-tail batch cut by DynamicChunk, its own whole-batch baseline (for O),
+  // each strategy unchunked and chunked on the same ranks.
+  if (std::any_of(c.cases.begin(), c.cases.end(), Config::chunked)) {
+    const std::vector<std::int64_t> tail = long_tail_mix(c.tokens);
+    Batch chunked_batch(DocumentBatch::single(tail));
+    const std::int64_t capacity = c.chunk_tokens > 0 ? c.chunk_tokens : std::max<std::int64_t>(1, c.tokens / 5);
+    const std::vector<schedule::Chunk> chunks =
+        schedule::DynamicChunk{{.token_capacity = capacity, .time_target = 0, .slices = 0, .cost = {}}}.chunks(
+            chunked_batch.documents);
+    int split = 0;
+    for (const schedule::Chunk& ch : chunks)
+      for (const Range& p : ch.prefix) split += p.empty() ? 0 : 1;
+    std::printf(
+        "\ndpp-chunked: %lld tokens in %zu documents (longest %lld), cut by DynamicChunk (capacity %lld) into %zu "
+        "chunks, %d piece(s) with a prefix; chunked rows: ratio = chunked / unchunked, prefix bytes summed over "
+        "ranks for one fwd+bwd pass\n",
+        static_cast<long long>(c.tokens), tail.size(),
+        static_cast<long long>(*std::max_element(tail.begin(), tail.end())), static_cast<long long>(capacity),
+        chunks.size(), split);
+    print_header();
+    std::vector<Row> base_rows = run_baseline(chunked_batch, c);
+    const double chunked_base[2] = {median(base_rows[0].seconds), median(base_rows[1].seconds)};
+    for (Row& r : base_rows) {
+      r.name = "cpu-flash (long tail)";
+      finish(r, chunked_base[r.pass == "fwd+bwd"]);
+      rows.push_back(r);
+    }
+    try {
+      for (int ranks : c.ranks)
+        for (const std::string& name : c.cases) {
+          if (!Config::chunked(name)) continue;
+          std::vector<Row> got = run_chunked_case(name, ranks, chunked_batch, chunks, c);
+          double unchunked[2] = {1, 1};
+          for (Row& r : got) {
+            if (!r.chunked) {
+              finish(r, chunked_base[r.pass == "fwd+bwd"]);
+              unchunked[r.pass == "fwd+bwd"] = median(r.seconds);
+            } else {
+              r.ratio = median(r.seconds) / unchunked[r.pass == "fwd+bwd"];
+              r.gflops = (r.pass == "fwd" ? 1.0 : 3.5) * 4.0 * c.shape.head_dim * c.shape.heads_q *
+                         double(chunked_batch.area) / median(r.seconds) * 1e-9;
+              std::printf(
+                  "%-32s %5d %4d %-7s %9.3f %6.3f %8.1f %7llu %9.1e %5.2f  prefix bytes %llu counted, %s declared  "
+                  "%s\n",
+                  r.name.c_str(), r.ranks, r.threads_per_rank, r.pass.c_str(), median(r.seconds), r.ratio, r.gflops,
+                  static_cast<unsigned long long>(r.allocations), r.max_abs_diff_o, r.load,
+                  static_cast<unsigned long long>(r.prefix_bytes_counted),
+                  r.declared_known ? std::to_string(r.prefix_bytes_declared).c_str() : "not",
+                  r.goal_met() ? "yes" : "NO");
+              std::fflush(stdout);
+            }
+            rows.push_back(r);
+          }
+          if (!write_rows(rows)) return 1;
+        }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "executor_overhead: %s\n", e.what());
+      return 1;
+    }
   }
 
   // Outputs must be finite and O must match the whole-batch kernel's: otherwise the rows did not time

@@ -258,6 +258,36 @@ TEST_SUITE("plan") {
     CHECK(uc.per_token == doctest::Approx(cost.per_token / 4 + a2a_per_token).epsilon(1e-9));
   }
 
+  TEST_CASE("pipeline step: the prefix term is the replay of the carry's programs on the stage's group") {
+    const DocumentBatch batch({{3000}, {500}});
+    std::vector<plan::PrefixSeconds> one_rank;
+    for (int g : {1, 4}) {
+      CAPTURE(g);
+      plan::PipelineStepOptions o = options(2);
+      o.sp_ranks = g;
+      o.hardware.ranks_per_node = 4;
+      const schedule::ChunkPlan plan = schedule::DynamicChunk{{.token_capacity = 1000}}.plan(batch);
+      const std::vector<plan::PrefixSeconds> prefix = plan::prefix_seconds(plan, o);
+      REQUIRE(prefix.size() == plan.chunks.size());
+      int with_prefix = 0;
+      for (std::size_t c = 0; c < plan.chunks.size(); ++c) {
+        bool has = false;
+        for (const Range& p : plan.chunks[c].prefix) has = has || !p.empty();
+        with_prefix += has ? 1 : 0;
+        CHECK((prefix[c].forward > 0) == has);  // priced exactly where a carry program runs
+        CHECK((prefix[c].backward > 0) == has);
+        if (has) CHECK(prefix[c].backward > prefix[c].forward);  // 2.5x the FLOPs, and the dK/dV sent back
+      }
+      CHECK(with_prefix >= 2);
+      // Four ranks share each prefix term's queries: each term takes less time than on one.
+      if (g == 1)
+        one_rank = prefix;
+      else
+        for (std::size_t c = 0; c < prefix.size(); ++c)
+          if (prefix[c].forward > 0) CHECK(prefix[c].forward < one_rank[c].forward);
+    }
+  }
+
   TEST_CASE("pipeline step: schedules that do not cover the plan are named") {
     const plan::PipelineStepOptions o = options(2);
     const schedule::ChunkPlan plan = equal_chunks(3, 100);

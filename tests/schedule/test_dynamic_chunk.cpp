@@ -12,10 +12,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <mutex>
 #include <numeric>
 #include <random>
+#include <span>
+#include <stdexcept>
 #include <string>
 
 #include "support/distributed_check.hpp"
@@ -190,6 +193,19 @@ test::Errors check_chunked(const DocumentBatch& batch, const std::vector<schedul
 
 }  // namespace
 
+// The reference kernel, failing when `fail` is set and it is asked for a full-mask slice (the prefix
+// term's call): a fault in the middle of a chunk's prefix program.
+struct FailingPrefixKernel : attention::Reference<double> {
+  bool fail = false;
+  template <class... Args>
+  void forward(const HostExec& e, const AttentionShape& shape, ThdView<const double> q, ThdView<const double> k,
+               ThdView<const double> v, std::span<const AttnSlice> slices, Args&&... rest) const {
+    for (const AttnSlice& s : slices)
+      if (fail && s.mask == Mask::full()) throw std::runtime_error("injected kernel fault");
+    Reference<double>::forward(e, shape, q, k, v, slices, std::forward<Args>(rest)...);
+  }
+};
+
 TEST_SUITE("schedule") {
   TEST_CASE("DynamicChunk: the mesh has equal-cost slices; the plan covers every token once, in order") {
     std::mt19937 rng(5);
@@ -255,6 +271,54 @@ TEST_SUITE("schedule") {
       CHECK_THROWS_WITH_AS(chunked.forward(99, x[0].view(), x[0].view(), x[0].view(), x[0].view(), l[0].view()),
                            doctest::Contains("num_chunks()"), std::invalid_argument);
     });
+  }
+
+  TEST_CASE("ChunkedAttention: a failure in a prefix program names the chunk, the pass and the step") {
+    const DocumentBatch batch({{90, 5, 7}});
+    const auto chunks =
+        schedule::DynamicChunk{{.token_capacity = 40, .time_target = 0, .slices = 0, .cost = {}}}.chunks(batch);
+    int with_prefix = -1;
+    for (std::size_t c = 0; c < chunks.size() && with_prefix < 0; ++c)
+      for (const Range& p : chunks[c].prefix)
+        if (!p.empty()) with_prefix = static_cast<int>(c);
+    REQUIRE(with_prefix > 0);
+    std::string message;
+    std::mutex mu;
+    try {
+      backend::inproc::World(2, {.timeout = std::chrono::milliseconds(5000)}).run([&](backend::inproc::Transport& t) {
+        const AttentionShape shape{2, 2, 8};
+        DistributedAttention<Strategy<partition::Uniform, comm::AllToAll>, FailingPrefixKernel> attn(t, shape);
+        FailingPrefixKernel k;  // fails on the ranks holding queries of a piece with a prefix
+        k.fail = true;
+        runtime::ChunkedAttention<FailingPrefixKernel> chunked(attn, t, k);
+        chunked.begin(chunks);
+        std::vector<ThdTensor<double>> x, o;
+        std::vector<LseTensor<double>> l;
+        for (int c = 0; c < chunked.num_chunks(); ++c) {
+          x.emplace_back(chunked.local_tokens(c), 2, 8);
+          o.emplace_back(chunked.local_tokens(c), 2, 8);
+          l.emplace_back(2, chunked.local_tokens(c));
+        }
+        try {
+          for (int c = 0; c < chunked.num_chunks(); ++c) {
+            const auto i = static_cast<std::size_t>(c);
+            chunked.forward(c, x[i].view(), x[i].view(), x[i].view(), o[i].view(), l[i].view());
+          }
+        } catch (const Error& e) {
+          if (std::string(e.what()).find("injected") != std::string::npos) {
+            std::lock_guard lock(mu);
+            message = e.what();
+          }
+          throw;
+        }
+      });
+    } catch (const std::exception&) {
+    }
+    CAPTURE(message);
+    CHECK(message.find("chunk " + std::to_string(with_prefix) + " (prefix forward)") != std::string::npos);
+    CHECK(message.find(", step ") != std::string::npos);
+    CHECK(message.find("(compute)") != std::string::npos);
+    CHECK(message.find("injected kernel fault") != std::string::npos);
   }
 
   TEST_CASE("ChunkedAttention over every strategy equals attention over the whole batch (fp64, 1..8 ranks)") {

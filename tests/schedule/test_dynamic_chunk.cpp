@@ -273,6 +273,44 @@ TEST_SUITE("schedule") {
     });
   }
 
+  TEST_CASE(
+      "ChunkedAttention refuses, before any message of a chunk, a prefix no chunk holds and a world of another size") {
+    const DocumentBatch batch({{50, 10}});
+    // Chunk 0: tokens [30, 50) reading prefix [0, 30) that no chunk holds; chunk 1: [50, 60).
+    std::vector<Chunk> chunks{{DocumentBatch({{20}}), {Range{30, 50}}, {Range{0, 30}}, ChunkKind::kSplit, 0},
+                              {DocumentBatch({{10}}), {Range{50, 60}}, {Range{50, 50}}, ChunkKind::kBatched, 0}};
+    std::vector<std::string> errors(2);
+    std::mutex mu;
+    try {
+      backend::inproc::World(2, {.timeout = std::chrono::milliseconds(5000)}).run([&](backend::inproc::Transport& t) {
+        DistributedAttention<Strategy<partition::Uniform, comm::AllToAll>, attention::Reference<double>> attn(
+            t, {2, 2, 8});
+        runtime::ChunkedAttention<attention::Reference<double>> chunked(attn, t);
+        try {
+          chunked.begin(t.rank() == 0 ? chunks : std::vector<Chunk>{chunks[1]});
+        } catch (const std::exception& e) {
+          std::lock_guard lock(mu);
+          errors[static_cast<std::size_t>(t.rank())] = e.what();
+          throw;
+        }
+      });
+    } catch (const std::exception&) {
+    }
+    CAPTURE(errors[0]);
+    CAPTURE(errors[1]);
+    CHECK(errors[0].find("chunks[0].prefix[0]") != std::string::npos);  // rank 0 names its bad argument
+    CHECK(errors[0].find("no chunk holds") != std::string::npos);
+    CHECK(errors[1].find("rank 0 refused its chunks") != std::string::npos);  // rank 1: its peer failed
+    // A transport of another size than the attention's world.
+    backend::inproc::World(2).run([&](backend::inproc::Transport& t) {
+      DistributedAttention<Strategy<partition::Uniform, comm::AllToAll>, attention::Reference<double>> attn(t,
+                                                                                                            {2, 2, 8});
+      auto alone = t.split(t.rank(), 0);  // one rank each
+      CHECK_THROWS_WITH_AS(runtime::ChunkedAttention<attention::Reference<double>>(attn, alone),
+                           doctest::Contains("transport.size()"), std::invalid_argument);
+    });
+  }
+
   TEST_CASE("ChunkedAttention: a failure in a prefix program names the chunk, the pass and the step") {
     const DocumentBatch batch({{90, 5, 7}});
     const auto chunks =

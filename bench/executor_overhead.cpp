@@ -350,6 +350,66 @@ struct RankTimes {
   bool finite = true;
 };
 
+// Per rank, the repetitions' records, preallocated so that recording one allocates nothing on the rank's thread.
+std::vector<RankTimes> rank_times(int ranks, int reps) {
+  std::vector<RankTimes> times(static_cast<std::size_t>(ranks));
+  for (RankTimes& r : times) {
+    const auto n = static_cast<std::size_t>(reps);
+    r.forward_start.resize(n), r.forward_end.resize(n), r.backward_start.resize(n), r.backward_end.resize(n);
+    r.forward_allocations.resize(n), r.allocations.resize(n);
+  }
+  return times;
+}
+
+// Largest |O - the whole-batch kernel's O| over the sampled tokens of `o`, whose rows are the global
+// rows `owned` in order.
+double o_difference(const ThdTensor<float>& o, const std::vector<Range>& owned, const Batch& batch) {
+  const std::int64_t row = std::int64_t{o.heads} * o.head_dim;
+  double diff = 0;
+  std::int64_t at = 0;
+  for (const Range& r : owned) {
+    for (std::int64_t t = r.begin; t < r.end; ++t)
+      if (t % Batch::kSampleStride == 0) {
+        const float* mine_o = o.storage.data() + (at + t - r.begin) * row;
+        const float* whole_o = batch.o_sample.data() + t / Batch::kSampleStride * row;
+        for (std::int64_t i = 0; i < row; ++i) diff = std::max<double>(diff, std::abs(mine_o[i] - whole_o[i]));
+      }
+    at += r.size();
+  }
+  return diff;
+}
+
+// The fwd and fwd+bwd rows of what the ranks recorded: per repetition the forward's span (first rank's
+// start to last rank's end) and that plus the backward's, allocations the most of any rank.
+std::vector<Row> rows_of(const std::vector<RankTimes>& times, const std::string& name, int ranks, int kernel_threads,
+                         int reps) {
+  Row fwd{.name = name, .ranks = ranks, .threads_per_rank = kernel_threads, .pass = "fwd"};
+  Row both{.name = name, .ranks = ranks, .threads_per_rank = kernel_threads, .pass = "fwd+bwd"};
+  const auto span = [&](auto start, auto end, std::size_t i) {
+    Clock::time_point first = Clock::time_point::max(), last = Clock::time_point::min();
+    for (const RankTimes& r : times) first = std::min(first, (r.*start)[i]), last = std::max(last, (r.*end)[i]);
+    return seconds_between(first, last);
+  };
+  for (std::size_t i = 0; i < static_cast<std::size_t>(reps); ++i) {
+    const double f = span(&RankTimes::forward_start, &RankTimes::forward_end, i);
+    fwd.seconds.push_back(f);
+    both.seconds.push_back(f + span(&RankTimes::backward_start, &RankTimes::backward_end, i));
+    for (const RankTimes& r : times) {
+      fwd.allocations = std::max(fwd.allocations, r.forward_allocations[i]);
+      both.allocations = std::max(both.allocations, r.allocations[i]);
+    }
+  }
+  for (Row* row : {&fwd, &both}) {
+    for (const RankTimes& r : times) {
+      row->finite = row->finite && r.finite;
+      row->max_abs_diff_o = std::max(row->max_abs_diff_o, r.max_abs_diff_o);
+    }
+    row->load = load_average();
+    row->goal_ratio = goal_ratio(ranks);
+  }
+  return {fwd, both};
+}
+
 // (b): strategy S on `ranks` in-process ranks. Returns the fwd and fwd+bwd rows.
 template <class S>
 std::vector<Row> run_distributed(const std::string& name, typename S::Arguments args, int ranks, const Batch& batch,
@@ -361,13 +421,7 @@ std::vector<Row> run_distributed(const std::string& name, typename S::Arguments 
   // ranks up that is one thread per rank, run inline by the rank itself (no pool), and 4 or 8 ranks
   // share the 2 cores by time slicing: the ratio there includes the cost of oversubscription.
   const int kernel_threads = std::max(1, c.threads / ranks);
-  // Preallocated so that recording a repetition allocates nothing on the rank's thread.
-  std::vector<RankTimes> times(static_cast<std::size_t>(ranks));
-  for (RankTimes& r : times) {
-    const auto n = static_cast<std::size_t>(c.reps);
-    r.forward_start.resize(n), r.forward_end.resize(n), r.backward_start.resize(n), r.backward_end.resize(n);
-    r.forward_allocations.resize(n), r.allocations.resize(n);
-  }
+  std::vector<RankTimes> times = rank_times(ranks, c.reps);
   backend::inproc::World(ranks).run([&](auto& transport) {
     DistributedAttention<S, Kernel> attn(transport, shape, args, Kernel({.threads = kernel_threads}));
     const DocumentBatch& b = batch.documents;
@@ -413,45 +467,9 @@ std::vector<Row> run_distributed(const std::string& name, typename S::Arguments 
     // Sanity: every output finite, and O the same as the whole-batch kernel's (up to fp32 rounding).
     mine.finite = all_finite(o.storage) && all_finite(lse.storage) && all_finite(dq.storage) &&
                   all_finite(dk.storage) && all_finite(dv.storage);
-    const std::int64_t row = std::int64_t{shape.heads_q} * d;
-    std::int64_t at = 0;
-    for (const Range& r : owned) {
-      for (std::int64_t t = r.begin; t < r.end; ++t)
-        if (t % Batch::kSampleStride == 0) {
-          const float* mine_o = o.storage.data() + (at + t - r.begin) * row;
-          const float* whole_o = batch.o_sample.data() + t / Batch::kSampleStride * row;
-          for (std::int64_t i = 0; i < row; ++i)
-            mine.max_abs_diff_o = std::max<double>(mine.max_abs_diff_o, std::abs(mine_o[i] - whole_o[i]));
-        }
-      at += r.size();
-    }
+    mine.max_abs_diff_o = o_difference(o, owned, batch);
   });
-  Row fwd{.name = name, .ranks = ranks, .threads_per_rank = kernel_threads, .pass = "fwd"};
-  Row both{.name = name, .ranks = ranks, .threads_per_rank = kernel_threads, .pass = "fwd+bwd"};
-  // A span: from the first rank's start to the last rank's end.
-  const auto span = [&](auto start, auto end, std::size_t i) {
-    Clock::time_point first = Clock::time_point::max(), last = Clock::time_point::min();
-    for (const RankTimes& r : times) first = std::min(first, (r.*start)[i]), last = std::max(last, (r.*end)[i]);
-    return seconds_between(first, last);
-  };
-  for (std::size_t i = 0; i < static_cast<std::size_t>(c.reps); ++i) {
-    const double f = span(&RankTimes::forward_start, &RankTimes::forward_end, i);
-    fwd.seconds.push_back(f);
-    both.seconds.push_back(f + span(&RankTimes::backward_start, &RankTimes::backward_end, i));
-    for (const RankTimes& r : times) {
-      fwd.allocations = std::max(fwd.allocations, r.forward_allocations[i]);
-      both.allocations = std::max(both.allocations, r.allocations[i]);
-    }
-  }
-  for (Row* row : {&fwd, &both}) {
-    for (const RankTimes& r : times) {
-      row->finite = row->finite && r.finite;
-      row->max_abs_diff_o = std::max(row->max_abs_diff_o, r.max_abs_diff_o);
-    }
-    row->load = load_average();
-    row->goal_ratio = goal_ratio(ranks);
-  }
-  return {fwd, both};
+  return rows_of(times, name, ranks, kernel_threads, c.reps);
 }
 
 // The dpp-chunked cases: the batch cut into `chunks`, run chunk by chunk through ChunkedAttention over
@@ -466,12 +484,7 @@ std::vector<Row> run_chunked(const std::string& name, typename S::Arguments args
   const AttentionShape& shape = c.shape;
   const int d = shape.head_dim;
   const int kernel_threads = std::max(1, c.threads / ranks);
-  std::vector<RankTimes> times(static_cast<std::size_t>(ranks));
-  for (RankTimes& r : times) {
-    const auto n = static_cast<std::size_t>(c.reps);
-    r.forward_start.resize(n), r.forward_end.resize(n), r.backward_start.resize(n), r.backward_end.resize(n);
-    r.forward_allocations.resize(n), r.allocations.resize(n);
-  }
+  std::vector<RankTimes> times = rank_times(ranks, c.reps);
   std::vector<std::uint64_t> counted(static_cast<std::size_t>(ranks)), declared(static_cast<std::size_t>(ranks));
   bool declares = false;
   backend::inproc::World(ranks).run([&](auto& transport) {
@@ -550,57 +563,26 @@ std::vector<Row> run_chunked(const std::string& name, typename S::Arguments args
     counted[static_cast<std::size_t>(transport.rank())] = prefix_bytes;
     declared[static_cast<std::size_t>(transport.rank())] = declared_bytes;
     if constexpr (requires(Chunked & x) { x.program(0, 0); }) declares = true;
-    const std::int64_t row = std::int64_t{shape.heads_q} * d;
     for (int ch = 0; ch < nc; ++ch) {
       const Local& l = loc[static_cast<std::size_t>(ch)];
       mine.finite = mine.finite && all_finite(l.o.storage) && all_finite(l.lse.storage) && all_finite(l.dq.storage) &&
                     all_finite(l.dk.storage) && all_finite(l.dv.storage);
-      std::int64_t at = 0;
-      for (const Range& r : chunked.owned_global(ch)) {
-        for (std::int64_t t = r.begin; t < r.end; ++t)
-          if (t % Batch::kSampleStride == 0) {
-            const float* mine_o = l.o.storage.data() + (at + t - r.begin) * row;
-            const float* whole_o = batch.o_sample.data() + t / Batch::kSampleStride * row;
-            for (std::int64_t x = 0; x < row; ++x)
-              mine.max_abs_diff_o = std::max<double>(mine.max_abs_diff_o, std::abs(mine_o[x] - whole_o[x]));
-          }
-        at += r.size();
-      }
+      mine.max_abs_diff_o = std::max(mine.max_abs_diff_o, o_difference(l.o, chunked.owned_global(ch), batch));
     }
   });
-  Row fwd{.name = name, .ranks = ranks, .threads_per_rank = kernel_threads, .pass = "fwd"};
-  Row both{.name = name, .ranks = ranks, .threads_per_rank = kernel_threads, .pass = "fwd+bwd"};
-  const auto span = [&](auto start, auto end, std::size_t i) {
-    Clock::time_point first = Clock::time_point::max(), last = Clock::time_point::min();
-    for (const RankTimes& r : times) first = std::min(first, (r.*start)[i]), last = std::max(last, (r.*end)[i]);
-    return seconds_between(first, last);
-  };
-  for (std::size_t i = 0; i < static_cast<std::size_t>(c.reps); ++i) {
-    const double f = span(&RankTimes::forward_start, &RankTimes::forward_end, i);
-    fwd.seconds.push_back(f);
-    both.seconds.push_back(f + span(&RankTimes::backward_start, &RankTimes::backward_end, i));
-    for (const RankTimes& r : times) {
-      fwd.allocations = std::max(fwd.allocations, r.forward_allocations[i]);
-      both.allocations = std::max(both.allocations, r.allocations[i]);
-    }
-  }
-  for (Row* row : {&fwd, &both}) {
-    for (const RankTimes& r : times) {
-      row->finite = row->finite && r.finite;
-      row->max_abs_diff_o = std::max(row->max_abs_diff_o, r.max_abs_diff_o);
-    }
-    row->load = load_average();
-    row->chunked = true;
-    row->chunks = static_cast<int>(chunks.size());
-    row->declared_known = declares;
+  std::vector<Row> rows = rows_of(times, name, ranks, kernel_threads, c.reps);
+  for (Row& row : rows) {
+    row.goal_ratio = 0;
+    row.chunked = true;
+    row.chunks = static_cast<int>(chunks.size());
+    row.declared_known = declares;
     for (std::size_t r = 0; r < counted.size(); ++r) {
-      row->prefix_bytes_counted += counted[r];
-      row->prefix_bytes_declared += declared[r];
+      row.prefix_bytes_counted += counted[r];
+      row.prefix_bytes_declared += declared[r];
     }
   }
-  return {fwd, both};
+  return rows;
 }
-
 // The strategy a dpp-chunked case runs over: its rows beside the unchunked run of the same batch.
 std::vector<Row> run_chunked_case(const std::string& name, int ranks, const Batch& batch,
                                   const std::vector<schedule::Chunk>& chunks, const Config& c) {

@@ -41,7 +41,7 @@
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/range.hpp"
 #include "seqpar/core/transport.hpp"
-#include "seqpar/runtime/distributed_attention.hpp"
+#include "seqpar/distributed_attention.hpp"
 #include "seqpar/schedule/chunked_attention.hpp"
 #include "seqpar/schedule/dynamic_chunk.hpp"
 #include "seqpar/schedule/pipeline.hpp"

@@ -13,6 +13,7 @@
 #include "seqpar/attention/kernel.hpp"
 #include "seqpar/core/document_batch.hpp"
 #include "seqpar/core/shard_plan.hpp"
+#include "seqpar/runtime/argument_word.hpp"
 #include "seqpar/runtime/engine.hpp"
 #include "seqpar/strategy.hpp"
 
@@ -47,9 +48,7 @@ class DistributedAttention final : public runtime::AttentionEngine<Kernel> {
       : Engine(transport, shape, args.ranks_per_node, std::move(kernel)),
         args_(args),
         signature_(signature_of(args.ranks_per_node)) {
-    StrategyT::for_each_argument(args_, [this](std::string name, seqpar::detail::ArgumentValue value) {
-      words_.push_back({std::move(name), value.word, value.is_double});
-    });
+    StrategyT::for_each_argument(args_, [this](runtime::ArgumentWord word) { words_.push_back(std::move(word)); });
   }
 
  private:
@@ -60,7 +59,7 @@ class DistributedAttention final : public runtime::AttentionEngine<Kernel> {
     return h ^ static_cast<std::uint64_t>(ranks_per_node) * 0x9e3779b97f4a7c15ull;
   }
   [[nodiscard]] std::uint64_t strategy_signature() const override { return signature_; }
-  [[nodiscard]] std::span<const typename Engine::ArgumentWord> argument_words() const override { return words_; }
+  [[nodiscard]] std::span<const runtime::ArgumentWord> argument_words() const override { return words_; }
 
   void compile(const DocumentBatch& batch, ShardPlan& plan, comm::CompiledAttention& program) const override {
     auto compiled = StrategyT::compile(args_, batch, this->shape(), this->topology(), this->rank());
@@ -73,7 +72,7 @@ class DistributedAttention final : public runtime::AttentionEngine<Kernel> {
 
   Arguments args_;
   std::uint64_t signature_;
-  std::vector<typename Engine::ArgumentWord> words_;  // compared across ranks on every call
+  std::vector<runtime::ArgumentWord> words_;  // compared across ranks on every call
 };
 
 }  // namespace seqpar

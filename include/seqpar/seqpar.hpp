@@ -44,6 +44,7 @@
 #include "seqpar/partition/whole_doc.hpp"
 #include "seqpar/partition/zigzag.hpp"
 #include "seqpar/runtime/any_transport.hpp"
+#include "seqpar/runtime/argument_word.hpp"
 #include "seqpar/runtime/data_ops.hpp"
 #include "seqpar/runtime/engine.hpp"
 #include "seqpar/runtime/executor.hpp"

@@ -32,7 +32,11 @@ namespace seqpar::comm {
 /// @endcode
 struct AllToAll {
   using policy_category = communicator_tag;
-  struct Arguments {};
+  struct Arguments {
+    /// No field: nothing for ranks to agree on (see Strategy::for_each_argument).
+    template <class Fn>
+    void for_each_argument(Fn&&) const {}
+  };
   Arguments args;
 
   [[nodiscard]] Status can_implement(const ShardPlan& plan, const AttentionShape& shape) const {

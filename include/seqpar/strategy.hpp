@@ -18,19 +18,23 @@
 #include "seqpar/partition/partitioner.hpp"
 #include "seqpar/runtime/argument_word.hpp"
 #include "seqpar/runtime/step_order.hpp"
-#include "seqpar/schedule/static.hpp"
 
 namespace seqpar {
 
 namespace detail {
-// The third slot of Strategy takes a step-order policy. It used to take a scheduler; schedule::Static
-// is still accepted there (it meant "the compiled order") so that existing code keeps compiling.
+// The third slot of Strategy takes a step-order policy only. (It took schedule::Static, a batch-level
+// scheduler, until the per-layer Strategy stopped depending on schedule/.)
 template <class X>
 struct step_order_for {
-  static_assert(runtime::StepOrder<X> || std::is_same_v<X, schedule::Static>,
+  static_assert(
+      !requires(const X& x, const DocumentBatch& batch) { x.chunks(batch); },
+      "Strategy<P, C, Order>: a batch-level scheduler (schedule::Static, schedule::DynamicChunk) is not a "
+      "step order; write runtime::StaticOrder (or leave the slot out), and run schedulers above "
+      "DistributedAttention");
+  static_assert(runtime::StepOrder<X>,
                 "Strategy<P, C, Order>: Order must be a step-order policy (runtime::StaticOrder); batch-level "
                 "schedulers such as schedule::DynamicChunk sit above DistributedAttention, not inside a Strategy");
-  using type = std::conditional_t<runtime::StepOrder<X>, X, runtime::StaticOrder>;
+  using type = X;
 };
 
 /// Whether a policy's Arguments name their own fields for the cross-rank agreement.

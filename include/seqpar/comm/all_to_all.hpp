@@ -28,7 +28,7 @@ namespace seqpar::comm {
 /// Memory: the head-sharded copies, (group tokens) x (local heads) x d per tensor.
 ///
 /// @code
-/// using Ulysses = Strategy<partition::Uniform, comm::AllToAll, schedule::Static>;
+/// using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
 /// @endcode
 struct AllToAll {
   using policy_category = communicator_tag;

@@ -29,7 +29,7 @@ namespace seqpar::comm {
 /// Works with any partitioner, any head count (heads are not sharded).
 ///
 /// @code
-/// using ZigzagRing = Strategy<partition::Zigzag, comm::Ring, schedule::Static>;
+/// using ZigzagRing = Strategy<partition::Zigzag, comm::Ring>;
 /// ZigzagRing::Arguments args;  args.comm.sharding_aware = true;
 /// @endcode
 struct Ring {

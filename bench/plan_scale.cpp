@@ -130,7 +130,7 @@ void run_dpp(const DppCase& c, const std::string& hardware, std::vector<bench::J
   // The pipeline scheduler's model of plan::simulate_pipeline_step: Ulysses over sp_ranks inside a stage
   // (1 here: a stage is one GPU), ZeRO-3 inside the stage, a 10% memory reserve.
   plan::PipelineStepOptions opt;
-  opt.model = replay::models::by_name(c.model);
+  opt.model = plan::models::by_name(c.model);
   opt.hardware = replay::profiles::by_name(hardware);
   opt.stages = c.stages;
   opt.sp_ranks = 1;
@@ -344,7 +344,7 @@ ChildResult run_in_child(const plan::Candidate& c, const DocumentBatch& batch, c
 
 void run_many_docs(const ManyDocs& md, const std::vector<std::string>& wanted, bool all_strategies,
                    std::vector<bench::JsonRecord>& records) {
-  const replay::ModelShape model = replay::models::llama31_8b();
+  const plan::ModelShape model = plan::models::llama31_8b();
   const replay::HardwareProfile hw = replay::profiles::h100_sxm();
   const Topology topo{md.ranks, std::min(md.ranks, 8)};
   constexpr double kMiB = 1024.0 * 1024.0;
@@ -479,7 +479,7 @@ int main(int argc, char** argv) {
     many.cases = {{20000, 1}, {200, 100}};
   std::vector<bench::JsonRecord> records;
   if (strategies) {
-    const replay::ModelShape model = replay::models::llama31_8b();
+    const plan::ModelShape model = plan::models::llama31_8b();
     replay::SimulationOptions sim;
     sim.hardware = replay::profiles::h100_sxm();
     plan::TrainingOptions training;

@@ -19,7 +19,7 @@
 #include <vector>
 
 using namespace seqpar;
-using Ulysses = Strategy<partition::Uniform, comm::AllToAll, schedule::Static>;
+using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
 
 int main(int argc, char** argv) {
   int ranks = 8, kernel_threads = 1;

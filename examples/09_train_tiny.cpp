@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // 09: a tiny decoder trained end to end, its attention distributed by seqpar, on 4 in-process ranks.
 //
-// train::TinyTransformer<float> (2 layers: embedding, RMSNorm, RoPE, GQA attention, SwiGLU MLP, tied
+// testing::TinyTransformer<float> (2 layers: embedding, RMSNorm, RoPE, GQA attention, SwiGLU MLP, tied
 // output, cross-entropy; hand-written backward) trained with AdamW for 50 steps on a synthetic packed
 // corpus: each step a fresh batch of 2 sequences packed with documents of a long-tail length mix (many
 // short ones, a few long ones), whose tokens follow one of four hidden rules per document, so that
@@ -19,12 +19,12 @@
 // curve as CSV and SVG (09_train_tiny_loss.csv / .svg in --out, default the working directory).
 //   usage: 09_train_tiny [--smoke] [--steps N] [--tokens T (per sequence)] [--lr LR] [--out DIR]
 #include <seqpar/seqpar.hpp>
-#include <seqpar/train/adamw.hpp>
 #include <seqpar/train/all_reduce.hpp>
 #include <seqpar/train/loss.hpp>
 #include <seqpar/train/shard.hpp>
-#include <seqpar/train/tiny_transformer.hpp>
 #include <seqpar/train/token_meta.hpp>
+#include <seqpar_testing/adamw.hpp>
+#include <seqpar_testing/tiny_transformer.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -76,8 +76,8 @@ Batch corpus(int step, std::int64_t tokens, int vocab) {
 }
 
 struct Setup {
-  train::TinyConfig model{};
-  train::AdamW<float>::Arguments adamw{.lr = 1e-2, .weight_decay = 0.01};
+  testing::TinyConfig model{};
+  testing::AdamW<float>::Arguments adamw{.lr = 1e-2, .weight_decay = 0.01};
   int steps = 50;
   std::int64_t tokens = 512;  // per sequence
 };
@@ -94,13 +94,13 @@ Run train_on(int ranks, const typename S::Arguments& args, const Setup& setup) {
   Run out;
   const auto t0 = std::chrono::steady_clock::now();
   backend::inproc::World(ranks).run([&](backend::inproc::Transport& t) {
-    train::TinyTransformer<float> model(setup.model);
+    testing::TinyTransformer<float> model(setup.model);
     model.init(2026);  // the same initial parameters on every rank and in every run
-    train::AdamW<float> adamw(model.num_params(), setup.adamw);
+    testing::AdamW<float> adamw(model.num_params(), setup.adamw);
     DistributedAttention<S, attention::CpuFlash<float>> attn(
         t, setup.model.attention_shape(), args, attention::CpuFlash<float>(attention::CpuFlashArguments{}));
     const int dim = setup.model.dim, layers = setup.model.layers;
-    std::vector<train::TinyTransformer<float>::LayerCache> caches(static_cast<std::size_t>(layers));
+    std::vector<testing::TinyTransformer<float>::LayerCache> caches(static_cast<std::size_t>(layers));
     std::vector<float> grads(model.num_params());
     for (int step = 0; step < setup.steps; ++step) {
       const Batch b = corpus(step, setup.tokens, setup.model.vocab);
@@ -219,7 +219,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const train::TinyConfig& c = setup.model;
+  const testing::TinyConfig& c = setup.model;
   std::printf(
       "seqpar 09: tiny decoder (%d layers, dim %d, heads %d:%d, head_dim %d, ffn %d, vocab %d; fp32) trained with "
       "AdamW for %d steps on %d sequences x %lld tokens of packed long-tail documents\n",

@@ -3,7 +3,7 @@
 // ranks (8 in-process ranks), the batch cut by schedule::DynamicChunk, the chunks grouped into 1F1B
 // pipelines by schedule::group_pipelines under a per-stage memory cap (which makes it checkpoint
 // some chunks' layers on some stages), and each stage's attention run by Hybrid x sharding-aware
-// Ring through runtime::ChunkedAttention (train::run_pipelined_step).
+// Ring through runtime::ChunkedAttention (testing::run_pipelined_step).
 //
 // It prints the plan, then per stage the activation memory: what the planner predicted (the stage's
 // peak under the schedule's decisions, shared by its 2 ranks), what the memory model gives for each
@@ -16,8 +16,8 @@
 //   usage: 10_dpp_pipeline [--smoke] [--tokens T] [--threads K]
 #include "example_support.hpp"
 
-#include <seqpar/train/pipelined_step.hpp>
-#include <seqpar/train/reference_step.hpp>
+#include <seqpar_testing/pipelined_step.hpp>
+#include <seqpar_testing/reference_step.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -43,11 +43,11 @@ int main(int argc, char** argv) {
   for (std::int64_t longest : {t / 4, 3 * t / 16})
     seqs.push_back(long_tail_sequence(rng, t / 2, {longest}, double(t) / 128, t / 32));
   train::TokenBatch batch{DocumentBatch(seqs), {}};
-  const train::TinyConfig cfg{
+  const testing::TinyConfig cfg{
       .vocab = 64, .dim = 32, .layers = 8, .heads_q = 4, .heads_kv = 2, .head_dim = 8, .ffn = 64};
   for (std::int64_t i = 0; i < batch.documents.total_tokens(); ++i)
     batch.tokens.push_back(static_cast<int>(rng() % static_cast<unsigned>(cfg.vocab)));
-  train::TinyTransformer<double> model(cfg);
+  testing::TinyTransformer<double> model(cfg);
   model.init(42);
 
   schedule::DynamicChunk chunker;
@@ -82,18 +82,18 @@ int main(int argc, char** argv) {
       static_cast<long long>(batch.documents.total_tokens()), batch.documents.documents().size(), plan.chunks.size(),
       split, sched.pipelines.size(), pm.memory_cap / 1024, pm.memory_cap / 1024 / kAttention, planned_recompute);
 
-  const auto want = train::single_device_step(model, batch);
+  const auto want = testing::single_device_step(model, batch);
 
   std::vector<double> grads(model.num_params(), 0.0);
-  std::vector<train::PipelinedStepResult<double>> results(kStages * kAttention);
+  std::vector<testing::PipelinedStepResult<double>> results(kStages * kAttention);
   double loss_sum = 0;
   std::mutex mu;
   const auto start = std::chrono::steady_clock::now();
   backend::inproc::World(kStages * kAttention).run([&](backend::inproc::Transport& tr) {
     HybridRing::Arguments args;
     args.comm.sharding_aware = true;
-    auto r = train::run_pipelined_step<HybridRing>(tr, model, batch, plan, sched, pm, args,
-                                                   [&] { return Kernel({.threads = opt.threads}); });
+    auto r = testing::run_pipelined_step<HybridRing>(tr, model, batch, plan, sched, pm, args,
+                                                     [&] { return Kernel({.threads = opt.threads}); });
     const std::lock_guard lock(mu);
     for (std::size_t i = 0; i < grads.size(); ++i) grads[i] += r.grads[i];
     loss_sum += r.loss_sum;

@@ -2,9 +2,9 @@
 // replay --paper basp: BASP (batch-aware sequence parallelism) against Ulysses, on the cost model.
 #include <seqpar/plan/candidates.hpp>
 #include <seqpar/plan/hybrid_cost.hpp>
+#include <seqpar/plan/model_shape.hpp>
 #include <seqpar/plan/step.hpp>
 #include <seqpar/replay/hardware.hpp>
-#include <seqpar/replay/model_shape.hpp>
 #include <seqpar/seqpar.hpp>
 
 #include <cstddef>
@@ -32,14 +32,14 @@ namespace {
 /// The all-to-all share of the step as BASP reports it (~34% for Ulysses [R]): every layer runs the
 /// attention programs forward, again in the recompute, and backward; attention_comm_s is one layer's
 /// forward + backward transfer time.
-double a2a_share(const plan::StepReport& rep, const replay::ModelShape& model) {
+double a2a_share(const plan::StepReport& rep, const plan::ModelShape& model) {
   const double fwd_fraction = 0.5;  // [I] a forward program moves about as much as a backward one
   return rep.attention_comm_s * (1.0 + fwd_fraction) * model.layers / rep.step_s;
 }
 
 struct BaspWorkload {
   std::string name;
-  replay::ModelShape model;
+  plan::ModelShape model;
   std::int64_t seq;
   int batch;
   double paper_e2e;
@@ -66,17 +66,17 @@ void run_basp(bool smoke, Results& out) {
   replay::SimulationOptions sim;
   sim.hardware = hw;
   std::vector<BaspWorkload> ws = {
-      {"W1 llama-3.1-8b 16K B=2", replay::models::llama31_8b(), 16384, 2, 1.21, "1.21x [R]", kNaN,
+      {"W1 llama-3.1-8b 16K B=2", plan::models::llama31_8b(), 16384, 2, 1.21, "1.21x [R]", kNaN,
        "2.23-3.10x over models [R]"},
-      {"W2 qwen1.5-1.8b 16K B=2", replay::models::qwen15_1_8b(), 16384, 2, 1.315, "1.31-1.32x [R]", 3.10, "3.10x [S]",
+      {"W2 qwen1.5-1.8b 16K B=2", plan::models::qwen15_1_8b(), 16384, 2, 1.315, "1.31-1.32x [R]", 3.10, "3.10x [S]",
        "37.7->16%"},
-      {"W3 llama-3.2-1b 8K B=8", replay::models::llama32_1b(), 8192, 8, 1.25, "~1.25x [R]", 85.0, "~85x [R]"},
-      {"W4 llama-3.2-3b 32K B=2", replay::models::llama32_3b(), 32768, 2, 1.0 / (1.0 - 0.259),
+      {"W3 llama-3.2-1b 8K B=8", plan::models::llama32_1b(), 8192, 8, 1.25, "~1.25x [R]", 85.0, "~85x [R]"},
+      {"W4 llama-3.2-3b 32K B=2", plan::models::llama32_3b(), 32768, 2, 1.0 / (1.0 - 0.259),
        "-25.9% step time = 1.35x [R]", kNaN, "-"},
-      {"W5 llama-3.2-1b 16K B=2", replay::models::llama32_1b(), 16384, 2, kNaN, "-", 2.45, "2.45x [S]", "33.5->13.4%"},
+      {"W5 llama-3.2-1b 16K B=2", plan::models::llama32_1b(), 16384, 2, kNaN, "-", 2.45, "2.45x [S]", "33.5->13.4%"},
   };
   if (smoke)
-    ws = {{"W2 qwen1.5-1.8b 4K B=2 (smoke)", replay::models::qwen15_1_8b(), 4096, 2, 1.315, "1.31-1.32x [R]", 3.10,
+    ws = {{"W2 qwen1.5-1.8b 4K B=2 (smoke)", plan::models::qwen15_1_8b(), 4096, 2, 1.315, "1.31-1.32x [R]", 3.10,
            "3.10x [S]", "37.7->16%"}};
 
   using comm::AllToAll, comm::Ring;

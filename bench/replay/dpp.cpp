@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // replay --paper dpp: DPP (InfiniPipe's dynamic pipeline parallelism) against FlexSP-, DeepSpeed-, Megatron-
 // and Seq1F1B-like baselines, and its ablations.
+#include <seqpar/plan/model_shape.hpp>
 #include <seqpar/plan/pipeline_step.hpp>
 #include <seqpar/plan/workloads.hpp>
 #include <seqpar/replay/hardware.hpp>
-#include <seqpar/replay/model_shape.hpp>
 #include <seqpar/seqpar.hpp>
 
 #include <cstddef>
@@ -126,7 +126,7 @@ DppRun run_dpp_variant(const DocumentBatch& batch, const plan::PipelineStepOptio
 }
 
 struct DppWorkload {
-  replay::ModelShape model;
+  plan::ModelShape model;
   std::string mix;
   std::int64_t context;
   bool ablation = false;  ///< run the ablated variants (the paper's 13B, 64K)
@@ -145,13 +145,13 @@ void run_dpp(bool smoke, Results& out) {
   const int sequences = smoke ? 64 : 512;
   std::vector<DppWorkload> ws;
   if (smoke) {
-    ws = {{replay::models::llama_7b(), "commoncrawl", 16384, true}};
+    ws = {{plan::models::llama_7b(), "commoncrawl", 16384, true}};
   } else {
     for (const std::int64_t ctx : {49152, 98304})
       for (const char* mix : {"commoncrawl", "github"})
-        for (const auto& m : {replay::models::llama_7b(), replay::models::llama_13b(), replay::models::llama_30b()})
+        for (const auto& m : {plan::models::llama_7b(), plan::models::llama_13b(), plan::models::llama_30b()})
           ws.push_back({m, mix, ctx, false});
-    for (const char* mix : {"commoncrawl", "github"}) ws.push_back({replay::models::llama_13b(), mix, 65536, true});
+    for (const char* mix : {"commoncrawl", "github"}) ws.push_back({plan::models::llama_13b(), mix, 65536, true});
   }
   std::printf("\n== DPP (4 nodes x 8 %s, %d sequences a step; training step) ==\n", hw.name.c_str(), sequences);
   std::printf("%-28s %-18s %9s %9s %9s %-16s %s\n", "workload", "strategy", "step s", "speedup", "paper", "baseline",

@@ -2,10 +2,10 @@
 // replay --paper hsap: HSAP (sequence-aware hierarchical attention) against naive packing and padding.
 #include <seqpar/plan/candidates.hpp>
 #include <seqpar/plan/hybrid_cost.hpp>
+#include <seqpar/plan/model_shape.hpp>
 #include <seqpar/plan/step.hpp>
 #include <seqpar/plan/workloads.hpp>
 #include <seqpar/replay/hardware.hpp>
-#include <seqpar/replay/model_shape.hpp>
 #include <seqpar/seqpar.hpp>
 
 #include <algorithm>
@@ -37,7 +37,7 @@ void run_hsap(bool smoke, Results& out) {
   const Topology topo{smoke ? 8 : 16, 8};
   replay::SimulationOptions sim;
   sim.hardware = hw;
-  const replay::ModelShape model = smoke ? replay::models::llama32_1b() : replay::models::llama31_8b();
+  const plan::ModelShape model = smoke ? plan::models::llama32_1b() : plan::models::llama31_8b();
   const AttentionShape shape = model.attention();
   plan::TrainingOptions train;
   train.model = model;

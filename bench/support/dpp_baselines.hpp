@@ -7,11 +7,11 @@
 // is marked [I] where it is assumed.
 #pragma once
 
+#include <seqpar/plan/model_shape.hpp>
 #include <seqpar/plan/pipeline_step.hpp>
 #include <seqpar/plan/step.hpp>
 #include <seqpar/replay/costs.hpp>
 #include <seqpar/replay/hardware.hpp>
-#include <seqpar/replay/model_shape.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -68,7 +68,7 @@ inline std::vector<AttnSlice> causal_slices(const std::vector<std::int64_t>& len
 /// ranks (inter-node ring); the collectives hide under compute, not under an all-to-all that crosses nodes
 /// (the same NICs); every layer waits for its collective, so the slowest group sets each layer's pace.
 struct UlyssesZero3 {
-  replay::ModelShape model;
+  plan::ModelShape model;
   replay::HardwareProfile hw;
   int world = 32;
   int checkpoint_layers = 0;  ///< layers recomputed in backward (the paper's tuned setting)
@@ -256,7 +256,7 @@ struct UlyssesZero3 {
 /// ranks by LPT. Heads per TP rank: ceil(Hq / tp) (Megatron needs Hq % tp == 0; LLaMA-30B's 52 heads do
 /// not split 8 ways, so the busiest rank is priced [I]).
 struct MegatronCp {
-  replay::ModelShape model;
+  plan::ModelShape model;
   replay::HardwareProfile hw;
   int world = 32, tp = 8, cp = 4;
   int checkpoint_layers = 0;

@@ -2,7 +2,6 @@
 // seqpar: exact distributed attention over packed long-context batches.
 #pragma once
 
-#include <bit>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -17,70 +16,58 @@
 #include "seqpar/core/status.hpp"
 #include "seqpar/core/topology.hpp"
 #include "seqpar/partition/partitioner.hpp"
+#include "seqpar/runtime/argument_word.hpp"
 #include "seqpar/runtime/step_order.hpp"
-#include "seqpar/schedule/static.hpp"
 
 namespace seqpar {
 
 namespace detail {
-// The third slot of Strategy takes a step-order policy. It used to take a scheduler; schedule::Static
-// is still accepted there (it meant "the compiled order") so that existing code keeps compiling.
+// The third slot of Strategy takes a step-order policy only. (It took schedule::Static, a batch-level
+// scheduler, until the per-layer Strategy stopped depending on schedule/.)
 template <class X>
 struct step_order_for {
-  static_assert(runtime::StepOrder<X> || std::is_same_v<X, schedule::Static>,
+  static_assert(
+      !requires(const X& x, const DocumentBatch& batch) { x.chunks(batch); },
+      "Strategy<P, C, Order>: a batch-level scheduler (schedule::Static, schedule::DynamicChunk) is not a "
+      "step order; write runtime::StaticOrder (or leave the slot out), and run schedulers above "
+      "DistributedAttention");
+  static_assert(runtime::StepOrder<X>,
                 "Strategy<P, C, Order>: Order must be a step-order policy (runtime::StaticOrder); batch-level "
                 "schedulers such as schedule::DynamicChunk sit above DistributedAttention, not inside a Strategy");
-  using type = std::conditional_t<runtime::StepOrder<X>, X, runtime::StaticOrder>;
+  using type = X;
 };
 
-/// A policy argument as one comparable word: integers and bools as is, doubles by their bits, an
-/// optional as its value or a marker, a function by whether it is set (its behaviour cannot be
-/// compared across ranks).
-struct ArgumentValue {
-  std::uint64_t word = 0;
-  bool is_double = false;
+/// Whether a policy's Arguments name their own fields for the cross-rank agreement.
+struct AnyArgumentVisitor {
+  template <class V>
+  void operator()(const char*, const V&) const {}
 };
-template <class V>
-[[nodiscard]] ArgumentValue argument_value(const V& v) {
-  if constexpr (std::is_same_v<V, bool> || std::is_integral_v<V> || std::is_enum_v<V>)
-    return {static_cast<std::uint64_t>(v), false};
-  else if constexpr (std::is_floating_point_v<V>)
-    return {std::bit_cast<std::uint64_t>(static_cast<double>(v)), true};
-  else if constexpr (requires {
-                       v.has_value();
-                       *v;
-                     })
-    return v.has_value() ? argument_value(*v) : ArgumentValue{0x8000000000000000ull, false};
-  else
-    return {static_cast<std::uint64_t>(static_cast<bool>(v)), false};
-}
+template <class A>
+inline constexpr bool kNamesItsArguments = requires(const A& a) {
+  a.for_each_argument(AnyArgumentVisitor{});
+};
 
-/// Calls fn(name, ArgumentValue) for every argument of a policy's Arguments that changes what the
-/// policy plans or compiles: the fields of seqpar's partitioners and communicators, by name, and
-/// nested Arguments (BatchAware's inner, Hierarchical's outer) with a prefix. A new policy whose
-/// Arguments have fields of other names lists them itself with a member
-/// `void for_each_argument(auto&& fn) const` calling fn(name, value) for each.
+template <class A>
+inline constexpr bool kArgumentsNamed = [] {
+  static_assert(kNamesItsArguments<A>,
+                "a policy's Arguments must name their fields for the cross-rank agreement: give the struct a member "
+                "`template <class Fn> void for_each_argument(Fn&& fn) const` that calls fn(\"field\", field) for "
+                "every field (an empty body when it has none)");
+  return kNamesItsArguments<A>;
+}();
+
+/// Calls fn(runtime::ArgumentWord) for every field that a policy's Arguments name in their
+/// for_each_argument, the name prefixed ("comm." + "sharding_aware"); a field that is itself a
+/// policy's Arguments (BatchAware's inner, Hierarchical's outer) is walked with its own prefix.
 template <class A, class Fn>
 void for_each_policy_argument(const A& a, const std::string& prefix, Fn& fn) {
-  const auto field = [&](const char* name, const auto& value) { fn(prefix + name, argument_value(value)); };
-  if constexpr (requires { a.for_each_argument(field); }) a.for_each_argument(field);
-  if constexpr (requires { a.sharding_aware; }) field("sharding_aware", a.sharding_aware);
-  if constexpr (requires { a.inner_size; }) field("inner_size", a.inner_size);
-  if constexpr (requires { a.group_size; }) field("group_size", a.group_size);
-  if constexpr (requires { a.equal_groups_when_divisible; })
-    field("equal_groups_when_divisible", a.equal_groups_when_divisible);
-  if constexpr (requires { a.respect_nodes; }) field("respect_nodes", a.respect_nodes);
-  if constexpr (requires { a.capacity_factor; }) field("capacity_factor", a.capacity_factor);
-  if constexpr (requires { a.linear_weight; }) field("linear_weight", a.linear_weight);
-  if constexpr (requires { a.compute_weight; }) field("compute_weight", a.compute_weight);
-  if constexpr (requires { a.comm_weight; }) field("comm_weight", a.comm_weight);
-  if constexpr (requires { a.overlap; }) field("overlap", a.overlap);
-  if constexpr (requires { a.tolerance; }) field("tolerance", a.tolerance);
-  if constexpr (requires { a.threshold; }) field("threshold", a.threshold);
-  if constexpr (requires { a.max_candidates; }) field("max_candidates", a.max_candidates);
-  if constexpr (requires { a.cost; }) field("cost (set)", a.cost);
-  if constexpr (requires { a.inner; }) for_each_policy_argument(a.inner, prefix + "inner.", fn);
-  if constexpr (requires { a.outer; }) for_each_policy_argument(a.outer, prefix + "outer.", fn);
+  static_assert(kArgumentsNamed<A>);
+  a.for_each_argument([&](const char* name, const auto& value) {
+    if constexpr (std::is_aggregate_v<std::remove_cvref_t<decltype(value)>>)
+      for_each_policy_argument(value, prefix + name + ".", fn);
+    else
+      fn(runtime::argument_word(prefix + name, value));
+  });
 }
 }  // namespace detail
 
@@ -99,6 +86,8 @@ struct Strategy {
   using partitioner_type = P;
   using communicator_type = C;
   using step_order_type = typename detail::step_order_for<Order>::type;
+  static_assert(detail::kArgumentsNamed<typename P::Arguments> && detail::kArgumentsNamed<typename C::Arguments> &&
+                detail::kArgumentsNamed<typename step_order_type::Arguments>);
 
   struct Arguments {
     typename P::Arguments partition{};
@@ -107,9 +96,10 @@ struct Strategy {
     int ranks_per_node = 0;  ///< 0: every rank on one node
   };
 
-  /// Calls fn(name, detail::ArgumentValue) for every argument that changes the plan or the programs
-  /// ("partition.group_size", "comm.sharding_aware", "comm.inner_size", ...): DistributedAttention
-  /// compares them across ranks so that a disagreement is an Errc::kMismatch naming the argument.
+  /// Calls fn(runtime::ArgumentWord) for every argument that changes the plan or the programs
+  /// ("partition.group_size", "comm.sharding_aware", "comm.outer.sharding_aware", ...), as each
+  /// policy's Arguments name them (`for_each_argument`): DistributedAttention compares them across
+  /// ranks so that a disagreement is an Errc::kMismatch naming the argument.
   template <class Fn>
   static void for_each_argument(const Arguments& args, Fn&& fn) {
     detail::for_each_policy_argument(args.partition, "partition.", fn);

@@ -37,7 +37,7 @@ replay::HardwareProfile round_profile() {
 }
 
 // No LM head (vocab 0): every stage does the same work.
-replay::ModelShape tiny(int layers = 4) {
+plan::ModelShape tiny(int layers = 4) {
   return {"tiny", layers, 64, 4, 4, 16, 128, 0, false};
 }
 
@@ -78,11 +78,11 @@ schedule::PipelineSchedule one_pipeline(const schedule::ChunkPlan& plan, const p
 }
 
 // Forward seconds of one layer over one document of `t` tokens on the round profile (one rank).
-double layer_forward(const replay::ModelShape& m, std::int64_t t) {
+double layer_forward(const plan::ModelShape& m, std::int64_t t) {
   const double pairs = 0.5 * static_cast<double>(t) * static_cast<double>(t + 1);
   return (m.layer_gemm_flops_per_token() * static_cast<double>(t) + 4.0 * m.head_dim * m.heads_q * pairs) / 1e12;
 }
-double layer_backward(const replay::ModelShape& m, std::int64_t t) {
+double layer_backward(const plan::ModelShape& m, std::int64_t t) {
   const double pairs = 0.5 * static_cast<double>(t) * static_cast<double>(t + 1);
   return (2.0 * m.layer_gemm_flops_per_token() * static_cast<double>(t) + 10.0 * m.head_dim * m.heads_q * pairs) / 1e12;
 }

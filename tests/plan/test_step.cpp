@@ -5,8 +5,8 @@
 #include "support/expect_error.hpp"
 
 #include <seqpar/plan/candidates.hpp>
+#include <seqpar/plan/model_shape.hpp>
 #include <seqpar/plan/step.hpp>
-#include <seqpar/replay/model_shape.hpp>
 #include <seqpar/seqpar.hpp>
 
 #include <algorithm>
@@ -23,16 +23,16 @@ TEST_SUITE("plan") {
     for (const auto& name : replay::profiles::names()) CHECK_NOTHROW(replay::profiles::by_name(name).validate());
     CHECK(replay::profiles::by_name("H100").name == "h100-sxm");
     // Llama-3.1-8B has 8.03 B parameters; LLaMA-7B 6.7 B; Qwen1.5-1.8B 1.8 B (with untied embeddings).
-    CHECK(replay::models::llama31_8b().params() == doctest::Approx(8.03e9).epsilon(0.01));
-    CHECK(replay::models::llama_7b().params() == doctest::Approx(6.74e9).epsilon(0.01));
-    CHECK(replay::models::qwen15_1_8b().params() == doctest::Approx(1.84e9).epsilon(0.02));
-    for (const auto& m : replay::models::all()) CHECK_NOTHROW(m.validate());
-    CHECK(invalid_message([] { (void)replay::models::by_name("gpt-5"); }).find("gpt-5") != std::string::npos);
+    CHECK(plan::models::llama31_8b().params() == doctest::Approx(8.03e9).epsilon(0.01));
+    CHECK(plan::models::llama_7b().params() == doctest::Approx(6.74e9).epsilon(0.01));
+    CHECK(plan::models::qwen15_1_8b().params() == doctest::Approx(1.84e9).epsilon(0.02));
+    for (const auto& m : plan::models::all()) CHECK_NOTHROW(m.validate());
+    CHECK(invalid_message([] { (void)plan::models::by_name("gpt-5"); }).find("gpt-5") != std::string::npos);
   }
 
   TEST_CASE("a training step: throughput, ZeRO-3, checkpointing and memory behave as the model says") {
     const DocumentBatch batch({{8192, 4096, 4096}, {16384}});
-    const replay::ModelShape model = replay::models::llama32_1b();
+    const plan::ModelShape model = plan::models::llama32_1b();
     const Topology topo{8, 4};
     const auto c = plan::compile_all<Strategy<partition::Uniform, comm::AllToAll>>({}, batch, model.attention(), topo);
     REQUIRE(c.status);
@@ -69,14 +69,14 @@ TEST_SUITE("plan") {
     CHECK(invalid_message([&] { (void)plan::simulate_step(c, topo, bad, sim); }).find("micro_batches = 0") !=
           std::string::npos);
     auto wrong = opt;
-    wrong.model = replay::models::llama31_8b();  // head_dim 128, the programs were compiled for 64
+    wrong.model = plan::models::llama31_8b();  // head_dim 128, the programs were compiled for 64
     CHECK(invalid_message([&] { (void)plan::simulate_step(c, topo, wrong, sim); }).find("head_dim") !=
           std::string::npos);
   }
 
   TEST_CASE("BASP beats Ulysses across two A100 nodes, as in the BASP paper (direction)") {
     const DocumentBatch batch({{16384}, {16384}});
-    const replay::ModelShape model = replay::models::llama31_8b();
+    const plan::ModelShape model = plan::models::llama31_8b();
     const Topology topo{8, 4};
     replay::SimulationOptions sim;
     sim.hardware = replay::profiles::a100_40gb();
@@ -161,7 +161,7 @@ TEST_SUITE("plan") {
     const AttentionShape shape{8, 2, 64, 0};
     const Topology topo{8, 4};
     const auto hw = replay::profiles::h100_sxm();
-    for (const auto& cand : plan::standard_candidates(hw, replay::models::llama32_1b())) {
+    for (const auto& cand : plan::standard_candidates(hw, plan::models::llama32_1b())) {
       CAPTURE(cand.name);
       const auto c = cand.compile(batch, shape, topo);
       if (!c.status) {
@@ -230,7 +230,7 @@ TEST_SUITE("plan") {
     seqpar::replay::SimulationOptions sim{.hardware = seqpar::replay::profiles::h100_sxm(), .trace = true};
     auto compiled = seqpar::plan::compile_all<HybridRing>({}, batch, shape, seqpar::Topology{16, 8});
     auto layer = seqpar::replay::predict(compiled, {16, 8}, shape, sim);
-    auto step = seqpar::plan::simulate_step(compiled, {16, 8}, {.model = seqpar::replay::models::llama31_8b()}, sim);
+    auto step = seqpar::plan::simulate_step(compiled, {16, 8}, {.model = seqpar::plan::models::llama31_8b()}, sim);
     CHECK(layer.time_s() > 0);
     CHECK(step.step_s > 16 * layer.time_s());  // 32 layers of attention plus everything else
     CHECK(!step.trace.events.empty());

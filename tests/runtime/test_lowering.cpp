@@ -192,14 +192,15 @@ TEST_SUITE("runtime") {
     check_strategy_lowering<Strategy<WholeDoc, Hier>>(rng, hier);
   }
 
-  TEST_CASE("Strategy<P, C, schedule::Static> still compiles and means the compiled order") {
-    using Old = Strategy<partition::Uniform, comm::AllToAll, schedule::Static>;
-    static_assert(std::is_same_v<Old::step_order_type, runtime::StaticOrder>);
+  TEST_CASE("Strategy's default step order is the compiled order") {
+    using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
+    static_assert(std::is_same_v<Ulysses::step_order_type, runtime::StaticOrder>);
+    static_assert(std::is_same_v<Strategy<partition::Uniform, comm::AllToAll, runtime::StaticOrder>, Ulysses>);
     const DocumentBatch batch = DocumentBatch::single({40, 24});
-    const auto old = Old::compile({}, batch, {4, 4, 8}, {2, 2}, 0);
-    const auto now = Strategy<partition::Uniform, comm::AllToAll>::compile({}, batch, {4, 4, 8}, {2, 2}, 0);
-    REQUIRE(old.status);
-    CHECK(old.program.forward.steps.size() == now.program.forward.steps.size());
+    const auto compiled = Ulysses::compile({}, batch, {4, 4, 8}, {2, 2}, 0);
+    REQUIRE(compiled.status);
+    const auto unordered = comm::AllToAll{}.compile(compiled.plan, {4, 4, 8}, 0);
+    CHECK(compiled.program.forward.steps.size() == unordered.forward.steps.size());
     CHECK(schedule::Static{}.chunks(batch).size() == 1);
     CHECK(schedule::Static{}.chunks(batch)[0].tokens == std::vector<Range>{{0, 64}});
   }

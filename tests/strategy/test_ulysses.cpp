@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Ulysses (Uniform + AllToAll + Static) end to end on the in-process world, forward and backward,
+// Ulysses (Uniform + AllToAll) end to end on the in-process world, forward and backward,
 // against the fp64 reference on the whole batch.
 #include <doctest/doctest.h>
 
@@ -8,7 +8,7 @@
 #include "support/distributed_check.hpp"
 
 using namespace seqpar;
-using Ulysses = Strategy<partition::Uniform, comm::AllToAll, schedule::Static>;
+using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
 
 namespace {
 // fp64 kernels: the only error is summation order, ~1e-12 relative to the output scale.

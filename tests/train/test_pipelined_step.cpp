@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// DPP end to end (issue 12, item 4): train::run_pipelined_step runs a TinyTransformer step with the
+// DPP end to end (issue 12, item 4): testing::run_pipelined_step runs a TinyTransformer step with the
 // DynamicChunk plan (split, batched and hybrid chunks; later slices read their document's earlier
 // K/V), the 1F1B pipelines of group_pipelines, and the schedule's checkpointing, on in-process ranks
 // = pipeline stages x an attention group running a seqpar strategy. The loss and every parameter's
@@ -10,8 +10,8 @@
 #include <seqpar/attention/cpu_flash.hpp>
 #include <seqpar/backend/inproc/world.hpp>
 #include <seqpar/seqpar.hpp>
-#include <seqpar/train/pipelined_step.hpp>
-#include <seqpar/train/reference_step.hpp>
+#include <seqpar_testing/pipelined_step.hpp>
+#include <seqpar_testing/reference_step.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -21,7 +21,7 @@
 #include <vector>
 
 using namespace seqpar;
-using Model = train::TinyTransformer<double>;
+using Model = testing::TinyTransformer<double>;
 using Kernel = attention::CpuFlash<double>;
 
 namespace {
@@ -84,7 +84,7 @@ void check_pipelined(const std::string& name, Layout layout, typename S::Argumen
   }
   const schedule::PipelineSchedule sched = schedule::group_pipelines(plan, pm);
 
-  const auto want = train::single_device_step(model, batch);
+  const auto want = testing::single_device_step(model, batch);
   const double want_loss = want.loss;
   const std::vector<double>& want_grads = want.grads;
 
@@ -96,7 +96,7 @@ void check_pipelined(const std::string& name, Layout layout, typename S::Argumen
   std::mutex mu;
   backend::inproc::World(layout.stages * layout.attention).run([&](backend::inproc::Transport& t) {
     const auto r =
-        train::run_pipelined_step<S>(t, model, batch, plan, sched, pm, args, [] { return Kernel({.threads = 1}); });
+        testing::run_pipelined_step<S>(t, model, batch, plan, sched, pm, args, [] { return Kernel({.threads = 1}); });
     const std::lock_guard lock(mu);
     for (std::size_t i = 0; i < grads.size(); ++i) grads[i] += r.grads[i];
     loss_sum += r.loss_sum;

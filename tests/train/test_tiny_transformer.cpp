@@ -1,14 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// train::TinyTransformer: the hand-written backward against central finite differences of the loss
-// (fp64, every parameter block, a packed batch of several documents: train::single_device_step), activation
+// testing::TinyTransformer: the hand-written backward against central finite differences of the loss
+// (fp64, every parameter block, a packed batch of several documents: testing::single_device_step), activation
 // checkpointing (a checkpointed cache keeps only the layer input, refuses backward, and recomputes bit for bit),
 // and its argument checks.
 #include <doctest/doctest.h>
 
 #include <seqpar/attention/reference.hpp>
 #include <seqpar/core/document_batch.hpp>
-#include <seqpar/train/reference_step.hpp>
-#include <seqpar/train/tiny_transformer.hpp>
+#include <seqpar_testing/reference_step.hpp>
+#include <seqpar_testing/tiny_transformer.hpp>
 
 #include <cmath>
 #include <initializer_list>
@@ -20,7 +20,7 @@
 #include "support/expect_error.hpp"
 
 using namespace seqpar;
-using Model = train::TinyTransformer<double>;
+using Model = testing::TinyTransformer<double>;
 
 namespace {
 
@@ -48,7 +48,7 @@ TEST_SUITE("train") {
     Model m({.vocab = 13, .dim = 8, .layers = 2, .heads_q = 4, .heads_kv = 2, .head_dim = 4, .ffn = 12});
     m.init(11);
     const train::TokenBatch b = make_batch({{5, 1, 7}, {9, 3}}, 13, 3);
-    const std::vector<double> grads = train::single_device_step(m, b).grads;
+    const std::vector<double> grads = testing::single_device_step(m, b).grads;
     std::mt19937_64 rng(5);
     int checked = 0;
     for (const Model::Block& blk : m.blocks()) {
@@ -57,9 +57,9 @@ TEST_SUITE("train") {
         const std::size_t i = blk.offset + static_cast<std::size_t>(rng() % blk.size);
         const double keep = m.params()[i], eps = 1e-5;
         m.params()[i] = keep + eps;
-        const double up = train::single_device_step(m, b).loss;
+        const double up = testing::single_device_step(m, b).loss;
         m.params()[i] = keep - eps;
-        const double down = train::single_device_step(m, b).loss;
+        const double down = testing::single_device_step(m, b).loss;
         m.params()[i] = keep;
         const double fd = (up - down) / (2 * eps);
         CAPTURE(blk.name);

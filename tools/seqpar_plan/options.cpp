@@ -3,9 +3,9 @@
 #include "options.hpp"
 
 #include <seqpar/plan/candidates.hpp>
+#include <seqpar/plan/model_shape.hpp>
 #include <seqpar/plan/workloads.hpp>
 #include <seqpar/replay/hardware.hpp>
-#include <seqpar/replay/model_shape.hpp>
 #include <seqpar/seqpar.hpp>
 
 #include <algorithm>
@@ -299,7 +299,7 @@ void print_help(std::FILE* out) {
     std::fprintf(out, "%s", wrap(left, s.help, kHelpIndent).c_str());
   }
   std::vector<std::string> models, strategies;
-  for (const replay::ModelShape& m : replay::models::all()) models.push_back(m.name);
+  for (const plan::ModelShape& m : plan::models::all()) models.push_back(m.name);
   for (const plan::Candidate& c : plan::standard_candidates()) strategies.push_back(c.name);
   std::fprintf(out, "\nNames (--list shows them with details):\n%s%s%s%s",
                wrap("  profiles", join(replay::profiles::names()), 17).c_str(),
@@ -345,7 +345,7 @@ void print_list() {
                 p.intra.bandwidth / 1e9, p.inter.bandwidth / 1e9, p.nics_per_node);
   }
   std::printf("models:\n");
-  for (const replay::ModelShape& m : replay::models::all())
+  for (const plan::ModelShape& m : plan::models::all())
     std::printf("  %-14s %5.2fB params, %2d layers, hidden %5d, heads %2d:%2d x %3d, ffn %5d, vocab %d\n",
                 m.name.c_str(), m.params() / 1e9, m.layers, m.hidden, m.heads_q, m.heads_kv, m.head_dim, m.ffn,
                 m.vocab);

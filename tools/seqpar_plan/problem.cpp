@@ -93,7 +93,7 @@ Problem make_problem(const Options& o) {
   if (heads && !o.attention_only) usage_error("--heads-q/--heads-kv/--head-dim need --attention-only");
   if (heads && o.model) usage_error("--heads-q/--heads-kv/--head-dim exclude --model (the model fixes its heads)");
   if (o.model) {
-    p.model = replay::models::by_name(*o.model);
+    p.model = plan::models::by_name(*o.model);
     p.shape = p.model->attention();
   } else if (o.attention_only) {
     if (!o.heads_q || !o.heads_kv || !o.head_dim)

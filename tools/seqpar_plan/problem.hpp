@@ -4,9 +4,9 @@
 #pragma once
 
 #include <seqpar/plan/candidates.hpp>
+#include <seqpar/plan/model_shape.hpp>
 #include <seqpar/plan/step.hpp>
 #include <seqpar/replay/hardware.hpp>
-#include <seqpar/replay/model_shape.hpp>
 #include <seqpar/seqpar.hpp>
 
 #include <cstdint>
@@ -22,7 +22,7 @@ namespace seqpar::tools {
 struct Problem {
   replay::HardwareProfile hardware;
   Topology topology;
-  std::optional<replay::ModelShape> model;  ///< empty with --attention-only and explicit heads
+  std::optional<plan::ModelShape> model;  ///< empty with --attention-only and explicit heads
   bool attention_only = false;
   AttentionShape shape;
   DocumentBatch batch;

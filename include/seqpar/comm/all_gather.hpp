@@ -48,6 +48,11 @@ struct AllGather {
   using policy_category = communicator_tag;
   struct Arguments {
     bool sharding_aware = false;
+    /// fn(name, value) for each field, compared across ranks (Strategy::for_each_argument).
+    template <class Fn>
+    void for_each_argument(Fn&& fn) const {
+      fn("sharding_aware", sharding_aware);
+    }
   };
   Arguments args;
 

@@ -28,11 +28,15 @@ namespace seqpar::comm {
 /// Memory: the head-sharded copies, (group tokens) x (local heads) x d per tensor.
 ///
 /// @code
-/// using Ulysses = Strategy<partition::Uniform, comm::AllToAll, schedule::Static>;
+/// using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
 /// @endcode
 struct AllToAll {
   using policy_category = communicator_tag;
-  struct Arguments {};
+  struct Arguments {
+    /// No field: nothing for ranks to agree on (see Strategy::for_each_argument).
+    template <class Fn>
+    void for_each_argument(Fn&&) const {}
+  };
   Arguments args;
 
   [[nodiscard]] Status can_implement(const ShardPlan& plan, const AttentionShape& shape) const {

@@ -39,6 +39,12 @@ struct Hierarchical {
     int inner_size = 0;  ///< ranks per inner group; 0: the largest divisor of the group size that fits
                          ///< a node and the head count
     typename Outer::Arguments outer{};
+    /// fn(name, value) for each field, compared across ranks (Strategy::for_each_argument); `outer` names its own.
+    template <class Fn>
+    void for_each_argument(Fn&& fn) const {
+      fn("inner_size", inner_size);
+      fn("outer", outer);
+    }
   };
   Arguments args;
 

@@ -29,13 +29,18 @@ namespace seqpar::comm {
 /// Works with any partitioner, any head count (heads are not sharded).
 ///
 /// @code
-/// using ZigzagRing = Strategy<partition::Zigzag, comm::Ring, schedule::Static>;
+/// using ZigzagRing = Strategy<partition::Zigzag, comm::Ring>;
 /// ZigzagRing::Arguments args;  args.comm.sharding_aware = true;
 /// @endcode
 struct Ring {
   using policy_category = communicator_tag;
   struct Arguments {
     bool sharding_aware = false;
+    /// fn(name, value) for each field, compared across ranks (Strategy::for_each_argument).
+    template <class Fn>
+    void for_each_argument(Fn&& fn) const {
+      fn("sharding_aware", sharding_aware);
+    }
   };
   Arguments args;
 

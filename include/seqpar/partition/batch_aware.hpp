@@ -70,6 +70,15 @@ struct BatchAware {
     bool equal_groups_when_divisible = true;  ///< N % B == 0 and equal sequence lengths -> K = N/B each
     bool respect_nodes = true;                ///< lay groups out to avoid straddling node boundaries
     typename Inner::Arguments inner{};        ///< Arguments of the partitioner run inside each group
+    /// fn(name, value) for each field, compared across ranks (Strategy::for_each_argument); `inner` names its own.
+    template <class Fn>
+    void for_each_argument(Fn&& fn) const {
+      fn("group_size", group_size);
+      fn("linear_weight", linear_weight);
+      fn("equal_groups_when_divisible", equal_groups_when_divisible);
+      fn("respect_nodes", respect_nodes);
+      fn("inner", inner);
+    }
   };
   Arguments args;
 

@@ -125,6 +125,20 @@ struct Hybrid {
     std::optional<std::int64_t> threshold{};  ///< fixed tau (>= 0); empty = sweep
     int max_candidates = 64;                  ///< sweep at most this many thresholds (0 and log-spaced lengths)
     HybridCostFunction cost{};                ///< empty = hybrid_proxy_cost(compute_weight, comm_weight, overlap)
+    /// fn(name, value) for each field, compared across ranks (Strategy::for_each_argument); `cost` by whether it is
+    /// set.
+    template <class Fn>
+    void for_each_argument(Fn&& fn) const {
+      fn("capacity_factor", capacity_factor);
+      fn("linear_weight", linear_weight);
+      fn("compute_weight", compute_weight);
+      fn("comm_weight", comm_weight);
+      fn("overlap", overlap);
+      fn("tolerance", tolerance);
+      fn("threshold", threshold);
+      fn("max_candidates", max_candidates);
+      fn("cost (set)", cost);
+    }
   };
   Arguments args;
 

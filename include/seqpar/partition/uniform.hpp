@@ -19,7 +19,11 @@ namespace seqpar::partition {
 /// @endcode
 struct Uniform {
   using policy_category = partitioner_tag;
-  struct Arguments {};
+  struct Arguments {
+    /// No field: nothing for ranks to agree on (see Strategy::for_each_argument).
+    template <class Fn>
+    void for_each_argument(Fn&&) const {}
+  };
   Arguments args;
 
   [[nodiscard]] Status can_implement(const DocumentBatch&, const Topology& topo) const {

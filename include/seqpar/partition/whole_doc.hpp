@@ -139,6 +139,12 @@ struct WholeDoc {
   struct Arguments {
     double capacity_factor = 1.25;  ///< per-rank token capacity = capacity_factor * T / P (>= 1)
     double linear_weight = 0.0;     ///< cost per token, in attention pairs, added to s(s+1)/2 (>= 0)
+    /// fn(name, value) for each field, compared across ranks (Strategy::for_each_argument).
+    template <class Fn>
+    void for_each_argument(Fn&& fn) const {
+      fn("capacity_factor", capacity_factor);
+      fn("linear_weight", linear_weight);
+    }
   };
   Arguments args;
 

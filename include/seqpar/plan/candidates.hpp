@@ -19,7 +19,7 @@
 #include "seqpar/partition/zigzag.hpp"
 #include "seqpar/plan/compile_all.hpp"
 #include "seqpar/plan/hybrid_cost.hpp"
-#include "seqpar/replay/model_shape.hpp"
+#include "seqpar/plan/model_shape.hpp"
 #include "seqpar/strategy.hpp"
 
 namespace seqpar::plan {
@@ -118,8 +118,8 @@ template <class Communicator>
 }
 
 /// Seconds of one layer's GEMMs (forward + backward, with recompute) per token of `model` on `hw`.
-[[nodiscard]] inline double layer_gemm_seconds_per_token(const replay::HardwareProfile& hw,
-                                                         const replay::ModelShape& model, bool checkpointing = true) {
+[[nodiscard]] inline double layer_gemm_seconds_per_token(const replay::HardwareProfile& hw, const ModelShape& model,
+                                                         bool checkpointing = true) {
   return (checkpointing ? 4.0 : 3.0) * model.layer_gemm_flops_per_token() / hw.gemm_rate();
 }
 
@@ -127,8 +127,7 @@ template <class Communicator>
 /// chosen with the cost model of `hardware` (hybrid_model_cost) when one is given, else with the proxy;
 /// with `model`, the placement also weighs the GEMM time of the tokens each rank owns (training).
 [[nodiscard]] inline std::vector<Candidate> standard_candidates(
-    std::optional<replay::HardwareProfile> hardware = std::nullopt,
-    std::optional<replay::ModelShape> model = std::nullopt) {
+    std::optional<replay::HardwareProfile> hardware = std::nullopt, std::optional<ModelShape> model = std::nullopt) {
   const double per_token = hardware && model ? layer_gemm_seconds_per_token(*hardware, *model) : 0.0;
   using comm::AllGather, comm::AllToAll, comm::Ring;
   using partition::BatchAware, partition::Hybrid, partition::PerDoc, partition::Uniform, partition::WholeDoc,

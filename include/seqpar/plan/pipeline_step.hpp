@@ -36,7 +36,7 @@
 /// efficiency of short GEMMs beyond the roofline, overlap of consecutive pipelines.
 ///
 /// @code
-/// plan::PipelineStepOptions opt{.model = replay::models::llama_13b(), .hardware = replay::profiles::a800_80gb(),
+/// plan::PipelineStepOptions opt{.model = models::llama_13b(), .hardware = replay::profiles::a800_80gb(),
 ///                               .stages = 4, .sp_ranks = 8};
 /// auto chunks = schedule::DynamicChunk{{.token_capacity = 16384, .cost = plan::chunk_cost(opt)}}.plan(batch);
 /// auto pipes = schedule::group_pipelines(chunks, plan::pipeline_model(opt));
@@ -58,10 +58,10 @@
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/topology.hpp"
 #include "seqpar/partition/uniform.hpp"
+#include "seqpar/plan/model_shape.hpp"
 #include "seqpar/plan/step.hpp"
 #include "seqpar/replay/costs.hpp"
 #include "seqpar/replay/hardware.hpp"
-#include "seqpar/replay/model_shape.hpp"
 #include "seqpar/replay/simulator.hpp"
 #include "seqpar/schedule/dynamic_chunk.hpp"
 #include "seqpar/schedule/pipeline.hpp"
@@ -71,7 +71,7 @@ namespace seqpar::plan {
 
 /// The machine and the model under a DPP schedule.
 struct PipelineStepOptions {
-  replay::ModelShape model;
+  ModelShape model;
   replay::HardwareProfile hardware;
   int stages = 1;      ///< d_p; model.layers must divide evenly
   int sp_ranks = 1;    ///< d_s: ranks per stage, Ulysses over them (stage p holds ranks [p d_s, (p+1) d_s))
@@ -114,7 +114,7 @@ struct UlyssesLayer {
 
 /// One layer over `slices` (the pieces' attention, document coordinates) and `tokens` rows in all, on a
 /// Ulysses group of `group.world_size` ranks (all-to-alls cross nodes when it spans more than one).
-[[nodiscard]] inline UlyssesLayer ulysses_layer(const replay::HardwareProfile& hw, const replay::ModelShape& model,
+[[nodiscard]] inline UlyssesLayer ulysses_layer(const replay::HardwareProfile& hw, const ModelShape& model,
                                                 const Topology& group, std::span<const AttnSlice> slices,
                                                 std::int64_t tokens) {
   const int g = group.world_size;
@@ -206,7 +206,7 @@ struct PrefixSeconds {
 [[nodiscard]] inline schedule::ChunkCost chunk_cost(const PipelineStepOptions& options) {
   options.validate("plan::chunk_cost");
   const replay::HardwareProfile& hw = options.hardware;
-  const replay::ModelShape& m = options.model;
+  const ModelShape& m = options.model;
   const int g = options.sp_ranks;
   const Topology group{g, hw.ranks_per_node};
   const double qd = static_cast<double>(m.heads_q) * m.head_dim, kvd = static_cast<double>(m.heads_kv) * m.head_dim;
@@ -220,7 +220,7 @@ struct PrefixSeconds {
 namespace pipeline_detail {
 /// Parameters held by stage p (layers, plus the embedding on the first and the LM head on the last).
 [[nodiscard]] inline double stage_params(const PipelineStepOptions& o, int p) {
-  const replay::ModelShape& m = o.model;
+  const ModelShape& m = o.model;
   const double table = static_cast<double>(m.vocab) * m.hidden;
   double params = o.layers_per_stage() * m.layer_params();
   if (p == 0) params += table;
@@ -236,7 +236,7 @@ namespace pipeline_detail {
 /// its input; the cap is the rank's memory less the reserve; chunk costs in seconds (chunk_cost).
 [[nodiscard]] inline schedule::PipelineModel pipeline_model(const PipelineStepOptions& options) {
   options.validate("plan::pipeline_model");
-  const replay::ModelShape& m = options.model;
+  const ModelShape& m = options.model;
   const int zero = options.zero();
   double states = 0;
   for (int p = 0; p < options.stages; ++p)
@@ -338,7 +338,7 @@ inline void validate_schedule(const schedule::ChunkPlan& plan, const schedule::P
   options.validate(where);
   const int d = options.stages, lps = options.layers_per_stage(), g = options.sp_ranks, zero = options.zero();
   const replay::HardwareProfile& hw = options.hardware;
-  const replay::ModelShape& m = options.model;
+  const ModelShape& m = options.model;
   const double vb = options.value_bytes();
   const int total = static_cast<int>(plan.chunks.size());
   pipeline_detail::validate_schedule(plan, schedule, d, lps, where);

@@ -11,15 +11,15 @@
 
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/topology.hpp"
+#include "seqpar/plan/model_shape.hpp"
 #include "seqpar/replay/costs.hpp"
-#include "seqpar/replay/model_shape.hpp"
 #include "seqpar/replay/predict.hpp"
 #include "seqpar/replay/simulator.hpp"
 
 namespace seqpar::plan {
 
 struct TrainingOptions {
-  replay::ModelShape model;
+  ModelShape model;
   int zero_ranks = 0;         ///< ZeRO-3 over this many consecutive ranks (0 = the whole world, 1 = no sharding)
   bool checkpointing = true;  ///< full activation recompute of every layer in backward
   int micro_batches = 1;      ///< gradient accumulation: forward+backward repeats, parameter gathers too
@@ -65,9 +65,8 @@ struct LayerGemmSeconds {
   [[nodiscard]] double total() const noexcept { return qkv + rest; }
 };
 
-[[nodiscard]] inline LayerGemmSeconds layer_gemm_seconds(const replay::HardwareProfile& hw,
-                                                         const replay::ModelShape& model, double tokens,
-                                                         double value_bytes) noexcept {
+[[nodiscard]] inline LayerGemmSeconds layer_gemm_seconds(const replay::HardwareProfile& hw, const ModelShape& model,
+                                                         double tokens, double value_bytes) noexcept {
   if (tokens <= 0) return {};
   const double h = model.hidden, qd = static_cast<double>(model.heads_q) * model.head_dim,
                kvd = static_cast<double>(model.heads_kv) * model.head_dim;
@@ -79,8 +78,8 @@ struct LayerGemmSeconds {
 }
 
 /// Forward seconds of the LM head (hidden x vocab GEMM) over `tokens` rows on one rank; backward is twice.
-[[nodiscard]] inline double lm_head_seconds(const replay::HardwareProfile& hw, const replay::ModelShape& model,
-                                            double tokens, double value_bytes) noexcept {
+[[nodiscard]] inline double lm_head_seconds(const replay::HardwareProfile& hw, const ModelShape& model, double tokens,
+                                            double value_bytes) noexcept {
   if (tokens <= 0) return 0.0;
   const double h = model.hidden, v = model.vocab;
   return replay::gemm_seconds(hw, 2.0 * tokens * h * v, value_bytes * (v * h + tokens * v));
@@ -175,7 +174,7 @@ class ShiftCachedReplay {
   detail::require(options.zero_ranks >= 0 && options.zero_ranks <= topology.world_size, where, "options.zero_ranks",
                   options.zero_ranks, "must be in [0, world_size]");
   const int n = topology.world_size;
-  const replay::ModelShape& m = options.model;
+  const ModelShape& m = options.model;
   const AttentionShape shape = m.attention();
   for (const comm::Program& p : attention.forward)
     detail::require(p.head_dim == m.head_dim, where, "attention (head_dim of the programs)", p.head_dim,

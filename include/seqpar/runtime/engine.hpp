@@ -26,6 +26,7 @@
 #include "seqpar/core/shard_plan.hpp"
 #include "seqpar/core/view_checks.hpp"
 #include "seqpar/runtime/any_transport.hpp"
+#include "seqpar/runtime/argument_word.hpp"
 #include "seqpar/runtime/executor.hpp"
 
 namespace seqpar::runtime {
@@ -174,15 +175,8 @@ class AttentionEngine {
   /// Identifies the strategy type and its arguments' effect across ranks (ranks must agree on it).
   [[nodiscard]] virtual std::uint64_t strategy_signature() const = 0;
 
-  /// One strategy argument that changes the program, as compared across ranks: its name
-  /// ("comm.sharding_aware") and value (integers as is, doubles by their bits, is_double set).
-  struct ArgumentWord {
-    std::string name;
-    std::uint64_t value = 0;
-    bool is_double = false;
-  };
-  /// The strategy's arguments, compared one by one so that a disagreement names the argument. The
-  /// first kArgumentWords are compared by name; the rest (if any) by a hash of them.
+  /// The strategy's arguments (runtime::ArgumentWord), compared one by one so that a disagreement names
+  /// the argument. The first kArgumentWords are compared by name; the rest (if any) by a hash of them.
   [[nodiscard]] virtual std::span<const ArgumentWord> argument_words() const { return {}; }
   static constexpr std::size_t kArgumentWords = 24;
 

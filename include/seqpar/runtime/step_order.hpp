@@ -25,7 +25,11 @@ concept StepOrder = std::derived_from<typename S::policy_category, step_order_ta
 /// The order the communicator compiled: its posts already come before the compute they overlap.
 struct StaticOrder {
   using policy_category = step_order_tag;
-  struct Arguments {};
+  struct Arguments {
+    /// No field: nothing for the ranks to agree on.
+    template <class Fn>
+    void for_each_argument(Fn&&) const {}
+  };
   Arguments args;
   void order(comm::CompiledAttention&) const noexcept {}
 };

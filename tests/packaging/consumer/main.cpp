@@ -1,10 +1,25 @@
-// A user's program: include the umbrella header, run a tiny reference attention, check it.
+// A user's program: include the installed headers (umbrella, facade, trainer glue, the model table),
+// run a tiny reference attention, check it.
+#include <seqpar/distributed_attention.hpp>
+#include <seqpar/plan/model_shape.hpp>
 #include <seqpar/seqpar.hpp>
+#include <seqpar/train/all_reduce.hpp>
+#include <seqpar/train/loss.hpp>
+#include <seqpar/train/shard.hpp>
+#include <seqpar/train/token_batch.hpp>
+#include <seqpar/train/token_meta.hpp>
+
+// The library's demo model (testing/seqpar_testing: TinyTransformer, AdamW, the pipelined step) is
+// not installed: a trainer brings its own.
+#if __has_include(<seqpar/train/tiny_transformer.hpp>) || __has_include(<seqpar_testing/tiny_transformer.hpp>)
+#error "the demo model must not be installed"
+#endif
 
 #include <cmath>
 #include <cstdio>
 
 int main() {
+  static_assert(sizeof(seqpar::plan::ModelShape) > 0);
   const auto batch = seqpar::DocumentBatch::single({3, 2});
   const seqpar::AttentionShape shape{2, 1, 4};
   seqpar::ThdTensor<double> q(batch.total_tokens(), 2, 4), k(batch.total_tokens(), 1, 4), v(batch.total_tokens(), 1, 4),

@@ -11,7 +11,7 @@
 
 #include "seqpar/core/error.hpp"
 
-namespace seqpar::train {
+namespace seqpar::testing {
 
 /// AdamW (Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR 2019): Adam moments with
 /// bias correction, and weight decay applied to the parameters directly (not through the gradient):
@@ -31,7 +31,7 @@ class AdamW {
   };
 
   AdamW(std::size_t params, Arguments args) : args_(args), m_(params, T{0}), v_(params, T{0}) {
-    constexpr const char* where = "train::AdamW";
+    constexpr const char* where = "testing::AdamW";
     seqpar::detail::require(args.lr > 0 && std::isfinite(args.lr), where, "lr", args.lr, "must be finite and > 0");
     seqpar::detail::require(args.beta1 >= 0 && args.beta1 < 1, where, "beta1", args.beta1, "must be in [0, 1)");
     seqpar::detail::require(args.beta2 >= 0 && args.beta2 < 1, where, "beta2", args.beta2, "must be in [0, 1)");
@@ -41,7 +41,7 @@ class AdamW {
 
   /// One update of `params` from `grads` (both the size given at construction).
   void step(std::span<T> params, std::span<const T> grads) {
-    constexpr const char* where = "train::AdamW::step";
+    constexpr const char* where = "testing::AdamW::step";
     seqpar::detail::require(params.size() == m_.size(), where, "params.size()", params.size(),
                             "expected " + std::to_string(m_.size()));
     seqpar::detail::require(grads.size() == m_.size(), where, "grads.size()", grads.size(),
@@ -69,4 +69,4 @@ class AdamW {
   std::int64_t t_ = 0;
 };
 
-}  // namespace seqpar::train
+}  // namespace seqpar::testing

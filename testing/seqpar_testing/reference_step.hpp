@@ -3,7 +3,7 @@
 #pragma once
 
 /// @file
-/// `train::single_device_step`: a TinyTransformer's training step on one device over the whole
+/// `testing::single_device_step`: a TinyTransformer's training step on one device over the whole
 /// packed batch, with attention::Reference (document-causal, fp64 accumulation when T is double): the
 /// answer a distributed, chunked or pipelined step must reproduce.
 
@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "seqpar/attention/reference.hpp"
-#include "seqpar/train/tiny_transformer.hpp"
 #include "seqpar/train/token_batch.hpp"
+#include "seqpar_testing/tiny_transformer.hpp"
 
-namespace seqpar::train {
+namespace seqpar::testing {
 
 /// The mean next-token loss over the batch's labelled tokens and its gradient (num_params()).
 template <class T>
@@ -25,8 +25,8 @@ struct StepResult {
 };
 
 template <class T>
-[[nodiscard]] StepResult<T> single_device_step(const TinyTransformer<T>& model, const TokenBatch& batch) {
-  constexpr const char* where = "train::single_device_step";
+[[nodiscard]] StepResult<T> single_device_step(const TinyTransformer<T>& model, const train::TokenBatch& batch) {
+  constexpr const char* where = "testing::single_device_step";
   batch.validate(where);
   detail::require(batch.label_tokens() > 0, where, "batch", "no labels", "needs a document of at least 2 tokens");
   const TinyConfig& c = model.config();
@@ -62,4 +62,4 @@ template <class T>
   return out;
 }
 
-}  // namespace seqpar::train
+}  // namespace seqpar::testing

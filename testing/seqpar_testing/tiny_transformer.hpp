@@ -3,7 +3,7 @@
 #pragma once
 
 /// @file
-/// `train::TinyTransformer<T>`: a small decoder-only transformer with a hand-written backward, for
+/// `testing::TinyTransformer<T>`: a small decoder-only transformer with a hand-written backward, for
 /// proving that seqpar's distributed attention (and schedules built on it: chunking, pipelines)
 /// leave a training step exactly as a single device computes it, and for demos. Not a production
 /// model: plain loops, no fused kernels; the attention is whatever the caller passes.
@@ -20,7 +20,7 @@
 /// sees the block's q, k, v and does the cross-row (and cross-rank) work.
 ///
 /// @code
-/// train::TinyTransformer<double> model({.vocab = 64, .dim = 32, .layers = 2});
+/// testing::TinyTransformer<double> model({.vocab = 64, .dim = 32, .layers = 2});
 /// model.init(7);
 /// std::vector<double> h(n * dim), g(model.num_params());
 /// model.embed(tokens, h);
@@ -41,7 +41,7 @@
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/tensor.hpp"
 
-namespace seqpar::train {
+namespace seqpar::testing {
 
 /// Sizes of a TinyTransformer.
 struct TinyConfig {
@@ -467,4 +467,4 @@ class TinyTransformer {
   std::vector<T> params_;
 };
 
-}  // namespace seqpar::train
+}  // namespace seqpar::testing

@@ -13,10 +13,11 @@
 #include "seqpar/attention/kernel.hpp"
 #include "seqpar/core/document_batch.hpp"
 #include "seqpar/core/shard_plan.hpp"
+#include "seqpar/runtime/argument_word.hpp"
 #include "seqpar/runtime/engine.hpp"
 #include "seqpar/strategy.hpp"
 
-namespace seqpar::runtime {
+namespace seqpar {
 
 /// Exact distributed attention of one layer over packed documents, with the strategy's policies,
 /// the kernel's arithmetic, over any transport. Tensors are the rank's local shard: `local_tokens`
@@ -25,7 +26,8 @@ namespace seqpar::runtime {
 /// only on a cache miss (or is the caller's: `workspace_bytes(batch)`), so steady-state calls
 /// allocate nothing. Every rank of the transport must make the same calls with the same batch.
 /// The strategy-independent machinery (cache, transports, executor, execution context) lives in
-/// runtime::AttentionEngine<Kernel>, shared by every strategy compiled in with the same kernel.
+/// runtime::AttentionEngine<Kernel>, shared by every strategy compiled in with the same kernel; this
+/// facade, the one place a Strategy meets a kernel, sits above both (runtime/ knows no policy).
 ///
 /// @code
 /// using Ulysses = seqpar::Strategy<partition::Uniform, comm::AllToAll>;
@@ -34,19 +36,19 @@ namespace seqpar::runtime {
 /// attn.backward(batch, q, k, v, o, lse, dout, dq, dk, dv);
 /// @endcode
 template <class StrategyT, attention::AttentionKernel Kernel>
-class DistributedAttention final : public AttentionEngine<Kernel> {
+class DistributedAttention final : public runtime::AttentionEngine<Kernel> {
+  using Engine = runtime::AttentionEngine<Kernel>;
+
  public:
   using strategy_type = StrategyT;
   using Arguments = typename StrategyT::Arguments;
 
   template <Transport Tr>
   DistributedAttention(Tr& transport, const AttentionShape& shape, Arguments args = {}, Kernel kernel = {})
-      : AttentionEngine<Kernel>(transport, shape, args.ranks_per_node, std::move(kernel)),
+      : Engine(transport, shape, args.ranks_per_node, std::move(kernel)),
         args_(args),
         signature_(signature_of(args.ranks_per_node)) {
-    StrategyT::for_each_argument(args_, [this](std::string name, seqpar::detail::ArgumentValue value) {
-      words_.push_back({std::move(name), value.word, value.is_double});
-    });
+    StrategyT::for_each_argument(args_, [this](runtime::ArgumentWord word) { words_.push_back(std::move(word)); });
   }
 
  private:
@@ -57,9 +59,7 @@ class DistributedAttention final : public AttentionEngine<Kernel> {
     return h ^ static_cast<std::uint64_t>(ranks_per_node) * 0x9e3779b97f4a7c15ull;
   }
   [[nodiscard]] std::uint64_t strategy_signature() const override { return signature_; }
-  [[nodiscard]] std::span<const typename AttentionEngine<Kernel>::ArgumentWord> argument_words() const override {
-    return words_;
-  }
+  [[nodiscard]] std::span<const runtime::ArgumentWord> argument_words() const override { return words_; }
 
   void compile(const DocumentBatch& batch, ShardPlan& plan, comm::CompiledAttention& program) const override {
     auto compiled = StrategyT::compile(args_, batch, this->shape(), this->topology(), this->rank());
@@ -72,11 +72,7 @@ class DistributedAttention final : public AttentionEngine<Kernel> {
 
   Arguments args_;
   std::uint64_t signature_;
-  std::vector<typename AttentionEngine<Kernel>::ArgumentWord> words_;  // compared across ranks on every call
+  std::vector<runtime::ArgumentWord> words_;  // compared across ranks on every call
 };
 
-}  // namespace seqpar::runtime
-
-namespace seqpar {
-using runtime::DistributedAttention;  // the name users write: seqpar::DistributedAttention<Strategy, Kernel>
 }  // namespace seqpar

@@ -3,7 +3,7 @@
 #pragma once
 
 /// @file
-/// `train::run_pipelined_step`: one training step of a `TinyTransformer` the way DPP runs it
+/// `testing::run_pipelined_step`: one training step of a `TinyTransformer` the way DPP runs it
 /// (InfiniPipe: "Efficient Long-Context LLM Training with Dynamic Pipeline Parallelism"): the batch cut into
 /// chunks (`schedule::DynamicChunk`),
 /// the chunks grouped into 1F1B pipelines run one after another (`schedule::group_pipelines`), the
@@ -42,14 +42,14 @@
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/range.hpp"
 #include "seqpar/core/transport.hpp"
-#include "seqpar/runtime/distributed_attention.hpp"
+#include "seqpar/distributed_attention.hpp"
 #include "seqpar/runtime/chunked_attention.hpp"
 #include "seqpar/schedule/dynamic_chunk.hpp"
 #include "seqpar/schedule/pipeline.hpp"
-#include "seqpar/train/tiny_transformer.hpp"
 #include "seqpar/train/token_batch.hpp"
+#include "seqpar_testing/tiny_transformer.hpp"
 
-namespace seqpar::train {
+namespace seqpar::testing {
 
 /// What one rank computed in a pipelined step.
 template <class T>
@@ -71,7 +71,7 @@ struct PipelinedStepResult {
 /// not used for the prediction, which takes TinyTransformer's own (activation_values_per_row, dim).
 /// `make_kernel()` returns a kernel (one for the strategy, one per layer for the prefix terms).
 template <class StrategyT, class T, Transport Tr, std::invocable MakeKernel>
-PipelinedStepResult<T> run_pipelined_step(Tr& world, const TinyTransformer<T>& model, const TokenBatch& batch,
+PipelinedStepResult<T> run_pipelined_step(Tr& world, const TinyTransformer<T>& model, const train::TokenBatch& batch,
                                           const schedule::ChunkPlan& plan, const schedule::PipelineSchedule& schedule,
                                           const schedule::PipelineModel& memory_model,
                                           typename StrategyT::Arguments args, MakeKernel make_kernel) {
@@ -79,7 +79,7 @@ PipelinedStepResult<T> run_pipelined_step(Tr& world, const TinyTransformer<T>& m
   static_assert(attention::AttentionKernel<Kernel>, "run_pipelined_step: make_kernel() must return a kernel");
   static_assert(std::is_same_v<typename Kernel::value_type, T> && std::is_same_v<typename Kernel::accum_type, T>,
                 "run_pipelined_step: the kernel computes in the model's type");
-  constexpr const char* where = "train::run_pipelined_step";
+  constexpr const char* where = "testing::run_pipelined_step";
   const TinyConfig& cfg = model.config();
   const int stages = memory_model.stages;
   detail::require(stages >= 1 && world.size() % stages == 0, where, "memory_model.stages", stages,
@@ -246,4 +246,4 @@ PipelinedStepResult<T> run_pipelined_step(Tr& world, const TinyTransformer<T>& m
   return out;
 }
 
-}  // namespace seqpar::train
+}  // namespace seqpar::testing

@@ -60,7 +60,7 @@ TEST_SUITE("attention") {
   }
   TEST_CASE_TEMPLATE("CpuFlash: the long kernel conformance cases", T, float, double) {
     attention::CpuFlash<T> flash({2, 96, 48});
-    kc::run_long_cases<Harness<T>>(flash, kTolerance<T>);
+    kc::run_long_cases<Harness<T>>(flash, kTolerance<T>, std::is_same_v<T, double> ? 2 : 3);  // CI time
   }
   TEST_CASE_TEMPLATE("CpuFlash keeps a NaN or infinity inside the rows and keys that read it", T, float, double,
                      attention::bf16) {

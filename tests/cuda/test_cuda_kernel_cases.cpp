@@ -5,7 +5,9 @@
 // (the harness below). Head dims: the kernels are built for 64 and 128, so each case runs at one of them
 // (fp32 and bf16 at both, fp16 at 64 with softmax_scale 0.05). Tolerances relative to the largest reference
 // value: fp32 1e-4, fp16/bf16 TransformerEngine's 2.5e-2. Runs only with a CUDA device (the main exits 77
-// otherwise). Host code: CudaFlash comes compiled from seqpar::cuda_instances.
+// otherwise). Host code: CudaFlash comes compiled from seqpar::cuda_instances. Written on a machine without a
+// GPU: compiled there, first run on a GPU still to come (the isolation case in particular: CudaFlash's tiles
+// load only their slice's rows, so documents should stay apart; within a document it is not asked).
 #include <doctest/doctest.h>
 
 #include <cstddef>

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The fp64 oracle itself: closed-form cases and a central finite-difference gradient check.
+// The fp64 oracle itself: closed-form cases and a central finite-difference gradient check; and
+// Reference<float> (fp32 storage, fp64 inside: 1e-6 forward, 5e-6 backward, the GQA sums rounded per head)
+// on the shared kernel conformance cases.
 // Tolerance: finite differences with step 1e-5 in fp64 are accurate to ~1e-9; we require 1e-7 absolute.
 #include <doctest/doctest.h>
 
@@ -11,6 +13,8 @@
 #include <random>
 #include <stdexcept>
 #include <vector>
+
+#include "support/kernel_cases.hpp"
 
 using namespace seqpar;
 
@@ -100,5 +104,14 @@ TEST_SUITE("attention") {
       check_grad(k, dk);
       check_grad(v, dv);
     }
+  }
+
+  TEST_CASE("Reference<float>: the kernel conformance cases, isolation and refusals") {
+    namespace kc = test::kernel_cases;
+    using Harness = kc::HostHarness<attention::Reference<float>>;
+    attention::Reference<float> ref;
+    kc::run_cases<Harness>(ref, {1e-6, 5e-6});
+    kc::check_nonfinite_isolation<Harness>(ref, kc::Isolation::kMask, 1);
+    kc::check_refusals<Harness>(ref);
   }
 }

@@ -29,6 +29,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cuda/device_storage.hpp"
 #include "seqpar/cuda/check.hpp"
 #include "seqpar/cuda/data_ops.hpp"
 #include "seqpar/cuda/device_memory.hpp"
@@ -65,28 +66,6 @@ cuda::DeviceArray<T> upload(const std::vector<T>& host, const cuda::CudaExec& ex
         cudaMemcpyAsync(d.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, exec.stream()),
         "test upload");
   return d;
-}
-
-// Device memory whose bytes are all 0xff (NaN in every storage type): what a call does not write shows.
-template <class T>
-cuda::DeviceArray<T> poisoned(std::size_t n, const cuda::CudaExec& exec) {
-  cuda::DeviceArray<T> d(n);
-  if (n != 0) SEQPAR_CUDA_CHECK(cudaMemsetAsync(d.data(), 0xff, n * sizeof(T), exec.stream()), "test poison");
-  return d;
-}
-
-// max |got - want| / max |want|; a NaN or a misplaced infinity is an infinite error.
-double relative_error(const std::vector<double>& got, const std::vector<double>& want) {
-  double scale = 0, e = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    if (std::isfinite(want[i])) scale = std::max(scale, std::abs(want[i]));
-    if (std::isnan(got[i]) || std::isinf(want[i]) || std::isinf(got[i])) {
-      if (!(want[i] == got[i])) e = INFINITY;
-    } else {
-      e = std::max(e, std::abs(got[i] - want[i]));
-    }
-  }
-  return scale > 0 ? e / scale : e;
 }
 
 // ---- DataOps<CudaExec> against DataOps<HostExec> ----------------------------------------------------
@@ -320,122 +299,16 @@ void check_data_ops(int head_dim, std::uint32_t seed) {
 
 // ---- strategies on one GPU ---------------------------------------------------------------------------
 
-template <class T>
-using Engine = runtime::AttentionEngine<attention::CudaFlash<T>>;
-template <class T>
-using EngineFactory = std::function<std::unique_ptr<Engine<T>>(backend::inproc::Transport&)>;
-
-// Runs the engine `make` builds on `world` ranks sharing device 0 and returns the errors of its
-// O, LSE, dQ, dK, dV against the fp64 reference over the whole batch (inputs representable in T).
-template <class T>
-test::Errors check_on_gpu(const DocumentBatch& batch, const AttentionShape& shape, int world,
-                          const EngineFactory<T>& make, std::uint32_t seed) {
-  using A = float;
-  const std::int64_t n = batch.total_tokens();
-  const int d = shape.head_dim;
-  std::mt19937 rng(seed);
-  std::normal_distribution<double> normal(0.0, 1.0);
-  const auto fill = [&](ThdTensor<double>& t) {
-    for (double& x : t.storage) x = to_double(to_storage<T>(normal(rng)));
-  };
-  ThdTensor<double> q(n, shape.heads_q, d), k(n, shape.heads_kv, d), v(n, shape.heads_kv, d), dout(n, shape.heads_q, d);
-  fill(q), fill(k), fill(v), fill(dout);
-  ThdTensor<double> o_ref(n, shape.heads_q, d), dq_ref(n, shape.heads_q, d), dk_ref(n, shape.heads_kv, d),
-      dv_ref(n, shape.heads_kv, d);
-  LseTensor<double> lse_ref(shape.heads_q, n);
-  const attention::Reference<double> ref;
-  const auto slices = batch.document_causal_slices();
-  ref.forward(shape, q.view(), k.view(), v.view(), slices, o_ref.view(), lse_ref.view());
-  ref.backward(shape, q.view(), k.view(), v.view(), o_ref.view(), lse_ref.view(), dout.view(), slices, dq_ref.view(),
-               dk_ref.view(), dv_ref.view());
-
-  ThdTensor<double> o_got(n, shape.heads_q, d), dq_got(n, shape.heads_q, d), dk_got(n, shape.heads_kv, d),
-      dv_got(n, shape.heads_kv, d);
-  LseTensor<double> lse_got(shape.heads_q, n);
-  test::Errors err;
-  std::mutex mu;
-  cuda::device_world(world).run([&](backend::inproc::Transport& transport) {
-    SEQPAR_CUDA_CHECK(cudaSetDevice(0), "rank");
-    const std::unique_ptr<Engine<T>> owner = make(transport);
-    Engine<T>& attn = *owner;
-    const cuda::CudaExec& exec = attn.exec();
-    const auto& owned = attn.owned_ranges(batch);
-    const std::int64_t local = attn.local_tokens(batch);
-    // The local shard (owned rows in plan order) in T, on the device.
-    const auto gather = [&](const ThdTensor<double>& g) {
-      std::vector<T> l(static_cast<std::size_t>(local * g.heads * d));
-      std::size_t at = 0;
-      for (const Range& r : owned)
-        for (std::int64_t t = r.begin; t < r.end; ++t)
-          for (int h = 0; h < g.heads; ++h)
-            for (int x = 0; x < d; ++x) l[at++] = to_storage<T>(g.view()(t, h, x));
-      return l;
-    };
-    const auto hq = gather(q), hk = gather(k), hv = gather(v), hdo = gather(dout);
-    const auto q_dev = upload(hq, exec), k_dev = upload(hk, exec), v_dev = upload(hv, exec), do_dev = upload(hdo, exec);
-    const auto rows_q = static_cast<std::size_t>(local * shape.heads_q * d);
-    const auto rows_kv = static_cast<std::size_t>(local * shape.heads_kv * d);
-    auto o = poisoned<T>(rows_q, exec), dq = poisoned<T>(rows_q, exec), dk = poisoned<T>(rows_kv, exec),
-         dv = poisoned<T>(rows_kv, exec);
-    auto lse = poisoned<A>(static_cast<std::size_t>(local * shape.heads_q), exec);
-    exec.synchronize();
-    const auto view = [&](const cuda::DeviceArray<T>& a, int heads) {
-      return ThdView<T>::dense(a.data(), local, heads, d);
-    };
-    attn.forward(batch, view(q_dev, shape.heads_q), view(k_dev, shape.heads_kv), view(v_dev, shape.heads_kv),
-                 view(o, shape.heads_q), LseView<A>::dense(lse.data(), shape.heads_q, local));
-    exec.synchronize();
-    const auto& prog = attn.program(batch);
-    const auto per_peer_total = [&](const comm::Program& p) {
-      std::uint64_t sum = 0;
-      for (std::uint64_t b : p.bytes_to(world, sizeof(T), sizeof(A))) sum += b;
-      return sum;
-    };
-    const bool fwd_ok = attn.last_bytes_sent() == prog.forward.bytes_sent(sizeof(T), sizeof(A)) &&
-                        per_peer_total(prog.forward) == attn.last_bytes_sent();
-    const std::uint64_t fwd_bytes = attn.last_bytes_sent();
-    attn.backward(batch, view(q_dev, shape.heads_q), view(k_dev, shape.heads_kv), view(v_dev, shape.heads_kv),
-                  view(o, shape.heads_q), LseView<const A>::dense(lse.data(), shape.heads_q, local),
-                  view(do_dev, shape.heads_q), view(dq, shape.heads_q), view(dk, shape.heads_kv),
-                  view(dv, shape.heads_kv));
-    exec.synchronize();
-    const bool bwd_ok = attn.last_bytes_sent() == prog.backward.bytes_sent(sizeof(T), sizeof(A)) &&
-                        per_peer_total(prog.backward) == attn.last_bytes_sent();
-    const auto ho = o.to_host(), hdq = dq.to_host(), hdk = dk.to_host(), hdv = dv.to_host();
-    const auto hlse = lse.to_host();
-    const std::lock_guard lock(mu);
-    err.bytes_match = err.bytes_match && fwd_ok && bwd_ok;
-    err.bytes_forward += fwd_bytes;
-    err.bytes_backward += attn.last_bytes_sent();
-    const auto scatter = [&](const std::vector<T>& l, ThdTensor<double>& g) {
-      std::size_t at = 0;
-      for (const Range& r : owned)
-        for (std::int64_t t = r.begin; t < r.end; ++t)
-          for (int h = 0; h < g.heads; ++h)
-            for (int x = 0; x < d; ++x) g.view()(t, h, x) = to_double(l[at++]);
-    };
-    scatter(ho, o_got), scatter(hdq, dq_got), scatter(hdk, dk_got), scatter(hdv, dv_got);
-    std::int64_t row = 0;
-    for (const Range& r : owned)
-      for (std::int64_t t = r.begin; t < r.end; ++t, ++row)
-        for (int h = 0; h < shape.heads_q; ++h) lse_got.view()(h, t) = hlse[static_cast<std::size_t>(h * local + row)];
-  });
-  err.o = relative_error(o_got.storage, o_ref.storage);
-  err.lse = relative_error(lse_got.storage, lse_ref.storage);
-  err.dq = relative_error(dq_got.storage, dq_ref.storage);
-  err.dk = relative_error(dk_got.storage, dk_ref.storage);
-  err.dv = relative_error(dv_got.storage, dv_ref.storage);
-  return err;
-}
-
+// The shared distributed check (tests/support/distributed_check.hpp) with shards in device memory; each
+// rank makes its own CudaFlash (its own streams) on device 0.
 template <class S, class T>
 test::Errors check_strategy_on_gpu(const DocumentBatch& batch, const AttentionShape& shape, int world,
                                    typename S::Arguments args, std::uint32_t seed = 7) {
-  return check_on_gpu<T>(
+  using Kernel = attention::CudaFlash<T>;
+  return test::distributed_check<Kernel, test::DeviceStorage>(
       batch, shape, world,
-      [&](backend::inproc::Transport& t) -> std::unique_ptr<Engine<T>> {
-        return std::make_unique<DistributedAttention<S, attention::CudaFlash<T>>>(t, shape, args,
-                                                                                  attention::CudaFlash<T>{});
+      [&](backend::inproc::Transport& t) -> std::unique_ptr<runtime::AttentionEngine<Kernel>> {
+        return std::make_unique<DistributedAttention<S, Kernel>>(t, shape, args, Kernel{});
       },
       seed);
 }

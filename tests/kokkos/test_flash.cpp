@@ -1,9 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// attention::KokkosFlash<Kokkos::DefaultHostExecutionSpace, T> against the fp64 Reference, forward and
-// backward: every mask (full, causal with positive / negative offset, sliding window), document lists,
-// rows in no slice, shared keys, GQA, odd lengths and head dims, strided views, several tile sizes;
-// Kokkos::View interop without copies, determinism, and bad input.
-// Tolerances (max abs error / max(1, max|ref|)): double 1e-12, float 2e-5.
+// attention::KokkosFlash<Kokkos::DefaultHostExecutionSpace, T>: the shared kernel conformance cases
+// (tests/support/kernel_cases.hpp, through a harness of Kokkos::Views) on several tile sizes, non-finite
+// isolation, refusals and aliasing; and what is KokkosFlash's own: Kokkos::View interop without copies,
+// determinism, and its tile refusals. Tolerances (max abs error / max(1, max|ref|)): double 1e-12, float 2e-5.
 #include <doctest/doctest.h>
 
 #include <seqpar/attention/reference.hpp>
@@ -15,177 +14,171 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
+
+#include "support/kernel_cases.hpp"
 
 using namespace seqpar;
 
 namespace {
 
+namespace kc = test::kernel_cases;
+
 using Space = Kokkos::DefaultHostExecutionSpace;
 
+// max abs error / max(1, max|ref|): double 1e-12, float 2e-5 (forward and backward).
 template <class T>
-constexpr double kTol = std::is_same_v<T, double> ? 1e-12 : 2e-5;
+constexpr kc::Tolerance kTolerance =
+    std::is_same_v<T, double> ? kc::Tolerance{1e-12, 1e-12} : kc::Tolerance{2e-5, 2e-5};
 
-struct Case {
-  std::string name;
-  int hq = 2, hkv = 2, d = 16;
-  std::int64_t q_rows = 0, k_rows = 0;
-  std::vector<AttnSlice> slices;
-  bool strided = false;  // views are heads_slice of a tensor with 2 extra heads
+/// KokkosFlash's harness: tensors are Kokkos::Views in the space's memory (LayoutRight, a heads slice of a
+/// wider View when padded), filled and read through host mirrors; the slices a View in that memory too.
+template <class T>
+struct Harness {
+  using kernel_type = attention::KokkosFlash<Space, T>;
+  using value_type = T;
+  using accum_type = typename kernel_type::accum_type;
+  using Memory = typename Space::memory_space;
+  static constexpr bool kRefusesAliasing = true;
+
+  template <class U>
+  class Thd {
+   public:
+    Thd(std::int64_t tokens, int heads, int d, int pad)
+        : v_("thd", static_cast<std::size_t>(tokens), static_cast<std::size_t>(heads + pad),
+             static_cast<std::size_t>(d)),
+          heads_(heads),
+          pad_(pad) {}
+    [[nodiscard]] ThdView<U> view() const { return kokkos::as_thd(v_).heads_slice(pad_ == 0 ? 0 : 1, heads_); }
+    void write(const ThdTensor<double>& src) {
+      const auto m = Kokkos::create_mirror_view(v_);
+      Kokkos::deep_copy(m, v_);
+      const int first = pad_ == 0 ? 0 : 1;
+      for (std::int64_t t = 0; t < src.tokens; ++t)
+        for (int h = 0; h < heads_; ++h)
+          for (int x = 0; x < src.head_dim; ++x) m(t, h + first, x) = U(src.view()(t, h, x));
+      Kokkos::deep_copy(v_, m);
+    }
+    [[nodiscard]] ThdTensor<double> read() const {
+      const auto m = Kokkos::create_mirror_view(v_);
+      Kokkos::deep_copy(m, v_);
+      const int first = pad_ == 0 ? 0 : 1;
+      ThdTensor<double> out(static_cast<std::int64_t>(v_.extent(0)), heads_, static_cast<int>(v_.extent(2)));
+      for (std::int64_t t = 0; t < out.tokens; ++t)
+        for (int h = 0; h < heads_; ++h)
+          for (int x = 0; x < out.head_dim; ++x) out.view()(t, h, x) = double(m(t, h + first, x));
+      return out;
+    }
+
+   private:
+    Kokkos::View<U***, Kokkos::LayoutRight, Memory> v_;
+    int heads_, pad_;
+  };
+
+  class Lse {
+   public:
+    Lse(int heads, std::int64_t tokens)
+        : v_("lse", static_cast<std::size_t>(heads), static_cast<std::size_t>(tokens)) {}
+    [[nodiscard]] LseView<accum_type> view() const { return kokkos::as_lse(v_); }
+    void write(const LseTensor<double>& src) {
+      const auto m = Kokkos::create_mirror_view(v_);
+      for (int h = 0; h < src.heads; ++h)
+        for (std::int64_t t = 0; t < src.tokens; ++t) m(h, t) = accum_type(src.view()(h, t));
+      Kokkos::deep_copy(v_, m);
+    }
+    [[nodiscard]] LseTensor<double> read() const {
+      const auto m = Kokkos::create_mirror_view(v_);
+      Kokkos::deep_copy(m, v_);
+      LseTensor<double> out(static_cast<int>(v_.extent(0)), static_cast<std::int64_t>(v_.extent(1)));
+      for (int h = 0; h < out.heads; ++h)
+        for (std::int64_t t = 0; t < out.tokens; ++t) out.view()(h, t) = double(m(h, t));
+      return out;
+    }
+
+   private:
+    Kokkos::View<accum_type**, Kokkos::LayoutRight, Memory> v_;
+  };
+
+  class Slices {
+   public:
+    Slices(std::span<const AttnSlice> s, std::int64_t, std::int64_t) : v_("slices", s.size()) {
+      const auto m = Kokkos::create_mirror_view(v_);
+      for (std::size_t i = 0; i < s.size(); ++i) m(i) = s[i];
+      Kokkos::deep_copy(v_, m);
+    }
+    [[nodiscard]] std::span<const AttnSlice> span() const { return {v_.data(), v_.extent(0)}; }
+
+   private:
+    Kokkos::View<AttnSlice*, Memory> v_;
+  };
+
+  class Bytes {
+   public:
+    explicit Bytes(std::size_t n) : v_("workspace", n) {}
+    [[nodiscard]] std::span<std::byte> span() const { return {v_.data(), v_.extent(0)}; }
+
+   private:
+    Kokkos::View<std::byte*, Memory> v_;
+  };
+
+  static AttentionShape adapt(AttentionShape shape) { return shape; }
+  static void finish(const kernel_type& k) { k.exec().space().fence(); }
 };
 
-/// Storage of (tokens, heads [+ 2], d), viewed as (tokens, heads, d) from head 1 when strided.
 template <class T>
-struct Buf {
-  ThdTensor<T> t;
-  bool strided;
-  Buf(std::int64_t tokens, int heads, int d, bool s) : t(tokens, heads + (s ? 2 : 0), d), strided(s) {}
-  ThdView<T> view() { return strided ? t.view().heads_slice(1, t.heads - 2) : t.view(); }
-};
-
-template <class T>
-void fill(ThdView<T> v, std::mt19937_64& rng, double offset = 0) {
+void fill(ThdView<T> v, std::mt19937_64& rng) {
   std::normal_distribution<double> n(0.0, 1.0);
   for (std::int64_t t = 0; t < v.tokens; ++t)
     for (int h = 0; h < v.heads; ++h)
-      for (int x = 0; x < v.head_dim; ++x) v(t, h, x) = T(offset + n(rng));
-}
-
-template <class T>
-ThdTensor<double> widen(ThdView<const T> v) {
-  ThdTensor<double> out(v.tokens, v.heads, v.head_dim);
-  for (std::int64_t t = 0; t < v.tokens; ++t)
-    for (int h = 0; h < v.heads; ++h)
-      for (int x = 0; x < v.head_dim; ++x) out.view()(t, h, x) = double(v(t, h, x));
-  return out;
-}
-
-template <class T>
-double rel_err(ThdView<const T> got, ThdView<const double> want) {
-  double e = 0, scale = 1;
-  for (std::int64_t t = 0; t < want.tokens; ++t)
-    for (int h = 0; h < want.heads; ++h)
-      for (int x = 0; x < want.head_dim; ++x) {
-        scale = std::max(scale, std::abs(want(t, h, x)));
-        e = std::max(e, std::abs(double(got(t, h, x)) - want(t, h, x)));
-      }
-  return e / scale;
-}
-
-struct Results {
-  ThdTensor<double> o, dq, dk, dv;
-  LseTensor<double> lse;
-};
-
-template <class T>
-void check_case(const Case& c, attention::KokkosFlashArguments args) {
-  CAPTURE(c.name);
-  CAPTURE(args.q_tile);
-  CAPTURE(args.k_tile);
-  const AttentionShape shape{c.hq, c.hkv, c.d, 0.0};
-  std::mt19937_64 rng(99);
-  Buf<T> q(c.q_rows, c.hq, c.d, c.strided), k(c.k_rows, c.hkv, c.d, c.strided), v(c.k_rows, c.hkv, c.d, c.strided),
-      dout(c.q_rows, c.hq, c.d, c.strided);
-  fill(q.view(), rng), fill(k.view(), rng), fill(v.view(), rng), fill(dout.view(), rng);
-
-  const auto qd = widen<T>(q.view()), kd = widen<T>(k.view()), vd = widen<T>(v.view()), dod = widen<T>(dout.view());
-  ThdTensor<double> o_ref(c.q_rows, c.hq, c.d), dq_ref(c.q_rows, c.hq, c.d), dk_ref(c.k_rows, c.hkv, c.d),
-      dv_ref(c.k_rows, c.hkv, c.d);
-  LseTensor<double> lse_ref(c.hq, c.q_rows);
-  const attention::Reference<double> ref;
-  ref.forward(shape, qd.view(), kd.view(), vd.view(), c.slices, o_ref.view(), lse_ref.view());
-  ref.backward(shape, qd.view(), kd.view(), vd.view(), o_ref.view(), lse_ref.view(), dod.view(), c.slices,
-               dq_ref.view(), dk_ref.view(), dv_ref.view());
-
-  using Flash = attention::KokkosFlash<Space, T>;
-  using A = typename Flash::accum_type;
-  const Flash flash(args);
-  std::vector<std::byte> ws(flash.workspace_bytes(shape, c.q_rows, c.k_rows));
-  Buf<T> o(c.q_rows, c.hq, c.d, c.strided);
-  fill(o.view(), rng, 3.0);  // garbage: forward overwrites every row
-  LseTensor<A> lse(c.hq, c.q_rows);
-  std::fill(lse.storage.begin(), lse.storage.end(), A(7));
-  flash.forward(shape, q.view(), k.view(), v.view(), c.slices, o.view(), lse.view(), ws);
-  CHECK(rel_err<T>(o.view(), o_ref.view()) <= kTol<T>);
-  double lse_err = 0;
-  for (int h = 0; h < c.hq; ++h)
-    for (std::int64_t t = 0; t < c.q_rows; ++t) {
-      const double want = lse_ref.view()(h, t), got = double(lse.view()(h, t));
-      if (std::isinf(want)) {
-        REQUIRE(got == -std::numeric_limits<double>::infinity());
-      } else {
-        lse_err = std::max(lse_err, std::abs(got - want) / std::max(1.0, std::abs(want)));
-      }
-    }
-  CHECK(lse_err <= kTol<T>);
-
-  // backward accumulates (+=): start from 0.25 and compare with ref + 0.25
-  Buf<T> dq(c.q_rows, c.hq, c.d, c.strided), dk(c.k_rows, c.hkv, c.d, c.strided), dv(c.k_rows, c.hkv, c.d, c.strided);
-  for (auto* b : {&dq, &dk, &dv}) std::fill(b->t.storage.begin(), b->t.storage.end(), T(0.25));
-  flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), c.slices, dq.view(), dk.view(),
-                 dv.view(), ws);
-  for (auto* r : {&dq_ref, &dk_ref, &dv_ref})
-    for (double& x : r->storage) x += 0.25;
-  CHECK(rel_err<T>(dq.view(), dq_ref.view()) <= kTol<T>);
-  CHECK(rel_err<T>(dk.view(), dk_ref.view()) <= kTol<T>);
-  CHECK(rel_err<T>(dv.view(), dv_ref.view()) <= kTol<T>);
-}
-
-std::vector<AttnSlice> documents(const std::vector<std::int64_t>& lengths, Mask mask) {
-  std::vector<AttnSlice> s;
-  std::int64_t at = 0;
-  for (std::int64_t len : lengths) {
-    s.push_back({{at, at + len}, {at, at + len}, mask});
-    at += len;
-  }
-  return s;
-}
-
-std::vector<Case> cases() {
-  const auto one = [](std::int64_t q, std::int64_t k, Mask m) { return std::vector<AttnSlice>{{{0, q}, {0, k}, m}}; };
-  std::vector<Case> cs;
-  cs.push_back({"1 token causal", 2, 2, 16, 1, 1, one(1, 1, Mask::causal()), false});
-  cs.push_back({"full 37x53 d24", 2, 2, 24, 37, 53, one(37, 53, Mask::full()), false});
-  cs.push_back({"full 37x53 d13 GQA 3:1", 3, 1, 13, 37, 53, one(37, 53, Mask::full()), false});
-  cs.push_back({"causal 101 d64", 2, 2, 64, 101, 101, one(101, 101, Mask::causal()), false});
-  cs.push_back({"causal offset 16", 2, 1, 16, 37, 53, one(37, 53, Mask::causal(16)), false});
-  cs.push_back({"causal offset -5 (rows that see nothing)", 2, 2, 16, 37, 53, one(37, 53, Mask::causal(-5)), false});
-  cs.push_back({"sliding window 9, offset 16", 4, 2, 8, 70, 86, one(70, 86, Mask::sliding_window(9, 16)), false});
-  cs.push_back({"sliding window 1", 2, 2, 8, 33, 33, one(33, 33, Mask::sliding_window(1)), false});
-  cs.push_back({"sliding window 40, GQA 4:1", 4, 1, 32, 130, 130, one(130, 130, Mask::sliding_window(40)), false});
-  cs.push_back({"GQA 6:2 causal, odd length 77", 6, 2, 16, 77, 77, one(77, 77, Mask::causal()), false});
-  cs.push_back({"document causal", 4, 2, 16, 111, 111, documents({1, 5, 1, 70, 33, 1}, Mask::causal()), false});
-  cs.push_back({"document sliding 7", 2, 1, 16, 111, 111, documents({40, 1, 63, 7}, Mask::sliding_window(7)), false});
-  cs.push_back({"strided heads_slice", 4, 2, 16, 90, 90, documents({17, 73}, Mask::causal()), true});
-  {  // rows in no slice, slices sharing keys, an empty slice, unsorted query ranges
-    Case c{"gaps, shared keys, empty and unsorted slices", 2, 1, 16, 80, 70, {}, false};
-    c.slices = {{{30, 60}, {10, 70}, Mask::causal(30)},
-                {{0, 20}, {0, 70}, Mask::causal(10)},
-                {{20, 20}, {0, 70}, Mask::full()},
-                {{65, 78}, {5, 40}, Mask::full()}};
-    cs.push_back(c);
-  }
-  return cs;
+      for (int x = 0; x < v.head_dim; ++x) v(t, h, x) = T(n(rng));
 }
 
 }  // namespace
 
 TEST_SUITE("kokkos") {
-  TEST_CASE_TEMPLATE("KokkosFlash matches Reference forward and backward", T, double, float) {
-    for (const Case& c : cases()) {
-      check_case<T>(c, {});                             // default tiles: one tile per short slice
-      check_case<T>(c, {.q_tile = 7, .k_tile = 5});     // many partial tiles
-      check_case<T>(c, {.q_tile = 16, .k_tile = 128});  // key tile wider than the slices
+  // The shared conformance cases (tests/support/kernel_cases.hpp) with the default tiles (one tile per short
+  // slice), and in fp32 (the same code as fp64) with many partial tiles and with a key tile wider than the slices.
+  TEST_CASE_TEMPLATE("KokkosFlash: the kernel conformance cases", T, double, float) {
+    std::vector<attention::KokkosFlashArguments> tilings{{}};
+    if (std::is_same_v<T, float>) {
+      tilings.push_back({.q_tile = 7, .k_tile = 5});
+      tilings.push_back({.q_tile = 16, .k_tile = 128});
     }
+    for (const attention::KokkosFlashArguments& args : tilings) {
+      CAPTURE(args.q_tile);
+      CAPTURE(args.k_tile);
+      attention::KokkosFlash<Space, T> flash(args);
+      kc::run_cases<Harness<T>>(flash, kTolerance<T>);
+    }
+  }
+  TEST_CASE("KokkosFlash: the long kernel conformance cases") {
+    attention::KokkosFlash<Space, float> flash;
+    kc::run_long_cases<Harness<float>>(flash, kTolerance<float>, 1);  // 1111 causal (CI time)
+  }
+  // Known gap, marked should_fail so that it shows (and flips to a failure once fixed): KokkosFlash's dK/dV
+  // teams run over key tiles of the buffer, and a tile that straddles a document boundary multiplies the
+  // masked (zero) probabilities of one document's keys with another document's q or dO rows, so a NaN or
+  // infinity planted in q or dout of one document reaches dK and dV of the neighbouring document's keys
+  // (0 * NaN). Found by the shared isolation case; drop should_fail when kokkos/detail/flash_kernels.hpp
+  // skips rows outside the slice instead of zeroing their probabilities.
+  TEST_CASE("KokkosFlash keeps a NaN or infinity inside the document that holds it" * doctest::should_fail()) {
+    attention::KokkosFlash<Space, float> flash({.q_tile = 32, .k_tile = 48});
+    kc::check_nonfinite_isolation<Harness<float>>(flash, kc::Isolation::kDocument, 4);
+  }
+  TEST_CASE("KokkosFlash refuses bad input and aliased outputs") {
+    attention::KokkosFlash<Space, float> flash;
+    kc::check_refusals<Harness<float>>(flash);
   }
 
   TEST_CASE("KokkosFlash on Kokkos::Views: as_thd / as_lse are the same memory, results equal the ThdView call") {
     using Flash = attention::KokkosFlash<Space, double>;
     const AttentionShape shape{4, 2, 12, 0.0};
     const std::int64_t n = 45;
-    const auto slices = documents({20, 25}, Mask::causal());
+    const auto slices = kc::documents({20, 25}, Mask::causal());
     using V3 = Kokkos::View<double***, Kokkos::LayoutRight, Kokkos::HostSpace>;
     using V2 = Kokkos::View<double**, Kokkos::LayoutRight, Kokkos::HostSpace>;
     V3 q("q", n, 4, 12), k("k", n, 2, 12), v("v", n, 2, 12), o("o", n, 4, 12);
@@ -221,7 +214,11 @@ TEST_SUITE("kokkos") {
     LseTensor<double> lse_ref(4, n);
     attention::Reference<double>().forward(shape, kokkos::as_thd(q), kokkos::as_thd(k), kokkos::as_thd(v), slices,
                                            o_ref.view(), lse_ref.view());
-    CHECK(rel_err<double>(kokkos::as_thd(o), o_ref.view()) <= 1e-12);
+    double err = 0;
+    for (std::int64_t t = 0; t < n; ++t)
+      for (int h = 0; h < 4; ++h)
+        for (int x = 0; x < 12; ++x) err = std::max(err, std::abs(o(t, h, x) - o_ref.view()(t, h, x)));
+    CHECK(err <= 1e-12);
     CHECK(std::abs(lse(1, 30) - lse_ref.view()(1, 30)) <= 1e-12);
   }
 
@@ -229,7 +226,7 @@ TEST_SUITE("kokkos") {
     using Flash = attention::KokkosFlash<Space, float>;
     const AttentionShape shape{4, 2, 16, 0.0};
     const std::int64_t n = 150;
-    const auto slices = documents({50, 1, 99}, Mask::causal());
+    const auto slices = kc::documents({50, 1, 99}, Mask::causal());
     std::mt19937_64 rng(8);
     ThdTensor<float> q(n, 4, 16), k(n, 2, 16), v(n, 2, 16), dout(n, 4, 16), o(n, 4, 16);
     fill(q.view(), rng), fill(k.view(), rng), fill(v.view(), rng), fill(dout.view(), rng);
@@ -248,45 +245,17 @@ TEST_SUITE("kokkos") {
       CHECK(runs[static_cast<std::size_t>(i)].storage == runs[static_cast<std::size_t>(i + 3)].storage);
   }
 
-  TEST_CASE("KokkosFlash rejects bad input with std::invalid_argument") {
+  TEST_CASE("KokkosFlash refuses bad tiles, and tiles whose team scratch the space cannot hold, by name") {
     using Flash = attention::KokkosFlash<Space, float>;
-    const AttentionShape shape{4, 2, 32, 0.0};
-    const Flash flash;
-    ThdTensor<float> q(10, 4, 32), k(12, 2, 32), v(12, 2, 32), o(10, 4, 32), dq(10, 4, 32), dk(12, 2, 32),
-        dv(12, 2, 32);
-    LseTensor<float> lse(4, 10);
-    std::vector<std::byte> ws(flash.workspace_bytes(shape, 10, 12));
-    const std::vector<AttnSlice> good{{{0, 10}, {0, 12}, Mask::causal(2)}};
-    CHECK_NOTHROW(flash.forward(shape, q.view(), k.view(), v.view(), good, o.view(), lse.view(), ws));
-    ThdTensor<float> o_bad(9, 4, 32), v_bad(12, 2, 16);
-    CHECK_THROWS_AS(flash.forward(shape, q.view(), k.view(), v.view(), good, o_bad.view(), lse.view(), ws),
-                    std::invalid_argument);
-    CHECK_THROWS_AS(flash.forward(shape, q.view(), k.view(), v_bad.view(), good, o.view(), lse.view(), ws),
-                    std::invalid_argument);
-    const std::vector<AttnSlice> overlap{{{0, 6}, {0, 12}, Mask::full()}, {{5, 10}, {0, 12}, Mask::full()}};
-    CHECK_THROWS_AS(flash.forward(shape, q.view(), k.view(), v.view(), overlap, o.view(), lse.view(), ws),
-                    std::invalid_argument);
-    const std::vector<AttnSlice> out_of_range{{{0, 10}, {0, 13}, Mask::full()}};
-    CHECK_THROWS_AS(flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), o.view(), out_of_range,
-                                   dq.view(), dk.view(), dv.view(), ws),
-                    std::invalid_argument);
-    const std::vector<AttnSlice> no_window{{{0, 10}, {0, 12}, Mask::sliding_window(0)}};
-    CHECK_THROWS_AS(flash.forward(shape, q.view(), k.view(), v.view(), no_window, o.view(), lse.view(), ws),
-                    std::invalid_argument);
-    std::vector<std::byte> small(ws.size() / 2);
-    CHECK_THROWS_AS(flash.forward(shape, q.view(), k.view(), v.view(), good, o.view(), lse.view(), small),
-                    std::invalid_argument);
     CHECK_THROWS_AS(Flash({.q_tile = 0}), std::invalid_argument);
     CHECK_THROWS_AS(Flash({.k_tile = 5000}), std::invalid_argument);
-    // Tiles whose team scratch exceeds the space's level-1 maximum are refused by name.
     const Flash huge({.q_tile = 4096, .k_tile = 4096});
     ThdTensor<float> q1(10, 4, 1024), k1(12, 2, 1024), o1(10, 4, 1024);
+    LseTensor<float> lse(4, 10);
     const AttentionShape wide{4, 2, 1024, 0.0};
+    const std::vector<AttnSlice> good{{{0, 10}, {0, 12}, Mask::causal(2)}};
     std::vector<std::byte> ws1(huge.workspace_bytes(wide, 10, 12));
     CHECK_THROWS_WITH_AS(huge.forward(wide, q1.view(), k1.view(), k1.view(), good, o1.view(), lse.view(), ws1),
                          doctest::Contains("args.q_tile/k_tile"), std::invalid_argument);
-    const AttentionShape bad_gqa{3, 2, 32, 0.0};
-    CHECK_THROWS_AS(flash.forward(bad_gqa, q.view(), k.view(), v.view(), good, o.view(), lse.view(), ws),
-                    std::invalid_argument);
   }
 }

@@ -11,7 +11,6 @@
 #include <seqpar/seqpar.hpp>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <mutex>
@@ -27,10 +26,6 @@
 using namespace seqpar;
 
 namespace {
-
-// Bytes the prefix programs declared and calls whose transport count differed (every rank, every call).
-std::atomic<std::uint64_t> g_prefix_bytes{0};
-std::atomic<int> g_byte_mismatches{0};
 
 // Long documents (a few times the capacity) among lognormal short ones, over `sequences` sequences.
 DocumentBatch long_tail_batch(int sequences, std::int64_t capacity, std::uint32_t seed) {
@@ -83,112 +78,6 @@ void check_plan(const DocumentBatch& batch, const schedule::DynamicChunk& sched)
   }
   for (int s : seen) CHECK(s == 1);
   for (std::size_t d = 0; d < next.size(); ++d) CHECK(next[d] == batch.documents()[d].tokens.size());
-}
-
-// The prefix program of the last call declared exactly the bytes the transport counted.
-template <class Chunked>
-void count_bytes(const Chunked& chunked, int c, int pass) {
-  const std::uint64_t declared = chunked.program(c, pass).bytes_sent(sizeof(double), sizeof(double));
-  g_prefix_bytes += declared;
-  if (declared != chunked.last_bytes_sent()) ++g_byte_mismatches;
-}
-
-// Runs `chunks` chunk by chunk with the attention `make` builds on `world` ranks and compares with the
-// reference on the whole batch.
-test::Errors check_chunked(const DocumentBatch& batch, const std::vector<schedule::Chunk>& chunks,
-                           const std::vector<schedule::StageOp>& ops, const AttentionShape& shape, int world,
-                           const test::AttentionFactory<attention::Reference<double>>& make, std::uint32_t seed) {
-  using Kernel = attention::Reference<double>;
-  const std::int64_t n = batch.total_tokens();
-  const int d = shape.head_dim;
-  std::mt19937 rng(seed);
-  std::normal_distribution<double> normal(0.0, 1.0);
-  ThdTensor<double> q(n, shape.heads_q, d), k(n, shape.heads_kv, d), v(n, shape.heads_kv, d), dout(n, shape.heads_q, d);
-  for (auto* t : {&q, &k, &v, &dout})
-    for (auto& x : t->storage) x = normal(rng);
-  ThdTensor<double> o_ref(n, shape.heads_q, d), dq_ref(n, shape.heads_q, d), dk_ref(n, shape.heads_kv, d),
-      dv_ref(n, shape.heads_kv, d);
-  LseTensor<double> lse_ref(shape.heads_q, n);
-  const attention::Reference<double> ref;
-  const auto slices = batch.document_causal_slices();
-  ref.forward(shape, q.view(), k.view(), v.view(), slices, o_ref.view(), lse_ref.view());
-  ref.backward(shape, q.view(), k.view(), v.view(), o_ref.view(), lse_ref.view(), dout.view(), slices, dq_ref.view(),
-               dk_ref.view(), dv_ref.view());
-  ThdTensor<double> o_got(n, shape.heads_q, d), dq_got(n, shape.heads_q, d), dk_got(n, shape.heads_kv, d),
-      dv_got(n, shape.heads_kv, d);
-  LseTensor<double> lse_got(shape.heads_q, n);
-  std::mutex mu;
-  backend::inproc::World(world).run([&](backend::inproc::Transport& transport) {
-    const auto owner = make(transport);
-    runtime::ChunkedAttention<Kernel> chunked(*owner, transport);
-    chunked.begin(chunks);
-    const int nc = chunked.num_chunks();
-    struct Local {
-      ThdTensor<double> q, k, v, o, dout, dq, dk, dv;
-      LseTensor<double> lse;
-    };
-    std::vector<Local> loc(static_cast<std::size_t>(nc));
-    const auto gather = [&](int c, const ThdTensor<double>& g) {
-      ThdTensor<double> l(chunked.local_tokens(c), g.heads, d);
-      std::int64_t row = 0;
-      for (const Range& r : chunked.owned_global(c))
-        for (std::int64_t t = r.begin; t < r.end; ++t, ++row)
-          for (int h = 0; h < g.heads; ++h) std::copy_n(g.view().row(t, h), d, l.view().row(row, h));
-      return l;
-    };
-    REQUIRE(ops.size() == static_cast<std::size_t>(2 * nc));
-    for (const schedule::StageOp& op : ops) {
-      const int c = op.chunk;
-      Local& l = loc[static_cast<std::size_t>(c)];
-      const std::int64_t m = chunked.local_tokens(c);
-      if (!op.backward) {
-        l.q = gather(c, q), l.k = gather(c, k), l.v = gather(c, v), l.dout = gather(c, dout);
-        l.o = ThdTensor<double>(m, shape.heads_q, d);
-        l.lse = LseTensor<double>(shape.heads_q, m);
-        chunked.forward(c, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view());
-        count_bytes(chunked, c, 0);
-      } else {
-        l.dq = ThdTensor<double>(m, shape.heads_q, d);
-        l.dk = ThdTensor<double>(m, shape.heads_kv, d);
-        l.dv = ThdTensor<double>(m, shape.heads_kv, d);
-        chunked.backward(c, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view(), l.dout.view(), l.dq.view(),
-                         l.dk.view(), l.dv.view());
-        count_bytes(chunked, c, 2);
-      }
-    }
-    std::lock_guard lock(mu);
-    for (int c = 0; c < nc; ++c) {
-      const Local& l = loc[static_cast<std::size_t>(c)];
-      std::int64_t row = 0;
-      for (const Range& r : chunked.owned_global(c))
-        for (std::int64_t t = r.begin; t < r.end; ++t, ++row) {
-          for (int h = 0; h < shape.heads_q; ++h) {
-            std::copy_n(l.o.view().row(row, h), d, o_got.view().row(t, h));
-            std::copy_n(l.dq.view().row(row, h), d, dq_got.view().row(t, h));
-            lse_got.view()(h, t) = l.lse.view()(h, row);
-          }
-          for (int h = 0; h < shape.heads_kv; ++h) {
-            std::copy_n(l.dk.view().row(row, h), d, dk_got.view().row(t, h));
-            std::copy_n(l.dv.view().row(row, h), d, dv_got.view().row(t, h));
-          }
-        }
-    }
-  });
-  const auto rel = [](const std::vector<double>& got, const std::vector<double>& want) {
-    double scale = 0, e = 0;
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      scale = std::max(scale, std::abs(want[i]));
-      e = std::max(e, std::abs(got[i] - want[i]));
-    }
-    return scale > 0 ? e / scale : e;
-  };
-  test::Errors err;
-  err.o = rel(o_got.storage, o_ref.storage);
-  err.lse = rel(lse_got.storage, lse_ref.storage);
-  err.dq = rel(dq_got.storage, dq_ref.storage);
-  err.dk = rel(dk_got.storage, dk_ref.storage);
-  err.dv = rel(dv_got.storage, dv_ref.storage);
-  return err;
 }
 
 }  // namespace
@@ -361,8 +250,7 @@ TEST_SUITE("schedule") {
 
   TEST_CASE("ChunkedAttention over every strategy equals attention over the whole batch (fp64, 1..8 ranks)") {
     int runs = 0;
-    g_prefix_bytes = 0;
-    g_byte_mismatches = 0;
+    std::uint64_t prefix_bytes = 0;
     test::for_each_combination([&]<class C>(C) {
       using S = typename C::strategy;
       typename S::Arguments args = C::arguments();
@@ -399,7 +287,7 @@ TEST_SUITE("schedule") {
         if (!ok) continue;  // refusals are the strategy tests' business
         INFO(C::name() << ": world " << world << ", " << chunks.size() << " chunks, " << batch.documents().size()
                        << " documents");
-        const auto err = check_chunked(
+        const auto err = test::distributed_check<attention::Reference<double>>(
             batch, chunks, ops, shape, world,
             [&](backend::inproc::Transport& t)
                 -> std::unique_ptr<runtime::AttentionEngine<attention::Reference<double>>> {
@@ -407,12 +295,12 @@ TEST_SUITE("schedule") {
             },
             11u * static_cast<unsigned>(world));
         CHECK(err.max() < 1e-9);
+        CHECK(err.bytes_match);  // each call's transport count equals what its prefix program declares
+        prefix_bytes += err.bytes_forward + err.bytes_backward;
         ++runs;
       }
     });
     CHECK(runs > 100);
-    // The prefix carry moved bytes, and each call's transport count equals what its program declares.
-    CHECK(g_prefix_bytes > 0);
-    CHECK(g_byte_mismatches == 0);
+    CHECK(prefix_bytes > 0);  // the prefix carry moved bytes
   }
 }

@@ -1,18 +1,27 @@
 // SPDX-License-Identifier: Apache-2.0
-// Shared test driver: runs a strategy on an in-process world and compares forward and backward with
-// the fp64 reference over the whole, unsharded batch.
+// The one distributed test driver: runs an attention engine (any strategy, any kernel) on a world of
+// ranks, each holding its shard in the kernel's memory (a Storage: host vectors here, device memory in
+// tests/cuda/device_storage.hpp), unchunked or chunk by chunk through runtime::ChunkedAttention, and
+// compares forward and backward with the fp64 reference over the whole, unsharded batch; byte counts
+// are checked against what the programs declare.
 #pragma once
 
+#include <seqpar/core/chunk.hpp>
+#include <seqpar/runtime/chunked_attention.hpp>
+#include <seqpar/schedule/pipeline.hpp>
 #include <seqpar/seqpar.hpp>
-#include <seqpar/train/shard.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <random>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace seqpar::test {
@@ -40,8 +49,8 @@ inline DocumentBatch random_batch(int sequences, std::int64_t tokens, double med
 
 struct Errors {
   double o = 0, lse = 0, dq = 0, dk = 0, dv = 0;        ///< max abs error / max abs reference value
-  bool bytes_match = true;                              ///< every rank: declared bytes == counted bytes
-  std::uint64_t bytes_forward = 0, bytes_backward = 0;  ///< summed over ranks
+  bool bytes_match = true;                              ///< every rank, every call: declared bytes == counted bytes
+  std::uint64_t bytes_forward = 0, bytes_backward = 0;  ///< summed over ranks (and chunks)
   [[nodiscard]] double max() const { return std::max({o, lse, dq, dk, dv}); }
 };
 
@@ -49,56 +58,181 @@ struct Errors {
 template <class Kernel>
 using AttentionFactory = std::function<std::unique_ptr<runtime::AttentionEngine<Kernel>>(backend::inproc::Transport&)>;
 
-/// Runs the attention `make` builds on `world` in-process ranks and returns the errors against the
-/// reference. Strategy-independent (instantiated once per kernel, which keeps the tests quick to build).
-template <class Kernel>
-Errors check_attention(const DocumentBatch& batch, const AttentionShape& shape, int world,
-                       const AttentionFactory<Kernel>& make, std::uint32_t seed) {
+/// Where the ranks' local shards live, for a kernel whose views are in host memory: an in-process world,
+/// std::vector buffers, element conversion by static_cast. (tests/cuda/device_storage.hpp is the one for
+/// CudaFlash: a device world sharing one GPU, device buffers.) A Storage gives:
+///   run(world, body): body(backend::inproc::Transport&) on every rank;
+///   Buffer<U>, upload(host values, exec), poisoned<U>(n, exec) (NaN everywhere: what a call leaves
+///   unwritten shows), data(buffer), download(buffer) (after everything issued on the device);
+///   from_double<U>(x), to_double(u): the element conversions.
+struct HostStorage {
+  template <class U>
+  using Buffer = std::vector<U>;
+
+  template <class Body>
+  static void run(int world, Body&& body) {
+    backend::inproc::World(world).run(std::forward<Body>(body));
+  }
+  template <class U, class Exec>
+  static Buffer<U> upload(const std::vector<U>& host, const Exec&) {
+    return host;
+  }
+  template <class U, class Exec>
+  static Buffer<U> poisoned(std::size_t n, const Exec&) {
+    return Buffer<U>(n, U(std::numeric_limits<float>::quiet_NaN()));
+  }
+  template <class U>
+  static U* data(Buffer<U>& b) {
+    return b.data();
+  }
+  template <class U>
+  static std::vector<U> download(const Buffer<U>& b) {
+    return b;
+  }
+  template <class U>
+  static U from_double(double x) {
+    return static_cast<U>(x);
+  }
+  template <class U>
+  static double to_double(U x) {
+    return static_cast<double>(x);
+  }
+};
+
+/// max |got - want| / max |want| (over finite reference values); a NaN, or an infinity where the
+/// reference has another value, is an infinite error.
+inline double relative_error(const std::vector<double>& got, const std::vector<double>& want) {
+  double scale = 0, e = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (std::isfinite(want[i])) scale = std::max(scale, std::abs(want[i]));
+    if (std::isnan(got[i]) || std::isinf(want[i]) || std::isinf(got[i])) {
+      if (!(want[i] == got[i])) e = INFINITY;
+    } else {
+      e = std::max(e, std::abs(got[i] - want[i]));
+    }
+  }
+  return scale > 0 ? e / scale : e;
+}
+
+namespace detail {
+
+/// The whole batch: inputs drawn from N(0, 1) and rounded to T (what the ranks hold), the fp64 reference's
+/// outputs on them, and the outputs gathered from the ranks.
+struct WholeBatch {
+  ThdTensor<double> q, k, v, dout, o_ref, dq_ref, dk_ref, dv_ref, o, dq, dk, dv;
+  LseTensor<double> lse_ref, lse;
+
+  template <class Storage, class T>
+  WholeBatch(const DocumentBatch& batch, const AttentionShape& shape, std::uint32_t seed, std::type_identity<Storage>,
+             std::type_identity<T>) {
+    const std::int64_t n = batch.total_tokens();
+    const int d = shape.head_dim, hq = shape.heads_q, hkv = shape.heads_kv;
+    std::mt19937 rng(seed);
+    std::normal_distribution<double> normal(0.0, 1.0);
+    for (auto [t, heads] : {std::pair{&q, hq}, std::pair{&k, hkv}, std::pair{&v, hkv}, std::pair{&dout, hq}}) {
+      *t = ThdTensor<double>(n, heads, d);
+      for (double& x : t->storage) x = Storage::to_double(Storage::template from_double<T>(normal(rng)));
+    }
+    for (auto [t, heads] :
+         {std::pair{&o_ref, hq}, std::pair{&dq_ref, hq}, std::pair{&dk_ref, hkv}, std::pair{&dv_ref, hkv},
+          std::pair{&o, hq}, std::pair{&dq, hq}, std::pair{&dk, hkv}, std::pair{&dv, hkv}})
+      *t = ThdTensor<double>(n, heads, d);
+    lse_ref = LseTensor<double>(hq, n);
+    lse = LseTensor<double>(hq, n);
+    const attention::Reference<double> ref;
+    const auto slices = batch.document_causal_slices();
+    ref.forward(shape, q.view(), k.view(), v.view(), slices, o_ref.view(), lse_ref.view());
+    ref.backward(shape, q.view(), k.view(), v.view(), o_ref.view(), lse_ref.view(), dout.view(), slices, dq_ref.view(),
+                 dk_ref.view(), dv_ref.view());
+  }
+
+  void errors(Errors& err) const {
+    err.o = relative_error(o.storage, o_ref.storage);
+    err.lse = relative_error(lse.storage, lse_ref.storage);
+    err.dq = relative_error(dq.storage, dq_ref.storage);
+    err.dk = relative_error(dk.storage, dk_ref.storage);
+    err.dv = relative_error(dv.storage, dv_ref.storage);
+  }
+};
+
+/// One rank's shard of the batch (the global rows `owned`, in order) in the storage's memory: inputs
+/// uploaded, outputs poisoned; views over them, and the outputs written back at their global rows.
+template <class Kernel, class Storage>
+struct Shard {
   using T = typename Kernel::value_type;
   using A = typename Kernel::accum_type;
-  const std::int64_t n = batch.total_tokens();
-  const int d = shape.head_dim;
-  std::mt19937 rng(seed);
-  std::normal_distribution<double> normal(0.0, 1.0);
-  const auto fill = [&](ThdTensor<double>& t) {
-    for (auto& x : t.storage) x = static_cast<double>(static_cast<T>(normal(rng)));  // representable in T
-  };
-  ThdTensor<double> q(n, shape.heads_q, d), k(n, shape.heads_kv, d), v(n, shape.heads_kv, d), dout(n, shape.heads_q, d);
-  fill(q), fill(k), fill(v), fill(dout);
-  ThdTensor<double> o_ref(n, shape.heads_q, d), dq_ref(n, shape.heads_q, d), dk_ref(n, shape.heads_kv, d),
-      dv_ref(n, shape.heads_kv, d);
-  LseTensor<double> lse_ref(shape.heads_q, n);
-  const attention::Reference<double> ref;
-  const auto slices = batch.document_causal_slices();
-  ref.forward(shape, q.view(), k.view(), v.view(), slices, o_ref.view(), lse_ref.view());
-  ref.backward(shape, q.view(), k.view(), v.view(), o_ref.view(), lse_ref.view(), dout.view(), slices, dq_ref.view(),
-               dk_ref.view(), dv_ref.view());
+  std::int64_t rows = 0;
+  int d = 0, hq = 0, hkv = 0;
+  typename Storage::template Buffer<T> q, k, v, dout, o, dq, dk, dv;
+  typename Storage::template Buffer<A> lse;
 
-  ThdTensor<double> o_got(n, shape.heads_q, d), dq_got(n, shape.heads_q, d), dk_got(n, shape.heads_kv, d),
-      dv_got(n, shape.heads_kv, d);
-  LseTensor<double> lse_got(shape.heads_q, n);
+  template <class Exec>
+  Shard(const WholeBatch& g, const std::vector<Range>& owned, std::int64_t local, const Exec& exec)
+      : rows(local), d(g.q.head_dim), hq(g.q.heads), hkv(g.k.heads) {
+    const auto gather = [&](const ThdTensor<double>& t) {
+      std::vector<T> l;
+      l.reserve(static_cast<std::size_t>(rows * t.heads * d));
+      for (const Range& r : owned)
+        for (std::int64_t tok = r.begin; tok < r.end; ++tok)
+          for (int h = 0; h < t.heads; ++h)
+            for (int x = 0; x < d; ++x) l.push_back(Storage::template from_double<T>(t.view()(tok, h, x)));
+      return Storage::upload(l, exec);
+    };
+    q = gather(g.q), k = gather(g.k), v = gather(g.v), dout = gather(g.dout);
+    const auto nq = static_cast<std::size_t>(rows * hq * d), nkv = static_cast<std::size_t>(rows * hkv * d);
+    o = Storage::template poisoned<T>(nq, exec), dq = Storage::template poisoned<T>(nq, exec);
+    dk = Storage::template poisoned<T>(nkv, exec), dv = Storage::template poisoned<T>(nkv, exec);
+    lse = Storage::template poisoned<A>(static_cast<std::size_t>(rows * hq), exec);
+  }
+  ThdView<T> view(typename Storage::template Buffer<T>& b, int heads) {
+    return ThdView<T>::dense(Storage::data(b), rows, heads, d);
+  }
+  LseView<A> lse_view() { return LseView<A>::dense(Storage::data(lse), hq, rows); }
+
+  /// Writes O, LSE, dQ, dK, dV at their global rows of `g` (the caller holds the lock).
+  void scatter(const std::vector<Range>& owned, WholeBatch& g) const {
+    const auto put = [&](const typename Storage::template Buffer<T>& b, ThdTensor<double>& t) {
+      const std::vector<T> h = Storage::download(b);
+      std::size_t at = 0;
+      for (const Range& r : owned)
+        for (std::int64_t tok = r.begin; tok < r.end; ++tok)
+          for (int hd = 0; hd < t.heads; ++hd)
+            for (int x = 0; x < d; ++x) t.view()(tok, hd, x) = Storage::to_double(h[at++]);
+    };
+    put(o, g.o), put(dq, g.dq), put(dk, g.dk), put(dv, g.dv);
+    const std::vector<A> l = Storage::download(lse);
+    std::int64_t row = 0;
+    for (const Range& r : owned)
+      for (std::int64_t tok = r.begin; tok < r.end; ++tok, ++row)
+        for (int h = 0; h < hq; ++h)
+          g.lse.view()(h, tok) = static_cast<double>(l[static_cast<std::size_t>(h * rows + row)]);
+  }
+};
+
+}  // namespace detail
+
+/// Runs the attention `make` builds on `world` ranks (Storage's world) and returns the errors of its O, LSE,
+/// dQ, dK, dV against the fp64 reference over the whole, unsharded batch (document-causal), and whether
+/// every rank's bytes, forward and backward, equal what its program declares (in total and per peer).
+/// Strategy-independent (instantiated once per kernel, which keeps the tests quick to build).
+template <class Kernel, class Storage = HostStorage>
+Errors distributed_check(const DocumentBatch& batch, const AttentionShape& shape, int world,
+                         const AttentionFactory<Kernel>& make, std::uint32_t seed) {
+  using T = typename Kernel::value_type;
+  using A = typename Kernel::accum_type;
+  detail::WholeBatch g(batch, shape, seed, std::type_identity<Storage>{}, std::type_identity<T>{});
   Errors err;
   std::mutex mu;
-  backend::inproc::World(world).run([&](backend::inproc::Transport& transport) {
+  Storage::run(world, [&](backend::inproc::Transport& transport) {
     const std::unique_ptr<runtime::AttentionEngine<Kernel>> owner = make(transport);
     runtime::AttentionEngine<Kernel>& attn = *owner;
-    const ShardPlan& plan = attn.plan(batch);
-    const int rank = transport.rank();
-    const std::int64_t local = attn.local_tokens(batch);
-    // Local shards: the owned rows, in plan order, converted to the kernel's type.
-    const auto gather = [&](const ThdTensor<double>& g) {
-      ThdTensor<T> l(local, g.heads, d);
-      train::shard(plan, rank, g.view(), l.view());
-      return l;
-    };
-    const auto scatter = [&](const ThdTensor<T>& l, ThdTensor<double>& g) {
-      train::unshard_local(plan, rank, l.view(), g.view());
-    };
-    auto lq = gather(q), lk = gather(k), lv = gather(v), ldo = gather(dout);
-    ThdTensor<T> lo(local, shape.heads_q, d), ldq(local, shape.heads_q, d), ldk(local, shape.heads_kv, d),
-        ldv(local, shape.heads_kv, d);
-    LseTensor<A> llse(shape.heads_q, local);
-    attn.forward(batch, lq.view(), lk.view(), lv.view(), lo.view(), llse.view());
+    const auto& exec = attn.exec();
+    const std::vector<Range>& owned = attn.owned_ranges(batch);
+    detail::Shard<Kernel, Storage> s(g, owned, attn.local_tokens(batch), exec);
+    exec.synchronize();
+    const int hq = shape.heads_q, hkv = shape.heads_kv;
+    attn.forward(batch, s.view(s.q, hq), s.view(s.k, hkv), s.view(s.v, hkv), s.view(s.o, hq), s.lse_view());
+    exec.synchronize();
     const auto& prog = attn.program(batch);
     // Declared bytes (total and per destination) must equal what the transport counted.
     const auto per_peer_total = [&](const comm::Program& p) {
@@ -109,42 +243,94 @@ Errors check_attention(const DocumentBatch& batch, const AttentionShape& shape, 
     const bool fwd_ok = attn.last_bytes_sent() == prog.forward.bytes_sent(sizeof(T), sizeof(A)) &&
                         per_peer_total(prog.forward) == attn.last_bytes_sent();
     const std::uint64_t fwd_bytes = attn.last_bytes_sent();
-    attn.backward(batch, lq.view(), lk.view(), lv.view(), lo.view(), llse.view(), ldo.view(), ldq.view(), ldk.view(),
-                  ldv.view());
+    attn.backward(batch, s.view(s.q, hq), s.view(s.k, hkv), s.view(s.v, hkv), s.view(s.o, hq),
+                  LseView<const A>(s.lse_view()), s.view(s.dout, hq), s.view(s.dq, hq), s.view(s.dk, hkv),
+                  s.view(s.dv, hkv));
+    exec.synchronize();
     const bool bwd_ok = attn.last_bytes_sent() == prog.backward.bytes_sent(sizeof(T), sizeof(A)) &&
                         per_peer_total(prog.backward) == attn.last_bytes_sent();
-    std::lock_guard lock(mu);
+    const std::lock_guard lock(mu);
     err.bytes_match = err.bytes_match && fwd_ok && bwd_ok;
     err.bytes_forward += fwd_bytes;
     err.bytes_backward += attn.last_bytes_sent();
-    scatter(lo, o_got), scatter(ldq, dq_got), scatter(ldk, dk_got), scatter(ldv, dv_got);
-    train::unshard_local(plan, rank, llse.view(), lse_got.view());
+    s.scatter(owned, g);
   });
-  const auto rel = [](const std::vector<double>& got, const std::vector<double>& want) {
-    double scale = 0, e = 0;
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      scale = std::max(scale, std::abs(want[i]));
-      if (std::isinf(want[i]) || std::isinf(got[i])) {
-        if (want[i] != got[i]) e = INFINITY;
-      } else {
-        e = std::max(e, std::abs(got[i] - want[i]));
-      }
-    }
-    return scale > 0 ? e / scale : e;
-  };
-  err.o = rel(o_got.storage, o_ref.storage);
-  err.lse = rel(lse_got.storage, lse_ref.storage);
-  err.dq = rel(dq_got.storage, dq_ref.storage);
-  err.dk = rel(dk_got.storage, dk_ref.storage);
-  err.dv = rel(dv_got.storage, dv_ref.storage);
+  g.errors(err);
   return err;
 }
 
-/// Runs StrategyT with Kernel on `world` in-process ranks and returns the errors against the reference.
-template <class StrategyT, class Kernel>
+/// The chunked entry point: runtime::ChunkedAttention over the engine `make` builds runs `chunks` in the
+/// order `ops` gives (each chunk's forward, and its backward after its forward), and the gathered outputs
+/// are compared with the reference on the whole batch; bytes_match: each call's last_bytes_sent() equals
+/// what its prefix program (program(c, 0) forward, program(c, 2) backward) declares; bytes_forward and
+/// bytes_backward sum those over calls and ranks.
+template <class Kernel, class Storage = HostStorage>
+Errors distributed_check(const DocumentBatch& batch, const std::vector<Chunk>& chunks,
+                         const std::vector<schedule::StageOp>& ops, const AttentionShape& shape, int world,
+                         const AttentionFactory<Kernel>& make, std::uint32_t seed) {
+  using T = typename Kernel::value_type;
+  using A = typename Kernel::accum_type;
+  detail::WholeBatch g(batch, shape, seed, std::type_identity<Storage>{}, std::type_identity<T>{});
+  Errors err;
+  std::mutex mu;
+  Storage::run(world, [&](backend::inproc::Transport& transport) {
+    const std::unique_ptr<runtime::AttentionEngine<Kernel>> owner = make(transport);
+    const auto& exec = owner->exec();
+    runtime::ChunkedAttention<Kernel> chunked(*owner, transport);
+    chunked.begin(chunks);
+    const int nc = chunked.num_chunks();
+    const int hq = shape.heads_q, hkv = shape.heads_kv;
+    std::vector<std::unique_ptr<detail::Shard<Kernel, Storage>>> loc(static_cast<std::size_t>(nc));
+    bool bytes_ok = static_cast<int>(ops.size()) == 2 * nc;
+    std::uint64_t fwd_bytes = 0, bwd_bytes = 0;
+    for (const schedule::StageOp& op : ops) {
+      const int c = op.chunk;
+      auto& s = loc[static_cast<std::size_t>(c)];
+      if (!op.backward) {
+        s = std::make_unique<detail::Shard<Kernel, Storage>>(g, chunked.owned_global(c), chunked.local_tokens(c), exec);
+        exec.synchronize();
+        chunked.forward(c, s->view(s->q, hq), s->view(s->k, hkv), s->view(s->v, hkv), s->view(s->o, hq), s->lse_view());
+      } else {
+        chunked.backward(c, s->view(s->q, hq), s->view(s->k, hkv), s->view(s->v, hkv), s->view(s->o, hq),
+                         LseView<const A>(s->lse_view()), s->view(s->dout, hq), s->view(s->dq, hq), s->view(s->dk, hkv),
+                         s->view(s->dv, hkv));
+      }
+      const int pass = op.backward ? 2 : 0;
+      bytes_ok = bytes_ok && chunked.last_bytes_sent() == chunked.program(c, pass).bytes_sent(sizeof(T), sizeof(A));
+      (op.backward ? bwd_bytes : fwd_bytes) += chunked.last_bytes_sent();
+    }
+    exec.synchronize();
+    const std::lock_guard lock(mu);
+    err.bytes_match = err.bytes_match && bytes_ok;
+    err.bytes_forward += fwd_bytes;
+    err.bytes_backward += bwd_bytes;
+    for (int c = 0; c < nc; ++c)
+      if (loc[static_cast<std::size_t>(c)]) loc[static_cast<std::size_t>(c)]->scatter(chunked.owned_global(c), g);
+  });
+  g.errors(err);
+  return err;
+}
+
+/// Every chunk's forward in order, then every backward in reverse.
+inline std::vector<schedule::StageOp> forward_then_backward(std::size_t chunks) {
+  std::vector<schedule::StageOp> ops;
+  for (std::size_t c = 0; c < chunks; ++c) ops.push_back({false, static_cast<int>(c)});
+  for (std::size_t c = chunks; c-- > 0;) ops.push_back({true, static_cast<int>(c)});
+  return ops;
+}
+
+/// The unchunked check on host memory (the name the strategy, plan and train tests use).
+template <class Kernel>
+Errors check_attention(const DocumentBatch& batch, const AttentionShape& shape, int world,
+                       const AttentionFactory<Kernel>& make, std::uint32_t seed) {
+  return distributed_check<Kernel, HostStorage>(batch, shape, world, make, seed);
+}
+
+/// Runs StrategyT with Kernel on `world` ranks (Storage's world) and returns the errors against the reference.
+template <class StrategyT, class Kernel, class Storage = HostStorage>
 Errors check_strategy(const DocumentBatch& batch, const AttentionShape& shape, int world,
                       typename StrategyT::Arguments args = {}, Kernel kernel = {}, std::uint32_t seed = 7) {
-  return check_attention<Kernel>(
+  return distributed_check<Kernel, Storage>(
       batch, shape, world,
       [&](backend::inproc::Transport& t) -> std::unique_ptr<runtime::AttentionEngine<Kernel>> {
         return std::make_unique<DistributedAttention<StrategyT, Kernel>>(t, shape, args, kernel);

@@ -249,6 +249,10 @@ TEST_SUITE("cuda") {
       FAIL("head_dim 96 was accepted");
     } catch (const std::invalid_argument& e) {
       CHECK(std::string(e.what()).find("shape.head_dim") != std::string::npos);
+      // can_implement refuses it in the same words.
+      const Status s = flash.can_implement(bad);
+      CHECK_FALSE(s);
+      CHECK(s.reason.substr(s.reason.find(": ")) == std::string(e.what()).substr(std::string(e.what()).find(": ")));
     }
     const AttentionShape shape{2, 2, 64, 0};
     cuda::DeviceArray<float> y(static_cast<std::size_t>(8 * 2 * 64));

@@ -4,11 +4,13 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 #include "seqpar/core/attention_shape.hpp"
 #include "seqpar/core/attn_slice.hpp"
 #include "seqpar/core/exec.hpp"
+#include "seqpar/core/status.hpp"
 #include "seqpar/core/tensor.hpp"
 
 namespace seqpar::attention {
@@ -24,6 +26,14 @@ struct kernel_tag {};
 /// CUDA stream on a GPU); views, slices and workspace live in that context's memory. `exec()` is the
 /// kernel's own context, used when the caller gives none.
 /// Scratch memory comes from the caller: `workspace_bytes` sizes it, the calls never allocate.
+///
+/// The protocol every layer answers (as a CUTLASS kernel does): `can_implement(shape) -> Status` says,
+/// without touching memory or a device, whether the kernel can run `shape` with its own configuration
+/// and context (a head dim it was not built for, a softmax scale its accumulation type cannot hold):
+/// DistributedAttention asks it for every head group of a program with its other local checks, so
+/// that a refusal reaches every rank before any message. The calls still refuse the same shapes
+/// themselves (std::invalid_argument), from the same predicate. A kernel whose refusal depends on
+/// the context may also answer `can_implement(exec, shape)` (see `attention::can_implement`).
 template <class K>
 concept AttentionKernel = std::derived_from<typename K::kernel_category, kernel_tag> &&
     ExecutionContext<typename K::exec_type> &&
@@ -32,9 +42,22 @@ concept AttentionKernel = std::derived_from<typename K::kernel_category, kernel_
              LseView<typename K::accum_type> lse, LseView<const typename K::accum_type> lse_in,
              std::span<const AttnSlice> slices, std::span<std::byte> workspace, std::int64_t rows) {
   { ck.exec() } -> std::convertible_to<typename K::exec_type>;
+  { ck.can_implement(shape) } -> std::same_as<Status>;
   { k.workspace_bytes(shape, rows, rows) } -> std::convertible_to<std::size_t>;
   k.forward(exec, shape, in, in, in, slices, out, lse, workspace);
   k.backward(exec, shape, in, in, in, in, lse_in, in, slices, out, out, out, workspace);
 };
+
+/// `kernel.can_implement(exec, shape)` when the kernel answers for a given context (CpuFlash: a
+/// context with more threads than its workspace is sized for), else `kernel.can_implement(shape)`.
+template <AttentionKernel K>
+[[nodiscard]] Status can_implement(const K& kernel, const typename K::exec_type& exec, const AttentionShape& shape) {
+  if constexpr (requires {
+                  { kernel.can_implement(exec, shape) } -> std::same_as<Status>;
+                })
+    return kernel.can_implement(exec, shape);
+  else
+    return kernel.can_implement(shape);
+}
 
 }  // namespace seqpar::attention

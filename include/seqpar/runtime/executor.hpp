@@ -15,6 +15,7 @@
 #include "seqpar/comm/program.hpp"
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/overloaded.hpp"
+#include "seqpar/core/status.hpp"
 #include "seqpar/core/transport.hpp"
 #include "seqpar/runtime/data_ops.hpp"
 #include "seqpar/runtime/lowered_program.hpp"
@@ -56,6 +57,22 @@ class Executor {
       requests_[s].reserve(lowered_.max_requests[s]);
     }
     tables_ = Ops::upload(kernel.exec(), lowered_);
+  }
+
+  /// The shape of the kernel call an attention op makes: its head group's heads, the program's head
+  /// dim and softmax scale.
+  [[nodiscard]] static AttentionShape kernel_shape(const LoweredProgram& lp, const AttentionOp& op) noexcept {
+    return {static_cast<int>(op.heads.q_heads.size()), static_cast<int>(op.heads.kv_heads.size()), lp.head_dim,
+            lp.softmax_scale};
+  }
+
+  /// The kernel's answer (`attention::can_implement` on `exec`) for every kernel call of the lowered
+  /// program: the first refusal, or success. Local: what an engine checks before it communicates.
+  [[nodiscard]] Status can_implement(const Kernel& kernel, const exec_type& exec) const {
+    for (const LoweredOp& lop : lowered_.ops)
+      if (const auto* op = std::get_if<AttentionOp>(&lop.op))
+        if (Status s = attention::can_implement(kernel, exec, kernel_shape(lowered_, *op)); !s) return s;
+    return Status::success();
   }
 
   [[nodiscard]] const LoweredProgram& lowered() const noexcept { return lowered_; }
@@ -183,7 +200,7 @@ class Executor {
     const comm::HeadGroup& g = op.heads;
     const int q0 = static_cast<int>(g.q_heads.begin), nq = static_cast<int>(g.q_heads.size());
     const int k0 = static_cast<int>(g.kv_heads.begin), nk = static_cast<int>(g.kv_heads.size());
-    const AttentionShape shape{nq, nk, c.lp.head_dim, c.lp.softmax_scale};
+    const AttentionShape shape = kernel_shape(c.lp, op);
     const auto in = [&](BufferId id, int first, int n) {
       return ThdView<const value_type>(c.b[id].heads_slice(first, n));
     };

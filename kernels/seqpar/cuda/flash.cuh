@@ -24,6 +24,7 @@
 #include "seqpar/core/attention_shape.hpp"
 #include "seqpar/core/attn_slice.hpp"
 #include "seqpar/core/error.hpp"
+#include "seqpar/core/status.hpp"
 #include "seqpar/core/tensor.hpp"
 #include "seqpar/cuda/check.hpp"
 #include "seqpar/cuda/detail/flash_backward.cuh"
@@ -49,9 +50,7 @@ struct CudaFlashCalls {
 
   static void check_inputs(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
                            std::span<const AttnSlice> slices, const char* where) {
-    shape.validate(where);
-    seqpar::detail::require(shape.head_dim == 64 || shape.head_dim == 128, where, "shape.head_dim", shape.head_dim,
-                            "the CUDA kernels are built for head dims 64 and 128");
+    seqpar::detail::throw_if_refused(cuda_flash_shape_status(shape, where));
     seqpar::detail::require(q.tokens < std::numeric_limits<int>::max(), where, "q.tokens", q.tokens,
                             "must be below 2^31 (tile tables index rows with 32 bits)");
     seqpar::detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.head_dim);

@@ -21,6 +21,8 @@
 ///   the device (`cuda::DeviceSlices`, or the executor's lowering), not at every call.
 /// - Work: a tile table of (slice, query tile) built on the device each call (CUB scan + radix sort,
 ///   detail/tile_table.cuh), longest tiles first; blocks are (tile, head).
+/// - `can_implement(shape)`: head dims 64 and 128 (what the kernels are instantiated for); the calls
+///   refuse what it refuses, with the same message.
 /// - Forward writes O and LSE on every query row (rows in no slice: O = 0, LSE = -inf). Backward
 ///   adds (+=) into dQ, dK, dV, deterministically (detail/flash_backward.cuh).
 /// - Everything is enqueued on `exec.stream()`; nothing waits on the host; the workspace
@@ -42,11 +44,21 @@
 #include "seqpar/attention/kernel.hpp"
 #include "seqpar/core/attention_shape.hpp"
 #include "seqpar/core/attn_slice.hpp"
+#include "seqpar/core/status.hpp"
 #include "seqpar/core/tensor.hpp"
 #include "seqpar/cuda/detail/element.hpp"
 #include "seqpar/cuda/exec.hpp"
 
 namespace seqpar::attention {
+
+/// What CudaFlash can run and its calls accept: a well-formed shape with head dim 64 or 128.
+[[nodiscard]] inline Status cuda_flash_shape_status(const AttentionShape& shape, const char* where) {
+  if (Status s = shape.status(where); !s) return s;
+  if (shape.head_dim != 64 && shape.head_dim != 128)
+    return seqpar::detail::refuse_invalid(where, "shape.head_dim", shape.head_dim,
+                                          "the CUDA kernels are built for head dims 64 and 128");
+  return Status::success();
+}
 
 template <class T>
 class CudaFlash {
@@ -63,6 +75,11 @@ class CudaFlash {
   explicit CudaFlash(cuda::CudaExec exec) : exec_(std::move(exec)) {}
 
   [[nodiscard]] const cuda::CudaExec& exec() const noexcept { return exec_; }
+
+  /// Head dims 64 and 128 (cuda_flash_shape_status); the calls refuse the same shapes.
+  [[nodiscard]] Status can_implement(const AttentionShape& shape) const {
+    return cuda_flash_shape_status(shape, "CudaFlash");
+  }
 
   /// Device bytes of scratch for a call over q_rows query rows (forward or backward).
   [[nodiscard]] std::size_t workspace_bytes(const AttentionShape& shape, std::int64_t q_rows,

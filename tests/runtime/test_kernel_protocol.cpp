@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Kernels in the engine's protocol: a kernel's can_implement is asked with the local checks, before
 // the agreement (a refusal on one rank reaches its peers as Errc::kPeerFailed and no byte of the
-// program moves).
+// program moves), and a kernel's preparation step runs once per cached program, its Params passed to
+// every call.
 #include <doctest/doctest.h>
 
 #include <seqpar/seqpar.hpp>
@@ -13,6 +14,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "support/distributed_check.hpp"
 
 using namespace seqpar;
 using namespace std::chrono_literals;
@@ -156,6 +159,75 @@ void check_only_agreement(const std::vector<RankOutcome>& out) {
   }
 }
 
+/// Reference<double> with a preparation step: Params record what prepare saw; the calls with Params
+/// check that they get their own call's, and count themselves (as do the calls without).
+struct PreparedReference {
+  using kernel_category = attention::kernel_tag;
+  using value_type = double;
+  using accum_type = double;
+  using exec_type = HostExec;
+
+  struct Params {
+    AttentionShape shape;
+    std::vector<AttnSlice> slices;
+    std::int64_t q_rows = 0, k_rows = 0;
+    attention::Pass pass = attention::Pass::kForward;
+  };
+  struct Counts {
+    std::atomic<int> prepares{0}, prepared_calls{0}, plain_calls{0}, mismatched{0};
+  };
+  std::shared_ptr<Counts> counts = std::make_shared<Counts>();
+  attention::Reference<double> ref;
+
+  [[nodiscard]] HostExec exec() const { return HostExec(1); }
+  [[nodiscard]] std::size_t workspace_bytes(const AttentionShape&, std::int64_t, std::int64_t) const { return 0; }
+  [[nodiscard]] Status can_implement(const AttentionShape& s) const { return ref.can_implement(s); }
+
+  [[nodiscard]] Params prepare(const HostExec&, const AttentionShape& s, std::span<const AttnSlice> host_slices,
+                               std::int64_t q_rows, std::int64_t k_rows, attention::Pass pass) const {
+    ++counts->prepares;
+    return {s, {host_slices.begin(), host_slices.end()}, q_rows, k_rows, pass};
+  }
+
+  void forward(const HostExec& exec, const AttentionShape& s, ThdView<const double> q, ThdView<const double> k,
+               ThdView<const double> v, std::span<const AttnSlice> sl, ThdView<double> o, LseView<double> lse,
+               std::span<std::byte> ws) const {
+    ++counts->plain_calls;
+    ref.forward(exec, s, q, k, v, sl, o, lse, ws);
+  }
+  void backward(const HostExec& exec, const AttentionShape& s, ThdView<const double> q, ThdView<const double> k,
+                ThdView<const double> v, ThdView<const double> o, LseView<const double> lse, ThdView<const double> dout,
+                std::span<const AttnSlice> sl, ThdView<double> dq, ThdView<double> dk, ThdView<double> dv,
+                std::span<std::byte> ws) const {
+    ++counts->plain_calls;
+    ref.backward(exec, s, q, k, v, o, lse, dout, sl, dq, dk, dv, ws);
+  }
+  void forward(const HostExec& exec, const Params& p, const AttentionShape& s, ThdView<const double> q,
+               ThdView<const double> k, ThdView<const double> v, std::span<const AttnSlice> sl, ThdView<double> o,
+               LseView<double> lse, std::span<std::byte> ws) const {
+    note(p, attention::Pass::kForward, s, q.tokens, k.tokens, sl);
+    ref.forward(exec, s, q, k, v, sl, o, lse, ws);
+  }
+  void backward(const HostExec& exec, const Params& p, const AttentionShape& s, ThdView<const double> q,
+                ThdView<const double> k, ThdView<const double> v, ThdView<const double> o, LseView<const double> lse,
+                ThdView<const double> dout, std::span<const AttnSlice> sl, ThdView<double> dq, ThdView<double> dk,
+                ThdView<double> dv, std::span<std::byte> ws) const {
+    note(p, attention::Pass::kBackward, s, q.tokens, k.tokens, sl);
+    ref.backward(exec, s, q, k, v, o, lse, dout, sl, dq, dk, dv, ws);
+  }
+
+ private:
+  void note(const Params& p, attention::Pass pass, const AttentionShape& s, std::int64_t q_rows, std::int64_t k_rows,
+            std::span<const AttnSlice> sl) const {
+    ++counts->prepared_calls;
+    const bool same = p.pass == pass && p.shape == s && p.q_rows == q_rows && p.k_rows == k_rows &&
+                      std::equal(p.slices.begin(), p.slices.end(), sl.begin(), sl.end());
+    if (!same) ++counts->mismatched;
+  }
+};
+static_assert(attention::PreparingKernel<PreparedReference>);
+static_assert(!attention::PreparingKernel<attention::CpuFlash<float>>);
+
 }  // namespace
 
 TEST_SUITE("runtime") {
@@ -220,5 +292,44 @@ TEST_SUITE("runtime") {
       CHECK(contains(r.what, "CpuFlash: softmax_scale = 1e-60: is not representable in the accumulation type (float)"));
     }
     check_only_agreement(out);
+  }
+
+  TEST_CASE("a preparing kernel is prepared once per cached program and every call gets its own Params") {
+    const AttentionShape shape{4, 2, 8};
+    const DocumentBatch batch({{37, 20, 7}, {50, 14}});
+    SUBCASE("exact against the reference (Ring: partial calls merged; Ulysses: head groups)") {
+      PreparedReference kernel;
+      const test::Errors ring = test::check_strategy<Ring, PreparedReference>(batch, shape, 3, {}, kernel);
+      CHECK(ring.max() < 1e-12);
+      CHECK(ring.bytes_match);
+      const test::Errors ulysses = test::check_strategy<Ulysses, PreparedReference>(batch, shape, 2, {}, kernel);
+      CHECK(ulysses.max() < 1e-12);
+      CHECK(kernel.counts->prepares > 0);
+      CHECK(kernel.counts->prepared_calls > 0);
+      CHECK(kernel.counts->plain_calls == 0);
+      CHECK(kernel.counts->mismatched == 0);
+    }
+    SUBCASE("prepared on a cache miss only") {
+      backend::inproc::World(3).run([&](backend::inproc::Transport& t) {
+        PreparedReference kernel;
+        const auto counts = kernel.counts;
+        DistributedAttention<Ring, PreparedReference> attn(t, shape, {}, kernel);
+        AttentionTensors<double> l(attn.local_tokens(batch), shape);
+        const auto run = [&] {
+          attn.forward(batch, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view());
+          attn.backward(batch, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view(), l.dout.view(), l.dq.view(),
+                        l.dk.view(), l.dv.view());
+        };
+        run();
+        const int prepares = counts->prepares, calls = counts->prepared_calls;
+        CHECK(prepares == calls);  // one Params per kernel call of the two programs
+        run();
+        run();
+        CHECK(counts->prepares == prepares);
+        CHECK(counts->prepared_calls == 3 * calls);
+        CHECK(counts->plain_calls == 0);
+        CHECK(counts->mismatched == 0);
+      });
+    }
   }
 }

@@ -60,4 +60,50 @@ template <AttentionKernel K>
     return kernel.can_implement(shape);
 }
 
+/// The pass a kernel call belongs to.
+enum class Pass { kForward, kBackward };
+
+/// A kernel with a preparation step (FlashAttention-3's scheduler metadata,
+/// `mha_fwd_get_scheduler_metadata`, is the model): per-program parameters computed once, on the host,
+/// when the executor lowers a program (`runtime::Executor::initialize`, once per cached batch shape),
+/// from what the host knows of each kernel call: its shape, its slices (the HOST table, in the order
+/// the context's copy holds them), the rows of its q and k buffers and its pass. The executor keeps
+/// one `Params` per call and passes it to `forward` / `backward` after the context; the calls without
+/// `Params` stay (a direct call prepares nothing). CudaFlash builds its tile table here.
+///
+/// @code
+/// auto params = flash.prepare(exec, shape, host_slices, q_rows, k_rows, attention::Pass::kForward);
+/// flash.forward(exec, params, shape, q, k, v, device_slices, o, lse, workspace);  // any number of times
+/// @endcode
+template <class K>
+concept PreparingKernel = AttentionKernel<K> && std::movable<typename K::Params> &&
+    requires(K& k, const K& ck, const typename K::exec_type& exec, const typename K::Params& params,
+             const AttentionShape& shape, ThdView<const typename K::value_type> in, ThdView<typename K::value_type> out,
+             LseView<typename K::accum_type> lse, LseView<const typename K::accum_type> lse_in,
+             std::span<const AttnSlice> slices, std::span<std::byte> workspace, std::int64_t rows, Pass pass) {
+  { ck.prepare(exec, shape, slices, rows, rows, pass) } -> std::same_as<typename K::Params>;
+  k.forward(exec, params, shape, in, in, in, slices, out, lse, workspace);
+  k.backward(exec, params, shape, in, in, in, in, lse_in, in, slices, out, out, out, workspace);
+};
+
+/// Whether K declares a preparation step (`Params`): it must then be a whole PreparingKernel.
+template <class K>
+inline constexpr bool kDeclaresParams = requires {
+  typename K::Params;
+};
+
+/// The Params of a preparing kernel; an empty type for the others.
+struct NoParams {};
+template <class K>
+struct ParamsOf {
+  using type = NoParams;
+};
+template <class K>
+requires PreparingKernel<K>
+struct ParamsOf<K> {
+  using type = typename K::Params;
+};
+template <class K>
+using params_t = typename ParamsOf<K>::type;
+
 }  // namespace seqpar::attention

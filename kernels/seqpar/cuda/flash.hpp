@@ -19,8 +19,11 @@
 /// - Slices: the same `AttnSlice` semantics as CpuFlash (full, causal with explicit alignment,
 ///   sliding window; disjoint query ranges per call), in device memory: checked once where they reach
 ///   the device (`cuda::DeviceSlices`, or the executor's lowering), not at every call.
-/// - Work: a tile table of (slice, query tile) built on the device each call (CUB scan + radix sort,
-///   detail/tile_table.cuh), longest tiles first; blocks are (tile, head).
+/// - Work: a tile table of (slice, query tile), longest tiles first; blocks are (tile, head). Under
+///   the executor it is built once per cached program, on the host from the host slice table
+///   (`prepare`, the kernel's per-program `Params`, uploaded with a copy of the call's slices); a
+///   direct call without `Params` builds it on the device each call (CUB scan + radix sort,
+///   detail/tile_table.cuh). Both are the same table.
 /// - `can_implement(shape)`: head dims 64 and 128 (what the kernels are instantiated for); the calls
 ///   refuse what it refuses, with the same message.
 /// - Forward writes O and LSE on every query row (rows in no slice: O = 0, LSE = -inf). Backward
@@ -47,6 +50,7 @@
 #include "seqpar/core/status.hpp"
 #include "seqpar/core/tensor.hpp"
 #include "seqpar/cuda/detail/element.hpp"
+#include "seqpar/cuda/device_memory.hpp"
 #include "seqpar/cuda/exec.hpp"
 
 namespace seqpar::attention {
@@ -59,6 +63,23 @@ namespace seqpar::attention {
                                           "the CUDA kernels are built for head dims 64 and 128");
   return Status::success();
 }
+
+/// CudaFlash's per-program parameters of one call (`CudaFlash::prepare`): the call's slices and its
+/// tile table, longest tiles first, in one block of device memory, built on the host once per cached
+/// program. The kernels read the slices of this copy (the tile entries index it), so a context's
+/// mirror of the slices may hold them in another order (the executor sorts merges' slices there).
+struct CudaFlashParams {
+  Pass pass = Pass::kForward;
+  int head_dim = 0;
+  int rows_per_tile = 0;                 ///< query rows per tile of the pass's kernel (forward or dQ)
+  std::int64_t q_rows = 0;               ///< rows of the call's q buffer
+  std::int64_t num_slices = 0;           ///< slices of the call (what forward/backward are passed)
+  std::int64_t num_tiles = 0;            ///< entries of the tile table
+  const AttnSlice* slices = nullptr;     ///< device: the call's slices
+  const std::uint64_t* tiles = nullptr;  ///< device: the tile table (cuda::detail::pack_tile entries)
+  const unsigned* length = nullptr;      ///< device: num_tiles, as the kernels read it
+  cuda::DeviceBytes storage;             ///< owns the three above
+};
 
 template <class T>
 class CudaFlash {
@@ -76,10 +97,19 @@ class CudaFlash {
 
   [[nodiscard]] const cuda::CudaExec& exec() const noexcept { return exec_; }
 
+  using Params = CudaFlashParams;
+
   /// Head dims 64 and 128 (cuda_flash_shape_status); the calls refuse the same shapes.
   [[nodiscard]] Status can_implement(const AttentionShape& shape) const {
     return cuda_flash_shape_status(shape, "CudaFlash");
   }
+
+  /// The call's tile table, built on the host from `host_slices` (checked against q_rows and k_rows)
+  /// and uploaded with a copy of them on exec.stream() (waited for: once per cached program). What
+  /// `runtime::Executor::initialize` calls for every kernel call of a program.
+  [[nodiscard]] Params prepare(const cuda::CudaExec& exec, const AttentionShape& shape,
+                               std::span<const AttnSlice> host_slices, std::int64_t q_rows, std::int64_t k_rows,
+                               Pass pass) const;
 
   /// Device bytes of scratch for a call over q_rows query rows (forward or backward).
   [[nodiscard]] std::size_t workspace_bytes(const AttentionShape& shape, std::int64_t q_rows,
@@ -94,6 +124,17 @@ class CudaFlash {
                 std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
                 std::span<std::byte> workspace);
 
+  /// With the call's `Params` (from `prepare` for this shape, pass and slices): no tile table is
+  /// built; `slices` must be the prepared call's (their count is checked).
+  void forward(const cuda::CudaExec& exec, const Params& params, const AttentionShape& shape, ThdView<const T> q,
+               ThdView<const T> k, ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o,
+               LseView<float> lse, std::span<std::byte> workspace);
+
+  void backward(const cuda::CudaExec& exec, const Params& params, const AttentionShape& shape, ThdView<const T> q,
+                ThdView<const T> k, ThdView<const T> v, ThdView<const T> o, LseView<const float> lse,
+                ThdView<const T> dout, std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
+                std::span<std::byte> workspace);
+
   /// On the kernel's own context.
   void forward(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
                std::span<const AttnSlice> slices, ThdView<T> o, LseView<float> lse, std::span<std::byte> workspace) {
@@ -106,9 +147,19 @@ class CudaFlash {
   }
 
  private:
+  // Both calls of a pass, with the prepared call's Params or (null) building the tile table now.
+  void run_forward(const cuda::CudaExec& exec, const Params* params, const AttentionShape& shape, ThdView<const T> q,
+                   ThdView<const T> k, ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o,
+                   LseView<float> lse, std::span<std::byte> workspace);
+  void run_backward(const cuda::CudaExec& exec, const Params* params, const AttentionShape& shape, ThdView<const T> q,
+                    ThdView<const T> k, ThdView<const T> v, ThdView<const T> o, LseView<const float> lse,
+                    ThdView<const T> dout, std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk,
+                    ThdView<T> dv, std::span<std::byte> workspace);
+
   cuda::CudaExec exec_;
 };
 
 static_assert(AttentionKernel<CudaFlash<float>>);
+static_assert(PreparingKernel<CudaFlash<float>>);
 
 }  // namespace seqpar::attention

@@ -198,6 +198,10 @@ class AttentionEngine {
   template <Transport Tr>
   AttentionEngine(Tr& transport, const AttentionShape& shape, int ranks_per_node, Kernel kernel)
       : world_(transport), shape_(shape), kernel_(std::move(kernel)), exec_(kernel_.exec()) {
+    static_assert(!StreamOrderedTransport<Tr> || StreamOrderedExec<exec_type>,
+                  "DistributedAttention: a stream-ordered transport (NCCL) enqueues its transfers on the kernel's "
+                  "streams, so it needs a kernel whose exec_type is a StreamOrderedExec (attention::CudaFlash on "
+                  "cuda::CudaExec); with a host kernel use a host transport (in-process or MPI)");
     shape_.validate("DistributedAttention");
     seqpar::detail::require(ranks_per_node >= 0, "DistributedAttention", "args.ranks_per_node", ranks_per_node,
                             "must be >= 0 (0 = one node)");

@@ -303,6 +303,10 @@ TEST_SUITE("cuda") {
       CHECK_FALSE(s);
       CHECK(s.reason.substr(s.reason.find(": ")) == std::string(e.what()).substr(std::string(e.what()).find(": ")));
     }
+    // Both built head dims fit this device's shared memory (can_implement asks it through the context).
+    CHECK(flash.can_implement({2, 2, 64, 0}));
+    CHECK(flash.can_implement({2, 2, 128, 0}));
+    CHECK(attention::CudaFlash<float>::shared_bytes(128) <= static_cast<std::size_t>(flash.exec().max_shared_bytes()));
     const AttentionShape shape{2, 2, 64, 0};
     cuda::DeviceArray<float> y(static_cast<std::size_t>(8 * 2 * 64));
     const auto v64 = ThdView<const float>::dense(y.data(), 8, 2, 64);

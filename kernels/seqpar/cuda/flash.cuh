@@ -12,12 +12,14 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "seqpar/attention/kernel.hpp"
@@ -143,11 +145,9 @@ struct CudaFlashCalls {
   }
 
   template <class Kernel>
-  static void allow_shared(Kernel kernel, std::size_t bytes, const cuda::CudaExec& exec, const char* where) {
-    if (bytes > static_cast<std::size_t>(exec.max_shared_bytes()))
-      throw Error(Errc::kStepFailed, std::string(where) + ": the kernel needs " + std::to_string(bytes) +
-                                         " bytes of shared memory per block, the device allows " +
-                                         std::to_string(exec.max_shared_bytes()));
+  static void allow_shared(Kernel kernel, std::size_t bytes, int head_dim, const cuda::CudaExec& exec,
+                           const char* where) {
+    if (Status s = cuda_flash_shared_status(exec, bytes, head_dim, where); !s) throw Error(Errc::kStepFailed, s.reason);
     SEQPAR_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)), where);
   }
@@ -181,7 +181,7 @@ struct CudaFlashCalls {
                                      t.slices,
                                      t.table};
     const auto kernel = cuda::detail::flash_forward_kernel<T, D>;
-    allow_shared(kernel, Plan::kBytes, exec, where);
+    allow_shared(kernel, Plan::kBytes, D, exec, where);
     kernel<<<grid_of(t.tiles * shape.heads_q, where), Plan::kThreads, Plan::kBytes, stream>>>(p);
     SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
   }
@@ -227,12 +227,12 @@ struct CudaFlashCalls {
     SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
 
     const auto dq_kernel = cuda::detail::flash_dq_kernel<T, D>;
-    allow_shared(dq_kernel, DqPlan::kBytes, exec, where);
+    allow_shared(dq_kernel, DqPlan::kBytes, D, exec, where);
     dq_kernel<<<grid_of(t.tiles * shape.heads_q, where), DqPlan::kThreads, DqPlan::kBytes, stream>>>(p);
     SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
 
     const auto dkv_kernel = cuda::detail::flash_dkv_kernel<T, D>;
-    allow_shared(dkv_kernel, DkvPlan::kBytes, exec, where);
+    allow_shared(dkv_kernel, DkvPlan::kBytes, D, exec, where);
     const dim3 grid(grid_of((k.tokens + DkvPlan::kKeys - 1) / DkvPlan::kKeys, where),
                     static_cast<unsigned>(shape.heads_kv));
     dkv_kernel<<<grid, DkvPlan::kThreads, DkvPlan::kBytes, stream>>>(p);
@@ -246,6 +246,16 @@ template <class T>
 std::size_t CudaFlash<T>::workspace_bytes(const AttentionShape& shape, std::int64_t q_rows,
                                           std::int64_t /*k_rows*/) const {
   return detail::CudaFlashCalls<T>::workspace_bytes(shape, q_rows);
+}
+
+template <class T>
+std::size_t CudaFlash<T>::shared_bytes(int head_dim) {
+  const auto of = [](auto d) {
+    constexpr int D = decltype(d)::value;
+    return std::max({cuda::detail::ForwardPlan<T, D>::kBytes, cuda::detail::DqPlan<T, D>::kBytes,
+                     cuda::detail::DkvPlan<T, D>::kBytes});
+  };
+  return head_dim == 64 ? of(std::integral_constant<int, 64>{}) : of(std::integral_constant<int, 128>{});
 }
 
 template <class T>

@@ -42,6 +42,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <utility>
 
 #include "seqpar/attention/kernel.hpp"
@@ -62,6 +63,17 @@ namespace seqpar::attention {
     return seqpar::detail::refuse_invalid(where, "shape.head_dim", shape.head_dim,
                                           "the CUDA kernels are built for head dims 64 and 128");
   return Status::success();
+}
+
+/// Whether `exec`'s device gives a block the `bytes` of dynamic shared memory CudaFlash's kernels need
+/// at `head_dim` (what can_implement(exec, shape) answers and a launch refuses).
+[[nodiscard]] inline Status cuda_flash_shared_status(const cuda::CudaExec& exec, std::size_t bytes, int head_dim,
+                                                     const char* where) {
+  if (bytes <= static_cast<std::size_t>(exec.max_shared_bytes())) return Status::success();
+  return seqpar::detail::refuse_invalid(where, "shape.head_dim", head_dim,
+                                        "the kernels need " + std::to_string(bytes) +
+                                            " bytes of shared memory per block, the device allows " +
+                                            std::to_string(exec.max_shared_bytes()));
 }
 
 /// CudaFlash's per-program parameters of one call (`CudaFlash::prepare`): the call's slices and its
@@ -99,10 +111,17 @@ class CudaFlash {
 
   using Params = CudaFlashParams;
 
-  /// Head dims 64 and 128 (cuda_flash_shape_status); the calls refuse the same shapes.
-  [[nodiscard]] Status can_implement(const AttentionShape& shape) const {
-    return cuda_flash_shape_status(shape, "CudaFlash");
+  /// Head dims 64 and 128 (cuda_flash_shape_status), with the shared memory their kernels need on the
+  /// kernel's own device; the calls refuse the same shapes.
+  [[nodiscard]] Status can_implement(const AttentionShape& shape) const { return can_implement(exec_, shape); }
+  /// The same on `exec`'s device.
+  [[nodiscard]] Status can_implement(const cuda::CudaExec& exec, const AttentionShape& shape) const {
+    if (Status s = cuda_flash_shape_status(shape, "CudaFlash"); !s) return s;
+    return cuda_flash_shared_status(exec, shared_bytes(shape.head_dim), shape.head_dim, "CudaFlash");
   }
+  /// Dynamic shared memory per block of the largest of the kernels (forward, dQ, dK/dV) at head dim 64
+  /// or 128.
+  [[nodiscard]] static std::size_t shared_bytes(int head_dim);
 
   /// The call's tile table, built on the host from `host_slices` (checked against q_rows and k_rows)
   /// and uploaded with a copy of them on exec.stream() (waited for: once per cached program). What

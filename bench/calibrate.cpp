@@ -452,6 +452,7 @@ struct TimedFlash {
     return flash.workspace_bytes(shape, q_rows, k_rows);
   }
   [[nodiscard]] const HostExec& exec() const noexcept { return flash.exec(); }
+  [[nodiscard]] Status can_implement(const AttentionShape& shape) const { return flash.can_implement(shape); }
   void forward(const HostExec& exec, const AttentionShape& shape, ThdView<const float> q, ThdView<const float> k,
                ThdView<const float> v, std::span<const AttnSlice> slices, ThdView<float> o, LseView<float> lse,
                std::span<std::byte> workspace) const {

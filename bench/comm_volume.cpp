@@ -43,6 +43,7 @@ struct NoCompute {
   using exec_type = HostExec;
   [[nodiscard]] HostExec exec() const { return HostExec(1); }
   [[nodiscard]] std::size_t workspace_bytes(const AttentionShape&, std::int64_t, std::int64_t) const { return 0; }
+  [[nodiscard]] Status can_implement(const AttentionShape& shape) const { return shape.status("NoCompute"); }
   void forward(const HostExec&, const AttentionShape&, ThdView<const value_type>, ThdView<const value_type>,
                ThdView<const value_type>, std::span<const AttnSlice>, ThdView<value_type>, LseView<float>,
                std::span<std::byte>) const {}

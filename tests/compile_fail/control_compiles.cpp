@@ -10,6 +10,7 @@
 #include <seqpar/partition/zigzag.hpp>
 #include <seqpar/plan/selected_attention.hpp>
 #include <seqpar/runtime/any_transport.hpp>
+#include <seqpar/seqpar.hpp>  // DistributedAttention, as users include it
 #include <seqpar/strategy.hpp>
 
 #include <cstddef>
@@ -40,6 +41,13 @@ struct SmallRequestTransport {
 int wrap(SmallRequestTransport& t) {
   seqpar::runtime::AnyTransport any(t);
   return any.size();
+}
+
+// A host transport under a host kernel (stream_ordered_transport_host_kernel_fail.cpp, made right).
+int host_engine(SmallRequestTransport& t) {
+  using S = seqpar::Strategy<seqpar::partition::Zigzag, seqpar::comm::Ring>;
+  seqpar::DistributedAttention<S, seqpar::attention::CpuFlash<float>> attn(t, seqpar::AttentionShape{4, 2, 64});
+  return attn.rank();
 }
 
 int main() {

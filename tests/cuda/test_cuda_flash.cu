@@ -99,6 +99,55 @@ TEST_SUITE("cuda") {
     }
   }
 
+  TEST_CASE("with prepared Params (a host-built tile table, once) the results are the per-call path's, bit for bit") {
+    const AttentionShape shape{4, 2, 128, 0};
+    DocumentBatch mix({{300, 1, 7, 700, 64, 65}, {129, 1, 1000}});
+    const std::int64_t n = mix.total_tokens();
+    std::mt19937 rng(9);
+    DeviceTensor<__nv_bfloat16> q(n, 4, 128, rng, 1), k(n, 2, 128, rng, 1), v(n, 2, 128, rng, 1),
+        dout(n, 4, 128, rng, 1);
+    const cuda::DeviceSlices slices(mix.document_causal_slices(), n, n);
+    attention::CudaFlash<__nv_bfloat16> flash;
+    cuda::DeviceBytes ws(flash.workspace_bytes(shape, n, n));
+    const auto fwd = flash.prepare(flash.exec(), shape, slices.host(), n, n, attention::Pass::kForward);
+    const auto bwd = flash.prepare(flash.exec(), shape, slices.host(), n, n, attention::Pass::kBackward);
+    CHECK(fwd.num_tiles > 0);
+    std::vector<std::vector<__nv_bfloat16>> runs;
+    for (int prepared = 0; prepared < 2; ++prepared) {
+      DeviceTensor<__nv_bfloat16> o(n, 4, 128, rng, 0), dq(n, 4, 128, rng, 0), dk(n, 2, 128, rng, 0),
+          dv(n, 2, 128, rng, 0);
+      cuda::DeviceArray<float> lse(static_cast<std::size_t>(4 * n));
+      const auto lse_view = LseView<float>::dense(lse.data(), 4, n);
+      if (prepared == 1) {
+        flash.forward(flash.exec(), fwd, shape, q.view(), k.view(), v.view(), slices.device(), o.view(), lse_view,
+                      ws.span());
+        flash.backward(flash.exec(), bwd, shape, q.view(), k.view(), v.view(), o.view(), lse_view, dout.view(),
+                       slices.device(), dq.view(), dk.view(), dv.view(), ws.span());
+      } else {
+        flash.forward(shape, q.view(), k.view(), v.view(), slices.device(), o.view(), lse_view, ws.span());
+        flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse_view, dout.view(), slices.device(), dq.view(),
+                       dk.view(), dv.view(), ws.span());
+      }
+      flash.exec().synchronize();
+      std::vector<__nv_bfloat16> all = o.dev.to_host();
+      for (const auto& t : {dq.dev.to_host(), dk.dev.to_host(), dv.dev.to_host()})
+        all.insert(all.end(), t.begin(), t.end());
+      runs.push_back(all);
+    }
+    REQUIRE(runs[0].size() == runs[1].size());
+    CHECK(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(__nv_bfloat16)) == 0);
+    // Params of another call are refused by name.
+    try {
+      DeviceTensor<__nv_bfloat16> o(n, 4, 128, rng, 0);
+      cuda::DeviceArray<float> lse(static_cast<std::size_t>(4 * n));
+      flash.forward(flash.exec(), bwd, shape, q.view(), k.view(), v.view(), slices.device(), o.view(),
+                    LseView<float>::dense(lse.data(), 4, n), ws.span());
+      FAIL("backward Params accepted by a forward call");
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()).find("params.pass") != std::string::npos);
+    }
+  }
+
   TEST_CASE("bad arguments are named") {
     attention::CudaFlash<float> flash;
     const AttentionShape bad{2, 2, 96, 0};
@@ -111,7 +160,15 @@ TEST_SUITE("cuda") {
       FAIL("head_dim 96 was accepted");
     } catch (const std::invalid_argument& e) {
       CHECK(std::string(e.what()).find("shape.head_dim") != std::string::npos);
+      // can_implement refuses it in the same words.
+      const Status s = flash.can_implement(bad);
+      CHECK_FALSE(s);
+      CHECK(s.reason.substr(s.reason.find(": ")) == std::string(e.what()).substr(std::string(e.what()).find(": ")));
     }
+    // Both built head dims fit this device's shared memory (can_implement asks it through the context).
+    CHECK(flash.can_implement({2, 2, 64, 0}));
+    CHECK(flash.can_implement({2, 2, 128, 0}));
+    CHECK(attention::CudaFlash<float>::shared_bytes(128) <= static_cast<std::size_t>(flash.exec().max_shared_bytes()));
     const AttentionShape shape{2, 2, 64, 0};
     cuda::DeviceArray<float> y(static_cast<std::size_t>(8 * 2 * 64));
     const auto v64 = ThdView<const float>::dense(y.data(), 8, 2, 64);

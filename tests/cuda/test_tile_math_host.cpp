@@ -3,6 +3,8 @@
 // the device code shares: checked against brute force over Mask::visible_keys on random slices.
 #include <doctest/doctest.h>
 
+#include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -101,6 +103,44 @@ TEST_SUITE("cuda_host") {
         for (const AttnSlice& s : slices)
           for (std::int64_t r = s.q_range.begin; r < s.q_range.end; ++r)
             CHECK(covered[static_cast<std::size_t>(r)] == 1);
+      }
+    }
+  }
+
+  TEST_CASE("a prepared call's block holds its slices, the reference tile table and its length") {
+    std::mt19937 rng(5);
+    for (int trial = 0; trial < 50; ++trial) {
+      std::vector<AttnSlice> slices;
+      std::int64_t at = 0;
+      const int n = std::uniform_int_distribution<int>(0, 9)(rng);
+      for (int i = 0; i < n; ++i) {
+        const AttnSlice s = random_slice(rng, at);
+        at = s.q_range.end;
+        slices.push_back(s);  // slices without query rows too: they have no tiles
+      }
+      for (int rows : {32, 64}) {
+        const cd::PreparedBlock block = cd::prepared_block(slices, rows);
+        const auto want = cd::tile_table_reference(slices, rows);
+        const cd::PreparedLayout layout(slices.size(), want.size());
+        REQUIRE(block.num_tiles == want.size());
+        REQUIRE(block.bytes.size() == layout.bytes);
+        CHECK(layout.tiles % 256 == 0);
+        CHECK(layout.length % 256 == 0);
+        CHECK(layout.tiles >= slices.size() * sizeof(AttnSlice));
+        CHECK(layout.length >= layout.tiles + want.size() * sizeof(std::uint64_t));
+        for (std::size_t i = 0; i < slices.size(); ++i) {
+          AttnSlice got;
+          std::memcpy(&got, block.bytes.data() + layout.slices + i * sizeof(AttnSlice), sizeof(AttnSlice));
+          CHECK(got == slices[i]);
+        }
+        for (std::size_t i = 0; i < want.size(); ++i) {
+          std::uint64_t tile = 0;
+          std::memcpy(&tile, block.bytes.data() + layout.tiles + i * sizeof(std::uint64_t), sizeof(tile));
+          CHECK(tile == want[i].tile);
+        }
+        unsigned length = 0;
+        std::memcpy(&length, block.bytes.data() + layout.length, sizeof(length));
+        CHECK(length == want.size());
       }
     }
   }

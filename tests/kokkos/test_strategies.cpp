@@ -9,7 +9,10 @@
 #include <seqpar/seqpar.hpp>
 
 #include <algorithm>
+#include <cstdint>
+#include <exception>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -83,4 +86,43 @@ TEST_SUITE("kokkos") {
     test::for_each_communicator<P>([](auto combination) { check_combination(combination); });
   }
   TEST_CASE_TEMPLATE_APPLY(kokkos_every_communicator, test::Partitioners);
+
+  TEST_CASE("KokkosFlash's can_implement: the calls' refusals, asked by the engine before any communication") {
+    const Kernel flash = kernel();
+    CHECK(flash.can_implement({4, 2, 32}));
+    const Status gqa = flash.can_implement({3, 2, 32});
+    CHECK_FALSE(gqa);
+    CHECK(gqa.reason == "KokkosFlash: heads_q = 3: must be a multiple of heads_kv = 2");
+    // Tiles whose team scratch (any pass) exceeds the space's level-1 maximum, as the calls refuse them.
+    const Kernel huge({.q_tile = 4096, .k_tile = 4096});
+    const AttentionShape wide{4, 2, 1024};
+    const Status tiles = huge.can_implement(wide);
+    CHECK_FALSE(tiles);
+    CHECK(tiles.reason.find("KokkosFlash: args.q_tile/k_tile = 4096/4096: team scratch of") != std::string::npos);
+    // Through DistributedAttention: every rank refuses with the local checks, before any message.
+    const DocumentBatch batch({{20, 13}});
+    std::vector<std::string> errors(2);
+    std::vector<std::uint64_t> messages(2);
+    try {
+      backend::inproc::World(2).run([&](backend::inproc::Transport& t) {
+        const auto r = static_cast<std::size_t>(t.rank());
+        try {
+          DistributedAttention<Strategy<partition::Zigzag, comm::Ring>, Kernel> attn(
+              t, wide, {}, Kernel({.q_tile = 4096, .k_tile = 4096}));
+          AttentionTensors<double> l(attn.local_tokens(batch), wide);
+          attn.forward(batch, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view());
+        } catch (const std::invalid_argument& e) {
+          errors[r] = e.what();
+        }
+        messages[r] = t.counters().messages_sent;
+      });
+    } catch (const std::exception& e) {
+      FAIL(e.what());
+    }
+    for (std::size_t r = 0; r < 2; ++r) {
+      CHECK(errors[r].find("the kernel cannot run it: KokkosFlash: args.q_tile/k_tile = 4096/4096") !=
+            std::string::npos);
+      CHECK(messages[r] == 1);  // the agreement's all_gather block to the one peer
+    }
+  }
 }

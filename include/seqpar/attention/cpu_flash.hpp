@@ -124,6 +124,17 @@ class CpuFlash {
     return layout(shape, q_rows, k_rows).total;
   }
 
+  /// Whether the kernel runs `shape` on its own context: a well-formed shape whose softmax scale
+  /// stays finite and nonzero in accum_type once multiplied by log2(e). The calls refuse the same.
+  [[nodiscard]] Status can_implement(const AttentionShape& shape) const {
+    return implementable(exec_, shape, "CpuFlash");
+  }
+  /// The same on `exec`, which may have at most args.threads threads (the workspace holds one tile
+  /// set per thread).
+  [[nodiscard]] Status can_implement(const HostExec& exec, const AttentionShape& shape) const {
+    return implementable(exec, shape, "CpuFlash");
+  }
+
   void forward(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
                std::span<const AttnSlice> slices, ThdView<T> o, LseView<accum_type> lse,
                std::span<std::byte> workspace) const {
@@ -470,22 +481,27 @@ class CpuFlash {
     }
   }
 
+  // What can_implement answers and the calls refuse: one predicate, one message.
+  [[nodiscard]] Status implementable(const HostExec& exec, const AttentionShape& shape, const char* where) const {
+    if (exec.threads() > args_.threads)
+      return seqpar::detail::refuse_invalid(
+          where, "exec.threads()", exec.threads(),
+          "exceeds args.threads = " + std::to_string(args_.threads) + " (the workspace holds one tile set per thread)");
+    if (Status s = shape.status(where); !s) return s;
+    // The scale is applied in accum_type, pre-multiplied by log2(e): it must stay finite and nonzero there.
+    const double sc = shape.scale();
+    const A sa = A(sc);
+    if (!std::isfinite(sa * kLog2e) || (sc != 0.0 && sa == A(0)))
+      return seqpar::detail::refuse_invalid(where, "softmax_scale", sc,
+                                            std::string("is not representable in the accumulation type (") +
+                                                (std::is_same_v<A, float> ? "float" : "double") + ")");
+    return Status::success();
+  }
+
   void check(const HostExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
              ThdView<const T> v, std::span<const AttnSlice> slices, std::span<std::byte> workspace,
              const char* where) const {
-    if (exec.threads() > args_.threads)
-      seqpar::detail::throw_invalid(
-          where, "exec.threads()", exec.threads(),
-          "exceeds args.threads = " + std::to_string(args_.threads) + " (the workspace holds one tile set per thread)");
-    shape.validate(where);
-    {  // the scale is applied in accum_type, pre-multiplied by log2(e): it must stay finite and nonzero there
-      const double sc = shape.scale();
-      const A sa = A(sc);
-      if (!std::isfinite(sa * kLog2e) || (sc != 0.0 && sa == A(0)))
-        seqpar::detail::throw_invalid(where, "softmax_scale", sc,
-                                      std::string("is not representable in the accumulation type (") +
-                                          (std::is_same_v<A, float> ? "float" : "double") + ")");
-    }
+    seqpar::detail::throw_if_refused(implementable(exec, shape, where));
     seqpar::detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.head_dim);
     seqpar::detail::check_view(k, where, "k", k.tokens, shape.heads_kv, shape.head_dim);
     seqpar::detail::check_view(v, where, "v", k.tokens, shape.heads_kv, shape.head_dim);

@@ -4,11 +4,13 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 #include "seqpar/core/attention_shape.hpp"
 #include "seqpar/core/attn_slice.hpp"
 #include "seqpar/core/exec.hpp"
+#include "seqpar/core/status.hpp"
 #include "seqpar/core/tensor.hpp"
 
 namespace seqpar::attention {
@@ -24,6 +26,14 @@ struct kernel_tag {};
 /// CUDA stream on a GPU); views, slices and workspace live in that context's memory. `exec()` is the
 /// kernel's own context, used when the caller gives none.
 /// Scratch memory comes from the caller: `workspace_bytes` sizes it, the calls never allocate.
+///
+/// The protocol every layer answers (as a CUTLASS kernel does): `can_implement(shape) -> Status` says,
+/// without touching memory or a device, whether the kernel can run `shape` with its own configuration
+/// and context (a head dim it was not built for, a softmax scale its accumulation type cannot hold):
+/// DistributedAttention asks it for every head group of a program with its other local checks, so
+/// that a refusal reaches every rank before any message. The calls still refuse the same shapes
+/// themselves (std::invalid_argument), from the same predicate. A kernel whose refusal depends on
+/// the context may also answer `can_implement(exec, shape)` (see `attention::can_implement`).
 template <class K>
 concept AttentionKernel = std::derived_from<typename K::kernel_category, kernel_tag> &&
     ExecutionContext<typename K::exec_type> &&
@@ -32,9 +42,68 @@ concept AttentionKernel = std::derived_from<typename K::kernel_category, kernel_
              LseView<typename K::accum_type> lse, LseView<const typename K::accum_type> lse_in,
              std::span<const AttnSlice> slices, std::span<std::byte> workspace, std::int64_t rows) {
   { ck.exec() } -> std::convertible_to<typename K::exec_type>;
+  { ck.can_implement(shape) } -> std::same_as<Status>;
   { k.workspace_bytes(shape, rows, rows) } -> std::convertible_to<std::size_t>;
   k.forward(exec, shape, in, in, in, slices, out, lse, workspace);
   k.backward(exec, shape, in, in, in, in, lse_in, in, slices, out, out, out, workspace);
 };
+
+/// `kernel.can_implement(exec, shape)` when the kernel answers for a given context (CpuFlash: a
+/// context with more threads than its workspace is sized for), else `kernel.can_implement(shape)`.
+template <AttentionKernel K>
+[[nodiscard]] Status can_implement(const K& kernel, const typename K::exec_type& exec, const AttentionShape& shape) {
+  if constexpr (requires {
+                  { kernel.can_implement(exec, shape) } -> std::same_as<Status>;
+                })
+    return kernel.can_implement(exec, shape);
+  else
+    return kernel.can_implement(shape);
+}
+
+/// The pass a kernel call belongs to.
+enum class Pass { kForward, kBackward };
+
+/// A kernel with a preparation step (FlashAttention-3's scheduler metadata,
+/// `mha_fwd_get_scheduler_metadata`, is the model): per-program parameters computed once, on the host,
+/// when the executor lowers a program (`runtime::Executor::initialize`, once per cached batch shape),
+/// from what the host knows of each kernel call: its shape, its slices (the HOST table, in the order
+/// the context's copy holds them), the rows of its q and k buffers and its pass. The executor keeps
+/// one `Params` per call and passes it to `forward` / `backward` after the context; the calls without
+/// `Params` stay (a direct call prepares nothing). CudaFlash builds its tile table here.
+///
+/// @code
+/// auto params = flash.prepare(exec, shape, host_slices, q_rows, k_rows, attention::Pass::kForward);
+/// flash.forward(exec, params, shape, q, k, v, device_slices, o, lse, workspace);  // any number of times
+/// @endcode
+template <class K>
+concept PreparingKernel = AttentionKernel<K> && std::movable<typename K::Params> &&
+    requires(K& k, const K& ck, const typename K::exec_type& exec, const typename K::Params& params,
+             const AttentionShape& shape, ThdView<const typename K::value_type> in, ThdView<typename K::value_type> out,
+             LseView<typename K::accum_type> lse, LseView<const typename K::accum_type> lse_in,
+             std::span<const AttnSlice> slices, std::span<std::byte> workspace, std::int64_t rows, Pass pass) {
+  { ck.prepare(exec, shape, slices, rows, rows, pass) } -> std::same_as<typename K::Params>;
+  k.forward(exec, params, shape, in, in, in, slices, out, lse, workspace);
+  k.backward(exec, params, shape, in, in, in, in, lse_in, in, slices, out, out, out, workspace);
+};
+
+/// Whether K declares a preparation step (`Params`): it must then be a whole PreparingKernel.
+template <class K>
+inline constexpr bool kDeclaresParams = requires {
+  typename K::Params;
+};
+
+/// The Params of a preparing kernel; an empty type for the others.
+struct NoParams {};
+template <class K>
+struct ParamsOf {
+  using type = NoParams;
+};
+template <class K>
+requires PreparingKernel<K>
+struct ParamsOf<K> {
+  using type = typename K::Params;
+};
+template <class K>
+using params_t = typename ParamsOf<K>::type;
 
 }  // namespace seqpar::attention

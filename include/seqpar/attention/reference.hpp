@@ -47,6 +47,9 @@ class Reference {
     return 0;
   }
 
+  /// Any well-formed shape (AttentionShape::status); the calls refuse the same ones.
+  [[nodiscard]] Status can_implement(const AttentionShape& shape) const { return shape.status("Reference"); }
+
   void forward(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
                std::span<const AttnSlice> slices, ThdView<T> o, LseView<double> lse,
                std::span<std::byte> workspace = {}) const {

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cmath>
+#include <string>
 
 #include "seqpar/core/error.hpp"
+#include "seqpar/core/status.hpp"
 
 namespace seqpar {
 
@@ -21,18 +23,24 @@ struct AttentionShape {
     return softmax_scale != 0.0 ? softmax_scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
   }
 
-  void validate(const char* where = "AttentionShape") const {
+  /// Whether the shape is well formed: heads and head_dim positive, heads_q a multiple of heads_kv,
+  /// head_dim at most 1024, softmax_scale finite and >= 0 (the refusal names the field and its value).
+  [[nodiscard]] Status status(const char* where = "AttentionShape") const {
     if (heads_q > 0 && heads_kv > 0 && heads_q % heads_kv == 0 && head_dim > 0 && head_dim <= 1024 &&
         std::isfinite(softmax_scale) && softmax_scale >= 0.0)
-      return;  // the hot path builds no message
-    detail::require(heads_q > 0, where, "heads_q", heads_q, "must be positive");
-    detail::require(heads_kv > 0, where, "heads_kv", heads_kv, "must be positive");
-    detail::require(heads_q % heads_kv == 0, where, "heads_q", heads_q,
-                    "must be a multiple of heads_kv = " + std::to_string(heads_kv));
-    detail::require(head_dim > 0 && head_dim <= 1024, where, "head_dim", head_dim, "must be in [1, 1024]");
-    detail::require(std::isfinite(softmax_scale) && softmax_scale >= 0.0, where, "softmax_scale", softmax_scale,
-                    "must be finite and >= 0 (0 = 1/sqrt(head_dim))");
+      return Status::success();  // the hot path builds no message
+    if (heads_q <= 0) return detail::refuse_invalid(where, "heads_q", heads_q, "must be positive");
+    if (heads_kv <= 0) return detail::refuse_invalid(where, "heads_kv", heads_kv, "must be positive");
+    if (heads_q % heads_kv != 0)
+      return detail::refuse_invalid(where, "heads_q", heads_q,
+                                    "must be a multiple of heads_kv = " + std::to_string(heads_kv));
+    if (head_dim <= 0 || head_dim > 1024)
+      return detail::refuse_invalid(where, "head_dim", head_dim, "must be in [1, 1024]");
+    return detail::refuse_invalid(where, "softmax_scale", softmax_scale,
+                                  "must be finite and >= 0 (0 = 1/sqrt(head_dim))");
   }
+  /// Throws std::invalid_argument naming the field when `status` refuses the shape.
+  void validate(const char* where = "AttentionShape") const { detail::throw_if_refused(status(where)); }
   friend bool operator==(const AttentionShape&, const AttentionShape&) = default;
 };
 

@@ -67,13 +67,20 @@ class Error : public std::system_error {
 
 namespace detail {
 
+/// "<where>: <argument> = <value>: <why>", the message of every bad-argument error and refusal.
+template <class Value>
+[[nodiscard]] std::string invalid_message(std::string_view where, std::string_view argument, const Value& value,
+                                          std::string_view why) {
+  std::ostringstream os;
+  os << where << ": " << argument << " = " << value << ": " << why;
+  return os.str();
+}
+
 /// Throws std::invalid_argument("<where>: <argument> = <value>: <why>").
 template <class Value>
 [[noreturn]] void throw_invalid(std::string_view where, std::string_view argument, const Value& value,
                                 std::string_view why) {
-  std::ostringstream os;
-  os << where << ": " << argument << " = " << value << ": " << why;
-  throw std::invalid_argument(os.str());
+  throw std::invalid_argument(invalid_message(where, argument, value, why));
 }
 
 template <class Value>

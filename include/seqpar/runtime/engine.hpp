@@ -24,6 +24,8 @@
 #include "seqpar/core/document_batch.hpp"
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/shard_plan.hpp"
+#include "seqpar/core/status.hpp"
+#include "seqpar/core/transport.hpp"
 #include "seqpar/core/view_checks.hpp"
 #include "seqpar/runtime/any_transport.hpp"
 #include "seqpar/runtime/argument_word.hpp"
@@ -41,7 +43,8 @@ namespace seqpar::runtime {
 /// that grows only on a cache miss (or is the caller's).
 ///
 /// Order of a call: every local check first (the batch, the tensor views' extents, strides and
-/// aliasing, the strategy's refusal of the batch), then one all_gather in which the ranks compare
+/// aliasing, the strategy's refusal of the batch, the kernel's `can_implement` of the engine's shape
+/// and of every head group the program computes), then one all_gather in which the ranks compare
 /// what they are about to do and whether each accepted its arguments, then the program. A rank
 /// with a bad argument throws its std::invalid_argument and its peers seqpar::Error
 /// (Errc::kPeerFailed) naming it, all without waiting on a timeout. The accessors (plan,
@@ -104,6 +107,7 @@ class AttentionEngine {
     std::exception_ptr refused;
     try {  // every local check before the first message
       found = &checked_entry(where, batch);
+      require_kernel(where, found->forward_kernel);
       const std::int64_t n = found->plan.local_tokens(rank());
       check_forward_views(where, n, q, k, v, o, lse);
       check_not_input(where, "o", o, q, k, v);
@@ -135,6 +139,7 @@ class AttentionEngine {
     std::exception_ptr refused;
     try {  // every local check before the first message
       found = &checked_entry(where, batch);
+      require_kernel(where, found->backward_kernel);
       const std::int64_t n = found->plan.local_tokens(rank());
       check_forward_views(where, n, q, k, v, o, lse);
       seqpar::detail::check_view(dout, where, "dout", n, shape_.heads_q, shape_.head_dim);
@@ -187,6 +192,10 @@ class AttentionEngine {
   template <Transport Tr>
   AttentionEngine(Tr& transport, const AttentionShape& shape, int ranks_per_node, Kernel kernel)
       : world_(transport), shape_(shape), kernel_(std::move(kernel)), exec_(kernel_.exec()) {
+    static_assert(!StreamOrderedTransport<Tr> || StreamOrderedExec<exec_type>,
+                  "DistributedAttention: a stream-ordered transport (NCCL) enqueues its transfers on the kernel's "
+                  "streams, so it needs a kernel whose exec_type is a StreamOrderedExec (attention::CudaFlash on "
+                  "cuda::CudaExec); with a host kernel use a host transport (in-process or MPI)");
     shape_.validate("DistributedAttention");
     seqpar::detail::require(ranks_per_node >= 0, "DistributedAttention", "args.ranks_per_node", ranks_per_node,
                             "must be >= 0 (0 = one node)");
@@ -330,7 +339,8 @@ class AttentionEngine {
     std::vector<std::int64_t> key;
     ShardPlan plan;
     comm::CompiledAttention program;
-    Executor forward, backward;  // the programs, lowered
+    Executor forward, backward;              // the programs, lowered
+    Status forward_kernel, backward_kernel;  // the kernel's can_implement of each (local, once per entry)
     AnyTransport* group = nullptr;
     AnyTransport* inner = nullptr;  // hierarchical communicators: ranks of a node inside the group
     AnyTransport* outer = nullptr;  // and the ranks at the same position of every node
@@ -382,9 +392,23 @@ class AttentionEngine {
     compile(batch, e.plan, e.program);
     e.forward.initialize(e.program.forward, kernel_);
     e.backward.initialize(e.program.backward, kernel_);
+    e.forward_kernel = kernel_status(e.forward);
+    e.backward_kernel = kernel_status(e.backward);
     cache_.push_front(std::move(e));
     if (cache_.size() > kCacheEntries) cache_.pop_back();
     return cache_.front();
+  }
+
+  // The kernel's answer for the engine's shape and for every kernel call of a lowered program (their
+  // head groups: a strategy that splits heads calls the kernel with fewer than the engine's).
+  Status kernel_status(const Executor& program) const {
+    if (Status s = attention::can_implement(kernel_, exec_, shape_); !s) return s;
+    return program.can_implement(kernel_, exec_);
+  }
+
+  // A kernel's refusal, as the bad argument it is (local: before agree, like every check of a call).
+  static void require_kernel(const char* where, const Status& kernel) {
+    if (!kernel) throw std::invalid_argument(std::string(where) + ": the kernel cannot run it: " + kernel.reason);
   }
 
   // The local checks of the batch, then its (local) plan and programs.

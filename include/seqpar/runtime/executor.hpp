@@ -15,6 +15,7 @@
 #include "seqpar/comm/program.hpp"
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/overloaded.hpp"
+#include "seqpar/core/status.hpp"
 #include "seqpar/core/transport.hpp"
 #include "seqpar/runtime/data_ops.hpp"
 #include "seqpar/runtime/lowered_program.hpp"
@@ -35,8 +36,17 @@ namespace seqpar::runtime {
 /// AlignedBytes ws(ex.workspace_bytes());
 /// ex.run({&group, nullptr, nullptr}, kernel, kernel.exec(), buffers, ws.span());
 /// @endcode
+///
+/// A kernel with a preparation step (`attention::PreparingKernel`: `Params prepare(...)`) is prepared
+/// in `initialize`, once per kernel call of the program, from the call's host slices; `run` passes
+/// each call its `Params`. Other kernels are called without.
 template <attention::AttentionKernel Kernel, Transport Tr>
 class Executor {
+  static_assert(!attention::kDeclaresParams<Kernel> || attention::PreparingKernel<Kernel>,
+                "runtime::Executor: the kernel declares Params but is not an attention::PreparingKernel: give it "
+                "`Params prepare(exec, shape, host_slices, q_rows, k_rows, attention::Pass) const` and forward / "
+                "backward overloads taking `const Params&` after the execution context");
+
  public:
   using value_type = typename Kernel::value_type;
   using accum_type = typename Kernel::accum_type;
@@ -56,6 +66,36 @@ class Executor {
       requests_[s].reserve(lowered_.max_requests[s]);
     }
     tables_ = Ops::upload(kernel.exec(), lowered_);
+    if constexpr (attention::PreparingKernel<Kernel>) {
+      // The kernel's per-program parameters, one per kernel call in program order (run counts them off).
+      params_.clear();
+      const auto rows = [&](BufferId b) -> std::int64_t {
+        if (comm::is_caller_buffer(b)) return program.local_tokens;
+        const comm::BufferSpec* spec = program.staging_spec(b);
+        return spec != nullptr ? spec->rows : 0;
+      };
+      for (const LoweredOp& lop : lowered_.ops)
+        if (const auto* op = std::get_if<AttentionOp>(&lop.op))
+          params_.push_back(kernel.prepare(kernel.exec(), kernel_shape(lowered_, *op),
+                                           lowered_.view(lowered_.slices, op->slices), rows(op->q), rows(op->k),
+                                           op->backward ? attention::Pass::kBackward : attention::Pass::kForward));
+    }
+  }
+
+  /// The shape of the kernel call an attention op makes: its head group's heads, the program's head
+  /// dim and softmax scale.
+  [[nodiscard]] static AttentionShape kernel_shape(const LoweredProgram& lp, const AttentionOp& op) noexcept {
+    return {static_cast<int>(op.heads.q_heads.size()), static_cast<int>(op.heads.kv_heads.size()), lp.head_dim,
+            lp.softmax_scale};
+  }
+
+  /// The kernel's answer (`attention::can_implement` on `exec`) for every kernel call of the lowered
+  /// program: the first refusal, or success. Local: what an engine checks before it communicates.
+  [[nodiscard]] Status can_implement(const Kernel& kernel, const exec_type& exec) const {
+    for (const LoweredOp& lop : lowered_.ops)
+      if (const auto* op = std::get_if<AttentionOp>(&lop.op))
+        if (Status s = attention::can_implement(kernel, exec, kernel_shape(lowered_, *op)); !s) return s;
+    return Status::success();
   }
 
   [[nodiscard]] const LoweredProgram& lowered() const noexcept { return lowered_; }
@@ -80,6 +120,7 @@ class Executor {
             ThdView<value_type>::dense(reinterpret_cast<value_type*>(base), s.rows, s.heads, d);
     }
     for (auto& r : requests_) r.clear();  // left over by a failed run (the failure has reached every rank)
+    next_params_ = 0;
     const Context ctx{lp, transports, kernel, exec, buffers, workspace};
     for (const LoweredOp& op : lp.ops) {
       try {
@@ -191,7 +232,7 @@ class Executor {
     const comm::HeadGroup& g = op.heads;
     const int q0 = static_cast<int>(g.q_heads.begin), nq = static_cast<int>(g.q_heads.size());
     const int k0 = static_cast<int>(g.kv_heads.begin), nk = static_cast<int>(g.kv_heads.size());
-    const AttentionShape shape{nq, nk, c.lp.head_dim, c.lp.softmax_scale};
+    const AttentionShape shape = kernel_shape(c.lp, op);
     const auto in = [&](BufferId id, int first, int n) {
       return ThdView<const value_type>(c.b[id].heads_slice(first, n));
     };
@@ -199,17 +240,28 @@ class Executor {
     const auto slices = this->slices(op.slices).in_context();
     const auto kernel_ws = c.workspace.subspan(c.lp.layout.kernel, c.lp.layout.kernel_bytes);
     const auto q = in(op.q, q0, nq), k = in(op.k, k0, nk), v = in(op.v, k0, nk);
+    // A prepared kernel gets this call's Params (after the context); any other, none.
+    const auto forward = [&](auto&&... args) {
+      if constexpr (attention::PreparingKernel<Kernel>)
+        c.kernel.forward(c.exec, params_[next_params_++], args...);
+      else
+        c.kernel.forward(c.exec, args...);
+    };
+    const auto backward = [&](auto&&... args) {
+      if constexpr (attention::PreparingKernel<Kernel>)
+        c.kernel.backward(c.exec, params_[next_params_++], args...);
+      else
+        c.kernel.backward(c.exec, args...);
+    };
     if (op.backward) {
-      c.kernel.backward(c.exec, shape, q, k, v, in(op.o, q0, nq),
-                        LseView<const accum_type>(c.b.lse_of(op.lse).heads_slice(q0, nq)), in(op.dout, q0, nq), slices,
-                        c.b[op.dq].heads_slice(q0, nq), c.b[op.dk].heads_slice(k0, nk), c.b[op.dv].heads_slice(k0, nk),
-                        kernel_ws);
+      backward(shape, q, k, v, in(op.o, q0, nq), LseView<const accum_type>(c.b.lse_of(op.lse).heads_slice(q0, nq)),
+               in(op.dout, q0, nq), slices, c.b[op.dq].heads_slice(q0, nq), c.b[op.dk].heads_slice(k0, nk),
+               c.b[op.dv].heads_slice(k0, nk), kernel_ws);
     } else if (op.partial) {
-      c.kernel.forward(c.exec, shape, q, k, v, slices, c.b[BufferId::kOPart].heads_slice(0, nq),
-                       c.b.lse_of(BufferId::kLsePart).heads_slice(0, nq), kernel_ws);
+      forward(shape, q, k, v, slices, c.b[BufferId::kOPart].heads_slice(0, nq),
+              c.b.lse_of(BufferId::kLsePart).heads_slice(0, nq), kernel_ws);
     } else {
-      c.kernel.forward(c.exec, shape, q, k, v, slices, c.b[op.o].heads_slice(q0, nq),
-                       c.b.lse_of(op.lse).heads_slice(q0, nq), kernel_ws);
+      forward(shape, q, k, v, slices, c.b[op.o].heads_slice(q0, nq), c.b.lse_of(op.lse).heads_slice(q0, nq), kernel_ws);
     }
   }
 
@@ -248,6 +300,8 @@ class Executor {
   typename Ops::Tables tables_{};
   std::array<std::vector<typename Tr::Request>, comm::kNumSlots> requests_;
   std::array<Tr*, comm::kNumSlots> level_of_slot_{};
+  std::vector<attention::params_t<Kernel>> params_;  // prepared kernels: one per kernel call, in program order
+  std::size_t next_params_ = 0;                      // the next call's, during run
 };
 
 }  // namespace seqpar::runtime

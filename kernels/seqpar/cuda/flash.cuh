@@ -12,22 +12,26 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "seqpar/attention/kernel.hpp"
 #include "seqpar/core/attention_shape.hpp"
 #include "seqpar/core/attn_slice.hpp"
 #include "seqpar/core/error.hpp"
+#include "seqpar/core/status.hpp"
 #include "seqpar/core/tensor.hpp"
 #include "seqpar/cuda/check.hpp"
 #include "seqpar/cuda/detail/flash_backward.cuh"
 #include "seqpar/cuda/detail/flash_forward.cuh"
+#include "seqpar/cuda/detail/tile_math.hpp"
 #include "seqpar/cuda/detail/tile_table.cuh"
 #include "seqpar/cuda/exec.hpp"
 #include "seqpar/cuda/flash.hpp"
@@ -49,9 +53,7 @@ struct CudaFlashCalls {
 
   static void check_inputs(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
                            std::span<const AttnSlice> slices, const char* where) {
-    shape.validate(where);
-    seqpar::detail::require(shape.head_dim == 64 || shape.head_dim == 128, where, "shape.head_dim", shape.head_dim,
-                            "the CUDA kernels are built for head dims 64 and 128");
+    seqpar::detail::throw_if_refused(cuda_flash_shape_status(shape, where));
     seqpar::detail::require(q.tokens < std::numeric_limits<int>::max(), where, "q.tokens", q.tokens,
                             "must be below 2^31 (tile tables index rows with 32 bits)");
     seqpar::detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.head_dim);
@@ -92,25 +94,60 @@ struct CudaFlashCalls {
     SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
   }
 
-  // Builds the tile table of `slices` for tiles of `rows` query rows in the workspace after `skip` bytes.
-  static std::pair<cuda::detail::TileTable, std::int64_t> tile_table(std::span<const AttnSlice> slices,
-                                                                     std::int64_t q_rows, int rows,
-                                                                     std::span<std::byte> workspace, std::size_t skip,
-                                                                     cudaStream_t stream, const char* where) {
+  // What a launch reads: the slices, the tile table over them and the grid's tile count (blocks past
+  // the table's length exit).
+  struct CallTables {
+    const AttnSlice* slices = nullptr;
+    int num_slices = 0;
+    cuda::detail::TileTable table;
+    std::int64_t tiles = 0;
+  };
+
+  // Builds the tile table of `slices` for tiles of `rows` query rows in the workspace after `skip`
+  // bytes, on the device (a direct call without Params).
+  static CallTables tile_table(std::span<const AttnSlice> slices, std::int64_t q_rows, int rows,
+                               std::span<std::byte> workspace, std::size_t skip, cudaStream_t stream,
+                               const char* where) {
     const std::int64_t tiles = cuda::detail::max_tiles(q_rows, static_cast<std::int64_t>(slices.size()), rows);
     const auto layout = table_layout(q_rows, static_cast<int>(tiles), where);
     const auto table =
         cuda::detail::build_tile_table(slices.data(), static_cast<int>(slices.size()), rows, static_cast<int>(tiles),
                                        layout, workspace.data() + skip, stream, where);
-    return {table, tiles};
+    return {slices.data(), static_cast<int>(slices.size()), table, tiles};
+  }
+
+  // The prepared call's tables (CudaFlash::prepare).
+  static CallTables tables(const CudaFlashParams& p) {
+    return {p.slices, static_cast<int>(p.num_slices), {p.tiles, p.length}, p.num_tiles};
+  }
+
+  // Rows per tile of the pass's tiled kernel (the forward's, or the dQ kernel's) at head dim D.
+  static int rows_per_tile(int head_dim, Pass pass) {
+    if (pass == Pass::kForward)
+      return head_dim == 64 ? cuda::detail::ForwardPlan<T, 64>::kRows : cuda::detail::ForwardPlan<T, 128>::kRows;
+    return head_dim == 64 ? cuda::detail::DqPlan<T, 64>::kRows : cuda::detail::DqPlan<T, 128>::kRows;
+  }
+
+  // Params are the prepared call's: same pass, head dim, q rows and slice count.
+  static void check_params(const CudaFlashParams& p, Pass pass, const AttentionShape& shape, std::int64_t q_rows,
+                           std::span<const AttnSlice> slices, const char* where) {
+    const auto mismatch = [&](const char* what, auto have, auto want) {
+      seqpar::detail::throw_invalid(where, std::string("params.") + what, have,
+                                    "the call has " + std::to_string(want) + ": pass the Params prepare() made for it");
+    };
+    if (p.pass != pass) mismatch("pass", static_cast<int>(p.pass), static_cast<int>(pass));
+    if (p.head_dim != shape.head_dim) mismatch("head_dim", p.head_dim, shape.head_dim);
+    if (p.q_rows != q_rows) mismatch("q_rows", p.q_rows, q_rows);
+    if (p.num_slices != static_cast<std::int64_t>(slices.size()))
+      mismatch("num_slices", p.num_slices, static_cast<std::int64_t>(slices.size()));
+    if (p.rows_per_tile != rows_per_tile(shape.head_dim, pass))
+      mismatch("rows_per_tile", p.rows_per_tile, rows_per_tile(shape.head_dim, pass));
   }
 
   template <class Kernel>
-  static void allow_shared(Kernel kernel, std::size_t bytes, const cuda::CudaExec& exec, const char* where) {
-    if (bytes > static_cast<std::size_t>(exec.max_shared_bytes()))
-      throw Error(Errc::kStepFailed, std::string(where) + ": the kernel needs " + std::to_string(bytes) +
-                                         " bytes of shared memory per block, the device allows " +
-                                         std::to_string(exec.max_shared_bytes()));
+  static void allow_shared(Kernel kernel, std::size_t bytes, int head_dim, const cuda::CudaExec& exec,
+                           const char* where) {
+    if (Status s = cuda_flash_shared_status(exec, bytes, head_dim, where); !s) throw Error(Errc::kStepFailed, s.reason);
     SEQPAR_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)), where);
   }
@@ -122,13 +159,17 @@ struct CudaFlashCalls {
     return static_cast<unsigned>(blocks);
   }
 
+  // The forward on `prepared` tables, or (null) on a tile table built in the workspace now.
   template <int D>
   static void launch_forward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q,
                              ThdView<const T> k, ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o,
-                             LseView<float> lse, std::span<std::byte> workspace, const char* where) {
+                             LseView<float> lse, std::span<std::byte> workspace, const CudaFlashParams* prepared,
+                             const char* where) {
     using Plan = cuda::detail::ForwardPlan<T, D>;
     const cudaStream_t stream = exec.stream();
-    const auto [table, tiles] = tile_table(slices, q.tokens, Plan::kRows, workspace, 0, stream, where);
+    const CallTables t = prepared != nullptr ? tables(*prepared)
+                                             : tile_table(slices, q.tokens, Plan::kRows, workspace, 0, stream, where);
+    if (t.tiles == 0) return;
     cuda::detail::ForwardParams<T> p{device(q),
                                      device(k),
                                      device(v),
@@ -137,11 +178,11 @@ struct CudaFlashCalls {
                                      shape.heads_q,
                                      shape.group_size(),
                                      static_cast<float>(shape.scale()),
-                                     slices.data(),
-                                     table};
+                                     t.slices,
+                                     t.table};
     const auto kernel = cuda::detail::flash_forward_kernel<T, D>;
-    allow_shared(kernel, Plan::kBytes, exec, where);
-    kernel<<<grid_of(tiles * shape.heads_q, where), Plan::kThreads, Plan::kBytes, stream>>>(p);
+    allow_shared(kernel, Plan::kBytes, D, exec, where);
+    kernel<<<grid_of(t.tiles * shape.heads_q, where), Plan::kThreads, Plan::kBytes, stream>>>(p);
     SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
   }
 
@@ -149,14 +190,18 @@ struct CudaFlashCalls {
   static void launch_backward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q,
                               ThdView<const T> k, ThdView<const T> v, ThdView<const T> o, LseView<const float> lse,
                               ThdView<const T> dout, std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk,
-                              ThdView<T> dv, std::span<std::byte> workspace, const char* where) {
+                              ThdView<T> dv, std::span<std::byte> workspace, const CudaFlashParams* prepared,
+                              const char* where) {
     using DqPlan = cuda::detail::DqPlan<T, D>;
     using DkvPlan = cuda::detail::DkvPlan<T, D>;
     const cudaStream_t stream = exec.stream();
     auto* delta = reinterpret_cast<float*>(workspace.data());
     const std::size_t delta_bytes =
         aligned(sizeof(float) * static_cast<std::size_t>(shape.heads_q) * static_cast<std::size_t>(q.tokens));
-    const auto [table, tiles] = tile_table(slices, q.tokens, DqPlan::kRows, workspace, delta_bytes, stream, where);
+    const CallTables t = prepared != nullptr
+                             ? tables(*prepared)
+                             : tile_table(slices, q.tokens, DqPlan::kRows, workspace, delta_bytes, stream, where);
+    if (t.tiles == 0) return;  // no query rows: nothing to add
     cuda::detail::BackwardParams<T> p{device(q),
                                       device(k),
                                       device(v),
@@ -174,20 +219,20 @@ struct CudaFlashCalls {
                                       shape.group_size(),
                                       shape.head_dim,
                                       static_cast<float>(shape.scale()),
-                                      slices.data(),
-                                      static_cast<int>(slices.size()),
-                                      table};
+                                      t.slices,
+                                      t.num_slices,
+                                      t.table};
     const std::int64_t warps = q.tokens * shape.heads_q;
     cuda::detail::delta_kernel<T><<<grid_of((warps + 7) / 8, where), 256, 0, stream>>>(p);
     SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
 
     const auto dq_kernel = cuda::detail::flash_dq_kernel<T, D>;
-    allow_shared(dq_kernel, DqPlan::kBytes, exec, where);
-    dq_kernel<<<grid_of(tiles * shape.heads_q, where), DqPlan::kThreads, DqPlan::kBytes, stream>>>(p);
+    allow_shared(dq_kernel, DqPlan::kBytes, D, exec, where);
+    dq_kernel<<<grid_of(t.tiles * shape.heads_q, where), DqPlan::kThreads, DqPlan::kBytes, stream>>>(p);
     SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
 
     const auto dkv_kernel = cuda::detail::flash_dkv_kernel<T, D>;
-    allow_shared(dkv_kernel, DkvPlan::kBytes, exec, where);
+    allow_shared(dkv_kernel, DkvPlan::kBytes, D, exec, where);
     const dim3 grid(grid_of((k.tokens + DkvPlan::kKeys - 1) / DkvPlan::kKeys, where),
                     static_cast<unsigned>(shape.heads_kv));
     dkv_kernel<<<grid, DkvPlan::kThreads, DkvPlan::kBytes, stream>>>(p);
@@ -204,12 +249,86 @@ std::size_t CudaFlash<T>::workspace_bytes(const AttentionShape& shape, std::int6
 }
 
 template <class T>
+std::size_t CudaFlash<T>::shared_bytes(int head_dim) {
+  const auto of = [](auto d) {
+    constexpr int D = decltype(d)::value;
+    return std::max({cuda::detail::ForwardPlan<T, D>::kBytes, cuda::detail::DqPlan<T, D>::kBytes,
+                     cuda::detail::DkvPlan<T, D>::kBytes});
+  };
+  return head_dim == 64 ? of(std::integral_constant<int, 64>{}) : of(std::integral_constant<int, 128>{});
+}
+
+template <class T>
+CudaFlashParams CudaFlash<T>::prepare(const cuda::CudaExec& exec, const AttentionShape& shape,
+                                      std::span<const AttnSlice> host_slices, std::int64_t q_rows, std::int64_t k_rows,
+                                      Pass pass) const {
+  using Calls = detail::CudaFlashCalls<T>;
+  constexpr const char* where = "CudaFlash::prepare";
+  seqpar::detail::throw_if_refused(cuda_flash_shape_status(shape, where));
+  seqpar::detail::require(q_rows < std::numeric_limits<int>::max(), where, "q_rows", q_rows,
+                          "must be below 2^31 (tile tables index rows with 32 bits)");
+  validate_slices(host_slices, q_rows, k_rows, where);
+  Params p;
+  p.pass = pass;
+  p.head_dim = shape.head_dim;
+  p.rows_per_tile = Calls::rows_per_tile(shape.head_dim, pass);
+  p.q_rows = q_rows;
+  p.num_slices = static_cast<std::int64_t>(host_slices.size());
+  const cuda::detail::PreparedBlock block = cuda::detail::prepared_block(host_slices, p.rows_per_tile);
+  const cuda::detail::PreparedLayout layout(host_slices.size(), block.num_tiles);
+  p.num_tiles = static_cast<std::int64_t>(block.num_tiles);
+  SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
+  p.storage = cuda::DeviceBytes(layout.bytes);
+  SEQPAR_CUDA_CHECK(
+      cudaMemcpyAsync(p.storage.data(), block.bytes.data(), block.bytes.size(), cudaMemcpyHostToDevice, exec.stream()),
+      where);
+  SEQPAR_CUDA_CHECK(cudaStreamSynchronize(exec.stream()), where);  // `block` is freed on return
+  p.slices = reinterpret_cast<const AttnSlice*>(p.storage.data() + layout.slices);
+  p.tiles = reinterpret_cast<const std::uint64_t*>(p.storage.data() + layout.tiles);
+  p.length = reinterpret_cast<const unsigned*>(p.storage.data() + layout.length);
+  return p;
+}
+
+template <class T>
 void CudaFlash<T>::forward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q,
                            ThdView<const T> k, ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o,
                            LseView<float> lse, std::span<std::byte> workspace) {
+  run_forward(exec, nullptr, shape, q, k, v, slices, o, lse, workspace);
+}
+
+template <class T>
+void CudaFlash<T>::forward(const cuda::CudaExec& exec, const Params& params, const AttentionShape& shape,
+                           ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
+                           std::span<const AttnSlice> slices, ThdView<T> o, LseView<float> lse,
+                           std::span<std::byte> workspace) {
+  run_forward(exec, &params, shape, q, k, v, slices, o, lse, workspace);
+}
+
+template <class T>
+void CudaFlash<T>::backward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q,
+                            ThdView<const T> k, ThdView<const T> v, ThdView<const T> o, LseView<const float> lse,
+                            ThdView<const T> dout, std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk,
+                            ThdView<T> dv, std::span<std::byte> workspace) {
+  run_backward(exec, nullptr, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace);
+}
+
+template <class T>
+void CudaFlash<T>::backward(const cuda::CudaExec& exec, const Params& params, const AttentionShape& shape,
+                            ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<const T> o,
+                            LseView<const float> lse, ThdView<const T> dout, std::span<const AttnSlice> slices,
+                            ThdView<T> dq, ThdView<T> dk, ThdView<T> dv, std::span<std::byte> workspace) {
+  run_backward(exec, &params, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace);
+}
+
+template <class T>
+void CudaFlash<T>::run_forward(const cuda::CudaExec& exec, const Params* params, const AttentionShape& shape,
+                               ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
+                               std::span<const AttnSlice> slices, ThdView<T> o, LseView<float> lse,
+                               std::span<std::byte> workspace) {
   using Calls = detail::CudaFlashCalls<T>;
   constexpr const char* where = "CudaFlash::forward";
   Calls::check_inputs(shape, q, k, v, slices, where);
+  if (params != nullptr) Calls::check_params(*params, Pass::kForward, shape, q.tokens, slices, where);
   seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
   seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
   Calls::check_workspace(shape, q.tokens, workspace, where);
@@ -219,20 +338,21 @@ void CudaFlash<T>::forward(const cuda::CudaExec& exec, const AttentionShape& sha
   Calls::fill_empty(o, lse, shape, stream, where);
   if (slices.empty()) return;
   if (shape.head_dim == 64) {
-    Calls::template launch_forward<64>(exec, shape, q, k, v, slices, o, lse, workspace, where);
+    Calls::template launch_forward<64>(exec, shape, q, k, v, slices, o, lse, workspace, params, where);
   } else {
-    Calls::template launch_forward<128>(exec, shape, q, k, v, slices, o, lse, workspace, where);
+    Calls::template launch_forward<128>(exec, shape, q, k, v, slices, o, lse, workspace, params, where);
   }
 }
 
 template <class T>
-void CudaFlash<T>::backward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q,
-                            ThdView<const T> k, ThdView<const T> v, ThdView<const T> o, LseView<const float> lse,
-                            ThdView<const T> dout, std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk,
-                            ThdView<T> dv, std::span<std::byte> workspace) {
+void CudaFlash<T>::run_backward(const cuda::CudaExec& exec, const Params* params, const AttentionShape& shape,
+                                ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<const T> o,
+                                LseView<const float> lse, ThdView<const T> dout, std::span<const AttnSlice> slices,
+                                ThdView<T> dq, ThdView<T> dk, ThdView<T> dv, std::span<std::byte> workspace) {
   using Calls = detail::CudaFlashCalls<T>;
   constexpr const char* where = "CudaFlash::backward";
   Calls::check_inputs(shape, q, k, v, slices, where);
+  if (params != nullptr) Calls::check_params(*params, Pass::kBackward, shape, q.tokens, slices, where);
   seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
   seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
   seqpar::detail::check_view(dout, where, "dout", q.tokens, shape.heads_q, shape.head_dim);
@@ -243,9 +363,11 @@ void CudaFlash<T>::backward(const cuda::CudaExec& exec, const AttentionShape& sh
   SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
   if (q.tokens == 0 || k.tokens == 0 || slices.empty()) return;
   if (shape.head_dim == 64) {
-    Calls::template launch_backward<64>(exec, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace, where);
+    Calls::template launch_backward<64>(exec, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace, params,
+                                        where);
   } else {
-    Calls::template launch_backward<128>(exec, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace, where);
+    Calls::template launch_backward<128>(exec, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace, params,
+                                         where);
   }
 }
 

@@ -19,8 +19,13 @@
 /// - Slices: the same `AttnSlice` semantics as CpuFlash (full, causal with explicit alignment,
 ///   sliding window; disjoint query ranges per call), in device memory: checked once where they reach
 ///   the device (`cuda::DeviceSlices`, or the executor's lowering), not at every call.
-/// - Work: a tile table of (slice, query tile) built on the device each call (CUB scan + radix sort,
-///   detail/tile_table.cuh), longest tiles first; blocks are (tile, head).
+/// - Work: a tile table of (slice, query tile), longest tiles first; blocks are (tile, head). Under
+///   the executor it is built once per cached program, on the host from the host slice table
+///   (`prepare`, the kernel's per-program `Params`, uploaded with a copy of the call's slices); a
+///   direct call without `Params` builds it on the device each call (CUB scan + radix sort,
+///   detail/tile_table.cuh). Both are the same table.
+/// - `can_implement(shape)`: head dims 64 and 128 (what the kernels are instantiated for); the calls
+///   refuse what it refuses, with the same message.
 /// - Forward writes O and LSE on every query row (rows in no slice: O = 0, LSE = -inf). Backward
 ///   adds (+=) into dQ, dK, dV, deterministically (detail/flash_backward.cuh).
 /// - Everything is enqueued on `exec.stream()`; nothing waits on the host; the workspace
@@ -37,16 +42,56 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <utility>
 
 #include "seqpar/attention/kernel.hpp"
 #include "seqpar/core/attention_shape.hpp"
 #include "seqpar/core/attn_slice.hpp"
+#include "seqpar/core/status.hpp"
 #include "seqpar/core/tensor.hpp"
 #include "seqpar/cuda/detail/element.hpp"
+#include "seqpar/cuda/device_memory.hpp"
 #include "seqpar/cuda/exec.hpp"
 
 namespace seqpar::attention {
+
+/// What CudaFlash can run and its calls accept: a well-formed shape with head dim 64 or 128.
+[[nodiscard]] inline Status cuda_flash_shape_status(const AttentionShape& shape, const char* where) {
+  if (Status s = shape.status(where); !s) return s;
+  if (shape.head_dim != 64 && shape.head_dim != 128)
+    return seqpar::detail::refuse_invalid(where, "shape.head_dim", shape.head_dim,
+                                          "the CUDA kernels are built for head dims 64 and 128");
+  return Status::success();
+}
+
+/// Whether `exec`'s device gives a block the `bytes` of dynamic shared memory CudaFlash's kernels need
+/// at `head_dim` (what can_implement(exec, shape) answers and a launch refuses).
+[[nodiscard]] inline Status cuda_flash_shared_status(const cuda::CudaExec& exec, std::size_t bytes, int head_dim,
+                                                     const char* where) {
+  if (bytes <= static_cast<std::size_t>(exec.max_shared_bytes())) return Status::success();
+  return seqpar::detail::refuse_invalid(where, "shape.head_dim", head_dim,
+                                        "the kernels need " + std::to_string(bytes) +
+                                            " bytes of shared memory per block, the device allows " +
+                                            std::to_string(exec.max_shared_bytes()));
+}
+
+/// CudaFlash's per-program parameters of one call (`CudaFlash::prepare`): the call's slices and its
+/// tile table, longest tiles first, in one block of device memory, built on the host once per cached
+/// program. The kernels read the slices of this copy (the tile entries index it), so a context's
+/// mirror of the slices may hold them in another order (the executor sorts merges' slices there).
+struct CudaFlashParams {
+  Pass pass = Pass::kForward;
+  int head_dim = 0;
+  int rows_per_tile = 0;                 ///< query rows per tile of the pass's kernel (forward or dQ)
+  std::int64_t q_rows = 0;               ///< rows of the call's q buffer
+  std::int64_t num_slices = 0;           ///< slices of the call (what forward/backward are passed)
+  std::int64_t num_tiles = 0;            ///< entries of the tile table
+  const AttnSlice* slices = nullptr;     ///< device: the call's slices
+  const std::uint64_t* tiles = nullptr;  ///< device: the tile table (cuda::detail::pack_tile entries)
+  const unsigned* length = nullptr;      ///< device: num_tiles, as the kernels read it
+  cuda::DeviceBytes storage;             ///< owns the three above
+};
 
 template <class T>
 class CudaFlash {
@@ -64,6 +109,27 @@ class CudaFlash {
 
   [[nodiscard]] const cuda::CudaExec& exec() const noexcept { return exec_; }
 
+  using Params = CudaFlashParams;
+
+  /// Head dims 64 and 128 (cuda_flash_shape_status), with the shared memory their kernels need on the
+  /// kernel's own device; the calls refuse the same shapes.
+  [[nodiscard]] Status can_implement(const AttentionShape& shape) const { return can_implement(exec_, shape); }
+  /// The same on `exec`'s device.
+  [[nodiscard]] Status can_implement(const cuda::CudaExec& exec, const AttentionShape& shape) const {
+    if (Status s = cuda_flash_shape_status(shape, "CudaFlash"); !s) return s;
+    return cuda_flash_shared_status(exec, shared_bytes(shape.head_dim), shape.head_dim, "CudaFlash");
+  }
+  /// Dynamic shared memory per block of the largest of the kernels (forward, dQ, dK/dV) at head dim 64
+  /// or 128.
+  [[nodiscard]] static std::size_t shared_bytes(int head_dim);
+
+  /// The call's tile table, built on the host from `host_slices` (checked against q_rows and k_rows)
+  /// and uploaded with a copy of them on exec.stream() (waited for: once per cached program). What
+  /// `runtime::Executor::initialize` calls for every kernel call of a program.
+  [[nodiscard]] Params prepare(const cuda::CudaExec& exec, const AttentionShape& shape,
+                               std::span<const AttnSlice> host_slices, std::int64_t q_rows, std::int64_t k_rows,
+                               Pass pass) const;
+
   /// Device bytes of scratch for a call over q_rows query rows (forward or backward).
   [[nodiscard]] std::size_t workspace_bytes(const AttentionShape& shape, std::int64_t q_rows,
                                             std::int64_t k_rows) const;
@@ -75,6 +141,17 @@ class CudaFlash {
   void backward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
                 ThdView<const T> v, ThdView<const T> o, LseView<const float> lse, ThdView<const T> dout,
                 std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
+                std::span<std::byte> workspace);
+
+  /// With the call's `Params` (from `prepare` for this shape, pass and slices): no tile table is
+  /// built; `slices` must be the prepared call's (their count is checked).
+  void forward(const cuda::CudaExec& exec, const Params& params, const AttentionShape& shape, ThdView<const T> q,
+               ThdView<const T> k, ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o,
+               LseView<float> lse, std::span<std::byte> workspace);
+
+  void backward(const cuda::CudaExec& exec, const Params& params, const AttentionShape& shape, ThdView<const T> q,
+                ThdView<const T> k, ThdView<const T> v, ThdView<const T> o, LseView<const float> lse,
+                ThdView<const T> dout, std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
                 std::span<std::byte> workspace);
 
   /// On the kernel's own context.
@@ -89,9 +166,19 @@ class CudaFlash {
   }
 
  private:
+  // Both calls of a pass, with the prepared call's Params or (null) building the tile table now.
+  void run_forward(const cuda::CudaExec& exec, const Params* params, const AttentionShape& shape, ThdView<const T> q,
+                   ThdView<const T> k, ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o,
+                   LseView<float> lse, std::span<std::byte> workspace);
+  void run_backward(const cuda::CudaExec& exec, const Params* params, const AttentionShape& shape, ThdView<const T> q,
+                    ThdView<const T> k, ThdView<const T> v, ThdView<const T> o, LseView<const float> lse,
+                    ThdView<const T> dout, std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk,
+                    ThdView<T> dv, std::span<std::byte> workspace);
+
   cuda::CudaExec exec_;
 };
 
 static_assert(AttentionKernel<CudaFlash<float>>);
+static_assert(PreparingKernel<CudaFlash<float>>);
 
 }  // namespace seqpar::attention

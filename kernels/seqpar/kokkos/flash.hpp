@@ -40,6 +40,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -52,6 +53,7 @@
 #include "seqpar/attention/detail/call_checks.hpp"
 #include "seqpar/attention/kernel.hpp"
 #include "seqpar/core/error.hpp"
+#include "seqpar/core/status.hpp"
 #include "seqpar/kokkos/detail/flash_kernels.hpp"
 #include "seqpar/kokkos/exec.hpp"
 
@@ -97,6 +99,12 @@ class KokkosFlash {
     return 64 + align64(rows * sizeof(kokkos::detail::QTile)) + heads * rows * sizeof(accum_type);
   }
 
+  /// Whether the kernel runs `shape`: a well-formed shape whose tiles (args.q_tile x args.k_tile at
+  /// shape.head_dim) fit the space's team scratch in every pass. The calls refuse the same.
+  [[nodiscard]] Status can_implement(const AttentionShape& shape) const {
+    return implementable(shape, "KokkosFlash", true, true);
+  }
+
   void forward(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
                std::span<const AttnSlice> slices, ThdView<T> o, LseView<accum_type> lse,
                std::span<std::byte> workspace) const {
@@ -107,7 +115,7 @@ class KokkosFlash {
                ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o, LseView<accum_type> lse,
                std::span<std::byte> workspace) const {
     constexpr const char* where = "KokkosFlash::forward";
-    check(shape, q, k, v, slices, workspace, where);
+    check(shape, q, k, v, slices, workspace, where, true);
     attention::detail::check_forward_outputs(where, shape, q, k, v, o, lse, workspace);
     const std::lock_guard lock(kokkos::launch_mutex<ExecSpace>());
     const ExecSpace& space = exec.space();
@@ -141,7 +149,7 @@ class KokkosFlash {
                 std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
                 std::span<std::byte> workspace) const {
     constexpr const char* where = "KokkosFlash::backward";
-    check(shape, q, k, v, slices, workspace, where);
+    check(shape, q, k, v, slices, workspace, where, false);
     attention::detail::check_backward_views(where, shape, q, k, v, o, lse, dout, dq, dk, dv, workspace);
     const std::lock_guard lock(kokkos::launch_mutex<ExecSpace>());
     const ExecSpace& space = exec.space();
@@ -232,18 +240,45 @@ class KokkosFlash {
       seqpar::detail::throw_invalid(where, "work items", league, "exceed a Kokkos league of INT_MAX teams");
     const std::size_t bytes = f.scratch_bytes();
     f.level = bytes <= static_cast<std::size_t>(Policy::scratch_size_max(0)) ? 0 : 1;
-    if (bytes > static_cast<std::size_t>(Policy::scratch_size_max(f.level)))
-      seqpar::detail::throw_invalid(
-          where, "args.q_tile/k_tile", std::to_string(args_.q_tile) + "/" + std::to_string(args_.k_tile),
-          "team scratch of " + std::to_string(bytes) + " bytes exceeds the space's level-1 maximum " +
-              std::to_string(Policy::scratch_size_max(1)) + ": use smaller tiles");
+    seqpar::detail::throw_if_refused(scratch_status(bytes, where));
     Policy policy(space, static_cast<int>(league), Kokkos::AUTO, args_.vector_length);
     Kokkos::parallel_for(label, policy.set_scratch_size(f.level, Kokkos::PerTeam(bytes)), f);
   }
 
+  // Team scratch of `bytes` per team: within the space's level-1 maximum.
+  [[nodiscard]] Status scratch_status(std::size_t bytes, const char* where) const {
+    using Policy = Kokkos::TeamPolicy<ExecSpace>;
+    if (bytes <= static_cast<std::size_t>(Policy::scratch_size_max(1))) return Status::success();
+    return seqpar::detail::refuse_invalid(
+        where, "args.q_tile/k_tile", std::to_string(args_.q_tile) + "/" + std::to_string(args_.k_tile),
+        "team scratch of " + std::to_string(bytes) + " bytes exceeds the space's level-1 maximum " +
+            std::to_string(Policy::scratch_size_max(1)) + ": use smaller tiles");
+  }
+
+  // What can_implement answers (both passes) and a call refuses (its pass): the shape, then the team
+  // scratch of the pass's kernels at this head dim (launch checks each kernel with scratch_status too).
+  [[nodiscard]] Status implementable(const AttentionShape& shape, const char* where, bool forward,
+                                     bool backward) const {
+    if (Status s = shape.status(where); !s) return s;
+    std::size_t bytes = 0;
+    if (forward) {
+      kokkos::detail::ForwardKernel<ExecSpace, T, A> f;
+      f.set_tiles(shape.head_dim, args_.q_tile, args_.k_tile);
+      bytes = f.scratch_bytes();
+    }
+    if (backward) {
+      kokkos::detail::BackwardKVKernel<ExecSpace, T, A> kv;
+      kokkos::detail::BackwardQKernel<ExecSpace, T, A> dq;
+      kv.set_tiles(shape.head_dim, args_.q_tile, args_.k_tile);
+      dq.set_tiles(shape.head_dim, args_.q_tile, args_.k_tile);
+      bytes = std::max({bytes, kv.scratch_bytes(), dq.scratch_bytes()});
+    }
+    return scratch_status(bytes, where);
+  }
+
   void check(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
-             std::span<const AttnSlice> slices, std::span<std::byte> workspace, const char* where) const {
-    shape.validate(where);
+             std::span<const AttnSlice> slices, std::span<std::byte> workspace, const char* where, bool forward) const {
+    seqpar::detail::throw_if_refused(implementable(shape, where, forward, !forward));
     seqpar::detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.head_dim);
     seqpar::detail::check_view(k, where, "k", k.tokens, shape.heads_kv, shape.head_dim);
     seqpar::detail::check_view(v, where, "v", k.tokens, shape.heads_kv, shape.head_dim);

@@ -10,7 +10,10 @@
 /// kj = key - k_range.begin) and int64, as `Mask::visible_keys` is.
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <span>
 #include <vector>
 
 #include "seqpar/core/attn_slice.hpp"
@@ -100,17 +103,50 @@ constexpr std::int64_t max_tiles(std::int64_t q_rows, std::int64_t num_slices, i
 }
 
 /// What the device builds (scan of tile counts, expansion, radix sort by cost, descending and
-/// stable): the reference the tests compare the device table with.
+/// stable): the reference the tests compare the device table with, and the table
+/// `CudaFlash::prepare` builds on the host.
 struct TileEntry {
   std::uint32_t cost;
   std::uint64_t tile;
 };
-inline std::vector<TileEntry> tile_table_reference(const std::vector<AttnSlice>& slices, int block_rows) {
+inline std::vector<TileEntry> tile_table_reference(std::span<const AttnSlice> slices, int block_rows) {
   std::vector<TileEntry> out;
   for (std::size_t i = 0; i < slices.size(); ++i)
     for (std::int64_t t = 0; t < tiles_of(slices[i], block_rows); ++t)
       out.push_back({tile_cost(slices[i], t, block_rows), pack_tile(static_cast<std::int64_t>(i), t)});
   std::stable_sort(out.begin(), out.end(), [](const TileEntry& a, const TileEntry& b) { return a.cost > b.cost; });
+  return out;
+}
+
+/// Where a prepared call's block of device memory (`CudaFlashParams`) holds the call's slices, its
+/// tile table and the table's length (a 32-bit count, as the kernels read it), each 256-byte aligned.
+struct PreparedLayout {
+  std::size_t slices = 0, tiles = 0, length = 0, bytes = 0;
+
+  static constexpr std::size_t align(std::size_t n) noexcept { return (n + 255) / 256 * 256; }
+  PreparedLayout(std::size_t num_slices, std::size_t num_tiles) {
+    tiles = align(num_slices * sizeof(AttnSlice));
+    length = tiles + align(num_tiles * sizeof(std::uint64_t));
+    bytes = length + align(sizeof(unsigned));
+  }
+};
+
+/// A prepared call's block as host bytes, laid out by `PreparedLayout(slices.size(), tiles)`: the
+/// slices as given, the tiles of `tile_table_reference(slices, block_rows)` and their count. One copy
+/// puts it on the device (CudaFlash::prepare, once per cached program).
+struct PreparedBlock {
+  std::vector<std::byte> bytes;
+  std::size_t num_tiles = 0;
+};
+inline PreparedBlock prepared_block(std::span<const AttnSlice> slices, int block_rows) {
+  const std::vector<TileEntry> table = tile_table_reference(slices, block_rows);
+  const PreparedLayout layout(slices.size(), table.size());
+  PreparedBlock out{std::vector<std::byte>(layout.bytes), table.size()};
+  if (!slices.empty()) std::memcpy(out.bytes.data() + layout.slices, slices.data(), slices.size_bytes());
+  for (std::size_t i = 0; i < table.size(); ++i)
+    std::memcpy(out.bytes.data() + layout.tiles + i * sizeof(std::uint64_t), &table[i].tile, sizeof(std::uint64_t));
+  const auto length = static_cast<unsigned>(table.size());
+  std::memcpy(out.bytes.data() + layout.length, &length, sizeof(unsigned));
   return out;
 }
 

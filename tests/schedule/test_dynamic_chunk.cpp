@@ -200,6 +200,36 @@ TEST_SUITE("schedule") {
     });
   }
 
+  TEST_CASE("ChunkedAttention: a kernel that cannot run the prefix term on its context is refused in begin") {
+    const DocumentBatch batch({{90, 5, 7}});
+    const auto chunks =
+        schedule::DynamicChunk{{.token_capacity = 40, .time_target = 0, .slices = 0, .cost = {}}}.chunks(batch);
+    std::vector<std::string> errors(2);
+    std::mutex mu;
+    try {
+      backend::inproc::World(2, {.timeout = std::chrono::milliseconds(5000)}).run([&](backend::inproc::Transport& t) {
+        using Flash = attention::CpuFlash<float>;
+        DistributedAttention<Strategy<partition::Uniform, comm::AllToAll>, Flash> attn(t, {2, 2, 16}, {},
+                                                                                       Flash({.threads = 2}));
+        // Rank 0's prefix kernel is sized for one thread; the attention's context has two.
+        runtime::ChunkedAttention<Flash> chunked(attn, t, Flash({.threads = t.rank() == 0 ? 1 : 2}));
+        try {
+          chunked.begin(chunks);
+        } catch (const std::exception& e) {
+          std::lock_guard lock(mu);
+          errors[static_cast<std::size_t>(t.rank())] = e.what();
+          throw;
+        }
+      });
+    } catch (const std::exception&) {
+    }
+    CAPTURE(errors[0]);
+    CAPTURE(errors[1]);
+    CHECK(errors[0].find("cannot run a prefix term") != std::string::npos);
+    CHECK(errors[0].find("threads") != std::string::npos);
+    CHECK(errors[1].find("rank 0 refused its chunks") != std::string::npos);
+  }
+
   TEST_CASE("ChunkedAttention: a failure in a prefix program names the chunk, the pass and the step") {
     const DocumentBatch batch({{90, 5, 7}});
     const auto chunks =

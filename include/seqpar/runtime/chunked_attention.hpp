@@ -50,6 +50,7 @@
 #include "seqpar/core/chunk.hpp"
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/range.hpp"
+#include "seqpar/core/status.hpp"
 #include "seqpar/core/tensor.hpp"
 #include "seqpar/runtime/any_transport.hpp"
 #include "seqpar/runtime/data_ops.hpp"
@@ -261,6 +262,9 @@ class ChunkedAttention {
     const auto lower = [&](Exec& ex, const comm::Program& p) {
       ex.initialize(p, kernel_);
       need = std::max(need, ex.workspace_bytes());
+      // The prefix calls' shapes (all heads, the attention's scale), asked before any message.
+      if (Status s = ex.can_implement(kernel_, attention_.exec()); !s)
+        throw std::invalid_argument("ChunkedAttention::begin: the kernel cannot run a prefix term: " + s.reason);
     };
     for (int c = 0; c < num_chunks(); ++c) {
       Programs& p = programs_[static_cast<std::size_t>(c)];

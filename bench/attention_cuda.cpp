@@ -32,16 +32,14 @@
 #include "seqpar/core/attn_slice.hpp"
 #include "seqpar/core/document_batch.hpp"
 #include "seqpar/core/tensor.hpp"
-#include "seqpar/cuda/check.hpp"
-#include "seqpar/cuda/device_memory.hpp"
-#include "seqpar/cuda/exec.hpp"
-#include "seqpar/cuda/flash.hpp"
-#include "seqpar/cuda/slices.hpp"
+#include "seqpar/gpu/check.hpp"
+#include "seqpar/gpu/device_memory.hpp"
+#include "seqpar/gpu/exec.hpp"
+#include "seqpar/gpu/flash.hpp"
+#include "seqpar/gpu/slices.hpp"
 #include "support/device_fill.hpp"
 #include "support/json.hpp"
 
-// Inside seqpar::bench rather than `using namespace seqpar`: at global scope that would make `cuda`
-// ambiguous (seqpar::cuda, libcu++'s ::cuda) in the host stubs nvcc generates for CUB's kernels.
 namespace seqpar::bench {
 namespace {
 
@@ -127,17 +125,17 @@ bool write_mixes(const std::string& path, std::int64_t tokens, const LognormalSp
 // ---- device helpers (support/device_fill.cu) ----------------------------------------------------
 template <class T>
 float to_float(T x) {
-  return cuda::detail::to_float(x);
+  return gpu::detail::to_float(x);
 }
 
 template <class T>
-void fill_normal(cudaStream_t s, const cuda::DeviceArray<T>& a, std::uint64_t seed) {
+void fill_normal(cudaStream_t s, const gpu::DeviceArray<T>& a, std::uint64_t seed) {
   bench::fill_normal(s, a.data(), 0, static_cast<std::int64_t>(a.size()), seed);
 }
 
 template <class T>
-unsigned long long count_nonfinite(cudaStream_t s, const cuda::DeviceArray<T>& a,
-                                   const cuda::DeviceArray<unsigned long long>& counter) {
+unsigned long long count_nonfinite(cudaStream_t s, const gpu::DeviceArray<T>& a,
+                                   const gpu::DeviceArray<unsigned long long>& counter) {
   return bench::count_nonfinite(s, a.data(), static_cast<std::int64_t>(a.size()), counter.data());
 }
 
@@ -220,9 +218,9 @@ struct Spot {
 /// A few (token, head) rows of the forward against an fp64 reference computed from the same bf16
 /// inputs: the last token of the longest document, a first token, and rows spread over the batch.
 template <class T>
-Spot spot_check(const DocumentBatch& batch, const AttentionShape& shape, const cuda::DeviceArray<T>& q,
-                const cuda::DeviceArray<T>& k, const cuda::DeviceArray<T>& v, const cuda::DeviceArray<T>& o,
-                const cuda::DeviceArray<float>& lse) {
+Spot spot_check(const DocumentBatch& batch, const AttentionShape& shape, const gpu::DeviceArray<T>& q,
+                const gpu::DeviceArray<T>& k, const gpu::DeviceArray<T>& v, const gpu::DeviceArray<T>& o,
+                const gpu::DeviceArray<float>& lse) {
   SEQPAR_CUDA_CHECK(cudaDeviceSynchronize(), kWhere);  // to_host copies on the legacy stream, not the kernel's
   const std::vector<T> hq = q.to_host(), hk = k.to_host(), hv = v.to_host(), ho = o.to_host();
   const std::vector<float> hl = lse.to_host();
@@ -288,7 +286,7 @@ constexpr double kLseTolerance = 1e-2;    // LSE: fp32, natural log of the scale
 template <class T>
 void run_case(attention::CudaFlash<T>& flash, const Mix& mix, int d, int heads, const TimingPlan& plan,
               std::vector<JsonRecord>& records) {
-  const cuda::CudaExec& exec = flash.exec();
+  const gpu::CudaExec& exec = flash.exec();
   const cudaStream_t s = exec.stream();
   const DocumentBatch batch(mix.sequences);
   const std::int64_t n = batch.total_tokens();
@@ -297,16 +295,16 @@ void run_case(attention::CudaFlash<T>& flash, const Mix& mix, int d, int heads, 
   const AttentionShape shape{heads, heads, d, 0.0};
   const std::size_t elems = static_cast<std::size_t>(n) * static_cast<std::size_t>(heads) * static_cast<std::size_t>(d);
 
-  const cuda::DeviceSlices dslices(slices, n, n);
-  cuda::DeviceArray<T> q(elems), k(elems), v(elems), o(elems), dout(elems), dq(elems), dk(elems), dv(elems);
-  cuda::DeviceArray<float> lse(static_cast<std::size_t>(heads) * static_cast<std::size_t>(n));
-  cuda::DeviceBytes workspace(flash.workspace_bytes(shape, n, n));
-  const cuda::DeviceArray<unsigned long long> counter(1);
+  const gpu::DeviceSlices dslices(slices, n, n);
+  gpu::DeviceArray<T> q(elems), k(elems), v(elems), o(elems), dout(elems), dq(elems), dk(elems), dv(elems);
+  gpu::DeviceArray<float> lse(static_cast<std::size_t>(heads) * static_cast<std::size_t>(n));
+  gpu::DeviceBytes workspace(flash.workspace_bytes(shape, n, n));
+  const gpu::DeviceArray<unsigned long long> counter(1);
   std::uint64_t seed = 1;
   for (const auto* a : {&q, &k, &v, &dout}) fill_normal(s, *a, seed++);
 
-  const auto view = [&](const cuda::DeviceArray<T>& a) { return ThdView<T>::dense(a.data(), n, heads, d); };
-  const auto cview = [&](const cuda::DeviceArray<T>& a) { return ThdView<const T>::dense(a.data(), n, heads, d); };
+  const auto view = [&](const gpu::DeviceArray<T>& a) { return ThdView<T>::dense(a.data(), n, heads, d); };
+  const auto cview = [&](const gpu::DeviceArray<T>& a) { return ThdView<const T>::dense(a.data(), n, heads, d); };
   const LseView<float> lse_view = LseView<float>::dense(lse.data(), heads, n);
   const auto forward = [&] {
     flash.forward(exec, shape, cview(q), cview(k), cview(v), dslices.device(), view(o), lse_view, workspace.span());
@@ -375,7 +373,7 @@ void run_case(attention::CudaFlash<T>& flash, const Mix& mix, int d, int heads, 
 
 /// Device-to-device copy of `bytes`: the memory ceiling, counting bytes read plus bytes written.
 JsonRecord copy_bandwidth(cudaStream_t s, std::size_t bytes, const TimingPlan& plan) {
-  const cuda::DeviceBytes src(bytes), dst(bytes);
+  const gpu::DeviceBytes src(bytes), dst(bytes);
   SEQPAR_CUDA_CHECK(cudaMemsetAsync(src.data(), 0x5a, bytes, s), kWhere);
   TimingPlan p = plan;
   p.max_inner = 1;  // a 1 GiB copy lasts ~0.5 ms: no launch gap to hide
@@ -467,7 +465,7 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(ln.seed));
   if (!opt.mixes_out.empty() && !write_mixes(opt.mixes_out, tokens, ln, mixes)) return 1;
 
-  if (seqpar::cuda::device_count() == 0) {
+  if (seqpar::gpu::device_count() == 0) {
     std::printf("attention_cuda: no CUDA device (or driver) on this machine: skipped\n");
     return 77;
   }

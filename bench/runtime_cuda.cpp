@@ -4,7 +4,7 @@
 //  (a) The same work (bf16, head dim 128, 16 query and 16 KV heads, 16K tokens of one packed sequence
 //      of lognormal documents, document-causal: the mix of bench/attention_cuda.cpp) timed as one
 //      attention::CudaFlash call over the whole batch, and through DistributedAttention on 8 ranks
-//      sharing the GPU (cuda::device_world: one host thread, one CudaExec and one CudaFlash per rank)
+//      sharing the GPU (gpu::device_world: one host thread, one CudaExec and one CudaFlash per rank)
 //      with the zigzag ring (sharding-aware), Ulysses (Uniform x AllToAll) and FlashCP's Hybrid x
 //      AllGather (sharding-aware). Per row the median over --reps repetitions after --warmup calls,
 //      the ratio to the whole-batch call (goal <= 1.3), and the largest |O - whole-batch O| on every
@@ -12,7 +12,7 @@
 //      its streams (a distributed pass spans from the first rank's start to the last rank's end; the
 //      ranks leave a barrier together), fwd+bwd the sum of the two passes. The whole-batch backward
 //      includes zeroing dQ, dK, dV (DistributedAttention's backward overwrites its outputs).
-//  (b) runtime::DataOps<cuda::CudaExec>'s pack, unpack and merge on tensors of the same size, in
+//  (b) runtime::DataOps<gpu::CudaExec>'s pack, unpack and merge on tensors of the same size, in
 //      bytes read + written per second beside a device-to-device cudaMemcpy's (goal >= 70%): CUDA
 //      events around back-to-back calls, median of --reps samples.
 // Without a CUDA device it says so and exits 77.
@@ -38,18 +38,16 @@
 #include <string>
 #include <vector>
 
-#include "seqpar/cuda/check.hpp"
-#include "seqpar/cuda/data_ops.hpp"
-#include "seqpar/cuda/device_memory.hpp"
-#include "seqpar/cuda/device_world.hpp"
-#include "seqpar/cuda/exec.hpp"
-#include "seqpar/cuda/flash.hpp"
-#include "seqpar/cuda/slices.hpp"
+#include "seqpar/gpu/check.hpp"
+#include "seqpar/gpu/data_ops.hpp"
+#include "seqpar/gpu/device_memory.hpp"
+#include "seqpar/gpu/device_world.hpp"
+#include "seqpar/gpu/exec.hpp"
+#include "seqpar/gpu/flash.hpp"
+#include "seqpar/gpu/slices.hpp"
 #include "support/device_fill.hpp"
 #include "support/json.hpp"
 
-// Inside seqpar::bench rather than `using namespace seqpar`: at global scope `cuda` would be
-// ambiguous (seqpar::cuda, libcu++'s ::cuda).
 namespace seqpar::bench {
 namespace {
 
@@ -101,8 +99,8 @@ std::vector<std::int64_t> lognormal_docs(std::int64_t tokens, double median, dou
 enum class Input : std::uint64_t { kQ = 1, kK, kV, kDout };
 
 // Fills the local rows of `dst` (the global rows `owned`, in order; `row` elements per token).
-void fill_rows(const cuda::CudaExec& exec, const cuda::DeviceArray<T>& dst, Input which,
-               const std::vector<Range>& owned, std::int64_t row) {
+void fill_rows(const gpu::CudaExec& exec, const gpu::DeviceArray<T>& dst, Input which, const std::vector<Range>& owned,
+               std::int64_t row) {
   std::int64_t at = 0;
   for (const Range& r : owned) {
     if (r.empty()) continue;
@@ -111,8 +109,8 @@ void fill_rows(const cuda::CudaExec& exec, const cuda::DeviceArray<T>& dst, Inpu
   }
 }
 
-std::uint64_t nonfinite(const cuda::CudaExec& exec, const cuda::DeviceArray<T>& a) {
-  cuda::DeviceArray<unsigned long long> counter(1);
+std::uint64_t nonfinite(const gpu::CudaExec& exec, const gpu::DeviceArray<T>& a) {
+  gpu::DeviceArray<unsigned long long> counter(1);
   return count_nonfinite(exec.stream(), a.data(), static_cast<std::int64_t>(a.size()), counter.data());
 }
 
@@ -167,19 +165,19 @@ std::vector<Row> run_baseline(Batch& batch, const Options& opt) {
   const std::vector<Range> all{{0, n}};
   SEQPAR_CUDA_CHECK(cudaSetDevice(0), kWhere);
   Kernel flash;
-  const cuda::CudaExec& exec = flash.exec();
-  const cuda::DeviceSlices slices(batch.documents.document_causal_slices(), n, n);
+  const gpu::CudaExec& exec = flash.exec();
+  const gpu::DeviceSlices slices(batch.documents.document_causal_slices(), n, n);
   SEQPAR_CUDA_CHECK(cudaDeviceSynchronize(), kWhere);  // the slices' upload ran on the legacy stream
-  const cuda::DeviceBytes ws(flash.workspace_bytes(shape, n, n));
+  const gpu::DeviceBytes ws(flash.workspace_bytes(shape, n, n));
   const auto rows_q = static_cast<std::size_t>(n * shape.heads_q * d);
   const auto rows_kv = static_cast<std::size_t>(n * shape.heads_kv * d);
-  cuda::DeviceArray<T> q(rows_q), k(rows_kv), v(rows_kv), dout(rows_q), o(rows_q), dq(rows_q), dk(rows_kv), dv(rows_kv);
-  cuda::DeviceArray<float> lse(static_cast<std::size_t>(n * shape.heads_q));
+  gpu::DeviceArray<T> q(rows_q), k(rows_kv), v(rows_kv), dout(rows_q), o(rows_q), dq(rows_q), dk(rows_kv), dv(rows_kv);
+  gpu::DeviceArray<float> lse(static_cast<std::size_t>(n * shape.heads_q));
   fill_rows(exec, q, Input::kQ, all, std::int64_t{shape.heads_q} * d);
   fill_rows(exec, k, Input::kK, all, std::int64_t{shape.heads_kv} * d);
   fill_rows(exec, v, Input::kV, all, std::int64_t{shape.heads_kv} * d);
   fill_rows(exec, dout, Input::kDout, all, std::int64_t{shape.heads_q} * d);
-  const auto view = [&](const cuda::DeviceArray<T>& a, int heads) { return ThdView<T>::dense(a.data(), n, heads, d); };
+  const auto view = [&](const gpu::DeviceArray<T>& a, int heads) { return ThdView<T>::dense(a.data(), n, heads, d); };
   const auto forward = [&] {
     flash.forward(exec, shape, view(q, shape.heads_q), view(k, shape.heads_kv), view(v, shape.heads_kv),
                   slices.device(), view(o, shape.heads_q), LseView<float>::dense(lse.data(), shape.heads_q, n),
@@ -230,26 +228,24 @@ std::vector<Row> run_distributed(const std::string& name, typename S::Arguments 
     const auto n = static_cast<std::size_t>(opt.reps);
     r.forward_start.resize(n), r.forward_end.resize(n), r.backward_start.resize(n), r.backward_end.resize(n);
   }
-  cuda::device_world(opt.ranks).run([&](backend::inproc::Transport& transport) {
+  gpu::device_world(opt.ranks).run([&](backend::inproc::Transport& transport) {
     SEQPAR_CUDA_CHECK(cudaSetDevice(0), kWhere);
     DistributedAttention<S, Kernel> attn(transport, shape, args, Kernel{});
-    const cuda::CudaExec& exec = attn.exec();
+    const gpu::CudaExec& exec = attn.exec();
     const DocumentBatch& b = batch.documents;
     const std::vector<Range> owned = attn.owned_ranges(b);
     const std::int64_t n = attn.local_tokens(b);
     const auto rows_q = static_cast<std::size_t>(n * shape.heads_q * d);
     const auto rows_kv = static_cast<std::size_t>(n * shape.heads_kv * d);
-    cuda::DeviceArray<T> q(rows_q), k(rows_kv), v(rows_kv), dout(rows_q), o(rows_q), dq(rows_q), dk(rows_kv),
+    gpu::DeviceArray<T> q(rows_q), k(rows_kv), v(rows_kv), dout(rows_q), o(rows_q), dq(rows_q), dk(rows_kv),
         dv(rows_kv);
-    cuda::DeviceArray<float> lse(static_cast<std::size_t>(n * shape.heads_q));
+    gpu::DeviceArray<float> lse(static_cast<std::size_t>(n * shape.heads_q));
     fill_rows(exec, q, Input::kQ, owned, std::int64_t{shape.heads_q} * d);
     fill_rows(exec, k, Input::kK, owned, std::int64_t{shape.heads_kv} * d);
     fill_rows(exec, v, Input::kV, owned, std::int64_t{shape.heads_kv} * d);
     fill_rows(exec, dout, Input::kDout, owned, std::int64_t{shape.heads_q} * d);
     exec.synchronize();
-    const auto view = [&](const cuda::DeviceArray<T>& a, int heads) {
-      return ThdView<T>::dense(a.data(), n, heads, d);
-    };
+    const auto view = [&](const gpu::DeviceArray<T>& a, int heads) { return ThdView<T>::dense(a.data(), n, heads, d); };
     const auto forward = [&] {
       attn.forward(b, view(q, shape.heads_q), view(k, shape.heads_kv), view(v, shape.heads_kv), view(o, shape.heads_q),
                    LseView<float>::dense(lse.data(), shape.heads_q, n));
@@ -380,21 +376,21 @@ struct OpRow {
 };
 
 std::vector<OpRow> run_data_ops(const Batch& batch, const Options& opt, double& copy_gbps) {
-  using Ops = runtime::DataOps<cuda::CudaExec>;
+  using Ops = runtime::DataOps<gpu::CudaExec>;
   using runtime::BufferId;
   using runtime::PieceCopy;
   const AttentionShape& shape = opt.shape;
   const int d = shape.head_dim, heads = shape.heads_q;
   const std::int64_t n = batch.documents.total_tokens();
   SEQPAR_CUDA_CHECK(cudaSetDevice(0), kWhere);
-  const cuda::CudaExec exec(0);
+  const gpu::CudaExec exec(0);
   const cudaStream_t s = exec.stream();
   const int samples = std::max(opt.reps, 3);
   std::vector<OpRow> rows;
 
   {  // the ceiling: a device-to-device copy, bytes read + written
     const std::size_t bytes = opt.smoke ? (std::size_t{16} << 20) : (std::size_t{1} << 30);
-    const cuda::DeviceBytes from(bytes), to(bytes);
+    const gpu::DeviceBytes from(bytes), to(bytes);
     SEQPAR_CUDA_CHECK(cudaMemsetAsync(from.data(), 1, bytes, s), kWhere);
     OpRow r{.name = "device copy (cudaMemcpyAsync D2D)", .bytes = 2.0 * static_cast<double>(bytes)};
     r.ms = time_per_call(s, samples, [&] {
@@ -408,8 +404,8 @@ std::vector<OpRow> run_data_ops(const Batch& batch, const Options& opt, double& 
 
   // Buffers of the whole batch: K, V, dK (n, H, d) and O, O_part, LSE, LSE_part.
   const auto elems = static_cast<std::size_t>(n * heads * d);
-  cuda::DeviceArray<T> k(elems), v(elems), dk(elems), o(elems), o_part(elems);
-  cuda::DeviceArray<float> lse(static_cast<std::size_t>(n * heads)), lse_part(static_cast<std::size_t>(n * heads));
+  gpu::DeviceArray<T> k(elems), v(elems), dk(elems), o(elems), o_part(elems);
+  gpu::DeviceArray<float> lse(static_cast<std::size_t>(n * heads)), lse_part(static_cast<std::size_t>(n * heads));
   const std::vector<Range> all{{0, n}};
   fill_rows(exec, k, Input::kK, all, std::int64_t{heads} * d);
   fill_rows(exec, v, Input::kV, all, std::int64_t{heads} * d);
@@ -464,7 +460,7 @@ std::vector<OpRow> run_data_ops(const Batch& batch, const Options& opt, double& 
   const auto slice_of = [&](runtime::TableSpan sp) {
     return runtime::TableSlice<PieceCopy>{lp.view(lp.copies, sp), tables.copies + sp.first};
   };
-  const cuda::DeviceBytes region(std::max({rows_bytes, heads_bytes, sum_bytes}) + 256);
+  const gpu::DeviceBytes region(std::max({rows_bytes, heads_bytes, sum_bytes}) + 256);
   SEQPAR_CUDA_CHECK(cudaMemsetAsync(region.data(), 0, region.size(), s), kWhere);
   exec.synchronize();
 
@@ -644,7 +640,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   if (opt.smoke) opt.tokens = 2048, opt.reps = 2, opt.warmup = 1;  // every case, in seconds
-  if (seqpar::cuda::device_count() == 0) {
+  if (seqpar::gpu::device_count() == 0) {
     std::printf("runtime_cuda: no CUDA device (or driver) on this machine: skipped\n");
     return 77;
   }

@@ -33,8 +33,8 @@
 #include <string>
 #include <vector>
 
-#include "seqpar/cuda/check.hpp"
-#include "seqpar/cuda/device_memory.hpp"
+#include "seqpar/gpu/check.hpp"
+#include "seqpar/gpu/device_memory.hpp"
 #include "support/bus_bandwidth.hpp"
 #include "support/json.hpp"
 
@@ -118,7 +118,7 @@ std::vector<Result> measure(Transport& t, const Config& c) {
   const std::size_t smoke_max = std::size_t{1} << 20;
   for (std::size_t bytes = 4096; bytes <= (c.smoke ? smoke_max : c.max_bytes); bytes *= 4) {
     const std::size_t block = bytes / un, total = block * un;
-    const seqpar::cuda::DeviceBytes s(total), r(total);
+    const seqpar::gpu::DeviceBytes s(total), r(total);
     SEQPAR_CUDA_CHECK(cudaMemset(s.data(), 1, total), "bench buffers");
     const int iters = iterations(bytes, c.smoke);
     const int next = (me + 1) % n, prev = (me + n - 1) % n;
@@ -246,7 +246,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const int devices = seqpar::cuda::device_count();
+  const int devices = seqpar::gpu::device_count();
   const seqpar::backend::nccl::Options options{.timeout = std::chrono::seconds{120}};
 #if SEQPAR_ENABLE_MPI
   if (launched_by_mpi()) {

@@ -28,11 +28,11 @@
 #include <string>
 #include <vector>
 
-#include "seqpar/cuda/check.hpp"
-#include "seqpar/cuda/data_ops.hpp"
-#include "seqpar/cuda/device_memory.hpp"
-#include "seqpar/cuda/exec.hpp"
-#include "seqpar/cuda/flash.hpp"
+#include "seqpar/gpu/check.hpp"
+#include "seqpar/gpu/data_ops.hpp"
+#include "seqpar/gpu/device_memory.hpp"
+#include "seqpar/gpu/exec.hpp"
+#include "seqpar/gpu/flash.hpp"
 
 namespace sp = seqpar;
 using ZigzagRing = sp::Strategy<sp::partition::Zigzag, sp::comm::Ring>;
@@ -57,7 +57,7 @@ int run(sp::backend::nccl::Transport& t, std::int64_t tokens) {
 
   ZigzagRing::Arguments args;
   args.comm.sharding_aware = true;  // send each peer only the KV rows its slices read
-  const sp::cuda::CudaExec exec(t.device());
+  const sp::gpu::CudaExec exec(t.device());
   sp::DistributedAttention<ZigzagRing, sp::attention::CudaFlash<float>> attn(t, shape, args,
                                                                              sp::attention::CudaFlash<float>(exec));
   const auto& plan = attn.plan(batch);
@@ -68,14 +68,14 @@ int run(sp::backend::nccl::Transport& t, std::int64_t tokens) {
     std::int64_t at = 0;
     for (const sp::Range& r : attn.owned_ranges(batch))
       std::copy_n(g.storage.begin() + r.begin * row, r.size() * row, l.begin() + at * row), at += r.size();
-    return sp::cuda::DeviceArray<float>(l);
+    return sp::gpu::DeviceArray<float>(l);
   };
   const auto lq = shard(q), lk = shard(k), lv = shard(v), ldo = shard(dout);
   const auto q_elems = static_cast<std::size_t>(local * shape.heads_q * shape.head_dim);
   const auto kv_elems = static_cast<std::size_t>(local * shape.heads_kv * shape.head_dim);
-  sp::cuda::DeviceArray<float> lo(q_elems), ldq(q_elems), ldk(kv_elems), ldv(kv_elems),
+  sp::gpu::DeviceArray<float> lo(q_elems), ldq(q_elems), ldk(kv_elems), ldv(kv_elems),
       llse(static_cast<std::size_t>(local * shape.heads_q));
-  const auto view = [&](const sp::cuda::DeviceArray<float>& a, int heads) {
+  const auto view = [&](const sp::gpu::DeviceArray<float>& a, int heads) {
     return sp::ThdView<float>::dense(a.data(), local, heads, shape.head_dim);
   };
   attn.forward(batch, view(lq, shape.heads_q), view(lk, shape.heads_kv), view(lv, shape.heads_kv),
@@ -93,7 +93,7 @@ int run(sp::backend::nccl::Transport& t, std::int64_t tokens) {
   std::vector<std::size_t> counts;
   for (int r = 0; r < t.size(); ++r) counts.push_back(static_cast<std::size_t>(plan.local_tokens(r)) * row_bytes);
   const auto total = static_cast<std::size_t>(n) * row_bytes / sizeof(float);
-  sp::cuda::DeviceArray<float> all_o(total), all_dq(total);
+  sp::gpu::DeviceArray<float> all_o(total), all_dq(total);
   exec.comm_after_compute();
   t.set_queue(exec.comm_queue());
   t.all_gather_v(std::as_bytes(lo.span()), std::as_writable_bytes(all_o.span()), counts);
@@ -106,7 +106,7 @@ int run(sp::backend::nccl::Transport& t, std::int64_t tokens) {
   if (t.rank() != 0) return 0;
 
   // Rows back at their tokens, then the fp64 reference over the whole batch.
-  const auto placed = [&](const sp::cuda::DeviceArray<float>& gathered) {
+  const auto placed = [&](const sp::gpu::DeviceArray<float>& gathered) {
     const std::vector<float> h = gathered.to_host();
     sp::ThdTensor<double> out(n, shape.heads_q, shape.head_dim);
     const std::int64_t row = std::int64_t{shape.heads_q} * shape.head_dim;
@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const int devices = sp::cuda::device_count();
+  const int devices = sp::gpu::device_count();
 #if SEQPAR_ENABLE_MPI
   if (launched_by_mpi()) {
     // The unique id travels over MPI; a rank that throws ends the job (run_or_abort) instead of

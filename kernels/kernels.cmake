@@ -2,9 +2,10 @@
 # Device kernels (kernels/seqpar/<backend>/): the design card's top-level kernels/, apart from the
 # pure C++20 headers of include/ (as stdexec keeps nvexec/ apart), each behind its own target and option.
 #
-# seqpar::cuda (SEQPAR_ENABLE_CUDA AUTO|ON|OFF): CUDA attention kernels over slice tables
+# seqpar::cuda (SEQPAR_ENABLE_CUDA AUTO|ON|OFF; the C++ namespace and folder are seqpar::gpu,
+# kernels/seqpar/gpu/; the target and macros keep the name cuda): CUDA attention kernels over slice tables
 # (attention::CudaFlash), the executor's pack / unpack / zero / merge kernels
-# (runtime::DataOps<cuda::CudaExec>) and the stream-ordered execution context cuda::CudaExec. AUTO
+# (runtime::DataOps<gpu::CudaExec>) and the stream-ordered execution context gpu::CudaExec. AUTO
 # builds it when nvcc is found. Header-only like the rest: the .cuh headers are compiled by the
 # user's .cu translation units; the .hpp headers (context, memory, errors, and the classes CudaFlash
 # and DataOps<CudaExec> with their launches declared) also compile with g++.
@@ -44,7 +45,7 @@ if(SEQPAR_WITH_CUDA)
   # The host-only headers (.hpp: context, memory, errors, slice upload, tile arithmetic) compile with
   # the C++ compiler too; they are a header set, checked alone by all_verify_interface_header_sets.
   # The .cuh headers need nvcc and are compiled by the CUDA tests and benchmarks.
-  file(GLOB_RECURSE SEQPAR_CUDA_HOST_HEADERS CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/seqpar/cuda/*.hpp)
+  file(GLOB_RECURSE SEQPAR_CUDA_HOST_HEADERS CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/seqpar/gpu/*.hpp)
   target_sources(seqpar_cuda INTERFACE FILE_SET HEADERS BASE_DIRS ${CMAKE_CURRENT_LIST_DIR}
                  FILES ${SEQPAR_CUDA_HOST_HEADERS})
   set_target_properties(seqpar_cuda PROPERTIES VERIFY_INTERFACE_HEADER_SETS ${SEQPAR_VERIFY_HEADERS})

@@ -5,8 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "seqpar/cuda/check.hpp"
-#include "seqpar/cuda/detail/element.hpp"
+#include "seqpar/gpu/check.hpp"
+#include "seqpar/gpu/detail/element.hpp"
 
 namespace seqpar::bench {
 namespace {
@@ -24,7 +24,7 @@ __global__ void fill_normal_kernel(T* p, std::int64_t first, std::int64_t count,
     const std::uint64_t h = mix64(tag * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(first + i));
     const float u1 = (static_cast<float>(h >> 40) + 0.5f) * 0x1.0p-24f;
     const float u2 = static_cast<float>((h >> 16) & 0xFFFFFF) * 0x1.0p-24f;
-    p[i] = cuda::detail::from_float<T>(sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2));
+    p[i] = gpu::detail::from_float<T>(sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2));
   }
 }
 
@@ -33,7 +33,7 @@ __global__ void count_nonfinite_kernel(const T* p, std::int64_t n, unsigned long
   unsigned long long local = 0;
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
-    local += isfinite(cuda::detail::to_float(p[i])) ? 0 : 1;
+    local += isfinite(gpu::detail::to_float(p[i])) ? 0 : 1;
   if (local != 0) atomicAdd(count, local);
 }
 

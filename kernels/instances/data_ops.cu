@@ -1,22 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
-// runtime::DataOps<cuda::CudaExec>'s launches for every storage type (float, __half, __nv_bfloat16;
-// LSE in float), compiled once for C++ translation units that include seqpar/cuda/data_ops.hpp.
-#include "seqpar/cuda/data_ops.cuh"
+// runtime::DataOps<gpu::CudaExec>'s launches for every storage type (float, __half, __nv_bfloat16;
+// LSE in float), compiled once for C++ translation units that include seqpar/gpu/data_ops.hpp.
+#include "seqpar/gpu/data_ops.cuh"
 
-#define SEQPAR_DATA_OPS_INSTANCES(T)                                                                 \
-  template void seqpar::runtime::DataOps<seqpar::cuda::CudaExec>::pack<T, float>(                    \
-      const seqpar::cuda::CudaExec&, const seqpar::runtime::BufferTable<T, float>&,                  \
-      seqpar::runtime::TableSlice<seqpar::runtime::PieceCopy>, std::byte*, int);                     \
-  template void seqpar::runtime::DataOps<seqpar::cuda::CudaExec>::unpack<T, float>(                  \
-      const seqpar::cuda::CudaExec&, const seqpar::runtime::BufferTable<T, float>&,                  \
-      seqpar::runtime::TableSlice<seqpar::runtime::PieceCopy>, const std::byte*, int);               \
-  template void seqpar::runtime::DataOps<seqpar::cuda::CudaExec>::zero<T, float>(                    \
-      const seqpar::cuda::CudaExec&, const seqpar::runtime::BufferTable<T, float>&,                  \
-      std::span<const seqpar::runtime::BufferId>);                                                   \
-  template void seqpar::runtime::DataOps<seqpar::cuda::CudaExec>::fill_empty<T, float>(              \
-      const seqpar::cuda::CudaExec&, seqpar::ThdView<T>, seqpar::LseView<float>);                    \
-  template void seqpar::runtime::DataOps<seqpar::cuda::CudaExec>::merge<T, float>(                   \
-      const seqpar::cuda::CudaExec&, seqpar::ThdView<T>, seqpar::LseView<float>, seqpar::ThdView<T>, \
+#define SEQPAR_DATA_OPS_INSTANCES(T)                                                                \
+  template void seqpar::runtime::DataOps<seqpar::gpu::CudaExec>::pack<T, float>(                    \
+      const seqpar::gpu::CudaExec&, const seqpar::runtime::BufferTable<T, float>&,                  \
+      seqpar::runtime::TableSlice<seqpar::runtime::PieceCopy>, std::byte*, int);                    \
+  template void seqpar::runtime::DataOps<seqpar::gpu::CudaExec>::unpack<T, float>(                  \
+      const seqpar::gpu::CudaExec&, const seqpar::runtime::BufferTable<T, float>&,                  \
+      seqpar::runtime::TableSlice<seqpar::runtime::PieceCopy>, const std::byte*, int);              \
+  template void seqpar::runtime::DataOps<seqpar::gpu::CudaExec>::zero<T, float>(                    \
+      const seqpar::gpu::CudaExec&, const seqpar::runtime::BufferTable<T, float>&,                  \
+      std::span<const seqpar::runtime::BufferId>);                                                  \
+  template void seqpar::runtime::DataOps<seqpar::gpu::CudaExec>::fill_empty<T, float>(              \
+      const seqpar::gpu::CudaExec&, seqpar::ThdView<T>, seqpar::LseView<float>);                    \
+  template void seqpar::runtime::DataOps<seqpar::gpu::CudaExec>::merge<T, float>(                   \
+      const seqpar::gpu::CudaExec&, seqpar::ThdView<T>, seqpar::LseView<float>, seqpar::ThdView<T>, \
       seqpar::LseView<float>, seqpar::runtime::TableSlice<seqpar::AttnSlice>);
 
 SEQPAR_DATA_OPS_INSTANCES(float)

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // attention::CudaFlash<float>, every member compiled once (forward and backward, head dims 64 and 128,
 // for every architecture of CMAKE_CUDA_ARCHITECTURES), for C++ translation units that include
-// seqpar/cuda/flash.hpp. One storage type per translation unit, so that they build in parallel.
-#include "seqpar/cuda/flash.cuh"
+// seqpar/gpu/flash.hpp. One storage type per translation unit, so that they build in parallel.
+#include "seqpar/gpu/flash.cuh"
 
 template class seqpar::attention::CudaFlash<float>;

@@ -2,7 +2,7 @@
 // A stream-ordered transport (NCCL-like: it enqueues on the context's queue) under a host kernel.
 // expect: DistributedAttention: a stream-ordered transport (NCCL) enqueues its transfers on the kernel's
 //         streams, so it needs a kernel whose exec_type is a StreamOrderedExec (attention::CudaFlash on
-//         cuda::CudaExec); with a host kernel use a host transport (in-process or MPI)
+//         gpu::CudaExec); with a host kernel use a host transport (in-process or MPI)
 #include <seqpar/seqpar.hpp>  // DistributedAttention, as users include it
 
 #include <cstddef>

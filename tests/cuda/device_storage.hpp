@@ -10,28 +10,28 @@
 #include <utility>
 #include <vector>
 
-#include "seqpar/cuda/check.hpp"
-#include "seqpar/cuda/detail/element.hpp"
-#include "seqpar/cuda/device_memory.hpp"
-#include "seqpar/cuda/device_world.hpp"
-#include "seqpar/cuda/exec.hpp"
+#include "seqpar/gpu/check.hpp"
+#include "seqpar/gpu/detail/element.hpp"
+#include "seqpar/gpu/device_memory.hpp"
+#include "seqpar/gpu/device_world.hpp"
+#include "seqpar/gpu/exec.hpp"
 
 namespace seqpar::test {
 
 struct DeviceStorage {
   template <class U>
-  using Buffer = cuda::DeviceArray<U>;
+  using Buffer = gpu::DeviceArray<U>;
 
   template <class Body>
   static void run(int world, Body&& body) {
-    cuda::device_world(world).run([&](backend::inproc::Transport& transport) {
+    gpu::device_world(world).run([&](backend::inproc::Transport& transport) {
       SEQPAR_CUDA_CHECK(cudaSetDevice(0), "rank");
       body(transport);
     });
   }
   /// A device copy of `host`, issued on `exec`'s stream and complete when this returns (`host` may go).
   template <class U>
-  static Buffer<U> upload(const std::vector<U>& host, const cuda::CudaExec& exec) {
+  static Buffer<U> upload(const std::vector<U>& host, const gpu::CudaExec& exec) {
     Buffer<U> d(host.size());
     if (!host.empty()) {
       SEQPAR_CUDA_CHECK(
@@ -42,7 +42,7 @@ struct DeviceStorage {
     return d;
   }
   template <class U>
-  static Buffer<U> poisoned(std::size_t n, const cuda::CudaExec& exec) {
+  static Buffer<U> poisoned(std::size_t n, const gpu::CudaExec& exec) {
     Buffer<U> d(n);
     if (n != 0) SEQPAR_CUDA_CHECK(cudaMemsetAsync(d.data(), 0xff, n * sizeof(U), exec.stream()), "test poison");
     return d;
@@ -57,11 +57,11 @@ struct DeviceStorage {
   }
   template <class U>
   static U from_double(double x) {
-    return cuda::detail::from_float<U>(static_cast<float>(x));
+    return gpu::detail::from_float<U>(static_cast<float>(x));
   }
   template <class U>
   static double to_double(U x) {
-    return static_cast<double>(cuda::detail::to_float(x));
+    return static_cast<double>(gpu::detail::to_float(x));
   }
 };
 

@@ -6,10 +6,10 @@
 
 #include <cstdio>
 
-#include "seqpar/cuda/check.hpp"
+#include "seqpar/gpu/check.hpp"
 
 int main(int argc, char** argv) {
-  if (seqpar::cuda::device_count() == 0) {
+  if (seqpar::gpu::device_count() == 0) {
     std::printf("no CUDA device (or driver) on this machine: the CUDA tests are skipped\n");
     return 77;
   }

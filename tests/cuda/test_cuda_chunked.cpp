@@ -15,11 +15,10 @@
 #include <vector>
 
 #include "cuda/device_storage.hpp"
-#include "seqpar/cuda/data_ops.hpp"
-#include "seqpar/cuda/flash.hpp"
+#include "seqpar/gpu/data_ops.hpp"
+#include "seqpar/gpu/flash.hpp"
 #include "support/distributed_check.hpp"
 
-// Inside namespace seqpar: at global scope `cuda` would be ambiguous (seqpar::cuda, libcu++'s ::cuda).
 namespace seqpar {
 namespace {
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// What is CudaFlash's own (kernels/seqpar/cuda/flash.hpp): the backward bitwise reproducible; the device
+// What is CudaFlash's own (kernels/seqpar/gpu/flash.hpp): the backward bitwise reproducible; the device
 // tile table equal to the host reference; a head_dim the kernels are not built for and an empty workspace
 // refused by name. The comparisons with the fp64 reference are the shared kernel conformance cases
 // (tests/cuda/test_cuda_kernel_cases.cpp). Runs only with a CUDA device (the main exits 77 otherwise).
@@ -13,17 +13,15 @@
 #include <vector>
 
 #include "seqpar/core/document_batch.hpp"
-#include "seqpar/cuda/detail/tile_table.cuh"
-#include "seqpar/cuda/device_memory.hpp"
-#include "seqpar/cuda/flash.hpp"
-#include "seqpar/cuda/slices.hpp"
+#include "seqpar/gpu/detail/tile_table.cuh"
+#include "seqpar/gpu/device_memory.hpp"
+#include "seqpar/gpu/flash.hpp"
+#include "seqpar/gpu/slices.hpp"
 
-// Inside namespace seqpar, not `using namespace seqpar`: at global scope `cuda::` would be ambiguous
-// between seqpar::cuda and libcu++'s ::cuda.
 namespace seqpar::test {
 namespace {
 
-namespace cd = seqpar::cuda::detail;
+namespace cd = seqpar::gpu::detail;
 
 template <class T>
 T to_t(float x) {
@@ -33,14 +31,14 @@ T to_t(float x) {
 template <class T>
 struct DeviceTensor {
   std::vector<T> host;
-  cuda::DeviceArray<T> dev;
+  gpu::DeviceArray<T> dev;
   std::int64_t tokens;
   int heads, d;
   DeviceTensor(std::int64_t t, int h, int d_, std::mt19937& rng, float scale)
       : host(static_cast<std::size_t>(t * h * d_)), tokens(t), heads(h), d(d_) {
     std::normal_distribution<float> dist(0.0f, scale);
     for (auto& x : host) x = to_t<T>(dist(rng));
-    dev = cuda::DeviceArray<T>(host);
+    dev = gpu::DeviceArray<T>(host);
   }
   ThdView<T> view() { return ThdView<T>::dense(dev.data(), tokens, heads, d); }
 };
@@ -55,11 +53,11 @@ TEST_SUITE("cuda") {
     std::mt19937 rng(3);
     DeviceTensor<__nv_bfloat16> q(n, 4, 128, rng, 1), k(n, 2, 128, rng, 1), v(n, 2, 128, rng, 1), o(n, 4, 128, rng, 1),
         dout(n, 4, 128, rng, 1);
-    cuda::DeviceArray<float> lse(static_cast<std::size_t>(4 * n));
+    gpu::DeviceArray<float> lse(static_cast<std::size_t>(4 * n));
     const auto lse_view = LseView<float>::dense(lse.data(), 4, n);
-    const cuda::DeviceSlices slices(mix.document_causal_slices(), n, n);
+    const gpu::DeviceSlices slices(mix.document_causal_slices(), n, n);
     attention::CudaFlash<__nv_bfloat16> flash;
-    cuda::DeviceBytes ws(flash.workspace_bytes(shape, n, n));
+    gpu::DeviceBytes ws(flash.workspace_bytes(shape, n, n));
     flash.forward(shape, q.view(), k.view(), v.view(), slices.device(), o.view(), lse_view, ws.span());
     std::vector<std::vector<__nv_bfloat16>> runs;
     for (int r = 0; r < 2; ++r) {
@@ -78,13 +76,13 @@ TEST_SUITE("cuda") {
     DocumentBatch mix({{300, 1, 7, 700, 64, 65, 2000}, {129, 1, 1000}});
     const std::int64_t n = mix.total_tokens();
     const auto host = mix.document_causal_slices();
-    const cuda::DeviceSlices slices(host, n, n);
+    const gpu::DeviceSlices slices(host, n, n);
     for (int rows : {32, 64}) {
       const int num = static_cast<int>(cd::max_tiles(n, static_cast<std::int64_t>(host.size()), rows));
       const cd::TileTableLayout layout(static_cast<int>(n), num,
                                        cd::TileTableLayout::cub_bytes(static_cast<int>(n), num, "test"));
-      cuda::DeviceBytes region(layout.bytes);
-      const cuda::CudaExec exec;
+      gpu::DeviceBytes region(layout.bytes);
+      const gpu::CudaExec exec;
       const auto table = cd::build_tile_table(slices.device().data(), static_cast<int>(host.size()), rows, num, layout,
                                               region.data(), exec.stream(), "test");
       exec.synchronize();
@@ -106,9 +104,9 @@ TEST_SUITE("cuda") {
     std::mt19937 rng(9);
     DeviceTensor<__nv_bfloat16> q(n, 4, 128, rng, 1), k(n, 2, 128, rng, 1), v(n, 2, 128, rng, 1),
         dout(n, 4, 128, rng, 1);
-    const cuda::DeviceSlices slices(mix.document_causal_slices(), n, n);
+    const gpu::DeviceSlices slices(mix.document_causal_slices(), n, n);
     attention::CudaFlash<__nv_bfloat16> flash;
-    cuda::DeviceBytes ws(flash.workspace_bytes(shape, n, n));
+    gpu::DeviceBytes ws(flash.workspace_bytes(shape, n, n));
     const auto fwd = flash.prepare(flash.exec(), shape, slices.host(), n, n, attention::Pass::kForward);
     const auto bwd = flash.prepare(flash.exec(), shape, slices.host(), n, n, attention::Pass::kBackward);
     CHECK(fwd.num_tiles > 0);
@@ -116,7 +114,7 @@ TEST_SUITE("cuda") {
     for (int prepared = 0; prepared < 2; ++prepared) {
       DeviceTensor<__nv_bfloat16> o(n, 4, 128, rng, 0), dq(n, 4, 128, rng, 0), dk(n, 2, 128, rng, 0),
           dv(n, 2, 128, rng, 0);
-      cuda::DeviceArray<float> lse(static_cast<std::size_t>(4 * n));
+      gpu::DeviceArray<float> lse(static_cast<std::size_t>(4 * n));
       const auto lse_view = LseView<float>::dense(lse.data(), 4, n);
       if (prepared == 1) {
         flash.forward(flash.exec(), fwd, shape, q.view(), k.view(), v.view(), slices.device(), o.view(), lse_view,
@@ -139,7 +137,7 @@ TEST_SUITE("cuda") {
     // Params of another call are refused by name.
     try {
       DeviceTensor<__nv_bfloat16> o(n, 4, 128, rng, 0);
-      cuda::DeviceArray<float> lse(static_cast<std::size_t>(4 * n));
+      gpu::DeviceArray<float> lse(static_cast<std::size_t>(4 * n));
       flash.forward(flash.exec(), bwd, shape, q.view(), k.view(), v.view(), slices.device(), o.view(),
                     LseView<float>::dense(lse.data(), 4, n), ws.span());
       FAIL("backward Params accepted by a forward call");
@@ -151,9 +149,9 @@ TEST_SUITE("cuda") {
   TEST_CASE("bad arguments are named") {
     attention::CudaFlash<float> flash;
     const AttentionShape bad{2, 2, 96, 0};
-    cuda::DeviceArray<float> x(static_cast<std::size_t>(8 * 2 * 96));
+    gpu::DeviceArray<float> x(static_cast<std::size_t>(8 * 2 * 96));
     const auto view = ThdView<const float>::dense(x.data(), 8, 2, 96);
-    cuda::DeviceArray<float> l(16);
+    gpu::DeviceArray<float> l(16);
     try {
       flash.forward(bad, view, view, view, {}, ThdView<float>::dense(x.data(), 8, 2, 96),
                     LseView<float>::dense(l.data(), 2, 8), {});
@@ -170,7 +168,7 @@ TEST_SUITE("cuda") {
     CHECK(flash.can_implement({2, 2, 128, 0}));
     CHECK(attention::CudaFlash<float>::shared_bytes(128) <= static_cast<std::size_t>(flash.exec().max_shared_bytes()));
     const AttentionShape shape{2, 2, 64, 0};
-    cuda::DeviceArray<float> y(static_cast<std::size_t>(8 * 2 * 64));
+    gpu::DeviceArray<float> y(static_cast<std::size_t>(8 * 2 * 64));
     const auto v64 = ThdView<const float>::dense(y.data(), 8, 2, 64);
     try {
       flash.forward(shape, v64, v64, v64, {}, ThdView<float>::dense(y.data(), 8, 2, 64),

@@ -16,14 +16,12 @@
 #include <type_traits>
 #include <vector>
 
-#include "seqpar/cuda/check.hpp"
-#include "seqpar/cuda/device_memory.hpp"
-#include "seqpar/cuda/flash.hpp"
-#include "seqpar/cuda/slices.hpp"
+#include "seqpar/gpu/check.hpp"
+#include "seqpar/gpu/device_memory.hpp"
+#include "seqpar/gpu/flash.hpp"
+#include "seqpar/gpu/slices.hpp"
 #include "support/kernel_cases.hpp"
 
-// Inside namespace seqpar, not `using namespace seqpar`: at global scope `cuda::` would be ambiguous
-// between seqpar::cuda and libcu++'s ::cuda.
 namespace seqpar::test {
 namespace {
 
@@ -41,7 +39,7 @@ struct Harness {
   using value_type = T;
   using accum_type = float;
   /// CudaFlash checks extents, layouts and the workspace size, but not that outputs share no memory with
-  /// other views (kernels/seqpar/cuda/flash.cuh, check_inputs): the aliasing refusals are left out.
+  /// other views (kernels/seqpar/gpu/flash.cuh, check_inputs): the aliasing refusals are left out.
   static constexpr bool kRefusesAliasing = false;
 
   template <class U>
@@ -61,7 +59,7 @@ struct Harness {
       for (std::int64_t t = 0; t < tokens_; ++t)
         for (int h = 0; h < heads_; ++h)
           for (int x = 0; x < d_; ++x)
-            host[at(t, h, x)] = cuda::detail::from_float<U>(static_cast<float>(src.view()(t, h, x)));
+            host[at(t, h, x)] = gpu::detail::from_float<U>(static_cast<float>(src.view()(t, h, x)));
       if (!host.empty()) {
         SEQPAR_CUDA_CHECK(cudaMemcpy(dev_.data(), host.data(), host.size() * sizeof(U), cudaMemcpyHostToDevice),
                           "test upload");
@@ -74,7 +72,7 @@ struct Harness {
       for (std::int64_t t = 0; t < tokens_; ++t)
         for (int h = 0; h < heads_; ++h)
           for (int x = 0; x < d_; ++x)
-            out.view()(t, h, x) = static_cast<double>(cuda::detail::to_float(host[at(t, h, x)]));
+            out.view()(t, h, x) = static_cast<double>(gpu::detail::to_float(host[at(t, h, x)]));
       return out;
     }
 
@@ -82,7 +80,7 @@ struct Harness {
     [[nodiscard]] std::size_t at(std::int64_t t, int h, int x) const {
       return static_cast<std::size_t>((t * (heads_ + pad_) + h + (pad_ == 0 ? 0 : 1)) * d_ + x);
     }
-    cuda::DeviceArray<U> dev_;
+    gpu::DeviceArray<U> dev_;
     std::int64_t tokens_;
     int heads_, d_, pad_;
   };
@@ -108,19 +106,19 @@ struct Harness {
     }
 
    private:
-    cuda::DeviceArray<float> dev_;
+    gpu::DeviceArray<float> dev_;
     int heads_;
     std::int64_t tokens_;
   };
 
-  /// Checked, stripped of slices without query rows and uploaded (cuda::DeviceSlices).
+  /// Checked, stripped of slices without query rows and uploaded (gpu::DeviceSlices).
   class Slices {
    public:
     Slices(std::span<const AttnSlice> s, std::int64_t q_rows, std::int64_t k_rows) : s_(s, q_rows, k_rows) {}
     [[nodiscard]] std::span<const AttnSlice> span() const { return s_.device(); }
 
    private:
-    cuda::DeviceSlices s_;
+    gpu::DeviceSlices s_;
   };
 
   class Bytes {
@@ -129,7 +127,7 @@ struct Harness {
     [[nodiscard]] std::span<std::byte> span() const { return b_.span(); }
 
    private:
-    cuda::DeviceBytes b_;
+    gpu::DeviceBytes b_;
   };
 
   static AttentionShape adapt(AttentionShape shape) {

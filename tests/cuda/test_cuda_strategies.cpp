@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The CUDA runtime end to end on one GPU:
-//  - the executor's data ops on the device (runtime::DataOps<cuda::CudaExec>) against the host's
+//  - the executor's data ops on the device (runtime::DataOps<gpu::CudaExec>) against the host's
 //    (DataOps<HostExec>) on random piece tables, strided views, misaligned pieces, overlapping
 //    accumulations and merges with empty rows;
 //  - the device world (cuda/device_world.hpp): the transport-generic cases, and device buffers;
@@ -30,18 +30,16 @@
 #include <vector>
 
 #include "cuda/device_storage.hpp"
-#include "seqpar/cuda/check.hpp"
-#include "seqpar/cuda/data_ops.hpp"
-#include "seqpar/cuda/device_memory.hpp"
-#include "seqpar/cuda/device_world.hpp"
-#include "seqpar/cuda/exec.hpp"
-#include "seqpar/cuda/flash.hpp"
+#include "seqpar/gpu/check.hpp"
+#include "seqpar/gpu/data_ops.hpp"
+#include "seqpar/gpu/device_memory.hpp"
+#include "seqpar/gpu/device_world.hpp"
+#include "seqpar/gpu/exec.hpp"
+#include "seqpar/gpu/flash.hpp"
 #include "support/distributed_check.hpp"
 #include "support/strategy_list.hpp"
 #include "support/transport_cases.hpp"
 
-// Inside namespace seqpar rather than `using namespace seqpar`: at global scope `cuda` would be
-// ambiguous (seqpar::cuda, libcu++'s ::cuda).
 namespace seqpar {
 namespace {
 
@@ -49,18 +47,18 @@ namespace {
 
 template <class T>
 T to_storage(double x) {
-  return cuda::detail::from_float<T>(static_cast<float>(x));
+  return gpu::detail::from_float<T>(static_cast<float>(x));
 }
 
 template <class T>
 double to_double(T x) {
-  return static_cast<double>(cuda::detail::to_float(x));
+  return static_cast<double>(gpu::detail::to_float(x));
 }
 
 // A device copy of `host`, issued on `exec`'s stream (the caller synchronizes before `host` goes).
 template <class T>
-cuda::DeviceArray<T> upload(const std::vector<T>& host, const cuda::CudaExec& exec) {
-  cuda::DeviceArray<T> d(host.size());
+gpu::DeviceArray<T> upload(const std::vector<T>& host, const gpu::CudaExec& exec) {
+  gpu::DeviceArray<T> d(host.size());
   if (!host.empty())
     SEQPAR_CUDA_CHECK(
         cudaMemcpyAsync(d.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, exec.stream()),
@@ -79,7 +77,7 @@ using runtime::PieceCopy;
 template <class T>
 struct TestBuffer {
   std::vector<T> host;
-  cuda::DeviceArray<T> device;
+  gpu::DeviceArray<T> device;
   std::int64_t tokens = 0;
   int heads = 0, parent_heads = 0, first_head = 0, head_dim = 0;
   std::int64_t pad = 0;
@@ -97,7 +95,7 @@ struct TestBuffer {
 
 template <class T>
 TestBuffer<T> make_buffer(std::int64_t tokens, int heads, int parent_heads, int first_head, int head_dim,
-                          std::int64_t pad, bool lse, std::mt19937& rng, const cuda::CudaExec& exec) {
+                          std::int64_t pad, bool lse, std::mt19937& rng, const gpu::CudaExec& exec) {
   TestBuffer<T> b;
   b.tokens = tokens, b.heads = heads, b.parent_heads = parent_heads, b.first_head = first_head;
   b.head_dim = head_dim, b.pad = pad, b.lse = lse;
@@ -141,9 +139,9 @@ template <class T>
 void check_data_ops(int head_dim, std::uint32_t seed) {
   using A = float;
   using Host = runtime::DataOps<HostExec>;
-  using Device = runtime::DataOps<cuda::CudaExec>;
+  using Device = runtime::DataOps<gpu::CudaExec>;
   INFO("T size " << sizeof(T) << ", head_dim " << head_dim << ", seed " << seed);
-  cuda::CudaExec exec(0);
+  gpu::CudaExec exec(0);
   const HostExec host_exec;
   std::mt19937 rng(seed);
   const std::int64_t n = 37;
@@ -214,7 +212,7 @@ void check_data_ops(int head_dim, std::uint32_t seed) {
 
   {  // pack: the same bytes
     std::vector<std::byte> want(pack_bytes);
-    cuda::DeviceBytes region(pack_bytes + 64);
+    gpu::DeviceBytes region(pack_bytes + 64);
     Host::pack(host_exec, host_table(), pack_host, want.data(), head_dim);
     Device::pack(exec, device_table(), pack_dev, region.data() + 16, head_dim);  // region 16-byte aligned
     SEQPAR_CUDA_CHECK(cudaStreamSynchronize(exec.stream()), "test");
@@ -243,7 +241,7 @@ void check_data_ops(int head_dim, std::uint32_t seed) {
         }
       }
     }
-    cuda::DeviceBytes region(uoff + 64);
+    gpu::DeviceBytes region(uoff + 64);
     SEQPAR_CUDA_CHECK(cudaMemcpy(region.data(), message.data(), uoff, cudaMemcpyHostToDevice), "test");
     SEQPAR_CUDA_CHECK(cudaDeviceSynchronize(), "test");  // pageable copies may finish after cudaMemcpy returns
     Host::unpack(host_exec, host_table(), unpack_host, message.data(), head_dim);
@@ -383,7 +381,7 @@ void device_world_transport_cases() {
   for (int n : {2, 4}) {
     INFO("world size " << n);
     test::Failures failures;
-    cuda::device_world(n).run([&](backend::inproc::Transport& t) {
+    gpu::device_world(n).run([&](backend::inproc::Transport& t) {
       SEQPAR_CUDA_CHECK(cudaSetDevice(0), "rank");
       test::all_transport_cases(t, failures);
     });
@@ -395,11 +393,11 @@ void device_world_device_buffers() {
   constexpr int kRanks = 4;
   constexpr std::size_t kBytes = 1 << 20;
   test::Failures failures;
-  cuda::device_world(kRanks).run([&](backend::inproc::Transport& t) {
+  gpu::device_world(kRanks).run([&](backend::inproc::Transport& t) {
     SEQPAR_CUDA_CHECK(cudaSetDevice(0), "rank");
     const int me = t.rank(), next = (me + 1) % kRanks, prev = (me + kRanks - 1) % kRanks;
     const auto mine = test::cases::payload(me, next, kBytes);
-    cuda::DeviceArray<std::byte> send(mine), recv(kBytes);
+    gpu::DeviceArray<std::byte> send(mine), recv(kBytes);
     SEQPAR_CUDA_CHECK(cudaDeviceSynchronize(), "rank");  // pageable uploads may land after cudaMemcpy returns
     auto r = t.irecv(recv.span(), prev, 3);
     auto s = t.isend(std::span<const std::byte>(send.data(), kBytes), next, 3);
@@ -418,7 +416,7 @@ void device_world_device_buffers() {
     }
     std::size_t in_bytes = 0;
     for (std::size_t x : rc) in_bytes += x;
-    cuda::DeviceArray<std::byte> dsend(out), drecv(in_bytes);
+    gpu::DeviceArray<std::byte> dsend(out), drecv(in_bytes);
     SEQPAR_CUDA_CHECK(cudaDeviceSynchronize(), "rank");
     t.all_to_all_v(std::span<const std::byte>(dsend.data(), out.size()), sc, drecv.span(), rc);
     const auto in = drecv.to_host();

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The CPU side of the CUDA kernels' index arithmetic (kernels/seqpar/cuda/detail/tile_math.hpp), which
+// The CPU side of the CUDA kernels' index arithmetic (kernels/seqpar/gpu/detail/tile_math.hpp), which
 // the device code shares: checked against brute force over Mask::visible_keys on random slices.
 #include <doctest/doctest.h>
 
@@ -8,13 +8,13 @@
 #include <random>
 #include <vector>
 
-#include "seqpar/cuda/detail/tile_math.hpp"
+#include "seqpar/gpu/detail/tile_math.hpp"
 
 namespace {
 
 using seqpar::AttnSlice;
 using seqpar::Mask;
-namespace cd = seqpar::cuda::detail;
+namespace cd = seqpar::gpu::detail;
 
 AttnSlice random_slice(std::mt19937& rng, std::int64_t q_begin) {
   std::uniform_int_distribution<std::int64_t> len(0, 150), off(-40, 160), win(1, 70);

@@ -23,7 +23,7 @@
 #include <string>
 
 #include "nccl/world.hpp"
-#include "seqpar/cuda/check.hpp"
+#include "seqpar/gpu/check.hpp"
 
 namespace {
 
@@ -60,7 +60,7 @@ seqpar::backend::nccl::Transport& seqpar::test::nccl_world() {
 }
 
 int main(int argc, char** argv) {
-  const int devices = seqpar::cuda::device_count();
+  const int devices = seqpar::gpu::device_count();
 #if SEQPAR_ENABLE_MPI
   if (launched_by_mpi()) {
     seqpar::backend::mpi::Environment env(argc, argv);

@@ -32,11 +32,11 @@
 #include <vector>
 
 #include "nccl/world.hpp"
-#include "seqpar/cuda/check.hpp"
-#include "seqpar/cuda/data_ops.hpp"
-#include "seqpar/cuda/device_memory.hpp"
-#include "seqpar/cuda/exec.hpp"
-#include "seqpar/cuda/flash.hpp"
+#include "seqpar/gpu/check.hpp"
+#include "seqpar/gpu/data_ops.hpp"
+#include "seqpar/gpu/device_memory.hpp"
+#include "seqpar/gpu/exec.hpp"
+#include "seqpar/gpu/flash.hpp"
 #include "support/transport_cases.hpp"
 
 using namespace std::chrono_literals;
@@ -55,13 +55,13 @@ bool contains(const std::string& s, const std::string& part) {
 }
 
 // Device bytes holding `host` (synchronous).
-cuda::DeviceArray<std::byte> on_device(const std::vector<std::byte>& host) {
-  return cuda::DeviceArray<std::byte>(host);
+gpu::DeviceArray<std::byte> on_device(const std::vector<std::byte>& host) {
+  return gpu::DeviceArray<std::byte>(host);
 }
 
 // Device bytes all 0xee, so that what a transfer does not write shows.
-cuda::DeviceArray<std::byte> poisoned(std::size_t n) {
-  cuda::DeviceArray<std::byte> d(n);
+gpu::DeviceArray<std::byte> poisoned(std::size_t n) {
+  gpu::DeviceArray<std::byte> d(n);
   if (n != 0) SEQPAR_CUDA_CHECK(cudaMemset(d.data(), 0xee, n), "test poison");
   return d;
 }
@@ -106,7 +106,7 @@ bool device_strategy_case(NcclTransport& t, test::Failures& f, const std::string
   ref.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), slices, dq.view(), dk.view(),
                dv.view());
 
-  const cuda::CudaExec exec(t.device());
+  const gpu::CudaExec exec(t.device());
   DistributedAttention<S, attention::CudaFlash<float>> attn(t, shape, args, attention::CudaFlash<float>(exec));
   const auto& owned = attn.owned_ranges(batch);
   const std::int64_t local = attn.local_tokens(batch);
@@ -119,12 +119,12 @@ bool device_strategy_case(NcclTransport& t, test::Failures& f, const std::string
           for (int x = 0; x < d; ++x) l[at++] = static_cast<float>(g.view()(tok, h, x));
     return l;
   };
-  const cuda::DeviceArray<float> lq(shard(q)), lk(shard(k)), lv(shard(v)), ldo(shard(dout));
+  const gpu::DeviceArray<float> lq(shard(q)), lk(shard(k)), lv(shard(v)), ldo(shard(dout));
   const auto rows_q = static_cast<std::size_t>(local * shape.heads_q * d);
   const auto rows_kv = static_cast<std::size_t>(local * shape.heads_kv * d);
-  cuda::DeviceArray<float> lo(rows_q), ldq(rows_q), ldk(rows_kv), ldv(rows_kv),
+  gpu::DeviceArray<float> lo(rows_q), ldq(rows_q), ldk(rows_kv), ldv(rows_kv),
       llse(static_cast<std::size_t>(local * shape.heads_q));
-  const auto view = [&](const cuda::DeviceArray<float>& a, int heads) {
+  const auto view = [&](const gpu::DeviceArray<float>& a, int heads) {
     return ThdView<float>::dense(a.data(), local, heads, d);
   };
   attn.forward(batch, view(lq, shape.heads_q), view(lk, shape.heads_kv), view(lv, shape.heads_kv),
@@ -142,7 +142,7 @@ bool device_strategy_case(NcclTransport& t, test::Failures& f, const std::string
            test::cases::at(me, name + ": backward bytes counted != declared"));
   exec.synchronize();
 
-  const auto rel = [&](const ThdTensor<double>& want, const cuda::DeviceArray<float>& got_d) {
+  const auto rel = [&](const ThdTensor<double>& want, const gpu::DeviceArray<float>& got_d) {
     const std::vector<float> got = got_d.to_host();
     const std::vector<float> w = shard(want);
     double scale = 0, err = 0;
@@ -190,7 +190,7 @@ TEST_SUITE("nccl") {
     NcclTransport& t = test::nccl_world();
     const int n = t.size(), me = t.rank();
     const auto un = static_cast<std::size_t>(n);
-    const cuda::CudaExec exec(t.device());
+    const gpu::CudaExec exec(t.device());
     t.set_queue(exec.comm_queue());
     CHECK(t.queue() == exec.comm_stream());
     const TrafficCounters before = t.counters();
@@ -240,7 +240,7 @@ TEST_SUITE("nccl") {
     // Read back on the compute stream, ordered after the transfers by an event (as the executor does).
     exec.compute_after_comm();
     std::vector<std::byte> a2a(a2a_r.size()), ring(ring_bytes), ag(ag_r.size()), agv(agv_r.size());
-    const auto back = [&](std::vector<std::byte>& h, const cuda::DeviceArray<std::byte>& dv) {
+    const auto back = [&](std::vector<std::byte>& h, const gpu::DeviceArray<std::byte>& dv) {
       if (!h.empty())
         SEQPAR_CUDA_CHECK(cudaMemcpyAsync(h.data(), dv.data(), h.size(), cudaMemcpyDeviceToHost, exec.stream()),
                           "test");

@@ -6,7 +6,7 @@
 /// The executor's own work besides attention: pack and unpack message pieces from the lowered copy
 /// tables, zero buffers, fill rows no slice covers, and merge partial results. `DataOps<Exec>` is the
 /// customization point per execution context: this header defines it for `HostExec` (loops on the
-/// calling thread); the CUDA context brings its own specialization (kernels/seqpar/cuda) with the same
+/// calling thread); the CUDA context brings its own specialization (kernels/seqpar/gpu) with the same
 /// members, launched on its stream.
 
 #include <algorithm>

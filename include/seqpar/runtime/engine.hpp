@@ -195,7 +195,7 @@ class AttentionEngine {
     static_assert(!StreamOrderedTransport<Tr> || StreamOrderedExec<exec_type>,
                   "DistributedAttention: a stream-ordered transport (NCCL) enqueues its transfers on the kernel's "
                   "streams, so it needs a kernel whose exec_type is a StreamOrderedExec (attention::CudaFlash on "
-                  "cuda::CudaExec); with a host kernel use a host transport (in-process or MPI)");
+                  "gpu::CudaExec); with a host kernel use a host transport (in-process or MPI)");
     shape_.validate("DistributedAttention");
     seqpar::detail::require(ranks_per_node >= 0, "DistributedAttention", "args.ranks_per_node", ranks_per_node,
                             "must be >= 0 (0 = one node)");

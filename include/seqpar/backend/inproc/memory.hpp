@@ -5,7 +5,7 @@
 /// @file
 /// `inproc::Memory`: where the payloads of an in-process world live and how they are copied. The
 /// default is host memory and std::memcpy; a world whose ranks share a GPU copies with the CUDA
-/// runtime instead (kernels/seqpar/cuda/device_world.hpp), so that device buffers can be sent.
+/// runtime instead (kernels/seqpar/gpu/device_world.hpp), so that device buffers can be sent.
 ///
 /// @code
 /// seqpar::backend::inproc::World world(4, {.memory = my_memory});  // every payload copy goes through it

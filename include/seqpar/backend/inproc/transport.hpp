@@ -90,7 +90,7 @@ class Request {
 ///    another rank. barrier and split move no payload and count nothing.
 ///  - Memory: every payload byte is copied with the world's `Memory::copy` (std::memcpy by default)
 ///    and mailbox buffers come from its `Memory::allocate` (World::Options::memory); a world whose
-///    ranks share a GPU copies with the CUDA runtime (kernels/seqpar/cuda/device_world.hpp).
+///    ranks share a GPU copies with the CUDA runtime (kernels/seqpar/gpu/device_world.hpp).
 ///  - Cost: a message is copied twice (into the mailbox, out of it) and, once warm, allocates
 ///    nothing (mailbox nodes and buffers are recycled); a
 ///    collective copies each byte once and synchronizes twice. Not thread-safe: one thread per

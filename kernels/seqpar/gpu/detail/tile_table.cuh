@@ -17,10 +17,10 @@
 #include <cstdint>
 
 #include "seqpar/core/attn_slice.hpp"
-#include "seqpar/cuda/check.hpp"
-#include "seqpar/cuda/detail/tile_math.hpp"
+#include "seqpar/gpu/check.hpp"
+#include "seqpar/gpu/detail/tile_math.hpp"
 
-namespace seqpar::cuda::detail {
+namespace seqpar::gpu::detail {
 
 // Templates so that the header can be included by several translation units of one program.
 template <class = void>
@@ -122,4 +122,4 @@ inline TileTable build_tile_table(const AttnSlice* slices, int n, int rows_per_t
   return {tiles_out, offsets + n};
 }
 
-}  // namespace seqpar::cuda::detail
+}  // namespace seqpar::gpu::detail

@@ -3,7 +3,7 @@
 #pragma once
 
 /// @file
-/// The definitions of `runtime::DataOps<cuda::CudaExec>` (data_ops.hpp: the class as host code sees it;
+/// The definitions of `runtime::DataOps<gpu::CudaExec>` (data_ops.hpp: the class as host code sees it;
 /// nvcc only here): the executor's own work on a GPU, the members of `DataOps<HostExec>`
 /// (runtime/data_ops.hpp) as kernels on `exec.stream()`. Nothing waits on the
 /// host and nothing allocates per call; the lowered tables are uploaded once per cached program.
@@ -45,15 +45,15 @@
 
 #include "seqpar/core/attn_slice.hpp"
 #include "seqpar/core/tensor.hpp"
-#include "seqpar/cuda/check.hpp"
-#include "seqpar/cuda/data_ops.hpp"
-#include "seqpar/cuda/detail/element.hpp"  // kIsStorageType
-#include "seqpar/cuda/device_memory.hpp"
-#include "seqpar/cuda/exec.hpp"
+#include "seqpar/gpu/check.hpp"
+#include "seqpar/gpu/data_ops.hpp"
+#include "seqpar/gpu/detail/element.hpp"  // kIsStorageType
+#include "seqpar/gpu/device_memory.hpp"
+#include "seqpar/gpu/exec.hpp"
 #include "seqpar/runtime/data_ops.hpp"
 #include "seqpar/runtime/lowered_program.hpp"
 
-namespace seqpar::cuda::detail::data_ops {
+namespace seqpar::gpu::detail::data_ops {
 
 using runtime::BufferId;
 using runtime::kNumBuffers;
@@ -576,14 +576,14 @@ void fill_lse(const CudaExec& exec, const LseView<A>& v, A value, const char* wh
   SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
 }
 
-}  // namespace seqpar::cuda::detail::data_ops
+}  // namespace seqpar::gpu::detail::data_ops
 
 namespace seqpar::runtime {
 
 template <class T, class A>
-void DataOps<cuda::CudaExec>::pack(const cuda::CudaExec& exec, const BufferTable<T, A>& b, TableSlice<PieceCopy> copies,
-                                   std::byte* region, int head_dim) {
-  namespace ops = cuda::detail::data_ops;
+void DataOps<gpu::CudaExec>::pack(const gpu::CudaExec& exec, const BufferTable<T, A>& b, TableSlice<PieceCopy> copies,
+                                  std::byte* region, int head_dim) {
+  namespace ops = gpu::detail::data_ops;
   ops::check_types<T, A>();
   if (copies.host.empty()) return;
   constexpr const char* where = "DataOps<CudaExec>::pack";
@@ -593,9 +593,9 @@ void DataOps<cuda::CudaExec>::pack(const cuda::CudaExec& exec, const BufferTable
 }
 
 template <class T, class A>
-void DataOps<cuda::CudaExec>::unpack(const cuda::CudaExec& exec, const BufferTable<T, A>& b,
-                                     TableSlice<PieceCopy> copies, const std::byte* region, int head_dim) {
-  namespace ops = cuda::detail::data_ops;
+void DataOps<gpu::CudaExec>::unpack(const gpu::CudaExec& exec, const BufferTable<T, A>& b, TableSlice<PieceCopy> copies,
+                                    const std::byte* region, int head_dim) {
+  namespace ops = gpu::detail::data_ops;
   ops::check_types<T, A>();
   if (copies.host.empty()) return;
   constexpr const char* where = "DataOps<CudaExec>::unpack";
@@ -608,9 +608,9 @@ void DataOps<cuda::CudaExec>::unpack(const cuda::CudaExec& exec, const BufferTab
 }
 
 template <class T, class A>
-void DataOps<cuda::CudaExec>::zero(const cuda::CudaExec& exec, const BufferTable<T, A>& b,
-                                   std::span<const BufferId> buffers) {
-  namespace ops = cuda::detail::data_ops;
+void DataOps<gpu::CudaExec>::zero(const gpu::CudaExec& exec, const BufferTable<T, A>& b,
+                                  std::span<const BufferId> buffers) {
+  namespace ops = gpu::detail::data_ops;
   ops::check_types<T, A>();
   constexpr const char* where = "DataOps<CudaExec>::zero";
   for (BufferId id : buffers) {
@@ -623,8 +623,8 @@ void DataOps<cuda::CudaExec>::zero(const cuda::CudaExec& exec, const BufferTable
 }
 
 template <class T, class A>
-void DataOps<cuda::CudaExec>::fill_empty(const cuda::CudaExec& exec, ThdView<T> o, LseView<A> lse) {
-  namespace ops = cuda::detail::data_ops;
+void DataOps<gpu::CudaExec>::fill_empty(const gpu::CudaExec& exec, ThdView<T> o, LseView<A> lse) {
+  namespace ops = gpu::detail::data_ops;
   ops::check_types<T, A>();
   constexpr const char* where = "DataOps<CudaExec>::fill_empty";
   ops::zero_thd(exec, o, where);
@@ -632,9 +632,9 @@ void DataOps<cuda::CudaExec>::fill_empty(const cuda::CudaExec& exec, ThdView<T> 
 }
 
 template <class T, class A>
-void DataOps<cuda::CudaExec>::merge(const cuda::CudaExec& exec, ThdView<T> o, LseView<A> lse, ThdView<T> o_part,
-                                    LseView<A> lse_part, TableSlice<AttnSlice> slices) {
-  namespace ops = cuda::detail::data_ops;
+void DataOps<gpu::CudaExec>::merge(const gpu::CudaExec& exec, ThdView<T> o, LseView<A> lse, ThdView<T> o_part,
+                                   LseView<A> lse_part, TableSlice<AttnSlice> slices) {
+  namespace ops = gpu::detail::data_ops;
   ops::check_types<T, A>();
   constexpr const char* where = "DataOps<CudaExec>::merge";
   const auto p = ops::merge_params(o, lse, o_part, lse_part, slices);

@@ -17,11 +17,11 @@
 #include <cstdint>
 
 #include "seqpar/core/attn_slice.hpp"
-#include "seqpar/cuda/detail/flash_common.cuh"
-#include "seqpar/cuda/detail/tile_table.cuh"
-#include "seqpar/cuda/detail/warp_gemm.cuh"
+#include "seqpar/gpu/detail/flash_common.cuh"
+#include "seqpar/gpu/detail/tile_table.cuh"
+#include "seqpar/gpu/detail/warp_gemm.cuh"
 
-namespace seqpar::cuda::detail {
+namespace seqpar::gpu::detail {
 
 template <class T>
 struct BackwardParams {
@@ -254,4 +254,4 @@ __global__ void __launch_bounds__(DkvPlan<T, D>::kThreads) flash_dkv_kernel(Back
   }
 }
 
-}  // namespace seqpar::cuda::detail
+}  // namespace seqpar::gpu::detail

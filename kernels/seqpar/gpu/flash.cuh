@@ -28,13 +28,13 @@
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/status.hpp"
 #include "seqpar/core/tensor.hpp"
-#include "seqpar/cuda/check.hpp"
-#include "seqpar/cuda/detail/flash_backward.cuh"
-#include "seqpar/cuda/detail/flash_forward.cuh"
-#include "seqpar/cuda/detail/tile_math.hpp"
-#include "seqpar/cuda/detail/tile_table.cuh"
-#include "seqpar/cuda/exec.hpp"
-#include "seqpar/cuda/flash.hpp"
+#include "seqpar/gpu/check.hpp"
+#include "seqpar/gpu/detail/flash_backward.cuh"
+#include "seqpar/gpu/detail/flash_forward.cuh"
+#include "seqpar/gpu/detail/tile_math.hpp"
+#include "seqpar/gpu/detail/tile_table.cuh"
+#include "seqpar/gpu/exec.hpp"
+#include "seqpar/gpu/flash.hpp"
 
 namespace seqpar::attention {
 namespace detail {
@@ -46,9 +46,9 @@ struct CudaFlashCalls {
 
   // The table is sized for q_rows slices and q_rows tiles: every tile and every slice (after
   // dropping those without rows) holds at least one of the call's disjoint query rows.
-  static cuda::detail::TileTableLayout table_layout(std::int64_t q_rows, int num_tiles, const char* where) {
+  static gpu::detail::TileTableLayout table_layout(std::int64_t q_rows, int num_tiles, const char* where) {
     const int n = static_cast<int>(q_rows);
-    return cuda::detail::TileTableLayout(n, n, cuda::detail::TileTableLayout::cub_bytes(n, num_tiles, where));
+    return gpu::detail::TileTableLayout(n, n, gpu::detail::TileTableLayout::cub_bytes(n, num_tiles, where));
   }
 
   static void check_inputs(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
@@ -64,7 +64,7 @@ struct CudaFlashCalls {
     if (static_cast<std::int64_t>(slices.size()) > q.tokens)
       seqpar::detail::throw_invalid(where, "slices.size()", slices.size(),
                                     "exceeds q.tokens = " + std::to_string(q.tokens) +
-                                        ": drop slices without query rows (cuda::DeviceSlices does)");
+                                        ": drop slices without query rows (gpu::DeviceSlices does)");
   }
 
   static std::size_t workspace_bytes(const AttentionShape& shape, std::int64_t q_rows) {
@@ -82,14 +82,14 @@ struct CudaFlashCalls {
                                     "needs workspace_bytes() = " + std::to_string(need));
   }
 
-  static cuda::detail::DeviceThd<const T> device(ThdView<const T> v) { return {v.data, v.token_stride, v.head_stride}; }
-  static cuda::detail::DeviceThd<T> device(ThdView<T> v) { return {v.data, v.token_stride, v.head_stride}; }
+  static gpu::detail::DeviceThd<const T> device(ThdView<const T> v) { return {v.data, v.token_stride, v.head_stride}; }
+  static gpu::detail::DeviceThd<T> device(ThdView<T> v) { return {v.data, v.token_stride, v.head_stride}; }
 
   static void fill_empty(ThdView<T> o, LseView<float> lse, const AttentionShape& shape, cudaStream_t stream,
                          const char* where) {
     const std::int64_t n = o.tokens * shape.heads_q * shape.head_dim;
     const int blocks = static_cast<int>(std::min<std::int64_t>((n + 255) / 256, 4096));
-    cuda::detail::fill_empty_kernel<T>
+    gpu::detail::fill_empty_kernel<T>
         <<<blocks, 256, 0, stream>>>(device(o), {lse.data, lse.head_stride}, o.tokens, shape.heads_q, shape.head_dim);
     SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
   }
@@ -99,7 +99,7 @@ struct CudaFlashCalls {
   struct CallTables {
     const AttnSlice* slices = nullptr;
     int num_slices = 0;
-    cuda::detail::TileTable table;
+    gpu::detail::TileTable table;
     std::int64_t tiles = 0;
   };
 
@@ -108,11 +108,11 @@ struct CudaFlashCalls {
   static CallTables tile_table(std::span<const AttnSlice> slices, std::int64_t q_rows, int rows,
                                std::span<std::byte> workspace, std::size_t skip, cudaStream_t stream,
                                const char* where) {
-    const std::int64_t tiles = cuda::detail::max_tiles(q_rows, static_cast<std::int64_t>(slices.size()), rows);
+    const std::int64_t tiles = gpu::detail::max_tiles(q_rows, static_cast<std::int64_t>(slices.size()), rows);
     const auto layout = table_layout(q_rows, static_cast<int>(tiles), where);
     const auto table =
-        cuda::detail::build_tile_table(slices.data(), static_cast<int>(slices.size()), rows, static_cast<int>(tiles),
-                                       layout, workspace.data() + skip, stream, where);
+        gpu::detail::build_tile_table(slices.data(), static_cast<int>(slices.size()), rows, static_cast<int>(tiles),
+                                      layout, workspace.data() + skip, stream, where);
     return {slices.data(), static_cast<int>(slices.size()), table, tiles};
   }
 
@@ -124,8 +124,8 @@ struct CudaFlashCalls {
   // Rows per tile of the pass's tiled kernel (the forward's, or the dQ kernel's) at head dim D.
   static int rows_per_tile(int head_dim, Pass pass) {
     if (pass == Pass::kForward)
-      return head_dim == 64 ? cuda::detail::ForwardPlan<T, 64>::kRows : cuda::detail::ForwardPlan<T, 128>::kRows;
-    return head_dim == 64 ? cuda::detail::DqPlan<T, 64>::kRows : cuda::detail::DqPlan<T, 128>::kRows;
+      return head_dim == 64 ? gpu::detail::ForwardPlan<T, 64>::kRows : gpu::detail::ForwardPlan<T, 128>::kRows;
+    return head_dim == 64 ? gpu::detail::DqPlan<T, 64>::kRows : gpu::detail::DqPlan<T, 128>::kRows;
   }
 
   // Params are the prepared call's: same pass, head dim, q rows and slice count.
@@ -145,7 +145,7 @@ struct CudaFlashCalls {
   }
 
   template <class Kernel>
-  static void allow_shared(Kernel kernel, std::size_t bytes, int head_dim, const cuda::CudaExec& exec,
+  static void allow_shared(Kernel kernel, std::size_t bytes, int head_dim, const gpu::CudaExec& exec,
                            const char* where) {
     if (Status s = cuda_flash_shared_status(exec, bytes, head_dim, where); !s) throw Error(Errc::kStepFailed, s.reason);
     SEQPAR_CUDA_CHECK(
@@ -161,39 +161,39 @@ struct CudaFlashCalls {
 
   // The forward on `prepared` tables, or (null) on a tile table built in the workspace now.
   template <int D>
-  static void launch_forward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q,
+  static void launch_forward(const gpu::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q,
                              ThdView<const T> k, ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o,
                              LseView<float> lse, std::span<std::byte> workspace, const CudaFlashParams* prepared,
                              const char* where) {
-    using Plan = cuda::detail::ForwardPlan<T, D>;
+    using Plan = gpu::detail::ForwardPlan<T, D>;
     const cudaStream_t stream = exec.stream();
     const CallTables t = prepared != nullptr ? tables(*prepared)
                                              : tile_table(slices, q.tokens, Plan::kRows, workspace, 0, stream, where);
     if (t.tiles == 0) return;
-    cuda::detail::ForwardParams<T> p{device(q),
-                                     device(k),
-                                     device(v),
-                                     device(o),
-                                     {lse.data, lse.head_stride},
-                                     shape.heads_q,
-                                     shape.group_size(),
-                                     static_cast<float>(shape.scale()),
-                                     t.slices,
-                                     t.table};
-    const auto kernel = cuda::detail::flash_forward_kernel<T, D>;
+    gpu::detail::ForwardParams<T> p{device(q),
+                                    device(k),
+                                    device(v),
+                                    device(o),
+                                    {lse.data, lse.head_stride},
+                                    shape.heads_q,
+                                    shape.group_size(),
+                                    static_cast<float>(shape.scale()),
+                                    t.slices,
+                                    t.table};
+    const auto kernel = gpu::detail::flash_forward_kernel<T, D>;
     allow_shared(kernel, Plan::kBytes, D, exec, where);
     kernel<<<grid_of(t.tiles * shape.heads_q, where), Plan::kThreads, Plan::kBytes, stream>>>(p);
     SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
   }
 
   template <int D>
-  static void launch_backward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q,
+  static void launch_backward(const gpu::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q,
                               ThdView<const T> k, ThdView<const T> v, ThdView<const T> o, LseView<const float> lse,
                               ThdView<const T> dout, std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk,
                               ThdView<T> dv, std::span<std::byte> workspace, const CudaFlashParams* prepared,
                               const char* where) {
-    using DqPlan = cuda::detail::DqPlan<T, D>;
-    using DkvPlan = cuda::detail::DkvPlan<T, D>;
+    using DqPlan = gpu::detail::DqPlan<T, D>;
+    using DkvPlan = gpu::detail::DkvPlan<T, D>;
     const cudaStream_t stream = exec.stream();
     auto* delta = reinterpret_cast<float*>(workspace.data());
     const std::size_t delta_bytes =
@@ -202,36 +202,36 @@ struct CudaFlashCalls {
                              ? tables(*prepared)
                              : tile_table(slices, q.tokens, DqPlan::kRows, workspace, delta_bytes, stream, where);
     if (t.tiles == 0) return;  // no query rows: nothing to add
-    cuda::detail::BackwardParams<T> p{device(q),
-                                      device(k),
-                                      device(v),
-                                      device(o),
-                                      device(dout),
-                                      device(dq),
-                                      device(dk),
-                                      device(dv),
-                                      {lse.data, lse.head_stride},
-                                      {delta, q.tokens},
-                                      q.tokens,
-                                      k.tokens,
-                                      shape.heads_q,
-                                      shape.heads_kv,
-                                      shape.group_size(),
-                                      shape.head_dim,
-                                      static_cast<float>(shape.scale()),
-                                      t.slices,
-                                      t.num_slices,
-                                      t.table};
+    gpu::detail::BackwardParams<T> p{device(q),
+                                     device(k),
+                                     device(v),
+                                     device(o),
+                                     device(dout),
+                                     device(dq),
+                                     device(dk),
+                                     device(dv),
+                                     {lse.data, lse.head_stride},
+                                     {delta, q.tokens},
+                                     q.tokens,
+                                     k.tokens,
+                                     shape.heads_q,
+                                     shape.heads_kv,
+                                     shape.group_size(),
+                                     shape.head_dim,
+                                     static_cast<float>(shape.scale()),
+                                     t.slices,
+                                     t.num_slices,
+                                     t.table};
     const std::int64_t warps = q.tokens * shape.heads_q;
-    cuda::detail::delta_kernel<T><<<grid_of((warps + 7) / 8, where), 256, 0, stream>>>(p);
+    gpu::detail::delta_kernel<T><<<grid_of((warps + 7) / 8, where), 256, 0, stream>>>(p);
     SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
 
-    const auto dq_kernel = cuda::detail::flash_dq_kernel<T, D>;
+    const auto dq_kernel = gpu::detail::flash_dq_kernel<T, D>;
     allow_shared(dq_kernel, DqPlan::kBytes, D, exec, where);
     dq_kernel<<<grid_of(t.tiles * shape.heads_q, where), DqPlan::kThreads, DqPlan::kBytes, stream>>>(p);
     SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
 
-    const auto dkv_kernel = cuda::detail::flash_dkv_kernel<T, D>;
+    const auto dkv_kernel = gpu::detail::flash_dkv_kernel<T, D>;
     allow_shared(dkv_kernel, DkvPlan::kBytes, D, exec, where);
     const dim3 grid(grid_of((k.tokens + DkvPlan::kKeys - 1) / DkvPlan::kKeys, where),
                     static_cast<unsigned>(shape.heads_kv));
@@ -252,14 +252,14 @@ template <class T>
 std::size_t CudaFlash<T>::shared_bytes(int head_dim) {
   const auto of = [](auto d) {
     constexpr int D = decltype(d)::value;
-    return std::max({cuda::detail::ForwardPlan<T, D>::kBytes, cuda::detail::DqPlan<T, D>::kBytes,
-                     cuda::detail::DkvPlan<T, D>::kBytes});
+    return std::max({gpu::detail::ForwardPlan<T, D>::kBytes, gpu::detail::DqPlan<T, D>::kBytes,
+                     gpu::detail::DkvPlan<T, D>::kBytes});
   };
   return head_dim == 64 ? of(std::integral_constant<int, 64>{}) : of(std::integral_constant<int, 128>{});
 }
 
 template <class T>
-CudaFlashParams CudaFlash<T>::prepare(const cuda::CudaExec& exec, const AttentionShape& shape,
+CudaFlashParams CudaFlash<T>::prepare(const gpu::CudaExec& exec, const AttentionShape& shape,
                                       std::span<const AttnSlice> host_slices, std::int64_t q_rows, std::int64_t k_rows,
                                       Pass pass) const {
   using Calls = detail::CudaFlashCalls<T>;
@@ -274,11 +274,11 @@ CudaFlashParams CudaFlash<T>::prepare(const cuda::CudaExec& exec, const Attentio
   p.rows_per_tile = Calls::rows_per_tile(shape.head_dim, pass);
   p.q_rows = q_rows;
   p.num_slices = static_cast<std::int64_t>(host_slices.size());
-  const cuda::detail::PreparedBlock block = cuda::detail::prepared_block(host_slices, p.rows_per_tile);
-  const cuda::detail::PreparedLayout layout(host_slices.size(), block.num_tiles);
+  const gpu::detail::PreparedBlock block = gpu::detail::prepared_block(host_slices, p.rows_per_tile);
+  const gpu::detail::PreparedLayout layout(host_slices.size(), block.num_tiles);
   p.num_tiles = static_cast<std::int64_t>(block.num_tiles);
   SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
-  p.storage = cuda::DeviceBytes(layout.bytes);
+  p.storage = gpu::DeviceBytes(layout.bytes);
   SEQPAR_CUDA_CHECK(
       cudaMemcpyAsync(p.storage.data(), block.bytes.data(), block.bytes.size(), cudaMemcpyHostToDevice, exec.stream()),
       where);
@@ -290,14 +290,14 @@ CudaFlashParams CudaFlash<T>::prepare(const cuda::CudaExec& exec, const Attentio
 }
 
 template <class T>
-void CudaFlash<T>::forward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q,
+void CudaFlash<T>::forward(const gpu::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q,
                            ThdView<const T> k, ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o,
                            LseView<float> lse, std::span<std::byte> workspace) {
   run_forward(exec, nullptr, shape, q, k, v, slices, o, lse, workspace);
 }
 
 template <class T>
-void CudaFlash<T>::forward(const cuda::CudaExec& exec, const Params& params, const AttentionShape& shape,
+void CudaFlash<T>::forward(const gpu::CudaExec& exec, const Params& params, const AttentionShape& shape,
                            ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
                            std::span<const AttnSlice> slices, ThdView<T> o, LseView<float> lse,
                            std::span<std::byte> workspace) {
@@ -305,7 +305,7 @@ void CudaFlash<T>::forward(const cuda::CudaExec& exec, const Params& params, con
 }
 
 template <class T>
-void CudaFlash<T>::backward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q,
+void CudaFlash<T>::backward(const gpu::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q,
                             ThdView<const T> k, ThdView<const T> v, ThdView<const T> o, LseView<const float> lse,
                             ThdView<const T> dout, std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk,
                             ThdView<T> dv, std::span<std::byte> workspace) {
@@ -313,7 +313,7 @@ void CudaFlash<T>::backward(const cuda::CudaExec& exec, const AttentionShape& sh
 }
 
 template <class T>
-void CudaFlash<T>::backward(const cuda::CudaExec& exec, const Params& params, const AttentionShape& shape,
+void CudaFlash<T>::backward(const gpu::CudaExec& exec, const Params& params, const AttentionShape& shape,
                             ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<const T> o,
                             LseView<const float> lse, ThdView<const T> dout, std::span<const AttnSlice> slices,
                             ThdView<T> dq, ThdView<T> dk, ThdView<T> dv, std::span<std::byte> workspace) {
@@ -321,7 +321,7 @@ void CudaFlash<T>::backward(const cuda::CudaExec& exec, const Params& params, co
 }
 
 template <class T>
-void CudaFlash<T>::run_forward(const cuda::CudaExec& exec, const Params* params, const AttentionShape& shape,
+void CudaFlash<T>::run_forward(const gpu::CudaExec& exec, const Params* params, const AttentionShape& shape,
                                ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
                                std::span<const AttnSlice> slices, ThdView<T> o, LseView<float> lse,
                                std::span<std::byte> workspace) {
@@ -345,7 +345,7 @@ void CudaFlash<T>::run_forward(const cuda::CudaExec& exec, const Params* params,
 }
 
 template <class T>
-void CudaFlash<T>::run_backward(const cuda::CudaExec& exec, const Params* params, const AttentionShape& shape,
+void CudaFlash<T>::run_backward(const gpu::CudaExec& exec, const Params* params, const AttentionShape& shape,
                                 ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<const T> o,
                                 LseView<const float> lse, ThdView<const T> dout, std::span<const AttnSlice> slices,
                                 ThdView<T> dq, ThdView<T> dk, ThdView<T> dv, std::span<std::byte> workspace) {

@@ -12,7 +12,7 @@
 
 #include "seqpar/core/error.hpp"
 
-namespace seqpar::cuda {
+namespace seqpar::gpu {
 
 /// Throws `seqpar::Error(Errc::kStepFailed)` "<where>: <call> failed: <cudaGetErrorString>" unless ok.
 inline void check(cudaError_t status, const char* call, const char* where) {
@@ -32,7 +32,7 @@ inline void check(cudaError_t status, const char* call, const char* where) {
   return n;
 }
 
-}  // namespace seqpar::cuda
+}  // namespace seqpar::gpu
 
 /// Checks one CUDA runtime call: SEQPAR_CUDA_CHECK(cudaMemsetAsync(...), "CudaFlash::forward").
-#define SEQPAR_CUDA_CHECK(call, where) ::seqpar::cuda::check((call), #call, (where))
+#define SEQPAR_CUDA_CHECK(call, where) ::seqpar::gpu::check((call), #call, (where))

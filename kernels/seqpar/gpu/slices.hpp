@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "seqpar/core/attn_slice.hpp"
-#include "seqpar/cuda/device_memory.hpp"
+#include "seqpar/gpu/device_memory.hpp"
 
-namespace seqpar::cuda {
+namespace seqpar::gpu {
 
 /// A checked slice list on the device.
 class DeviceSlices {
@@ -25,7 +25,7 @@ class DeviceSlices {
   /// disjoint query ranges; std::invalid_argument naming the slice), drops those without query rows
   /// and uploads the rest.
   DeviceSlices(std::span<const AttnSlice> slices, std::int64_t q_rows, std::int64_t k_rows) {
-    validate_slices(slices, q_rows, k_rows, "cuda::DeviceSlices");
+    validate_slices(slices, q_rows, k_rows, "gpu::DeviceSlices");
     for (const AttnSlice& s : slices)
       if (!s.q_range.empty()) host_.push_back(s);
     device_ = DeviceArray<AttnSlice>(host_);
@@ -40,4 +40,4 @@ class DeviceSlices {
   DeviceArray<AttnSlice> device_;
 };
 
-}  // namespace seqpar::cuda
+}  // namespace seqpar::gpu

@@ -9,7 +9,7 @@
 ///  - a .cu translation unit includes flash.cuh and instantiates what it uses (header-only);
 ///  - a C++ translation unit (g++, clang) includes this header and links a .cu that instantiates
 ///    `CudaFlash<T>` explicitly, e.g. `template class seqpar::attention::CudaFlash<__nv_bfloat16>;`
-///    after `#include <seqpar/cuda/flash.cuh>` (the project's tests, benchmarks and examples link
+///    after `#include <seqpar/gpu/flash.cuh>` (the project's tests, benchmarks and examples link
 ///    seqpar_cuda_instances, kernels/instances/, which instantiates float, __half and __nv_bfloat16).
 /// The second keeps host-heavy code (a strategy, its engine and transport) out of nvcc, which runs
 /// its front end once per GPU architecture, and compiles the kernels once per program.
@@ -18,7 +18,7 @@
 ///   accumulation, fp32 LSE. Head dim 64 or 128. GQA reads each kv head in place (no copies).
 /// - Slices: the same `AttnSlice` semantics as CpuFlash (full, causal with explicit alignment,
 ///   sliding window; disjoint query ranges per call), in device memory: checked once where they reach
-///   the device (`cuda::DeviceSlices`, or the executor's lowering), not at every call.
+///   the device (`gpu::DeviceSlices`, or the executor's lowering), not at every call.
 /// - Work: a tile table of (slice, query tile), longest tiles first; blocks are (tile, head). Under
 ///   the executor it is built once per cached program, on the host from the host slice table
 ///   (`prepare`, the kernel's per-program `Params`, uploaded with a copy of the call's slices); a
@@ -33,8 +33,8 @@
 ///
 /// @code
 /// attention::CudaFlash<__nv_bfloat16> flash;                  // streams of its own on the current device
-/// cuda::DeviceSlices slices(batch.document_causal_slices(), n, n);
-/// cuda::DeviceBytes ws(flash.workspace_bytes(shape, n, n));
+/// gpu::DeviceSlices slices(batch.document_causal_slices(), n, n);
+/// gpu::DeviceBytes ws(flash.workspace_bytes(shape, n, n));
 /// flash.forward(flash.exec(), shape, q, k, v, slices.device(), o, lse, ws.span());
 /// flash.exec().synchronize();
 /// @endcode
@@ -50,9 +50,9 @@
 #include "seqpar/core/attn_slice.hpp"
 #include "seqpar/core/status.hpp"
 #include "seqpar/core/tensor.hpp"
-#include "seqpar/cuda/detail/element.hpp"
-#include "seqpar/cuda/device_memory.hpp"
-#include "seqpar/cuda/exec.hpp"
+#include "seqpar/gpu/detail/element.hpp"
+#include "seqpar/gpu/device_memory.hpp"
+#include "seqpar/gpu/exec.hpp"
 
 namespace seqpar::attention {
 
@@ -67,7 +67,7 @@ namespace seqpar::attention {
 
 /// Whether `exec`'s device gives a block the `bytes` of dynamic shared memory CudaFlash's kernels need
 /// at `head_dim` (what can_implement(exec, shape) answers and a launch refuses).
-[[nodiscard]] inline Status cuda_flash_shared_status(const cuda::CudaExec& exec, std::size_t bytes, int head_dim,
+[[nodiscard]] inline Status cuda_flash_shared_status(const gpu::CudaExec& exec, std::size_t bytes, int head_dim,
                                                      const char* where) {
   if (bytes <= static_cast<std::size_t>(exec.max_shared_bytes())) return Status::success();
   return seqpar::detail::refuse_invalid(where, "shape.head_dim", head_dim,
@@ -88,26 +88,26 @@ struct CudaFlashParams {
   std::int64_t num_slices = 0;           ///< slices of the call (what forward/backward are passed)
   std::int64_t num_tiles = 0;            ///< entries of the tile table
   const AttnSlice* slices = nullptr;     ///< device: the call's slices
-  const std::uint64_t* tiles = nullptr;  ///< device: the tile table (cuda::detail::pack_tile entries)
+  const std::uint64_t* tiles = nullptr;  ///< device: the tile table (gpu::detail::pack_tile entries)
   const unsigned* length = nullptr;      ///< device: num_tiles, as the kernels read it
-  cuda::DeviceBytes storage;             ///< owns the three above
+  gpu::DeviceBytes storage;              ///< owns the three above
 };
 
 template <class T>
 class CudaFlash {
-  static_assert(cuda::detail::kIsStorageType<T>, "CudaFlash<T>: T must be float, __half or __nv_bfloat16");
+  static_assert(gpu::detail::kIsStorageType<T>, "CudaFlash<T>: T must be float, __half or __nv_bfloat16");
 
  public:
   using kernel_category = kernel_tag;
   using value_type = T;
   using accum_type = float;
-  using exec_type = cuda::CudaExec;
+  using exec_type = gpu::CudaExec;
 
   /// Streams of its own on the calling thread's current device.
-  CudaFlash() : CudaFlash(cuda::CudaExec{}) {}
-  explicit CudaFlash(cuda::CudaExec exec) : exec_(std::move(exec)) {}
+  CudaFlash() : CudaFlash(gpu::CudaExec{}) {}
+  explicit CudaFlash(gpu::CudaExec exec) : exec_(std::move(exec)) {}
 
-  [[nodiscard]] const cuda::CudaExec& exec() const noexcept { return exec_; }
+  [[nodiscard]] const gpu::CudaExec& exec() const noexcept { return exec_; }
 
   using Params = CudaFlashParams;
 
@@ -115,7 +115,7 @@ class CudaFlash {
   /// kernel's own device; the calls refuse the same shapes.
   [[nodiscard]] Status can_implement(const AttentionShape& shape) const { return can_implement(exec_, shape); }
   /// The same on `exec`'s device.
-  [[nodiscard]] Status can_implement(const cuda::CudaExec& exec, const AttentionShape& shape) const {
+  [[nodiscard]] Status can_implement(const gpu::CudaExec& exec, const AttentionShape& shape) const {
     if (Status s = cuda_flash_shape_status(shape, "CudaFlash"); !s) return s;
     return cuda_flash_shared_status(exec, shared_bytes(shape.head_dim), shape.head_dim, "CudaFlash");
   }
@@ -126,7 +126,7 @@ class CudaFlash {
   /// The call's tile table, built on the host from `host_slices` (checked against q_rows and k_rows)
   /// and uploaded with a copy of them on exec.stream() (waited for: once per cached program). What
   /// `runtime::Executor::initialize` calls for every kernel call of a program.
-  [[nodiscard]] Params prepare(const cuda::CudaExec& exec, const AttentionShape& shape,
+  [[nodiscard]] Params prepare(const gpu::CudaExec& exec, const AttentionShape& shape,
                                std::span<const AttnSlice> host_slices, std::int64_t q_rows, std::int64_t k_rows,
                                Pass pass) const;
 
@@ -134,22 +134,22 @@ class CudaFlash {
   [[nodiscard]] std::size_t workspace_bytes(const AttentionShape& shape, std::int64_t q_rows,
                                             std::int64_t k_rows) const;
 
-  void forward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
+  void forward(const gpu::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
                ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o, LseView<float> lse,
                std::span<std::byte> workspace);
 
-  void backward(const cuda::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
+  void backward(const gpu::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
                 ThdView<const T> v, ThdView<const T> o, LseView<const float> lse, ThdView<const T> dout,
                 std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
                 std::span<std::byte> workspace);
 
   /// With the call's `Params` (from `prepare` for this shape, pass and slices): no tile table is
   /// built; `slices` must be the prepared call's (their count is checked).
-  void forward(const cuda::CudaExec& exec, const Params& params, const AttentionShape& shape, ThdView<const T> q,
+  void forward(const gpu::CudaExec& exec, const Params& params, const AttentionShape& shape, ThdView<const T> q,
                ThdView<const T> k, ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o,
                LseView<float> lse, std::span<std::byte> workspace);
 
-  void backward(const cuda::CudaExec& exec, const Params& params, const AttentionShape& shape, ThdView<const T> q,
+  void backward(const gpu::CudaExec& exec, const Params& params, const AttentionShape& shape, ThdView<const T> q,
                 ThdView<const T> k, ThdView<const T> v, ThdView<const T> o, LseView<const float> lse,
                 ThdView<const T> dout, std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
                 std::span<std::byte> workspace);
@@ -167,15 +167,15 @@ class CudaFlash {
 
  private:
   // Both calls of a pass, with the prepared call's Params or (null) building the tile table now.
-  void run_forward(const cuda::CudaExec& exec, const Params* params, const AttentionShape& shape, ThdView<const T> q,
+  void run_forward(const gpu::CudaExec& exec, const Params* params, const AttentionShape& shape, ThdView<const T> q,
                    ThdView<const T> k, ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o,
                    LseView<float> lse, std::span<std::byte> workspace);
-  void run_backward(const cuda::CudaExec& exec, const Params* params, const AttentionShape& shape, ThdView<const T> q,
+  void run_backward(const gpu::CudaExec& exec, const Params* params, const AttentionShape& shape, ThdView<const T> q,
                     ThdView<const T> k, ThdView<const T> v, ThdView<const T> o, LseView<const float> lse,
                     ThdView<const T> dout, std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk,
                     ThdView<T> dv, std::span<std::byte> workspace);
 
-  cuda::CudaExec exec_;
+  gpu::CudaExec exec_;
 };
 
 static_assert(AttentionKernel<CudaFlash<float>>);

@@ -24,7 +24,7 @@
 #define SEQPAR_HD
 #endif
 
-namespace seqpar::cuda::detail {
+namespace seqpar::gpu::detail {
 
 struct KeySpan {
   std::int64_t begin = 0;
@@ -150,4 +150,4 @@ inline PreparedBlock prepared_block(std::span<const AttnSlice> slices, int block
   return out;
 }
 
-}  // namespace seqpar::cuda::detail
+}  // namespace seqpar::gpu::detail

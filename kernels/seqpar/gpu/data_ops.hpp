@@ -3,7 +3,7 @@
 #pragma once
 
 /// @file
-/// `runtime::DataOps<cuda::CudaExec>` as host code sees it: the executor's own work on a GPU (pack,
+/// `runtime::DataOps<gpu::CudaExec>` as host code sees it: the executor's own work on a GPU (pack,
 /// unpack, zero, fill_empty, merge; the members of `DataOps<HostExec>`, runtime/data_ops.hpp), with
 /// the table upload and the workspace here and the kernel launches declared. Their definitions are
 /// in data_ops.cuh (nvcc only; what they do is described there). A .cu that includes data_ops.cuh
@@ -24,13 +24,13 @@
 
 #include "seqpar/core/attn_slice.hpp"
 #include "seqpar/core/tensor.hpp"
-#include "seqpar/cuda/check.hpp"
-#include "seqpar/cuda/device_memory.hpp"
-#include "seqpar/cuda/exec.hpp"
+#include "seqpar/gpu/check.hpp"
+#include "seqpar/gpu/device_memory.hpp"
+#include "seqpar/gpu/exec.hpp"
 #include "seqpar/runtime/data_ops.hpp"
 #include "seqpar/runtime/lowered_program.hpp"
 
-namespace seqpar::cuda::detail::data_ops {
+namespace seqpar::gpu::detail::data_ops {
 
 /// The slice table as the device holds it, after checking what the kernels rely on: every run of
 /// copies the executor packs or unpacks lies in increasing offsets, and every merge's slices have
@@ -63,32 +63,32 @@ namespace seqpar::cuda::detail::data_ops {
   return slices;
 }
 
-}  // namespace seqpar::cuda::detail::data_ops
+}  // namespace seqpar::gpu::detail::data_ops
 
 namespace seqpar::runtime {
 
 /// Data movement on a GPU: `DataOps<HostExec>`'s members as kernels on `exec.stream()` (data_ops.cuh).
 template <>
-struct DataOps<cuda::CudaExec> {
+struct DataOps<gpu::CudaExec> {
   /// The lowered copy and slice tables in device memory (`copies`, `slices`: what the executor
   /// offsets into). Merges' slice runs are sorted by first query row here.
   struct Tables {
     const PieceCopy* copies = nullptr;
     const AttnSlice* slices = nullptr;
-    cuda::DeviceArray<PieceCopy> copies_storage;  ///< owns `copies`
-    cuda::DeviceArray<AttnSlice> slices_storage;  ///< owns `slices`
+    gpu::DeviceArray<PieceCopy> copies_storage;  ///< owns `copies`
+    gpu::DeviceArray<AttnSlice> slices_storage;  ///< owns `slices`
   };
 
   /// Checks what the kernels rely on (pieces in increasing offsets in every run the executor
   /// packs or unpacks; disjoint query rows in every merge), sorts each merge's slices by first query
   /// row, and uploads both tables on exec.stream() (waiting for the copies: once per cached program).
-  [[nodiscard]] static Tables upload(const cuda::CudaExec& exec, const LoweredProgram& lp) {
+  [[nodiscard]] static Tables upload(const gpu::CudaExec& exec, const LoweredProgram& lp) {
     constexpr const char* where = "DataOps<CudaExec>::upload";
-    const std::vector<AttnSlice> slices = cuda::detail::data_ops::device_slices(lp, where);
+    const std::vector<AttnSlice> slices = gpu::detail::data_ops::device_slices(lp, where);
     SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
     Tables t;
-    t.copies_storage = cuda::DeviceArray<PieceCopy>(lp.copies.size());
-    t.slices_storage = cuda::DeviceArray<AttnSlice>(slices.size());
+    t.copies_storage = gpu::DeviceArray<PieceCopy>(lp.copies.size());
+    t.slices_storage = gpu::DeviceArray<AttnSlice>(slices.size());
     if (!lp.copies.empty())
       SEQPAR_CUDA_CHECK(cudaMemcpyAsync(t.copies_storage.data(), lp.copies.data(), lp.copies.size() * sizeof(PieceCopy),
                                         cudaMemcpyHostToDevice, exec.stream()),
@@ -103,8 +103,8 @@ struct DataOps<cuda::CudaExec> {
     return t;
   }
 
-  using Workspace = cuda::DeviceBytes;
-  [[nodiscard]] static Workspace allocate(const cuda::CudaExec& exec, std::size_t bytes) {
+  using Workspace = gpu::DeviceBytes;
+  [[nodiscard]] static Workspace allocate(const gpu::CudaExec& exec, std::size_t bytes) {
     SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), "DataOps<CudaExec>::allocate");
     return Workspace(bytes);
   }
@@ -114,26 +114,26 @@ struct DataOps<cuda::CudaExec> {
 
   /// Copies the pieces of `copies` out of their buffers into `region` (device memory) at their offsets.
   template <class T, class A>
-  static void pack(const cuda::CudaExec& exec, const BufferTable<T, A>& b, TableSlice<PieceCopy> copies,
+  static void pack(const gpu::CudaExec& exec, const BufferTable<T, A>& b, TableSlice<PieceCopy> copies,
                    std::byte* region, int head_dim);
 
   /// Copies (or, with PieceCopy::accumulate, adds) the pieces of `copies` from `region` into their
   /// buffers; accumulations into the same elements in table order (one launch per such layer).
   template <class T, class A>
-  static void unpack(const cuda::CudaExec& exec, const BufferTable<T, A>& b, TableSlice<PieceCopy> copies,
+  static void unpack(const gpu::CudaExec& exec, const BufferTable<T, A>& b, TableSlice<PieceCopy> copies,
                      const std::byte* region, int head_dim);
 
   template <class T, class A>
-  static void zero(const cuda::CudaExec& exec, const BufferTable<T, A>& b, std::span<const BufferId> buffers);
+  static void zero(const gpu::CudaExec& exec, const BufferTable<T, A>& b, std::span<const BufferId> buffers);
 
   /// O = 0, LSE = -inf over whole views.
   template <class T, class A>
-  static void fill_empty(const cuda::CudaExec& exec, ThdView<T> o, LseView<A> lse);
+  static void fill_empty(const gpu::CudaExec& exec, ThdView<T> o, LseView<A> lse);
 
   /// Folds the partial (o_part, lse_part) into (o, lse) on the query rows of `slices`, whose device
   /// rows (`slices.mirror`) are sorted by first query row and disjoint (upload makes them so).
   template <class T, class A>
-  static void merge(const cuda::CudaExec& exec, ThdView<T> o, LseView<A> lse, ThdView<T> o_part, LseView<A> lse_part,
+  static void merge(const gpu::CudaExec& exec, ThdView<T> o, LseView<A> lse, ThdView<T> o_part, LseView<A> lse_part,
                     TableSlice<AttnSlice> slices);
 };
 

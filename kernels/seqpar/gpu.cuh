@@ -10,15 +10,14 @@
 ///
 /// @code
 /// #include <seqpar/seqpar.hpp>
-/// #include <seqpar/cuda.cuh>
-/// namespace sp = seqpar;   // not `using namespace seqpar;` at file scope: `cuda::` would be ambiguous
-///                          // between seqpar::cuda and libcu++'s ::cuda
+/// #include <seqpar/gpu.cuh>
+/// using namespace seqpar;  // safe in a .cu: the namespace is seqpar::gpu, not libcu++'s ::cuda
 /// @endcode
 
-#include "seqpar/cuda/check.hpp"
-#include "seqpar/cuda/data_ops.cuh"
-#include "seqpar/cuda/device_memory.hpp"
-#include "seqpar/cuda/device_world.hpp"
-#include "seqpar/cuda/exec.hpp"
-#include "seqpar/cuda/flash.cuh"
-#include "seqpar/cuda/slices.hpp"
+#include "seqpar/gpu/check.hpp"
+#include "seqpar/gpu/data_ops.cuh"
+#include "seqpar/gpu/device_memory.hpp"
+#include "seqpar/gpu/device_world.hpp"
+#include "seqpar/gpu/exec.hpp"
+#include "seqpar/gpu/flash.cuh"
+#include "seqpar/gpu/slices.hpp"

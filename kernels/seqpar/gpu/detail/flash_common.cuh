@@ -10,10 +10,10 @@
 #include <cstdint>
 
 #include "seqpar/core/attn_slice.hpp"
-#include "seqpar/cuda/detail/element.hpp"
-#include "seqpar/cuda/detail/tile_math.hpp"
+#include "seqpar/gpu/detail/element.hpp"
+#include "seqpar/gpu/detail/tile_math.hpp"
 
-namespace seqpar::cuda::detail {
+namespace seqpar::gpu::detail {
 
 /// A THD view on the device: element (t, h, d) at data[t * token_stride + h * head_stride + d].
 template <class T>
@@ -58,4 +58,4 @@ __global__ void fill_empty_kernel(DeviceThd<T> o, DeviceLse<float> lse, std::int
   }
 }
 
-}  // namespace seqpar::cuda::detail
+}  // namespace seqpar::gpu::detail

@@ -28,7 +28,7 @@
 ///  - cost per transfer call: one `cudaStreamSynchronize` (a few microseconds) besides the copies.
 ///
 /// @code
-/// seqpar::cuda::device_world(8).run([&](seqpar::backend::inproc::Transport& t) {
+/// seqpar::gpu::device_world(8).run([&](seqpar::backend::inproc::Transport& t) {
 ///   SEQPAR_CUDA_CHECK(cudaSetDevice(0), "rank");
 ///   seqpar::DistributedAttention<Strategy, seqpar::attention::CudaFlash<__nv_bfloat16>> attn(t, shape);
 ///   attn.forward(batch, q, k, v, o, lse);  // device views of this rank's rows
@@ -43,9 +43,9 @@
 
 #include "seqpar/backend/inproc/memory.hpp"
 #include "seqpar/backend/inproc/world.hpp"
-#include "seqpar/cuda/check.hpp"
+#include "seqpar/gpu/check.hpp"
 
-namespace seqpar::cuda {
+namespace seqpar::gpu {
 
 /// Whether `p` is device (or managed) memory; pageable and pinned host memory are not.
 [[nodiscard]] inline bool is_device_pointer(const void* p) noexcept {
@@ -67,12 +67,12 @@ namespace seqpar::cuda {
       return;
     }
     SEQPAR_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDefault, cudaStreamPerThread),
-                      "cuda::device_world: payload copy");
+                      "gpu::device_world: payload copy");
   };
-  m.fence = [] { SEQPAR_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread), "cuda::device_world: payload copy"); };
+  m.fence = [] { SEQPAR_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread), "gpu::device_world: payload copy"); };
   m.allocate = [](std::size_t bytes) -> void* {
     void* p = nullptr;
-    SEQPAR_CUDA_CHECK(cudaMalloc(&p, bytes), "cuda::device_world: mailbox buffer");
+    SEQPAR_CUDA_CHECK(cudaMalloc(&p, bytes), "gpu::device_world: mailbox buffer");
     return p;
   };
   m.release = [](void* p) noexcept { (void)cudaFree(p); };
@@ -91,4 +91,4 @@ namespace seqpar::cuda {
   return backend::inproc::World(ranks, device_world_options(options));
 }
 
-}  // namespace seqpar::cuda
+}  // namespace seqpar::gpu

@@ -17,9 +17,9 @@
 
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/exec.hpp"
-#include "seqpar/cuda/check.hpp"
+#include "seqpar/gpu/check.hpp"
 
-namespace seqpar::cuda {
+namespace seqpar::gpu {
 
 class CudaExec {
  public:
@@ -114,4 +114,4 @@ class CudaExec {
 
 static_assert(StreamOrderedExec<CudaExec>);
 
-}  // namespace seqpar::cuda
+}  // namespace seqpar::gpu

@@ -12,11 +12,11 @@
 #include <cstdint>
 
 #include "seqpar/core/attn_slice.hpp"
-#include "seqpar/cuda/detail/flash_common.cuh"
-#include "seqpar/cuda/detail/tile_table.cuh"
-#include "seqpar/cuda/detail/warp_gemm.cuh"
+#include "seqpar/gpu/detail/flash_common.cuh"
+#include "seqpar/gpu/detail/tile_table.cuh"
+#include "seqpar/gpu/detail/warp_gemm.cuh"
 
-namespace seqpar::cuda::detail {
+namespace seqpar::gpu::detail {
 
 /// Tile shapes and the shared-memory plan of the forward kernel. 16-bit types pad rows by 8
 /// elements (WMMA alignment, fewer bank conflicts); fp32 tiles by 1 (conflict-free scalar reads).
@@ -133,4 +133,4 @@ __global__ void __launch_bounds__(ForwardPlan<T, D>::kThreads) flash_forward_ker
   if (half == 0) p.lse(h, t) = l > 0.0f ? m + logf(l) : -INFINITY;
 }
 
-}  // namespace seqpar::cuda::detail
+}  // namespace seqpar::gpu::detail

@@ -15,9 +15,9 @@
 
 #include <mma.h>
 
-#include "seqpar/cuda/detail/element.hpp"
+#include "seqpar/gpu/detail/element.hpp"
 
-namespace seqpar::cuda::detail {
+namespace seqpar::gpu::detail {
 
 template <class T, int N, int K>
 __device__ __forceinline__ void gemm_nt(const T* a, int lda, const T* b, int ldb, float* c, int ldc) {
@@ -129,4 +129,4 @@ __device__ __forceinline__ void gemm_nn_acc(const T* a, int lda, const T* b, int
   __syncwarp();
 }
 
-}  // namespace seqpar::cuda::detail
+}  // namespace seqpar::gpu::detail

@@ -15,15 +15,15 @@
 #include <utility>
 #include <vector>
 
-#include "seqpar/cuda/check.hpp"
+#include "seqpar/gpu/check.hpp"
 
-namespace seqpar::cuda {
+namespace seqpar::gpu {
 
 class DeviceBytes {
  public:
   DeviceBytes() noexcept = default;
   explicit DeviceBytes(std::size_t bytes) : size_(bytes) {
-    if (bytes != 0) SEQPAR_CUDA_CHECK(cudaMalloc(&data_, bytes), "cuda::DeviceBytes");
+    if (bytes != 0) SEQPAR_CUDA_CHECK(cudaMalloc(&data_, bytes), "gpu::DeviceBytes");
   }
   DeviceBytes(DeviceBytes&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
   DeviceBytes& operator=(DeviceBytes&& o) noexcept {
@@ -63,8 +63,8 @@ class DeviceArray {
   /// runs on: the device is synchronized. For setup and tests, not for a hot path.)
   explicit DeviceArray(std::span<const T> host) : DeviceArray(host.size()) {
     if (host.empty()) return;
-    SEQPAR_CUDA_CHECK(cudaMemcpy(data(), host.data(), host.size_bytes(), cudaMemcpyHostToDevice), "cuda::DeviceArray");
-    SEQPAR_CUDA_CHECK(cudaDeviceSynchronize(), "cuda::DeviceArray");
+    SEQPAR_CUDA_CHECK(cudaMemcpy(data(), host.data(), host.size_bytes(), cudaMemcpyHostToDevice), "gpu::DeviceArray");
+    SEQPAR_CUDA_CHECK(cudaDeviceSynchronize(), "gpu::DeviceArray");
   }
   explicit DeviceArray(const std::vector<T>& host) : DeviceArray(std::span<const T>(host)) {}
 
@@ -76,9 +76,9 @@ class DeviceArray {
   [[nodiscard]] std::vector<T> to_host() const {
     std::vector<T> out(size_);
     if (size_ == 0) return out;
-    SEQPAR_CUDA_CHECK(cudaDeviceSynchronize(), "cuda::DeviceArray::to_host");
+    SEQPAR_CUDA_CHECK(cudaDeviceSynchronize(), "gpu::DeviceArray::to_host");
     SEQPAR_CUDA_CHECK(cudaMemcpy(out.data(), data(), size_ * sizeof(T), cudaMemcpyDeviceToHost),
-                      "cuda::DeviceArray::to_host");
+                      "gpu::DeviceArray::to_host");
     return out;
   }
 
@@ -87,4 +87,4 @@ class DeviceArray {
   std::size_t size_ = 0;
 };
 
-}  // namespace seqpar::cuda
+}  // namespace seqpar::gpu

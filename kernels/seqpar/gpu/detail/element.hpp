@@ -13,7 +13,7 @@
 
 #include <type_traits>
 
-namespace seqpar::cuda::detail {
+namespace seqpar::gpu::detail {
 
 template <class T>
 inline constexpr bool kIsHalfPrecision = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
@@ -43,4 +43,4 @@ __host__ __device__ __forceinline__ T from_float(float x) {
   }
 }
 
-}  // namespace seqpar::cuda::detail
+}  // namespace seqpar::gpu::detail

@@ -490,7 +490,7 @@ std::vector<Row> run_chunked(const std::string& name, typename S::Arguments args
   backend::inproc::World(ranks).run([&](auto& transport) {
     DistributedAttention<S, Kernel> attn(transport, shape, args, Kernel({.threads = kernel_threads}));
     // The carry runs on a transport of its own (a split with the same ranks), so that its counters see
-    // the prefix traffic alone: not the strategy's programs, nor the engine's agreements.
+    // the carry's traffic alone: not the strategy's programs, nor the engine's agreements.
     auto carry_transport = transport.split(0, transport.rank());
     Chunked chunked(attn, carry_transport, Kernel({.threads = kernel_threads}));
     chunked.begin(chunks);
@@ -514,12 +514,21 @@ std::vector<Row> run_chunked(const std::string& name, typename S::Arguments args
     // begin takes its chunks by value: the copies are made here, moved in inside the timed passes.
     std::vector<std::vector<schedule::Chunk>> copies(static_cast<std::size_t>(c.warmup + c.reps), chunks);
     std::uint64_t prefix_bytes = 0, declared_bytes = 0;
+    // The prefix program's bytes as its transport counted them (the runtime measures them around the
+    // program's run, apart from the call's agreement); the hand-run carry of before had no such count,
+    // and its transport saw nothing else during a call.
+    const auto prefix_bytes_of = [](const Chunked& x, std::uint64_t transport_delta) -> std::uint64_t {
+      if constexpr (requires { x.last_bytes_sent(); })
+        return x.last_bytes_sent();
+      else
+        return transport_delta;
+    };
     const auto forward = [&] {
       for (int ch = 0; ch < nc; ++ch) {
         Local& l = loc[static_cast<std::size_t>(ch)];
         const std::uint64_t before = carry_transport.counters().bytes_sent;
         chunked.forward(ch, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view());
-        prefix_bytes += carry_transport.counters().bytes_sent - before;
+        prefix_bytes += prefix_bytes_of(chunked, carry_transport.counters().bytes_sent - before);
         if constexpr (requires(Chunked & x) { x.program(0, 0); })
           declared_bytes += chunked.program(ch, 0).bytes_sent(sizeof(float), sizeof(float));
       }
@@ -530,7 +539,7 @@ std::vector<Row> run_chunked(const std::string& name, typename S::Arguments args
         const std::uint64_t before = carry_transport.counters().bytes_sent;
         chunked.backward(ch, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view(), l.dout.view(), l.dq.view(),
                          l.dk.view(), l.dv.view());
-        prefix_bytes += carry_transport.counters().bytes_sent - before;
+        prefix_bytes += prefix_bytes_of(chunked, carry_transport.counters().bytes_sent - before);
         if constexpr (requires(Chunked & x) { x.program(0, 0); })
           declared_bytes += chunked.program(ch, 2).bytes_sent(sizeof(float), sizeof(float));
       }

@@ -230,6 +230,40 @@ TEST_SUITE("schedule") {
     CHECK(errors[1].find("rank 0 refused its chunks") != std::string::npos);
   }
 
+  TEST_CASE("ChunkedAttention: ranks that run different chunks of the same shape fail with a mismatch") {
+    const DocumentBatch batch({{12, 12}});  // two chunks of one 12-token document each: the same shape
+    const auto chunks =
+        schedule::DynamicChunk{{.token_capacity = 12, .time_target = 0, .slices = 0, .cost = {}}}.chunks(batch);
+    REQUIRE(chunks.size() == 2);
+    REQUIRE(chunks[0].batch.cu_seqlens().size() == chunks[1].batch.cu_seqlens().size());
+    std::vector<std::string> errors(2);
+    std::mutex mu;
+    try {
+      backend::inproc::World(2, {.timeout = std::chrono::milliseconds(5000)}).run([&](backend::inproc::Transport& t) {
+        DistributedAttention<Strategy<partition::Uniform, comm::AllToAll>, attention::Reference<double>> attn(
+            t, {2, 2, 8});
+        runtime::ChunkedAttention<attention::Reference<double>> chunked(attn, t);
+        chunked.begin(chunks);
+        const int c = t.rank();  // rank 0 runs chunk 0, rank 1 chunk 1
+        ThdTensor<double> x(chunked.local_tokens(c), 2, 8), o(chunked.local_tokens(c), 2, 8);
+        LseTensor<double> l(2, chunked.local_tokens(c));
+        try {
+          chunked.forward(c, x.view(), x.view(), x.view(), o.view(), l.view());
+        } catch (const Error& e) {
+          std::lock_guard lock(mu);
+          errors[static_cast<std::size_t>(t.rank())] = e.what();
+          throw;
+        }
+      });
+    } catch (const std::exception&) {
+    }
+    for (const std::string& e : errors) {
+      CAPTURE(e);
+      CHECK(e.find("chunk 0 (forward)") != std::string::npos);
+      CHECK(e.find("chunk 1 (forward)") != std::string::npos);
+    }
+  }
+
   TEST_CASE("ChunkedAttention: a failure in a prefix program names the chunk, the pass and the step") {
     const DocumentBatch batch({{90, 5, 7}});
     const auto chunks =

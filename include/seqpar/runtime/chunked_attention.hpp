@@ -97,7 +97,8 @@ class ChunkedAttention {
       chunks_.clear();
       programs_.clear();
     }
-    agree(fingerprint, refused);
+    fingerprint_ = fingerprint;
+    agree(where, fingerprint, -1, -1, refused);
     std::fill(forward_done_.begin(), forward_done_.end(), false);
     std::fill(backward_done_.begin(), backward_done_.end(), false);
     run(-1, "clear", clear_, bind_carry({}));
@@ -126,12 +127,18 @@ class ChunkedAttention {
 
   void forward(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<T> o, LseView<A> lse) {
     constexpr const char* where = "ChunkedAttention::forward";
-    check_chunk(c, where);
-    seqpar::detail::require(!forward_done_[static_cast<std::size_t>(c)], where, "c", c, "ran forward already");
-    for (int e : carry().reads(c))
-      if (e != c && !forward_done_[static_cast<std::size_t>(e)])  // (messages built only when thrown)
-        seqpar::detail::throw_invalid(
-            where, "c", c, "reads the prefix rows of chunk " + std::to_string(e) + ", whose forward has not run");
+    std::exception_ptr refused;
+    try {  // local checks; then every rank compares what it is about to run
+      check_chunk(c, where);
+      seqpar::detail::require(!forward_done_[static_cast<std::size_t>(c)], where, "c", c, "ran forward already");
+      for (int e : carry().reads(c))
+        if (e != c && !forward_done_[static_cast<std::size_t>(e)])  // (messages built only when thrown)
+          seqpar::detail::throw_invalid(
+              where, "c", c, "reads the prefix rows of chunk " + std::to_string(e) + ", whose forward has not run");
+    } catch (const std::exception&) {
+      refused = std::current_exception();
+    }
+    agree(where, fingerprint_, c, 0, refused);
     run_forward(c, q, k, v, o, lse, true);
   }
 
@@ -142,29 +149,42 @@ class ChunkedAttention {
   /// own K/V rows are kept already and are not copied again.
   void recompute(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<T> o, LseView<A> lse) {
     constexpr const char* where = "ChunkedAttention::recompute";
-    check_chunk(c, where);
-    const auto ci = static_cast<std::size_t>(c);
-    seqpar::detail::require(forward_done_[ci] && !backward_done_[ci], where, "c", c,
-                            backward_done_[ci] ? "ran backward already" : "has not run forward");
+    std::exception_ptr refused;
+    try {
+      check_chunk(c, where);
+      const auto ci = static_cast<std::size_t>(c);
+      seqpar::detail::require(forward_done_[ci] && !backward_done_[ci], where, "c", c,
+                              backward_done_[ci] ? "ran backward already" : "has not run forward");
+    } catch (const std::exception&) {
+      refused = std::current_exception();
+    }
+    agree(where, fingerprint_, c, 1, refused);
     run_forward(c, q, k, v, o, lse, false);
   }
 
   void backward(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<const T> o,
                 LseView<const A> lse, ThdView<const T> dout, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv) {
     constexpr const char* where = "ChunkedAttention::backward";
-    check_chunk(c, where);
+    std::exception_ptr refused;
+    try {
+      check_chunk(c, where);
+      const auto ci = static_cast<std::size_t>(c);
+      seqpar::detail::require(forward_done_[ci] && !backward_done_[ci], where, "c", c,
+                              backward_done_[ci] ? "ran backward already" : "has not run forward");
+      // Every chunk that reads this chunk's rows as prefix sends their gradients back in its backward.
+      for (int e = 0; e < num_chunks(); ++e)
+        if (e != c)
+          for (int r : carry().reads(e))
+            if (r == c && !backward_done_[static_cast<std::size_t>(e)])
+              seqpar::detail::throw_invalid(where, "c", c,
+                                            "chunk " + std::to_string(e) +
+                                                " reads its rows as prefix and must run backward first (a split "
+                                                "document goes backward last slice first)");
+    } catch (const std::exception&) {
+      refused = std::current_exception();
+    }
+    agree(where, fingerprint_, c, 2, refused);
     const auto ci = static_cast<std::size_t>(c);
-    seqpar::detail::require(forward_done_[ci] && !backward_done_[ci], where, "c", c,
-                            backward_done_[ci] ? "ran backward already" : "has not run forward");
-    // Every chunk that reads this chunk's rows as prefix sends their gradients back in its backward.
-    for (int e = 0; e < num_chunks(); ++e)
-      if (e != c)
-        for (int r : carry().reads(e))
-          if (r == c && !backward_done_[static_cast<std::size_t>(e)])
-            seqpar::detail::throw_invalid(where, "c", c,
-                                          "chunk " + std::to_string(e) +
-                                              " reads its rows as prefix and must run backward first (a split "
-                                              "document goes backward last slice first)");
     attention_.backward(chunks_[ci].batch, q, k, v, o, lse, dout, dq, dk, dv);
     backward_done_[ci] = true;
     Buffers b = bind_carry({});
@@ -300,9 +320,12 @@ class ChunkedAttention {
   }
 
   // What every rank is about to run, compared before anything else: a fingerprint of the chunks'
-  // ranges and whether this rank accepted them (else the start of its reason).
+  // ranges, the chunk and the pass of the call (-1 in begin), and whether this rank accepted its
+  // arguments (else the start of its reason). Per call, it catches ranks that run different chunks of
+  // the same shape, which the strategy's own agreement (on the chunk batch's shape) cannot tell apart.
   struct Signature {
     std::uint64_t chunks = 0;
+    std::int32_t chunk = 0, pass = 0;
     std::int32_t refused = 0;
     char reason[200] = {};
   };
@@ -320,9 +343,11 @@ class ChunkedAttention {
     return h;
   }
 
-  void agree(std::uint64_t fingerprint, const std::exception_ptr& refused) {
+  void agree(const char* where, std::uint64_t fingerprint, int chunk, int pass, const std::exception_ptr& refused) {
     Signature mine;
     mine.chunks = fingerprint;
+    mine.chunk = chunk;
+    mine.pass = pass;
     if (refused) {
       mine.refused = 1;
       try {
@@ -334,14 +359,28 @@ class ChunkedAttention {
     signatures_.resize(static_cast<std::size_t>(world_.size()));
     world_.all_gather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(signatures_)));
     if (refused) std::rethrow_exception(refused);
+    const auto call = [](int c, int p) {
+      return p < 0 ? std::string("begin")
+                   : "chunk " + std::to_string(c) + " (" +
+                         (p == 0   ? "forward"
+                          : p == 1 ? "recompute"
+                                   : "backward") +
+                         ")";
+    };
     for (int r = 0; r < world_.size(); ++r) {
       const Signature& other = signatures_[static_cast<std::size_t>(r)];
       if (other.refused != 0)
-        throw Error(Errc::kPeerFailed, "ChunkedAttention::begin: rank " + std::to_string(r) + " refused its chunks: " +
+        throw Error(Errc::kPeerFailed, std::string(where) + ": rank " + std::to_string(r) + " refused its " +
+                                           (chunk < 0 ? "chunks: " : "call: ") +
                                            std::string(other.reason, strnlen(other.reason, sizeof(other.reason))));
       if (other.chunks != mine.chunks)
-        throw Error(Errc::kMismatch, "ChunkedAttention::begin: rank " + std::to_string(world_.rank()) + " and rank " +
+        throw Error(Errc::kMismatch, std::string(where) + ": rank " + std::to_string(world_.rank()) + " and rank " +
                                          std::to_string(r) + " were given different chunks");
+      if (other.chunk != mine.chunk || other.pass != mine.pass)
+        throw Error(Errc::kMismatch, std::string(where) + ": rank " + std::to_string(world_.rank()) + " runs " +
+                                         call(mine.chunk, mine.pass) + " and rank " + std::to_string(r) + " " +
+                                         call(other.chunk, other.pass) +
+                                         ": every rank must make the same calls in the same order");
     }
   }
 
@@ -349,6 +388,7 @@ class ChunkedAttention {
   AnyTransport world_;
   Kernel kernel_;
   std::vector<Chunk> chunks_;
+  std::uint64_t fingerprint_ = 0;  // of chunks_, compared on every call
   std::unique_ptr<comm::ChunkCarry> plan_;
   std::vector<Programs> programs_;
   Exec clear_;

@@ -159,15 +159,33 @@ TEST_SUITE("kokkos") {
     attention::KokkosFlash<Space, float> flash;
     kc::run_long_cases<Harness<float>>(flash, kTolerance<float>, 1);  // 1111 causal (CI time)
   }
-  // Known gap, marked should_fail so that it shows (and flips to a failure once fixed): KokkosFlash's dK/dV
-  // teams run over key tiles of the buffer, and a tile that straddles a document boundary multiplies the
-  // masked (zero) probabilities of one document's keys with another document's q or dO rows, so a NaN or
-  // infinity planted in q or dout of one document reaches dK and dV of the neighbouring document's keys
-  // (0 * NaN). Found by the shared isolation case; drop should_fail when kokkos/detail/flash_kernels.hpp
-  // skips rows outside the slice instead of zeroing their probabilities.
-  TEST_CASE("KokkosFlash keeps a NaN or infinity inside the document that holds it" * doctest::should_fail()) {
+  // A key tile of the dK/dV pass may straddle a document boundary (or, in a ring, two sequences): rows
+  // outside the slice or hidden by the mask are skipped, never multiplied by a zero P or dS, so a NaN or
+  // infinity planted in one document's q or dout stays out of the neighbouring document's dK and dV.
+  TEST_CASE("KokkosFlash keeps a NaN or infinity inside the document that holds it") {
     attention::KokkosFlash<Space, float> flash({.q_tile = 32, .k_tile = 48});
     kc::check_nonfinite_isolation<Harness<float>>(flash, kc::Isolation::kDocument, 4);
+  }
+  TEST_CASE("KokkosFlash refuses a softmax_scale its accumulation type cannot hold, in can_implement and its calls") {
+    // Q is loaded pre-scaled in accum_type: 1e300 is Inf in float (all-NaN outputs), 1e-60 is 0.
+    const attention::KokkosFlash<Space, float> flash;
+    const AttentionShape huge{1, 1, 8, 1e300};
+    const Status s = flash.can_implement(huge);
+    REQUIRE_FALSE(s);
+    CHECK(s.reason == "KokkosFlash: softmax_scale = 1e+300: is not representable in the accumulation type (float)");
+    CHECK_FALSE(flash.can_implement({1, 1, 8, 1e-60}));
+    CHECK(attention::KokkosFlash<Space, double>().can_implement(huge));
+    CHECK(flash.can_implement({1, 1, 8, 1e30}));  // finite in float: the kernel runs it
+
+    ThdTensor<float> q(4, 1, 8), k(4, 1, 8), v(4, 1, 8), o(4, 1, 8), dq(4, 1, 8), dk(4, 1, 8), dv(4, 1, 8);
+    LseTensor<float> lse(1, 4);
+    const std::vector<AttnSlice> sl{{{0, 4}, {0, 4}, Mask::causal()}};
+    std::vector<std::byte> ws(flash.workspace_bytes(huge, 4, 4));
+    CHECK_THROWS_WITH_AS(flash.forward(huge, q.view(), k.view(), v.view(), sl, o.view(), lse.view(), ws),
+                         doctest::Contains("softmax_scale"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(flash.backward(huge, q.view(), k.view(), v.view(), o.view(), lse.view(), q.view(), sl,
+                                        dq.view(), dk.view(), dv.view(), ws),
+                         doctest::Contains("softmax_scale"), std::invalid_argument);
   }
   TEST_CASE("KokkosFlash refuses bad input and aliased outputs") {
     attention::KokkosFlash<Space, float> flash;

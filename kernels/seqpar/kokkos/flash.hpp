@@ -41,6 +41,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -99,8 +100,9 @@ class KokkosFlash {
     return 64 + align64(rows * sizeof(kokkos::detail::QTile)) + heads * rows * sizeof(accum_type);
   }
 
-  /// Whether the kernel runs `shape`: a well-formed shape whose tiles (args.q_tile x args.k_tile at
-  /// shape.head_dim) fit the space's team scratch in every pass. The calls refuse the same.
+  /// Whether the kernel runs `shape`: a well-formed shape whose softmax scale stays finite and nonzero
+  /// in accum_type and whose tiles (args.q_tile x args.k_tile at shape.head_dim) fit the space's team
+  /// scratch in every pass. The calls refuse the same.
   [[nodiscard]] Status can_implement(const AttentionShape& shape) const {
     return implementable(shape, "KokkosFlash", true, true);
   }
@@ -260,6 +262,14 @@ class KokkosFlash {
   [[nodiscard]] Status implementable(const AttentionShape& shape, const char* where, bool forward,
                                      bool backward) const {
     if (Status s = shape.status(where); !s) return s;
+    // The scale is applied in accum_type (Q is loaded pre-scaled): it must stay finite and nonzero there,
+    // or every score is Inf or 0 and the outputs NaN.
+    const double sc = shape.scale();
+    const A sa = A(sc);
+    if (!std::isfinite(sa) || (sc != 0.0 && sa == A(0)))
+      return seqpar::detail::refuse_invalid(where, "softmax_scale", sc,
+                                            std::string("is not representable in the accumulation type (") +
+                                                (std::is_same_v<A, float> ? "float" : "double") + ")");
     std::size_t bytes = 0;
     if (forward) {
       kokkos::detail::ForwardKernel<ExecSpace, T, A> f;

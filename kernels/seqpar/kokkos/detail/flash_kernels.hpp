@@ -9,6 +9,8 @@
 /// (TeamThreadRange), vector lanes own columns (ThreadVectorRange). Tiles live in team scratch:
 /// K^T / V^T as [d][k_tile] (the score loop runs along keys, a stride-1 vector loop), V and K as
 /// [k_tile][d] and accumulators as [rows][d] (the update loop runs along head_dim).
+/// Non-finite isolation: every sum runs over only the (row, key) pairs the mask and the slice admit;
+/// masked or out-of-slice entries are skipped, never multiplied by a zero weight (0 * Inf is NaN).
 /// Only std-free, KOKKOS_INLINE_FUNCTION code runs inside the kernels (no std::clamp, no
 /// Range::size(), no numeric_limits): the same functors compile for CUDA, HIP and SYCL.
 
@@ -74,7 +76,7 @@ KOKKOS_INLINE_FUNCTION void visible_keys(const AttnSlice& s, std::int64_t qi, st
 }
 
 /// Slice-relative rows [lo, hi) that see at least one of the slice-relative keys [k0, k1) (k0 < k1):
-/// masks are monotone in the row.
+/// masks are monotone in the row. For one key (k1 = k0 + 1) exactly the rows that see it.
 KOKKOS_INLINE_FUNCTION void rows_seeing(const AttnSlice& s, std::int64_t k0, std::int64_t k1, std::int64_t& lo,
                                         std::int64_t& hi) {
   const std::int64_t len = s.q_range.end - s.q_range.begin;
@@ -392,9 +394,14 @@ struct BackwardQKernel : BackwardBase<ExecSpace, T, A> {
       this->load_rows(team, this->k, s.k_range.begin + kt0, nk, hk, A(1), kn);
       team.team_barrier();
       this->probabilities(team, s, tile.row0, n, kt0, nk, h, qs, os, kt, vt, p, ds);
-      // Each thread reads back only its own rows of dS: no barrier between the two loops.
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n),
-                           [&](int r) { this->accumulate_rows(team, ds + r * ldc, kn, 0, nk, acc + r * ld); });
+      // Each thread reads back only its own rows of dS: no barrier between the two loops. Only the keys
+      // row r sees are summed (masked keys are skipped, not multiplied by a zero dS: 0 * Inf is NaN).
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), [&](int r) {
+        std::int64_t lo = 0, hi = 0;
+        visible_keys(s, tile.row0 + r, lo, hi);
+        const int c0 = static_cast<int>(clamp64(lo - kt0, 0, nk)), c1 = static_cast<int>(clamp64(hi - kt0, 0, nk));
+        if (c0 < c1) this->accumulate_rows(team, ds + r * ldc, kn, c0, c1, acc + r * ld);
+      });
     }
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), [&](int r) {
       T* row = dq.row(i0 + r, h);
@@ -461,16 +468,24 @@ struct BackwardKVKernel : BackwardBase<ExecSpace, T, A> {
           // Tile column c is slice-relative key j0 + c - ks; columns outside the slice come out masked.
           this->probabilities(team, s, b0, nb, j0 - ks, nk, h, qs, os, kt, vt, p, ds);
           team.team_barrier();
-          // dV += P^T dO, dK += dS^T (scale Q): thread per key row.
+          // dV += P^T dO, dK += dS^T (scale Q): thread per key row, over only the block's rows that see
+          // the key. Keys of the tile outside the slice (another document, or another sequence of a
+          // ring) and rows the mask hides are skipped, never multiplied by a zero P or dS: a NaN or
+          // infinity in those rows' q or dout would otherwise reach this key's dK and dV (0 * Inf).
           // kW columns of the key row's dV and dK stay in registers across the block's rows.
           constexpr int kW = Base::kW;
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nk), [&](int c) {
+            const std::int64_t kc = j0 + c - ks;  // slice-relative key
+            if (kc < 0 || kc >= s.k_range.end - ks) return;
+            std::int64_t lo = 0, hi = 0;
+            rows_seeing(s, kc, kc + 1, lo, hi);
+            const int r0 = static_cast<int>(clamp64(lo - b0, 0, nb)), r1 = static_cast<int>(clamp64(hi - b0, 0, nb));
             Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, ld / kW), [&](int g) {
               A* dvr = dva + c * ld + g * kW;
               A* dkr = dka + c * ld + g * kW;
               A av[kW], ak[kW];
               for (int u = 0; u < kW; ++u) av[u] = dvr[u], ak[u] = dkr[u];
-              for (int r = 0; r < nb; ++r) {
+              for (int r = r0; r < r1; ++r) {
                 const A pc = p[r * ldc + c], dc = ds[r * ldc + c];
                 const A* orow = os + r * ld + g * kW;
                 const A* qrow = qs + r * ld + g * kW;

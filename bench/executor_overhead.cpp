@@ -472,6 +472,17 @@ std::vector<Row> run_distributed(const std::string& name, typename S::Arguments 
   return rows_of(times, name, ranks, kernel_threads, c.reps);
 }
 
+// The prefix program's bytes of the last call as its transport counted them (the runtime measures
+// them around the program's run, apart from the call's agreement); the hand-run carry of before had no
+// such count, and its transport saw nothing else during a call.
+template <class Chunked>
+std::uint64_t prefix_bytes_of(const Chunked& chunked, std::uint64_t transport_delta) {
+  if constexpr (requires { chunked.last_bytes_sent(); })
+    return chunked.last_bytes_sent();
+  else
+    return transport_delta;
+}
+
 // The dpp-chunked cases: the batch cut into `chunks`, run chunk by chunk through ChunkedAttention over
 // strategy S on `ranks` in-process ranks (every forward, then every backward in reverse; each pass
 // begins on the same chunks, so the plans and the carry's programs are cached). Timed and counted as
@@ -514,15 +525,6 @@ std::vector<Row> run_chunked(const std::string& name, typename S::Arguments args
     // begin takes its chunks by value: the copies are made here, moved in inside the timed passes.
     std::vector<std::vector<schedule::Chunk>> copies(static_cast<std::size_t>(c.warmup + c.reps), chunks);
     std::uint64_t prefix_bytes = 0, declared_bytes = 0;
-    // The prefix program's bytes as its transport counted them (the runtime measures them around the
-    // program's run, apart from the call's agreement); the hand-run carry of before had no such count,
-    // and its transport saw nothing else during a call.
-    const auto prefix_bytes_of = [](const Chunked& x, std::uint64_t transport_delta) -> std::uint64_t {
-      if constexpr (requires { x.last_bytes_sent(); })
-        return x.last_bytes_sent();
-      else
-        return transport_delta;
-    };
     const auto forward = [&] {
       for (int ch = 0; ch < nc; ++ch) {
         Local& l = loc[static_cast<std::size_t>(ch)];

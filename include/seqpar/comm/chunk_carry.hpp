@@ -247,9 +247,6 @@ class ChunkCarry {
     std::vector<AttnSlice> slices;
   };
 
-  [[nodiscard]] static Range intersect(const Range& a, const Range& b) noexcept {
-    return {std::max(a.begin, b.begin), std::max(std::max(a.begin, b.begin), std::min(a.end, b.end))};
-  }
   [[nodiscard]] static bool covered(const std::vector<Range>& merged, const Range& r) {
     for (const Range& m : merged)
       if (m.begin <= r.begin && r.end <= m.end) return true;

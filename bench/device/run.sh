@@ -105,6 +105,8 @@ stage env optional 30 bash -c '
   nvcc --version; cmake --version | head -1; ninja --version; g++ --version | head -1
   python3 -c "import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"cudnn\", torch.backends.cudnn.version(), torch.cuda.is_available())" || true
   command -v compute-sanitizer ncu || true
+  ls -d /usr/local/cuda*/include/nccl.h /usr/include/nccl.h /usr/include/cudnn*.h /usr/local/cuda*/include/cudnn*.h 2>/dev/null
+  python3 -c "import nvidia, os; print(\"python nvidia packages:\", sorted(os.listdir(list(nvidia.__path__)[0])))" || true
   git -C "'"$root"'" log -1 --format="%H %s" || true
   git -C "'"$root"'" status --short | head -40 || true'
 
@@ -117,12 +119,29 @@ elif [[ ! -f /usr/include/doctest/doctest.h ]]; then
   tests=OFF  # tests/CMakeLists.txt needs doctest: build the benches at least
   echo "no doctest (run bench/device/prepare.sh here and carry build/device_carry): the tests are not built"
 fi
+# NCCL: the toolkit's, else the one PyTorch's wheels bring (nvidia-nccl-cu13: nccl.h and libnccl.so.2,
+# no libnccl.so for find_library), behind a folder of links that NCCL_ROOT names.
+nccl_flags=()
+cuda_home=$(dirname "$(dirname "$(command -v nvcc)")")
+if [[ ! -f $cuda_home/include/nccl.h && ! -f /usr/include/nccl.h ]]; then
+  nccl_py=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
+  if [[ -n $nccl_py && -f $nccl_py/include/nccl.h ]]; then
+    nccl_lib=$(ls "$nccl_py"/lib/libnccl.so* 2>/dev/null | head -n 1)
+    mkdir -p /tmp/seqpar_nccl/lib && ln -sfn "$nccl_py/include" /tmp/seqpar_nccl/include &&
+      ln -sf "$nccl_lib" /tmp/seqpar_nccl/lib/libnccl.so
+    export LD_LIBRARY_PATH=$nccl_py/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    nccl_flags=(-DNCCL_ROOT=/tmp/seqpar_nccl)
+    echo "NCCL from PyTorch's wheel: $nccl_py ($nccl_lib)"
+  else
+    echo "no NCCL found (toolkit or nvidia-nccl wheel): the NCCL transport is not built"
+  fi
+fi
 # MPI, the examples, the tools, the header checks and the install rules are not needed here (and MPI
 # may be half-installed on the GPU image); CUDA is required, for sm_90a only (one pass per kernel).
 stage configure hard 120 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" -DSEQPAR_ENABLE_CUDA=ON -DSEQPAR_ENABLE_MPI=OFF \
   -DSEQPAR_BUILD_TESTS=$tests -DSEQPAR_BUILD_BENCH=ON -DSEQPAR_BUILD_EXAMPLES=ON -DSEQPAR_BUILD_TOOLS=OFF \
-  -DSEQPAR_VERIFY_HEADERS=OFF -DSEQPAR_INSTALL=OFF "${doctest_flags[@]}"
+  -DSEQPAR_VERIFY_HEADERS=OFF -DSEQPAR_INSTALL=OFF "${doctest_flags[@]}" "${nccl_flags[@]}"
 configured=$?
 [[ $tests == OFF ]] && failed_hard=1
 

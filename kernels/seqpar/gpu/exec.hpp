@@ -27,11 +27,14 @@ class CudaExec {
   static constexpr bool kHostSynchronous = false;
 
   /// Streams of its own on `device` (-1: the calling thread's current device).
-  explicit CudaExec(int device = -1) : state_(std::make_shared<State>(device, nullptr, nullptr)) {}
+  explicit CudaExec(int device = -1) : state_(std::make_shared<State>(device, nullptr, nullptr, /*owns=*/true)) {}
 
-  /// Borrows the caller's streams (not destroyed here); `comm` null: communicate on `compute`.
+  /// Borrows the caller's streams (not destroyed here); `comm` null: communicate on `compute`. A null
+  /// `compute` is the legacy default stream (handle 0, PyTorch's default current stream), borrowed as
+  /// `cudaStreamLegacy`, so that the work stays ordered with the caller's on it.
   [[nodiscard]] static CudaExec on_streams(cudaStream_t compute, cudaStream_t comm = nullptr, int device = -1) {
-    return CudaExec(std::make_shared<State>(device, compute, comm == nullptr ? compute : comm));
+    if (compute == nullptr) compute = cudaStreamLegacy;
+    return CudaExec(std::make_shared<State>(device, compute, comm == nullptr ? compute : comm, /*owns=*/false));
   }
 
   [[nodiscard]] int device() const noexcept { return state_->device; }
@@ -63,7 +66,8 @@ class CudaExec {
 
  private:
   struct State {
-    State(int dev, cudaStream_t compute_, cudaStream_t comm_) : owns(compute_ == nullptr) {
+    // `owns` is its own flag, never inferred from a null stream: null is a stream a caller may lend.
+    State(int dev, cudaStream_t compute_, cudaStream_t comm_, bool owns_) : owns(owns_) {
       constexpr const char* where = "CudaExec";
       if (dev < 0) SEQPAR_CUDA_CHECK(cudaGetDevice(&dev), where);
       device = dev;

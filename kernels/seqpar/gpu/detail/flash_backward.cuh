@@ -102,6 +102,8 @@ __global__ void __launch_bounds__(DqPlan<T, D>::kThreads) flash_dq_kernel(Backwa
   load_rows<T, D, Plan::kRows, Plan::kThreads>(qs, Plan::kLdT, p.q, h, s.q_range.begin + r0, rows);
   load_rows<T, D, Plan::kRows, Plan::kThreads>(dos, Plan::kLdT, p.dout, h, s.q_range.begin + r0, rows);
   for (int e = tid; e < Plan::kRows * D; e += Plan::kThreads) acc[(e / D) * Plan::kLdO + e % D] = 0.0f;
+  // Block-strided zeroing: a tile that sees no key reads acc after this barrier only (review B1).
+  __syncthreads();
 
   const int row = warp * 16 + lane / 2, half = lane % 2;
   const bool row_ok = row < rows;
@@ -208,6 +210,14 @@ __global__ void __launch_bounds__(DkvPlan<T, D>::kThreads) flash_dkv_kernel(Back
     const KeySpan rows = rows_of_keys(s, lo - s.k_range.begin, hi - s.k_range.begin);
     const std::int64_t kj = c0 + key - s.k_range.begin;  // this lane's key, slice-relative
     const bool key_ok = c0 + key >= lo && c0 + key < hi;
+    // A key tile that straddles the slice's keys holds rows of another document, whose P and dS
+    // here are zero; a NaN or Inf in this slice's q or dout times those zeros would reach that
+    // document's dK/dV through the tensor-core product. Such a tile scans its q/dout rows and, when
+    // one holds a non-finite value, its straddling warps accumulate by hand over the entries they
+    // see (rare: the tensor cores do everything else; the kernel cases' non-finite isolation).
+    const bool tile_straddles = lo > c0 || hi < c1;  // block-uniform
+    const std::int64_t warp_lo = c0 + warp * 16, warp_hi = warp_lo + 16 < c1 ? warp_lo + 16 : c1;
+    const bool warp_straddles = warp_lo < lo || warp_hi > hi;  // warp-uniform
     for (int g = 0; g < p.group; ++g) {
       const int h = hk * p.group + g;
       for (std::int64_t qb = rows.begin; qb < rows.end; qb += Plan::kRows) {
@@ -219,12 +229,20 @@ __global__ void __launch_bounds__(DkvPlan<T, D>::kThreads) flash_dkv_kernel(Back
           lse_s[r] = r < valid ? p.lse(h, s.q_range.begin + qb + r) : -INFINITY;
           delta_s[r] = r < valid ? p.delta(h, s.q_range.begin + qb + r) : 0.0f;
         }
-        __syncthreads();
+        bool bad = false;  // this thread's share of the tile (the elements load_rows gave it) is not finite
+        if (tile_straddles)
+          for (int e = tid; e < valid * D; e += Plan::kThreads) {
+            const int r = e / D, c = e % D;
+            bad = bad || !isfinite(to_float(qs[r * Plan::kLdT + c])) || !isfinite(to_float(dos[r * Plan::kLdT + c]));
+          }
+        const bool by_hand = __syncthreads_or(bad) != 0 && warp_straddles;  // warp-uniform
         gemm_nt<T, Plan::kRows, D>(ks + warp * 16 * Plan::kLdT, Plan::kLdT, qs, Plan::kLdT, st + warp * 16 * Plan::kLdS,
                                    Plan::kLdS);
         gemm_nt<T, Plan::kRows, D>(vs + warp * 16 * Plan::kLdT, Plan::kLdT, dos, Plan::kLdT,
                                    dpt + warp * 16 * Plan::kLdS, Plan::kLdS);
         constexpr int kHalfCols = Plan::kRows / 2;
+        static_assert(Plan::kRows <= 32, "seen_mask holds one bit per query row of the step");
+        unsigned seen_mask = 0;  // the query rows this lane's key sees (its half of them)
         for (int j = half * kHalfCols; j < (half + 1) * kHalfCols; ++j) {
           const std::int64_t qi = qb + j;
           bool ok = key_ok && j < valid && lse_s[j] != -INFINITY;
@@ -235,12 +253,30 @@ __global__ void __launch_bounds__(DkvPlan<T, D>::kThreads) flash_dkv_kernel(Back
           const float pv = ok ? expf(st[key * Plan::kLdS + j] * p.scale - lse_s[j]) : 0.0f;
           pt[key * Plan::kLdP + j] = from_float<T>(pv);
           dst[key * Plan::kLdP + j] = from_float<T>(ok ? pv * (dpt[key * Plan::kLdS + j] - delta_s[j]) : 0.0f);
+          seen_mask |= ok ? 1u << j : 0u;
         }
         __syncwarp();
-        gemm_nn_acc<T, D, Plan::kRows>(pt + warp * 16 * Plan::kLdP, Plan::kLdP, dos, Plan::kLdT,
-                                       dv + warp * 16 * Plan::kLdO, Plan::kLdO);
-        gemm_nn_acc<T, D, Plan::kRows>(dst + warp * 16 * Plan::kLdP, Plan::kLdP, qs, Plan::kLdT,
-                                       dk + warp * 16 * Plan::kLdO, Plan::kLdO);
+        if (!by_hand) {
+          gemm_nn_acc<T, D, Plan::kRows>(pt + warp * 16 * Plan::kLdP, Plan::kLdP, dos, Plan::kLdT,
+                                         dv + warp * 16 * Plan::kLdO, Plan::kLdO);
+          gemm_nn_acc<T, D, Plan::kRows>(dst + warp * 16 * Plan::kLdP, Plan::kLdP, qs, Plan::kLdT,
+                                         dk + warp * 16 * Plan::kLdO, Plan::kLdO);
+        } else {
+          // The same sums as the products above (P and dS rounded to T as they are), over the query
+          // rows this lane's key sees only. Its key row is its own and its half of the columns.
+          const int lane_pair = lane ^ 1;
+          const unsigned seen = seen_mask | __shfl_sync(0xffffffffu, seen_mask, lane_pair);
+          for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) {
+            float sv = 0.0f, sk = 0.0f;
+            for (int j = 0; j < Plan::kRows; ++j) {
+              if (!(seen >> j & 1u)) continue;
+              sv += to_float(pt[key * Plan::kLdP + j]) * to_float(dos[j * Plan::kLdT + c]);
+              sk += to_float(dst[key * Plan::kLdP + j]) * to_float(qs[j * Plan::kLdT + c]);
+            }
+            dv[key * Plan::kLdO + c] += sv;
+            dk[key * Plan::kLdO + c] += sk;
+          }
+        }
       }
     }
   }

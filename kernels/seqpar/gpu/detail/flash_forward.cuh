@@ -76,6 +76,10 @@ __global__ void __launch_bounds__(ForwardPlan<T, D>::kThreads) flash_forward_ker
 
   load_rows<T, D, Plan::kRows, Plan::kThreads>(qs, Plan::kLdT, p.q, h, s.q_range.begin + r0, rows);
   for (int e = tid; e < Plan::kRows * D; e += Plan::kThreads) os[(e / D) * Plan::kLdO + e % D] = 0.0f;
+  // The zeroing is block-strided (another warp zeroes some of this warp's rows): without this barrier a
+  // tile that sees no key (an empty key range, a causal offset or window ending before the keys) would
+  // write O from shared memory nothing ordered it after (review 2026-12-04, B1).
+  __syncthreads();
 
   // Two lanes per query row: lane / 2 is the row within the warp's 16, lane % 2 the half of the columns.
   const int row = warp * 16 + lane / 2, half = lane % 2;
@@ -102,10 +106,10 @@ __global__ void __launch_bounds__(ForwardPlan<T, D>::kThreads) flash_forward_ker
       const std::int64_t kj = kb + c;
       const float x = (kj >= vis.begin && kj < vis.end) ? sr[c] * p.scale : -INFINITY;
       sr[c] = x;
-      mx = fmaxf(mx, x);
+      mx = max_keep_nan(mx, x);
     }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    const float m_new = fmaxf(m, mx);
+    mx = max_keep_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    const float m_new = max_keep_nan(m, mx);
     const float alpha = m_new == -INFINITY ? 1.0f : expf(m - m_new);
     float sum = 0.0f;
     for (int c = c0; c < c0 + kHalfCols; ++c) {
@@ -128,9 +132,10 @@ __global__ void __launch_bounds__(ForwardPlan<T, D>::kThreads) flash_forward_ker
   if (!row_ok) return;
   const std::int64_t t = s.q_range.begin + r0 + row;
   T* out = p.o.row(t, h);
-  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  // l == 0: the row saw no key (O = 0, LSE = -inf); a NaN l (a NaN score) stays NaN in both.
+  const float inv = l == 0.0f ? 0.0f : 1.0f / l;
   for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) out[c] = from_float<T>(os[row * Plan::kLdO + c] * inv);
-  if (half == 0) p.lse(h, t) = l > 0.0f ? m + logf(l) : -INFINITY;
+  if (half == 0) p.lse(h, t) = l == 0.0f ? -INFINITY : m + logf(l);
 }
 
 }  // namespace seqpar::gpu::detail

@@ -73,11 +73,14 @@ template <class Host>
   s->device = device;
   s->own = Stream(where);
   s->queue = s->own.get();
+  s->memory = Stream(where);
   s->done = Event(where);
   s->tail = Event(where);
   s->watch = Event(where);
   void* word = nullptr;
-  check(cudaMalloc(&word, sizeof(std::uint32_t)), "cudaMalloc");
+  // Stream-ordered, so that ~State can give it back without waiting for the device.
+  check(cudaMallocAsync(&word, sizeof(std::uint32_t), s->memory.get()), "cudaMallocAsync");
+  check(cudaStreamSynchronize(s->memory.get()), "cudaStreamSynchronize");
   s->word = static_cast<std::uint32_t*>(word);
   check(cudaMemsetAsync(word, 0, sizeof(std::uint32_t), s->queue), "cudaMemsetAsync");
   check(cudaStreamSynchronize(s->queue), "cudaStreamSynchronize");  // a fresh stream: nothing can hang
@@ -138,11 +141,20 @@ inline void settle_creation(State& s, ncclComm_t comm, ncclResult_t rc, const st
   ncclConfig_t config = non_blocking();
   ncclComm_t comm = nullptr;
   const ncclResult_t rc = ncclCommSplit(parent.comm, color, key, &comm, &config);
-  child->comm = comm;
   child->rank = parent.rank;  // names this rank in the child's errors until NCCL says
   child->size = parent.size;
-  settle_creation(*child, comm, rc, "split (ncclCommSplit) of " + parent.name);
-  settle(parent, ncclSuccess, [] { return std::string("split"); });  // the parent, too, is ready again
+  // Non-blocking, NCCL writes the child's handle only when the split has run, which the parent's
+  // state reports: the handle was still null after ncclInProgress on the first GPU run (H200, NCCL
+  // 2.28, 2026-12-04), and every later call on the child then failed with "comm argument is NULL".
+  // So the parent settles first (under the deadline; a failure aborts it), then the child.
+  settle(parent, rc, [&] { return "split (ncclCommSplit) of " + parent.name; });
+  if (comm == nullptr) {
+    const std::string why = who(*child) + ": split (ncclCommSplit) of " + parent.name +
+                            " completed without a communicator for this rank";
+    throw Error(Errc::kTransport, why);
+  }
+  child->comm = comm;
+  settle_creation(*child, comm, ncclInProgress, "split (ncclCommSplit) of " + parent.name);
   int rank = 0, size = 0;
   check_call(*child, ncclCommUserRank(comm, &rank), "ncclCommUserRank");
   check_call(*child, ncclCommCount(comm, &size), "ncclCommCount");

@@ -75,14 +75,14 @@ inline Placement place(State& st, std::string_view where, std::span<const std::b
   Placement p{s.data(), r.data(), nullptr, device ? st.queue : st.own.get(), s_host || r_host};
   follow_tail(st, p.stream, where.data());
   if (s_host) {
-    const auto block = st.staging.take(s.size(), where);
+    const auto block = st.staging.take(s.size(), where, st.memory.get());
     std::memcpy(block.host, s.data(), s.size());
     cuda_check(st, cudaMemcpyAsync(block.device, block.host, s.size(), cudaMemcpyHostToDevice, p.stream),
                "cudaMemcpyAsync", "staging s");
     p.in = block.device;
   }
   if (r_host) {
-    const auto block = st.staging.take(r.size(), where);
+    const auto block = st.staging.take(r.size(), where, st.memory.get());
     p.out = block.device;
     p.pinned_out = block.host;
   }

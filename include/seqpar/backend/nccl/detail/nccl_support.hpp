@@ -138,8 +138,11 @@ class Stream {
 /// Where host buffers pass through on their way to NCCL, which moves device memory only: blocks of
 /// pinned host memory and device memory at the same offsets (a copy between them never blocks the
 /// host, whatever the stream is waiting for). `take` hands out 256-byte aligned blocks until `reset`;
-/// when a chunk is full a larger one is added, and earlier blocks stay valid. Chunks are freed only
-/// by the destructor (cudaFree would wait for the whole device, including a hung transfer).
+/// when a chunk is full a larger one is added, and earlier blocks stay valid. Chunks are given back
+/// only by `release`: the device halves stream-ordered (cudaMallocAsync / cudaFreeAsync, so that no
+/// host thread waits for the whole device, a transfer hung on a dead peer included), the pinned
+/// halves only when the owner says nothing can still use them (else they are left allocated: a
+/// broken transport leaks its staging rather than hang its destructor).
 class StagingArena {
  public:
   struct Block {
@@ -148,23 +151,14 @@ class StagingArena {
   };
 
   StagingArena() = default;
-  StagingArena(StagingArena&& o) noexcept
-      : chunks_(std::move(o.chunks_)), current_(std::exchange(o.current_, 0)), offset_(std::exchange(o.offset_, 0)) {}
-  StagingArena& operator=(StagingArena&& o) noexcept {
-    if (this != &o) {
-      release();
-      chunks_ = std::move(o.chunks_);
-      current_ = std::exchange(o.current_, 0);
-      offset_ = std::exchange(o.offset_, 0);
-    }
-    return *this;
-  }
   StagingArena(const StagingArena&) = delete;
   StagingArena& operator=(const StagingArena&) = delete;
-  ~StagingArena() { release(); }
+  ~StagingArena() = default;  // the owner calls release(): only it knows whether anything is in flight
 
-  /// A block of `bytes` (at least 1) valid until reset().
-  [[nodiscard]] Block take(std::size_t bytes, std::string_view where) {
+  /// A block of `bytes` (at least 1) valid until reset(), usable on every stream. `memory` is a
+  /// stream that holds allocations only (so waiting for it cannot hang): a new chunk is allocated on
+  /// it and waited for.
+  [[nodiscard]] Block take(std::size_t bytes, std::string_view where, cudaStream_t memory) {
     const std::size_t need = round_up(std::max<std::size_t>(bytes, 1));
     for (; current_ < chunks_.size(); ++current_, offset_ = 0) {
       Chunk& c = chunks_[current_];
@@ -182,9 +176,13 @@ class StagingArena {
     if (const cudaError_t rc = cudaMallocHost(&h, c.size); rc != cudaSuccess)
       throw Error(Errc::kTransport,
                   std::string(where) + ": staging a host buffer: " + cuda_failure(rc, "cudaMallocHost"));
-    if (const cudaError_t rc = cudaMalloc(&d, c.size); rc != cudaSuccess) {
+    cudaError_t rc = cudaMallocAsync(&d, c.size, memory);
+    if (rc == cudaSuccess) rc = cudaStreamSynchronize(memory);
+    if (rc != cudaSuccess) {
+      if (d != nullptr) (void)cudaFreeAsync(d, memory);
       (void)cudaFreeHost(h);
-      throw Error(Errc::kTransport, std::string(where) + ": staging a host buffer: " + cuda_failure(rc, "cudaMalloc"));
+      throw Error(Errc::kTransport,
+                  std::string(where) + ": staging a host buffer: " + cuda_failure(rc, "cudaMallocAsync"));
     }
     c.host = static_cast<std::byte*>(h);
     c.device = static_cast<std::byte*>(d);
@@ -208,13 +206,23 @@ class StagingArena {
     std::size_t size = 0;
   };
   static constexpr std::size_t round_up(std::size_t n) noexcept { return (n + 255) / 256 * 256; }
-  void release() noexcept {
-    for (Chunk& c : chunks_) {
-      (void)cudaFreeHost(c.host);
-      (void)cudaFree(c.device);
+
+ public:
+  /// Gives the chunks back when `quiet` (no operation can still read or write them): device halves
+  /// freed on `stream` (the allocations' stream) in stream order, pinned halves freed (cudaFreeHost is not stream-ordered, so
+  /// only a quiet owner calls it). Not quiet: everything stays allocated (leaked), never waited for.
+  void release(cudaStream_t stream, bool quiet) noexcept {
+    if (quiet) {
+      for (Chunk& c : chunks_) {
+        (void)cudaFreeAsync(c.device, stream);
+        (void)cudaFreeHost(c.host);
+      }
     }
     chunks_.clear();
+    current_ = offset_ = 0;
   }
+
+ private:
   std::vector<Chunk> chunks_;
   std::size_t current_ = 0, offset_ = 0;
 };

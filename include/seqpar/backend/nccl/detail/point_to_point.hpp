@@ -36,7 +36,7 @@ namespace seqpar::backend::nccl::detail {
               .data = const_cast<std::byte*>(data.data()),
               .bytes = data.size()};
   if (!data.empty() && is_host(s, data.data(), where, "data")) {
-    const auto block = s.staging.take(data.size(), where);
+    const auto block = s.staging.take(data.size(), where, s.memory.get());
     std::memcpy(block.host, data.data(), data.size());  // to the device at the flush
     op.data = block.device;
     op.pinned = block.host;
@@ -58,7 +58,7 @@ namespace seqpar::backend::nccl::detail {
               .data = data.data(),
               .bytes = data.size()};
   if (!data.empty() && is_host(s, data.data(), where, "data")) {
-    const auto block = s.staging.take(data.size(), where);
+    const auto block = s.staging.take(data.size(), where, s.memory.get());
     op.data = block.device;
     op.pinned = block.host;
     op.host_out = data.data();

@@ -26,9 +26,17 @@ struct State {
   State(const State&) = delete;
   State& operator=(const State&) = delete;
   ~State() {
-    // Local, never waits for peers: see Transport's "Lifetime".
+    // Local, never waits for peers: see Transport's "Lifetime". Nor for the device: cudaFree waits
+    // for all of it, a kernel of another communicator hung on a dead peer included (a hierarchical
+    // or BASP run unwinding after one level failed). So device memory goes back stream-ordered on
+    // the allocations' stream, and only when this transport is quiet (not aborted on an error, nothing of it
+    // still in flight); a broken transport leaks its word and staging instead (bounded: once).
     if (comm != nullptr) (void)ncclCommAbort(comm);
-    if (word != nullptr) (void)cudaFree(word);
+    const bool quiet = aborted.empty() && cudaStreamQuery(own.get()) == cudaSuccess &&
+                       (tail_on == nullptr || cudaEventQuery(tail.get()) == cudaSuccess);
+    (void)cudaGetLastError();  // a query's cudaErrorNotReady must not reach the caller's next check
+    staging.release(memory.get(), quiet);
+    if (word != nullptr && quiet) (void)cudaFreeAsync(word, memory.get());
   }
 
   ncclComm_t comm = nullptr;
@@ -36,6 +44,7 @@ struct State {
   std::chrono::milliseconds timeout{0};
   std::string name = "world";
   Stream own;                      // the queue until set_queue names another
+  Stream memory;                   // allocations only (never other work): waiting for it cannot hang
   cudaStream_t queue = nullptr;    // where operations are enqueued now
   Event done;                      // host waits
   Event tail;                      // after the last operation enqueued, recorded on tail_on: the next

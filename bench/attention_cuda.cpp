@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// CudaFlash forward/backward throughput on one GPU: bf16, 16 query and 16 KV heads, head dim 64 and
-// 128, 16K tokens as 1 x 16K, 4 x 4K and 32 x 512 causal sequences and as one packed sequence of
+// CudaFlash and (built with seqpar::cudnn) CudnnSdpa forward/backward throughput on one GPU: bf16, 16 query and 16 KV
+// heads, head dim 64 and 128, 16K tokens as 1 x 16K, 4 x 4K and 32 x 512 causal sequences and as one packed sequence of
 // lognormal documents (document-causal). FLOPs = 4 * d * Hq * (visible pairs) forward, 2.5x that
 // backward, the FlashAttention convention, so that the figures compare with torch's SDPA backends
 // timed on the same shapes by bench/device/torch_peers.py (which reads --mixes-out).
+// Each kernel is called with its prepared Params (prepare once, then the calls: the executor's path).
 // Timing: CUDA events on the kernel's stream around `inner` back-to-back calls (inner chosen so that a
 // sample lasts a few milliseconds: launch gaps stay out of short cases), after warm-up; the figure is
 // the median over the samples, per call. dq/dk/dv accumulate, so they are zeroed before each backward
@@ -36,6 +37,9 @@
 #include "seqpar/gpu/device_memory.hpp"
 #include "seqpar/gpu/exec.hpp"
 #include "seqpar/gpu/flash.hpp"
+#if SEQPAR_ENABLE_CUDNN
+#include "seqpar/gpu/cudnn_sdpa.hpp"
+#endif
 #include "seqpar/gpu/slices.hpp"
 #include "support/device_fill.hpp"
 #include "support/json.hpp"
@@ -283,9 +287,12 @@ constexpr int kHeads = 16;
 constexpr double kCheckTolerance = 2e-2;  // O: bf16 output rounding is ~4e-3; a broken kernel is O(1)
 constexpr double kLseTolerance = 1e-2;    // LSE: fp32, natural log of the scaled scores (as CpuFlash)
 
-template <class T>
-void run_case(attention::CudaFlash<T>& flash, const Mix& mix, int d, int heads, const TimingPlan& plan,
+// One kernel on one mix: forward and backward timed through the kernel's prepared Params (what the
+// executor calls: prepare once per program, then the calls), with an fp64 spot check of O and LSE.
+template <class Kernel>
+void run_case(Kernel& flash, const char* kernel_name, const Mix& mix, int d, int heads, const TimingPlan& plan,
               std::vector<JsonRecord>& records) {
+  using T = typename Kernel::value_type;
   const gpu::CudaExec& exec = flash.exec();
   const cudaStream_t s = exec.stream();
   const DocumentBatch batch(mix.sequences);
@@ -296,6 +303,8 @@ void run_case(attention::CudaFlash<T>& flash, const Mix& mix, int d, int heads, 
   const std::size_t elems = static_cast<std::size_t>(n) * static_cast<std::size_t>(heads) * static_cast<std::size_t>(d);
 
   const gpu::DeviceSlices dslices(slices, n, n);
+  const auto fparams = flash.prepare(exec, shape, dslices.host(), n, n, attention::Pass::kForward);
+  const auto bparams = flash.prepare(exec, shape, dslices.host(), n, n, attention::Pass::kBackward);
   gpu::DeviceArray<T> q(elems), k(elems), v(elems), o(elems), dout(elems), dq(elems), dk(elems), dv(elems);
   gpu::DeviceArray<float> lse(static_cast<std::size_t>(heads) * static_cast<std::size_t>(n));
   gpu::DeviceBytes workspace(flash.workspace_bytes(shape, n, n));
@@ -307,11 +316,12 @@ void run_case(attention::CudaFlash<T>& flash, const Mix& mix, int d, int heads, 
   const auto cview = [&](const gpu::DeviceArray<T>& a) { return ThdView<const T>::dense(a.data(), n, heads, d); };
   const LseView<float> lse_view = LseView<float>::dense(lse.data(), heads, n);
   const auto forward = [&] {
-    flash.forward(exec, shape, cview(q), cview(k), cview(v), dslices.device(), view(o), lse_view, workspace.span());
+    flash.forward(exec, fparams, shape, cview(q), cview(k), cview(v), dslices.device(), view(o), lse_view,
+                  workspace.span());
   };
   const auto backward = [&] {
-    flash.backward(exec, shape, cview(q), cview(k), cview(v), cview(o), LseView<const float>(lse_view), cview(dout),
-                   dslices.device(), view(dq), view(dk), view(dv), workspace.span());
+    flash.backward(exec, bparams, shape, cview(q), cview(k), cview(v), cview(o), LseView<const float>(lse_view),
+                   cview(dout), dslices.device(), view(dq), view(dk), view(dv), workspace.span());
   };
   const auto zero_grads = [&] {
     for (const auto* a : {&dq, &dk, &dv})
@@ -323,7 +333,7 @@ void run_case(attention::CudaFlash<T>& flash, const Mix& mix, int d, int heads, 
   for (const auto& seq : mix.sequences) docs += seq.size();
   const auto record = [&](const char* pass) {
     JsonRecord r;
-    r.add("kind", "attention").add("kernel", "CudaFlash").add("dtype", "bf16").add("pass", pass);
+    r.add("kind", "attention").add("kernel", kernel_name).add("dtype", "bf16").add("pass", pass);
     r.add("mix", mix.name).add("sequences", mix.sequences.size()).add("documents", docs).add("tokens", n);
     r.add("head_dim", d).add("heads_q", heads).add("heads_kv", heads).add("mask", "document-causal");
     r.add("visible_pairs", area);
@@ -343,12 +353,13 @@ void run_case(attention::CudaFlash<T>& flash, const Mix& mix, int d, int heads, 
     r.add("check_rows", spot.rows).add("check_o_rel_err", spot.o_err).add("check_lse_abs_err", spot.lse_err);
     r.add("check_ok", ok);
     records.push_back(r);
-    std::printf("%-4s %-10s %5zu %4d %7lld %9.3f %9.1f %9llu %9.1e %s\n", "fwd", mix.name.c_str(), docs, d,
-                static_cast<long long>(n), tf.ms, fwd_flops / tf.ms * 1e-9, bad, spot.o_err, ok ? "ok" : "WRONG");
+    std::printf("%-9s %-4s %-10s %5zu %4d %7lld %9.3f %9.1f %9llu %9.1e %s\n", kernel_name, "fwd", mix.name.c_str(),
+                docs, d, static_cast<long long>(n), tf.ms, fwd_flops / tf.ms * 1e-9, bad, spot.o_err,
+                ok ? "ok" : "WRONG");
   } catch (const std::exception& e) {
     records.push_back(record("fwd").add("error", e.what()));
-    std::printf("%-4s %-10s %5zu %4d %7lld  error: %s\n", "fwd", mix.name.c_str(), docs, d, static_cast<long long>(n),
-                e.what());
+    std::printf("%-9s %-4s %-10s %5zu %4d %7lld  error: %s\n", kernel_name, "fwd", mix.name.c_str(), docs, d,
+                static_cast<long long>(n), e.what());
   }
   std::fflush(stdout);
 
@@ -361,12 +372,12 @@ void run_case(attention::CudaFlash<T>& flash, const Mix& mix, int d, int heads, 
     r.add("flops", flops).add("ms", tb.ms).add("min_ms", tb.min_ms).add("tflops", flops / tb.ms * 1e-9);
     r.add("inner", tb.inner).add("samples", tb.samples).add("nonfinite", bad).add("check_ok", bad == 0);
     records.push_back(r);
-    std::printf("%-4s %-10s %5zu %4d %7lld %9.3f %9.1f %9llu %9s %s\n", "bwd", mix.name.c_str(), docs, d,
-                static_cast<long long>(n), tb.ms, flops / tb.ms * 1e-9, bad, "", bad == 0 ? "ok" : "WRONG");
+    std::printf("%-9s %-4s %-10s %5zu %4d %7lld %9.3f %9.1f %9llu %9s %s\n", kernel_name, "bwd", mix.name.c_str(), docs,
+                d, static_cast<long long>(n), tb.ms, flops / tb.ms * 1e-9, bad, "", bad == 0 ? "ok" : "WRONG");
   } catch (const std::exception& e) {
     records.push_back(record("bwd").add("error", e.what()));
-    std::printf("%-4s %-10s %5zu %4d %7lld  error: %s\n", "bwd", mix.name.c_str(), docs, d, static_cast<long long>(n),
-                e.what());
+    std::printf("%-9s %-4s %-10s %5zu %4d %7lld  error: %s\n", kernel_name, "bwd", mix.name.c_str(), docs, d,
+                static_cast<long long>(n), e.what());
   }
   std::fflush(stdout);
 }
@@ -413,12 +424,20 @@ int run(const Options& opt, const std::vector<Mix>& mixes) {
   if (opt.reps > 0) plan.samples = opt.reps;
   records.push_back(copy_bandwidth(s, opt.smoke ? (std::size_t{16} << 20) : (std::size_t{1} << 30), plan));
 
-  std::printf("%-4s %-10s %5s %4s %7s %9s %9s %9s %9s\n", "pass", "mix", "docs", "d", "tokens", "ms", "TFLOP/s",
-              "nonfinite", "o err");
+  std::printf("%-9s %-4s %-10s %5s %4s %7s %9s %9s %9s %9s\n", "kernel", "pass", "mix", "docs", "d", "tokens", "ms",
+              "TFLOP/s", "nonfinite", "o err");
+#if SEQPAR_ENABLE_CUDNN
+  attention::CudnnSdpa<__nv_bfloat16> sdpa(flash.exec());
+#endif
   const int heads = opt.smoke ? 2 : kHeads;
   for (int d : {64, 128}) {
     if (opt.head_dim != 0 && d != opt.head_dim) continue;
-    for (const Mix& mix : mixes) run_case(flash, mix, d, heads, plan, records);
+    for (const Mix& mix : mixes) {
+      run_case(flash, "CudaFlash", mix, d, heads, plan, records);
+#if SEQPAR_ENABLE_CUDNN
+      run_case(sdpa, "CudnnSdpa", mix, d, heads, plan, records);
+#endif
+    }
   }
 
   bool all_ok = true;

@@ -17,10 +17,15 @@
 //      events around back-to-back calls, median of --reps samples.
 // Without a CUDA device it says so and exits 77.
 //   usage: runtime_cuda [--smoke] [--json FILE] [--reps N] [--warmup N] [--tokens N] [--ranks N]
-//                       [--cases a,b] (cases: zigzag-ring-sharding-aware, ulysses, hybrid-allgather-sharding-aware)
+//                       [--cases a,b] (cases: zigzag-ring-sharding-aware, ulysses, hybrid-allgather-sharding-aware,
+//                       dpp-chunked-ulysses)
+//  The dpp-chunked case is DPP's path: the batch cut by DynamicChunk into chunks whose long documents
+//  carry their K/V prefix (runtime::ChunkedAttention over Ulysses), timed and checked the same way.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <seqpar/runtime/chunked_attention.hpp>
+#include <seqpar/schedule/dynamic_chunk.hpp>
 #include <seqpar/seqpar.hpp>
 
 #include <algorithm>
@@ -65,7 +70,7 @@ struct Options {
   AttentionShape shape{16, 16, 128};
   std::vector<std::string> cases = all_cases();
   static std::vector<std::string> all_cases() {
-    return {"zigzag-ring-sharding-aware", "ulysses", "hybrid-allgather-sharding-aware"};
+    return {"zigzag-ring-sharding-aware", "ulysses", "hybrid-allgather-sharding-aware", "dpp-chunked-ulysses"};
   }
 };
 
@@ -305,6 +310,126 @@ std::vector<Row> run_distributed(const std::string& name, typename S::Arguments 
   return {fwd, both};
 }
 
+// The DPP path: the same batch cut by DynamicChunk (capacity tokens / 4, so that the long documents
+// split and their K/V prefixes are carried), every chunk's forward and then every backward in reverse
+// through runtime::ChunkedAttention over strategy S on the same ranks. Timed as run_distributed (a
+// pass spans the first rank's start to the last rank's end, over all chunks), O sampled against the
+// whole-batch call.
+template <class S>
+std::vector<Row> run_chunked(const std::string& name, typename S::Arguments args, const Batch& batch,
+                             const Options& opt) {
+  const AttentionShape& shape = opt.shape;
+  const int d = shape.head_dim;
+  const DocumentBatch& b = batch.documents;
+  const std::int64_t capacity = std::max<std::int64_t>(1, b.total_tokens() / 4);
+  const std::vector<Chunk> chunks =
+      schedule::DynamicChunk{{.token_capacity = capacity, .time_target = 0, .slices = 0, .cost = {}}}.chunks(b);
+  std::vector<RankTimes> times(static_cast<std::size_t>(opt.ranks));
+  for (RankTimes& r : times) {
+    const auto n = static_cast<std::size_t>(opt.reps);
+    r.forward_start.resize(n), r.forward_end.resize(n), r.backward_start.resize(n), r.backward_end.resize(n);
+  }
+  gpu::device_world(opt.ranks).run([&](backend::inproc::Transport& transport) {
+    SEQPAR_CUDA_CHECK(cudaSetDevice(0), kWhere);
+    DistributedAttention<S, Kernel> attn(transport, shape, args, Kernel{});
+    const gpu::CudaExec& exec = attn.exec();
+    runtime::ChunkedAttention<Kernel> chunked(attn, transport, Kernel{exec});
+    chunked.begin(chunks);
+    const int nc = chunked.num_chunks();
+    struct Local {
+      gpu::DeviceArray<T> q, k, v, dout, o, dq, dk, dv;
+      gpu::DeviceArray<float> lse;
+      std::int64_t n;
+    };
+    std::vector<Local> loc;
+    for (int c = 0; c < nc; ++c) {
+      const std::int64_t n = chunked.local_tokens(c);
+      const auto rq = static_cast<std::size_t>(n * shape.heads_q * d),
+                 rkv = static_cast<std::size_t>(n * shape.heads_kv * d);
+      loc.push_back({gpu::DeviceArray<T>(rq), gpu::DeviceArray<T>(rkv), gpu::DeviceArray<T>(rkv),
+                     gpu::DeviceArray<T>(rq), gpu::DeviceArray<T>(rq), gpu::DeviceArray<T>(rq),
+                     gpu::DeviceArray<T>(rkv), gpu::DeviceArray<T>(rkv),
+                     gpu::DeviceArray<float>(static_cast<std::size_t>(n * shape.heads_q)), n});
+      const std::vector<Range>& owned = chunked.owned_global(c);
+      Local& l = loc.back();
+      fill_rows(exec, l.q, Input::kQ, owned, std::int64_t{shape.heads_q} * d);
+      fill_rows(exec, l.k, Input::kK, owned, std::int64_t{shape.heads_kv} * d);
+      fill_rows(exec, l.v, Input::kV, owned, std::int64_t{shape.heads_kv} * d);
+      fill_rows(exec, l.dout, Input::kDout, owned, std::int64_t{shape.heads_q} * d);
+    }
+    exec.synchronize();
+    const auto view = [&](const gpu::DeviceArray<T>& a, std::int64_t n, int heads) {
+      return ThdView<T>::dense(a.data(), n, heads, d);
+    };
+    const auto forward = [&] {
+      for (int c = 0; c < nc; ++c) {
+        Local& l = loc[static_cast<std::size_t>(c)];
+        chunked.forward(c, view(l.q, l.n, shape.heads_q), view(l.k, l.n, shape.heads_kv),
+                        view(l.v, l.n, shape.heads_kv), view(l.o, l.n, shape.heads_q),
+                        LseView<float>::dense(l.lse.data(), shape.heads_q, l.n));
+      }
+      exec.synchronize();
+    };
+    const auto backward = [&] {
+      for (int c = nc - 1; c >= 0; --c) {
+        Local& l = loc[static_cast<std::size_t>(c)];
+        chunked.backward(c, view(l.q, l.n, shape.heads_q), view(l.k, l.n, shape.heads_kv),
+                         view(l.v, l.n, shape.heads_kv), view(l.o, l.n, shape.heads_q),
+                         LseView<const float>::dense(l.lse.data(), shape.heads_q, l.n),
+                         view(l.dout, l.n, shape.heads_q), view(l.dq, l.n, shape.heads_q),
+                         view(l.dk, l.n, shape.heads_kv), view(l.dv, l.n, shape.heads_kv));
+      }
+      exec.synchronize();
+    };
+    RankTimes& mine = times[static_cast<std::size_t>(transport.rank())];
+    for (int i = 0; i < opt.warmup; ++i) forward(), backward();
+    for (int rep = 0; rep < opt.reps; ++rep) {
+      const auto i = static_cast<std::size_t>(rep);
+      transport.barrier();
+      mine.forward_start[i] = Clock::now();
+      forward();
+      mine.forward_end[i] = Clock::now();
+      transport.barrier();
+      mine.backward_start[i] = Clock::now();
+      backward();
+      mine.backward_end[i] = Clock::now();
+    }
+    const std::int64_t row = std::int64_t{shape.heads_q} * d;
+    for (int c = 0; c < nc; ++c) {
+      const Local& l = loc[static_cast<std::size_t>(c)];
+      mine.nonfinite += nonfinite(exec, l.o) + nonfinite(exec, l.dq) + nonfinite(exec, l.dk) + nonfinite(exec, l.dv);
+      const std::vector<Range>& owned = chunked.owned_global(c);
+      const std::vector<float> got = sample_o(l.o.to_host(), owned, shape);
+      std::size_t at = 0;
+      for (const Range& r : owned)
+        for (std::int64_t t = r.begin; t < r.end; ++t)
+          if (t % kSampleStride == 0) {
+            const float* whole = batch.o_sample.data() + t / kSampleStride * row;
+            for (std::int64_t x = 0; x < row; ++x, ++at)
+              mine.max_abs_diff_o = std::max<double>(mine.max_abs_diff_o, std::abs(got[at] - whole[x]));
+          }
+    }
+  });
+  Row fwd{.name = name + " (" + std::to_string(chunks.size()) + " chunks)", .ranks = opt.ranks, .pass = "fwd"};
+  Row both{.name = fwd.name, .ranks = opt.ranks, .pass = "fwd+bwd"};
+  const auto span = [&](auto start, auto end, std::size_t i) {
+    Clock::time_point first = Clock::time_point::max(), last = Clock::time_point::min();
+    for (const RankTimes& r : times) first = std::min(first, (r.*start)[i]), last = std::max(last, (r.*end)[i]);
+    return seconds_between(first, last);
+  };
+  for (std::size_t i = 0; i < static_cast<std::size_t>(opt.reps); ++i) {
+    const double f = span(&RankTimes::forward_start, &RankTimes::forward_end, i);
+    fwd.seconds.push_back(f);
+    both.seconds.push_back(f + span(&RankTimes::backward_start, &RankTimes::backward_end, i));
+  }
+  for (const RankTimes& r : times) {
+    for (Row* x : {&fwd, &both}) x->max_abs_diff_o = std::max(x->max_abs_diff_o, r.max_abs_diff_o);
+    both.nonfinite += r.nonfinite;
+  }
+  fwd.nonfinite = both.nonfinite;
+  return {fwd, both};
+}
+
 std::vector<Row> run_case(const std::string& name, const Batch& batch, const Options& opt) {
   using ZigzagRing = Strategy<partition::Zigzag, comm::Ring>;
   using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
@@ -315,6 +440,7 @@ std::vector<Row> run_case(const std::string& name, const Batch& batch, const Opt
     return run_distributed<ZigzagRing>(name, args, batch, opt);
   }
   if (name == "ulysses") return run_distributed<Ulysses>(name, {}, batch, opt);
+  if (name == "dpp-chunked-ulysses") return run_chunked<Ulysses>(name, {}, batch, opt);
   if (name == "hybrid-allgather-sharding-aware") {
     HybridAllGather::Arguments args;
     args.comm.sharding_aware = true;

@@ -2,6 +2,11 @@
 # Installs the Debian packages seqpar's tests, examples and benchmarks need, if any is missing.
 # As root it runs apt-get; otherwise it prints the exact command and fails.
 set -euo pipefail
+# cudnn-frontend's headers for attention::CudnnSdpa, where nvcc is: from PyPI into build/cudnn_frontend
+# (cmake/install_cudnn_frontend.sh). A machine without network leaves CudnnSdpa unbuilt; CMake says so.
+if command -v nvcc >/dev/null; then
+  "$(dirname "$0")/install_cudnn_frontend.sh" || true
+fi
 packages=(cmake ninja-build g++ doctest-dev libopenblas-dev libopenmpi-dev openmpi-bin libglpk-dev
           libtrilinos-kokkos-dev)
 missing=()

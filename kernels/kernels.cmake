@@ -46,6 +46,8 @@ if(SEQPAR_WITH_CUDA)
   # the C++ compiler too; they are a header set, checked alone by all_verify_interface_header_sets.
   # The .cuh headers need nvcc and are compiled by the CUDA tests and benchmarks.
   file(GLOB_RECURSE SEQPAR_CUDA_HOST_HEADERS CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/seqpar/gpu/*.hpp)
+  # cudnn_sdpa_impl.hpp needs cudnn-frontend: seqpar::cudnn's instance compiles it (kernels/cudnn.cmake).
+  list(FILTER SEQPAR_CUDA_HOST_HEADERS EXCLUDE REGEX "cudnn_sdpa_impl\\.hpp$")
   target_sources(seqpar_cuda INTERFACE FILE_SET HEADERS BASE_DIRS ${CMAKE_CURRENT_LIST_DIR}
                  FILES ${SEQPAR_CUDA_HOST_HEADERS})
   set_target_properties(seqpar_cuda PROPERTIES VERIFY_INTERFACE_HEADER_SETS ${SEQPAR_VERIFY_HEADERS})

@@ -2,9 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # Run on the build machine before a device run: copies into build/device_carry (ignored by git) what
 # the device build needs and the GPU machine's image lacks, so that the device tool's `carry` takes it
-# along. Today that is doctest (tests/CMakeLists.txt: find_package(doctest REQUIRED)): its header and
-# its CMake package, with the package's install prefix made relative (Debian's says /usr, where the
-# GPU machine has no doctest.h).
+# along: doctest (tests/CMakeLists.txt: find_package(doctest REQUIRED)), its header and its CMake
+# package with the package's install prefix made relative (Debian's says /usr, where the GPU machine
+# has no doctest.h); and cudnn-frontend's headers for CudnnSdpa (cmake/install_cudnn_frontend.sh).
 #   bench/device/prepare.sh [DEST]      (DEST defaults to build/device_carry)
 set -euo pipefail
 
@@ -57,8 +57,19 @@ if [[ $found != "$dest/doctest/include" || ! -f $found/doctest/doctest.h ]]; the
   exit 1
 fi
 
+# cudnn-frontend's headers (CudnnSdpa): installed into build/cudnn_frontend by the project's script,
+# copied beside doctest. Without them the device build leaves CudnnSdpa out (and says so).
+frontend=""
+if "$root/cmake/install_cudnn_frontend.sh" "$root/build/cudnn_frontend" >&2; then
+  rm -rf "$dest/cudnn_frontend"
+  cp -r "$root/build/cudnn_frontend" "$dest/cudnn_frontend"
+  frontend="cudnn-frontend $(cat "$dest/cudnn_frontend/VERSION")"
+else
+  echo "prepare.sh: no cudnn-frontend: the device run will not build CudnnSdpa" >&2
+fi
+
 cat >"$dest/README" <<EOF
 Made by bench/device/prepare.sh on $(hostname) at $(date -u +%FT%TZ); carried to the GPU machine by the
-device tool (carry: build/device_carry). doctest from $header and $package.
+device tool (carry: build/device_carry). doctest from $header and $package. ${frontend:-no cudnn-frontend}.
 EOF
 echo "prepare.sh: $dest ready ($(du -sh "$dest" | cut -f1)); pass carry: [\"${dest#"$root"/}\"] to the device run"

@@ -3,8 +3,8 @@
 # The device run of the CUDA path: one call on the GPU machine (H200, 16 cores), under 8 minutes.
 #   bench/device/run.sh OUTDIR
 # Configures a Release build for sm_90a only in build/device, builds the CUDA targets (the tests
-# tests/cuda/test_*.cu, the CPU side seqpar_tests_cuda_host, the benches attention_cuda and
-# runtime_cuda when they exist), runs `ctest -L cuda`, attention_cuda --json, torch_peers.py beside
+# tests/cuda/test_*, tests/cudnn/test_* (CudnnSdpa, when cuDNN is found), the CPU side
+# seqpar_tests_cuda_host, the benches attention_cuda (CudaFlash and CudnnSdpa) and runtime_cuda), runs `ctest -L cuda`, attention_cuda --json, torch_peers.py beside
 # it, runtime_cuda --json, a compute-sanitizer memcheck of attention_cuda --smoke and, with time left,
 # racecheck of the same and memcheck of the test executables. Every stage runs under `timeout` inside
 # one time budget, the build and the tests leaving time for the benchmarks; a failed stage is recorded
@@ -16,8 +16,8 @@
 # Exit status: 0 all passed; 1 configure, build, a test or a sanitizer failed; 2 only a benchmark or
 # the peers failed.
 #
-# Needs build/device_carry from bench/device/prepare.sh (doctest; the GPU machine has none), passed
-# in the device tool's `carry`. Without it the tests are not built (recorded) and the benches still run.
+# Needs build/device_carry from bench/device/prepare.sh (doctest and cudnn-frontend; the GPU machine has
+# neither), passed in the device tool's `carry`. Without it the tests are not built (recorded) and the benches still run.
 # Environment (all optional): SEQPAR_DEVICE_BUDGET_S (whole run, default 470), SEQPAR_DEVICE_JOBS
 # (default nproc), SEQPAR_DEVICE_BUILD (default build/device), SEQPAR_DEVICE_CARRY (default
 # build/device_carry), SEQPAR_DEVICE_TARGETS (space-separated: build only these), SEQPAR_DEVICE_ARCH
@@ -136,12 +136,34 @@ if [[ ! -f $cuda_home/include/nccl.h && ! -f /usr/include/nccl.h ]]; then
     echo "no NCCL found (toolkit or nvidia-nccl wheel): the NCCL transport is not built"
   fi
 fi
+# cuDNN (CudnnSdpa): the toolkit's or the system's, else PyTorch's wheel (nvidia-cudnn-cu13: cudnn.h and
+# libcudnn.so.9), behind a folder of links that CUDNN_ROOT names; cudnn-frontend's headers come in the
+# carry (prepare.sh: $carry/cudnn_frontend).
+cudnn_flags=()
+if [[ -f $carry/cudnn_frontend/include/cudnn_frontend.h ]]; then
+  cudnn_flags=(-DCUDNN_FRONTEND_ROOT="$carry/cudnn_frontend")
+  if [[ ! -f $cuda_home/include/cudnn.h && ! -f /usr/include/cudnn.h ]]; then
+    cudnn_py=$(python3 -c 'import nvidia.cudnn as m; print(list(m.__path__)[0])' 2>/dev/null)
+    if [[ -n $cudnn_py && -f $cudnn_py/include/cudnn.h ]]; then
+      cudnn_lib=$(ls "$cudnn_py"/lib/libcudnn.so* 2>/dev/null | head -n 1)
+      mkdir -p /tmp/seqpar_cudnn/lib && ln -sfn "$cudnn_py/include" /tmp/seqpar_cudnn/include &&
+        ln -sf "$cudnn_lib" /tmp/seqpar_cudnn/lib/libcudnn.so
+      export LD_LIBRARY_PATH=$cudnn_py/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+      cudnn_flags+=(-DCUDNN_ROOT=/tmp/seqpar_cudnn)
+      echo "cuDNN from PyTorch's wheel: $cudnn_py ($cudnn_lib)"
+    else
+      echo "no cuDNN found (toolkit, system or nvidia-cudnn wheel): CudnnSdpa is not built"
+    fi
+  fi
+else
+  echo "no cudnn-frontend in $carry (run bench/device/prepare.sh): CudnnSdpa is not built"
+fi
 # MPI, the examples, the tools, the header checks and the install rules are not needed here (and MPI
 # may be half-installed on the GPU image); CUDA is required, for sm_90a only (one pass per kernel).
 stage configure hard 120 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_ARCHITECTURES="$arch" -DSEQPAR_ENABLE_CUDA=ON -DSEQPAR_ENABLE_MPI=OFF \
   -DSEQPAR_BUILD_TESTS=$tests -DSEQPAR_BUILD_BENCH=ON -DSEQPAR_BUILD_EXAMPLES=ON -DSEQPAR_BUILD_TOOLS=OFF \
-  -DSEQPAR_VERIFY_HEADERS=OFF -DSEQPAR_INSTALL=OFF "${doctest_flags[@]}" "${nccl_flags[@]}"
+  -DSEQPAR_VERIFY_HEADERS=OFF -DSEQPAR_INSTALL=OFF "${doctest_flags[@]}" "${nccl_flags[@]}" "${cudnn_flags[@]}"
 configured=$?
 [[ $tests == OFF ]] && failed_hard=1
 

@@ -299,14 +299,15 @@ def compare(path, records):
         return []
     out = []
     print("\nTFLOP/s, seqpar beside torch (ratio: seqpar / best peer; per-doc: seqpar / torch's per-document route)")
-    print("%-4s %-10s %4s %9s %9s %-22s %7s %7s" % ("pass", "mix", "d", "seqpar", "torch", "best peer", "ratio",
-                                                  "per-doc"))
+    print("%-9s %-4s %-10s %4s %9s %9s %-22s %7s %7s" % ("kernel", "pass", "mix", "d", "seqpar", "torch", "best peer",
+                                                       "ratio", "per-doc"))
     for r in ours:
         peers = [p for p in records if p.get("kind") == "attention" and "tflops" in p and p["mix"] == r["mix"]
                  and p["head_dim"] == r["head_dim"] and p["pass"] == r["pass"]]
         best = max(peers, key=lambda p: p["tflops"], default=None)
         per_doc = max((p for p in peers if p["route"] == "per-document"), key=lambda p: p["tflops"], default=None)
-        rec = {"kind": "comparison", "mix": r["mix"], "head_dim": r["head_dim"], "pass": r["pass"],
+        rec = {"kind": "comparison", "kernel": r.get("kernel", "CudaFlash"), "mix": r["mix"],
+               "head_dim": r["head_dim"], "pass": r["pass"],
                "seqpar_tflops": r.get("tflops"), "best_peer": None, "best_peer_tflops": None, "ratio": None}
         if best is not None:
             rec.update(best_peer="%s/%s" % (best["backend"], best["route"]), best_peer_tflops=best["tflops"])
@@ -319,8 +320,8 @@ def compare(path, records):
         def fmt(x, spec):
             return spec % x if x is not None else "n/a"
 
-        print("%-4s %-10s %4d %9s %9s %-22s %7s %7s" % (
-            r["pass"], r["mix"], r["head_dim"], fmt(r.get("tflops"), "%.1f"), fmt(rec["best_peer_tflops"], "%.1f"),
+        print("%-9s %-4s %-10s %4d %9s %9s %-22s %7s %7s" % (
+            rec["kernel"], r["pass"], r["mix"], r["head_dim"], fmt(r.get("tflops"), "%.1f"), fmt(rec["best_peer_tflops"], "%.1f"),
             rec["best_peer"] or "none", fmt(rec["ratio"], "%.2fx"), fmt(rec.get("ratio_vs_per_document"), "%.2fx")))
     return out
 

@@ -227,6 +227,14 @@ void check_case(const Case& c, typename H::kernel_type& kernel, Tolerance tol) {
   using A = typename H::accum_type;
   using Thd = typename H::template Thd<T>;
   CAPTURE(c.name);
+  // A harness whose kernel refuses a class of slice tables by design (CudnnSdpa: a sliding window cut
+  // by its slice's last key) names the cases it skips; every other case must pass.
+  if constexpr (requires { H::supports(c); }) {
+    if (!H::supports(c)) {
+      MESSAGE("skipped by the harness (the kernel refuses these slices by design): " << c.name);
+      return;
+    }
+  }
   const AttentionShape shape = H::adapt(c.shape);
   CAPTURE(shape.head_dim);
   const int hq = shape.heads_q, hkv = shape.heads_kv, d = shape.head_dim, pad = c.strided ? 3 : 0;

@@ -34,7 +34,9 @@ struct DeviceLse {
 
 /// max(a, b) that keeps a NaN (fmaxf drops it): a NaN score must reach its row's O and LSE, not pass
 /// for a masked key (the kernel cases' non-finite isolation: "not hidden").
-__device__ __forceinline__ float max_keep_nan(float a, float b) { return (a != a || b != b) ? a + b : fmaxf(a, b); }
+__device__ __forceinline__ float max_keep_nan(float a, float b) {
+  return (a != a || b != b) ? a + b : fmaxf(a, b);
+}
 
 /// Rows [first, first + valid) of one head of `src` into a ROWS x D tile (leading dimension ld);
 /// rows past `valid` are zero, so that masked products never read another document's values.

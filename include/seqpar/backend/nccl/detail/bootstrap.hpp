@@ -149,8 +149,8 @@ inline void settle_creation(State& s, ncclComm_t comm, ncclResult_t rc, const st
   // So the parent settles first (under the deadline; a failure aborts it), then the child.
   settle(parent, rc, [&] { return "split (ncclCommSplit) of " + parent.name; });
   if (comm == nullptr) {
-    const std::string why = who(*child) + ": split (ncclCommSplit) of " + parent.name +
-                            " completed without a communicator for this rank";
+    const std::string why =
+        who(*child) + ": split (ncclCommSplit) of " + parent.name + " completed without a communicator for this rank";
     throw Error(Errc::kTransport, why);
   }
   child->comm = comm;

@@ -209,8 +209,8 @@ class StagingArena {
 
  public:
   /// Gives the chunks back when `quiet` (no operation can still read or write them): device halves
-  /// freed on `stream` (the allocations' stream) in stream order, pinned halves freed (cudaFreeHost is not stream-ordered, so
-  /// only a quiet owner calls it). Not quiet: everything stays allocated (leaked), never waited for.
+  /// freed on `stream` (the allocations' stream) in stream order, pinned halves freed (cudaFreeHost is not
+  /// stream-ordered, so only a quiet owner calls it). Not quiet: everything stays allocated (leaked), never waited for.
   void release(cudaStream_t stream, bool quiet) noexcept {
     if (quiet) {
       for (Chunk& c : chunks_) {

@@ -1,0 +1,9 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+// The device kernels around cuDNN's SDPA (gpu/detail/sdpa_ops.hpp), compiled once for the project's
+// tests, benchmarks and CudnnSdpa instances (seqpar::cuda_instances). They need no cuDNN.
+#include "seqpar/gpu/detail/sdpa_ops.cuh"
+
+template void seqpar::gpu::detail::sdpa_ops::accumulate<__half>(cudaStream_t, seqpar::ThdView<__half>, const __half*);
+template void seqpar::gpu::detail::sdpa_ops::accumulate<__nv_bfloat16>(cudaStream_t, seqpar::ThdView<__nv_bfloat16>,
+                                                                       const __nv_bfloat16*);

@@ -1,0 +1,553 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+/// @file
+/// The member functions of `attention::CudnnSdpa<T>` (cudnn_sdpa.hpp): cuDNN's SDPA graphs through
+/// cudnn-frontend (header-only, C++17; needs <cudnn.h> and libcudnn). Included by one translation
+/// unit per build (kernels/instances_cudnn/cudnn_sdpa.cpp instantiates __half and __nv_bfloat16);
+/// everything else includes cudnn_sdpa.hpp and links seqpar::cudnn_instances.
+///
+/// References (facts and API only): cudnn-frontend's graph API (Graph::sdpa, Graph::sdpa_backward,
+/// SDPA_attributes: padding mask with per-item sequence lengths, diagonal alignment BOTTOM_RIGHT,
+/// diagonal band bounds, ragged offsets on Tensor_attributes), docs/operations/Attention.md of
+/// NVIDIA/cudnn-frontend.
+
+#include <cudnn.h>
+#include <cudnn_frontend.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <compare>
+#include <cstring>
+#include <list>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "seqpar/core/error.hpp"
+#include "seqpar/gpu/check.hpp"
+#include "seqpar/gpu/cudnn_sdpa.hpp"
+#include "seqpar/gpu/data_ops.hpp"
+#include "seqpar/gpu/detail/sdpa_ops.hpp"
+
+namespace seqpar::attention {
+
+namespace detail {
+
+namespace fe = cudnn_frontend;
+namespace ops = gpu::detail::sdpa_ops;
+
+inline void cudnn_check(cudnnStatus_t status, const char* call, const char* where) {
+  if (status != CUDNN_STATUS_SUCCESS)
+    throw Error(Errc::kStepFailed, std::string(where) + ": " + call + " failed: " + cudnnGetErrorString(status));
+}
+
+inline void fe_check(fe::error_object e, const char* step, const char* where) {
+  if (!e.is_good())
+    throw Error(Errc::kStepFailed, std::string(where) + ": cuDNN graph: " + step + ": " + e.get_message());
+}
+
+// Tensor ids of the variant pack. Ragged offsets: kRagged + the tensor's sdpa_ops::RaggedTensor.
+enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kStats, kDo, kDq, kDk, kDv, kSeqQ, kSeqK, kRagged = 20 };
+
+/// What a graph depends on: pass, mask, window, items, bucketed lengths, heads, head dim, scale, and
+/// the strides of the call's views (head and token stride of each of the eight tensors).
+struct GraphKey {
+  int pass = 0, mask = 0;
+  std::int64_t window = 0;
+  int items = 0;
+  std::int64_t max_q = 0, max_k = 0, total_q = 0, total_k = 0;
+  int heads_q = 0, heads_kv = 0, head_dim = 0;
+  float scale = 0.0f;
+  std::array<std::int64_t, 2 * ops::kTensors> strides{};
+  auto operator<=>(const GraphKey&) const = default;
+};
+
+struct BuiltGraph {
+  std::shared_ptr<fe::graph::Graph> graph;
+  std::int64_t workspace = 0;
+};
+
+/// One stream's cuDNN handle and workspace (a context is one compute stream; ranks sharing a GPU run
+/// on different streams and must not share cuDNN's workspace).
+struct StreamResources {
+  cudnnHandle_t handle = nullptr;
+  gpu::DeviceBytes workspace;
+};
+
+struct CudnnSdpaState {
+  std::mutex mutex;
+  std::map<GraphKey, std::pair<BuiltGraph, std::list<GraphKey>::iterator>> graphs;
+  std::list<GraphKey> recent;  // most recently used first
+  std::map<cudaStream_t, StreamResources> streams;
+
+  CudnnSdpaState() = default;
+  CudnnSdpaState(const CudnnSdpaState&) = delete;
+  CudnnSdpaState& operator=(const CudnnSdpaState&) = delete;
+  ~CudnnSdpaState() {
+    graphs.clear();
+    for (auto& [stream, r] : streams)
+      if (r.handle != nullptr) (void)cudnnDestroy(r.handle);
+  }
+
+  StreamResources& on(cudaStream_t stream, const char* where) {
+    StreamResources& r = streams[stream];
+    if (r.handle == nullptr) cudnn_check(cudnnCreate(&r.handle), "cudnnCreate", where);
+    cudnn_check(cudnnSetStream(r.handle, stream), "cudnnSetStream", where);
+    return r;
+  }
+};
+
+[[nodiscard]] inline std::int64_t bucket(std::int64_t n) noexcept {
+  return n <= 1 ? 1 : static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(n)));
+}
+
+// The views of a call, in RaggedTensor order (null where the pass has none).
+struct CallViews {
+  std::array<const void*, ops::kTensors> data{};
+  std::array<std::int64_t, ops::kTensors> head_stride{}, token_stride{};
+};
+
+template <class T>
+[[nodiscard]] constexpr fe::DataType_t fe_type() noexcept {
+  if constexpr (std::is_same_v<T, __half>)
+    return fe::DataType_t::HALF;
+  else
+    return fe::DataType_t::BFLOAT16;
+}
+
+/// Builds (or finds) the graph of `run` for these views; the state's mutex is held by the caller.
+template <class T>
+const BuiltGraph& graph_of(CudnnSdpaState& st, StreamResources& res, const CudnnSdpaParams& params,
+                           const CudnnSdpaParams::Run& run, const AttentionShape& shape, const CallViews& views,
+                           const char* where) {
+  GraphKey key;
+  key.pass = static_cast<int>(params.pass);
+  key.mask = static_cast<int>(run.mask);
+  key.window = run.window;
+  key.items = run.items;
+  key.max_q = run.max_q;
+  key.max_k = run.max_k;
+  key.total_q = bucket(params.q_rows);
+  key.total_k = bucket(params.k_rows);
+  key.heads_q = shape.heads_q;
+  key.heads_kv = shape.heads_kv;
+  key.head_dim = shape.head_dim;
+  key.scale = static_cast<float>(shape.scale());
+  for (int t = 0; t < ops::kTensors; ++t) {
+    key.strides[2 * t] = views.head_stride[t];
+    key.strides[2 * t + 1] = views.token_stride[t];
+  }
+  if (auto it = st.graphs.find(key); it != st.graphs.end()) {
+    st.recent.splice(st.recent.begin(), st.recent, it->second.second);
+    return it->second.first;
+  }
+
+  using Attr = fe::graph::Tensor_attributes;
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(fe_type<T>())
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  const std::int64_t b = run.items, d = shape.head_dim;
+  const auto ragged = [&](int t) {
+    return g->tensor(Attr()
+                         .set_name("ragged_" + std::to_string(t))
+                         .set_uid(kRagged + t)
+                         .set_dim({b + 1, 1, 1, 1})
+                         .set_stride({1, 1, 1, 1})
+                         .set_data_type(fe::DataType_t::INT32));
+  };
+  // (B, H, S, D) over a THD view: S strides by tokens, H by heads; the batch stride is never used
+  // (ragged offsets place each item), it only has to describe a non-overlapping layout.
+  const auto dims = [&](int t, int heads, std::int64_t s) {
+    return std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>{
+        {b, heads, s, d}, {s * views.token_stride[t], views.head_stride[t], views.token_stride[t], 1}};
+  };
+  const auto input = [&](const char* name, int t, int uid, int heads, std::int64_t s) {
+    const auto [dim, stride] = dims(t, heads, s);
+    return g->tensor(Attr().set_name(name).set_uid(uid).set_dim(dim).set_stride(stride).set_ragged_offset(ragged(t)));
+  };
+  const auto output = [&](const std::shared_ptr<Attr>& x, int t, int uid, int heads, std::int64_t s) {
+    const auto [dim, stride] = dims(t, heads, s);
+    x->set_output(true).set_uid(uid).set_dim(dim).set_stride(stride).set_ragged_offset(ragged(t));
+  };
+  const auto lengths = [&](const char* name, int uid) {
+    return g->tensor(Attr()
+                         .set_name(name)
+                         .set_uid(uid)
+                         .set_dim({b, 1, 1, 1})
+                         .set_stride({1, 1, 1, 1})
+                         .set_data_type(fe::DataType_t::INT32));
+  };
+  const auto q = input("q", ops::kQ, kQ, shape.heads_q, run.max_q);
+  const auto k = input("k", ops::kK, kK, shape.heads_kv, run.max_k);
+  const auto v = input("v", ops::kV, kV, shape.heads_kv, run.max_k);
+  const auto seq_q = lengths("seq_q", kSeqQ), seq_k = lengths("seq_kv", kSeqK);
+  const std::vector<std::int64_t> stats_dim{b, shape.heads_q, run.max_q, 1},
+      stats_stride{shape.heads_q * run.max_q, run.max_q, 1, 1};
+
+  const auto masked = [&](auto& attrs) {
+    attrs.set_attn_scale(key.scale).set_padding_mask(true).set_seq_len_q(seq_q).set_seq_len_kv(seq_k);
+    if (run.mask != gpu::detail::SdpaMask::kFull)
+      attrs.set_diagonal_alignment(fe::DiagonalAlignment_t::BOTTOM_RIGHT).set_diagonal_band_right_bound(0);
+    if (run.mask == gpu::detail::SdpaMask::kWindow) attrs.set_diagonal_band_left_bound(static_cast<int>(run.window));
+  };
+  if (params.pass == Pass::kForward) {
+    auto attrs = fe::graph::SDPA_attributes().set_name("seqpar_sdpa").set_generate_stats(true);
+    masked(attrs);
+    auto [o, stats] = g->sdpa(q, k, v, std::move(attrs));
+    output(o, ops::kO, kO, shape.heads_q, run.max_q);
+    stats->set_output(true)
+        .set_uid(kStats)
+        .set_data_type(fe::DataType_t::FLOAT)
+        .set_dim(stats_dim)
+        .set_stride(stats_stride);
+  } else {
+    const auto o = input("o", ops::kO, kO, shape.heads_q, run.max_q);
+    const auto dout = input("dout", ops::kDo, kDo, shape.heads_q, run.max_q);
+    const auto stats = g->tensor(Attr()
+                                     .set_name("stats")
+                                     .set_uid(kStats)
+                                     .set_dim(stats_dim)
+                                     .set_stride(stats_stride)
+                                     .set_data_type(fe::DataType_t::FLOAT));
+    auto attrs = fe::graph::SDPA_backward_attributes().set_name("seqpar_sdpa_backward");
+    masked(attrs);
+    attrs.set_max_total_seq_len_q(key.total_q).set_max_total_seq_len_kv(key.total_k);
+    auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, std::move(attrs));
+    output(dq, ops::kDq, kDq, shape.heads_q, run.max_q);
+    output(dk, ops::kDk, kDk, shape.heads_kv, run.max_k);
+    output(dv, ops::kDv, kDv, shape.heads_kv, run.max_k);
+  }
+  fe_check(g->validate(), "validate", where);
+  fe_check(g->build_operation_graph(res.handle), "build_operation_graph", where);
+  fe_check(g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans", where);
+  fe_check(g->check_support(res.handle), "check_support", where);
+  fe_check(g->build_plans(), "build_plans", where);
+  BuiltGraph built{g, 0};
+  fe_check(g->get_workspace_size(built.workspace), "get_workspace_size", where);
+
+  if (st.graphs.size() >= CudnnSdpa<T>::kMaxGraphs) {
+    st.graphs.erase(st.recent.back());
+    st.recent.pop_back();
+  }
+  st.recent.push_front(key);
+  return st.graphs.emplace(key, std::pair{std::move(built), st.recent.begin()}).first->second.first;
+}
+
+/// The call's scratch in the caller's workspace: padded statistics, then the gradient scratch.
+template <class T>
+struct Scratch {
+  float* stats = nullptr;
+  T *dq = nullptr, *dk = nullptr, *dv = nullptr;
+  std::size_t bytes = 0;
+
+  static constexpr std::size_t aligned(std::size_t n) noexcept { return (n + 255) / 256 * 256; }
+  Scratch(const AttentionShape& shape, std::int64_t q_rows, std::int64_t k_rows, std::byte* base) {
+    const auto hq = static_cast<std::size_t>(shape.heads_q), hk = static_cast<std::size_t>(shape.heads_kv);
+    const auto d = static_cast<std::size_t>(shape.head_dim);
+    const auto qn = static_cast<std::size_t>(std::max<std::int64_t>(q_rows, 0));
+    const auto kn = static_cast<std::size_t>(std::max<std::int64_t>(k_rows, 0));
+    // Runs are cut at items x longest query <= 2 q_rows; the bucket at most doubles the longest.
+    const std::size_t s =
+        aligned(sizeof(float) * hq * 2 *
+                static_cast<std::size_t>(gpu::detail::sdpa_stats_rows_bound(static_cast<std::int64_t>(qn))));
+    const std::size_t q = aligned(sizeof(T) * qn * hq * d), k = aligned(sizeof(T) * kn * hk * d);
+    bytes = s + q + 2 * k;
+    if (base == nullptr) return;
+    stats = reinterpret_cast<float*>(base);
+    dq = reinterpret_cast<T*>(base + s);
+    dk = reinterpret_cast<T*>(base + s + q);
+    dv = reinterpret_cast<T*>(base + s + q + k);
+  }
+};
+
+}  // namespace detail
+
+template <class T>
+CudnnSdpa<T>::CudnnSdpa() : CudnnSdpa(gpu::CudaExec{}) {}
+
+template <class T>
+CudnnSdpa<T>::CudnnSdpa(gpu::CudaExec exec)
+    : exec_(std::move(exec)), state_(std::make_shared<detail::CudnnSdpaState>()) {}
+
+template <class T>
+Status CudnnSdpa<T>::can_implement(const AttentionShape& shape) const {
+  if (Status s = shape.status("CudnnSdpa"); !s) return s;
+  if (shape.head_dim % 8 != 0 || shape.head_dim > 256)
+    return seqpar::detail::refuse_invalid("CudnnSdpa", "shape.head_dim", shape.head_dim,
+                                          "cuDNN's fused attention takes head dims that are multiples of 8 up to 256");
+  const double scale = shape.scale();
+  if (!(std::isfinite(static_cast<float>(scale)) && static_cast<float>(scale) != 0.0f))
+    return seqpar::detail::refuse_invalid("CudnnSdpa", "shape.softmax_scale", shape.softmax_scale,
+                                          "is infinite or zero in fp32, cuDNN's scale type");
+  return Status::success();
+}
+
+template <class T>
+std::size_t CudnnSdpa<T>::workspace_bytes(const AttentionShape& shape, std::int64_t q_rows, std::int64_t k_rows) const {
+  return detail::Scratch<T>(shape, q_rows, k_rows, nullptr).bytes;
+}
+
+template <class T>
+CudnnSdpaParams CudnnSdpa<T>::prepare(const gpu::CudaExec& exec, const AttentionShape& shape,
+                                      std::span<const AttnSlice> host_slices, std::int64_t q_rows, std::int64_t k_rows,
+                                      Pass pass) const {
+  constexpr const char* where = "CudnnSdpa::prepare";
+  seqpar::detail::throw_if_refused(can_implement(shape));
+  validate_slices(host_slices, q_rows, k_rows, where);
+  const auto runs =
+      gpu::detail::sdpa_runs(gpu::detail::sdpa_items(host_slices, where), q_rows, pass == Pass::kBackward);
+
+  Params p;
+  p.pass = pass;
+  p.q_rows = q_rows;
+  p.k_rows = k_rows;
+  p.num_slices = static_cast<std::int64_t>(host_slices.size());
+  // Host image of the device block: per run its token tables, lengths and room for the offsets.
+  const auto aligned = [](std::size_t n) { return (n + 255) / 256 * 256; };
+  std::vector<std::size_t> at;
+  std::size_t total = 0;
+  for (const auto& r : runs) {
+    const std::size_t n = r.items.size();
+    at.push_back(total);
+    total += 2 * aligned(8 * (n + 1)) + 2 * aligned(4 * n) + aligned(4 * gpu::detail::sdpa_ops::kTensors * (n + 1));
+  }
+  std::vector<std::byte> host(total);
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const auto& r = runs[i];
+    const std::size_t n = r.items.size();
+    std::vector<std::int64_t> qt(n + 1), kt(n + 1);
+    std::vector<std::int32_t> ql(n), kl(n);
+    std::int64_t q_end = 0, k_end = 0;
+    for (std::size_t b = 0; b < n; ++b) {
+      qt[b] = r.items[b].q_begin;
+      kt[b] = r.items[b].k_begin;
+      ql[b] = static_cast<std::int32_t>(r.items[b].q_len);
+      kl[b] = static_cast<std::int32_t>(r.items[b].k_len);
+      q_end = std::max(q_end, r.items[b].q_begin + r.items[b].q_len);
+      k_end = std::max(k_end, r.items[b].k_begin + r.items[b].k_len);
+    }
+    qt[n] = q_end;
+    kt[n] = k_end;
+    std::size_t o = at[i];
+    std::memcpy(host.data() + o, qt.data(), 8 * (n + 1));
+    o += aligned(8 * (n + 1));
+    std::memcpy(host.data() + o, kt.data(), 8 * (n + 1));
+    o += aligned(8 * (n + 1));
+    std::memcpy(host.data() + o, ql.data(), 4 * n);
+    o += aligned(4 * n);
+    std::memcpy(host.data() + o, kl.data(), 4 * n);
+  }
+  p.storage = gpu::DeviceBytes(total);
+  if (total != 0) {
+    SEQPAR_CUDA_CHECK(cudaMemcpyAsync(p.storage.data(), host.data(), total, cudaMemcpyHostToDevice, exec.stream()),
+                      where);
+    SEQPAR_CUDA_CHECK(cudaStreamSynchronize(exec.stream()), where);  // `host` dies here
+  }
+  auto* base = static_cast<std::byte*>(p.storage.data());
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const auto& r = runs[i];
+    const std::size_t n = r.items.size();
+    Params::Run run;
+    run.mask = r.mask;
+    run.window = r.window;
+    run.items = static_cast<int>(n);
+    run.max_q = detail::bucket(r.max_q);
+    run.max_k = detail::bucket(r.max_k);
+    std::byte* o = base + at[i];
+    run.q_tokens = reinterpret_cast<std::int64_t*>(o);
+    o += aligned(8 * (n + 1));
+    run.k_tokens = reinterpret_cast<std::int64_t*>(o);
+    o += aligned(8 * (n + 1));
+    run.q_lens = reinterpret_cast<std::int32_t*>(o);
+    o += aligned(4 * n);
+    run.k_lens = reinterpret_cast<std::int32_t*>(o);
+    o += aligned(4 * n);
+    run.ragged = reinterpret_cast<std::int32_t*>(o);
+    p.runs.push_back(run);
+  }
+  return p;
+}
+
+namespace detail {
+
+// The checks every call makes before any work (the views against the shape, the workspace, the
+// Params against the call, int32 offsets).
+template <class T>
+void check_call(const CudnnSdpa<T>& kernel, const CudnnSdpaParams& p, Pass pass, const AttentionShape& shape,
+                ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, std::span<const AttnSlice> slices,
+                std::span<std::byte> workspace, const char* where) {
+  seqpar::detail::throw_if_refused(kernel.can_implement(shape));
+  seqpar::detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.head_dim);
+  seqpar::detail::check_view(k, where, "k", k.tokens, shape.heads_kv, shape.head_dim);
+  seqpar::detail::check_view(v, where, "v", k.tokens, shape.heads_kv, shape.head_dim);
+  const auto mismatch = [&](const char* what, std::int64_t have, std::int64_t want) {
+    seqpar::detail::throw_invalid(where, std::string("params.") + what, have,
+                                  "the call has " + std::to_string(want) + ": pass the Params prepare() made for it");
+  };
+  if (p.pass != pass) mismatch("pass", static_cast<int>(p.pass), static_cast<int>(pass));
+  if (p.q_rows != q.tokens) mismatch("q_rows", p.q_rows, q.tokens);
+  if (p.k_rows != k.tokens) mismatch("k_rows", p.k_rows, k.tokens);
+  if (p.num_slices != static_cast<std::int64_t>(slices.size()))
+    mismatch("num_slices", p.num_slices, static_cast<std::int64_t>(slices.size()));
+  const std::size_t need = kernel.workspace_bytes(shape, q.tokens, k.tokens);
+  if (workspace.size() < need)
+    seqpar::detail::throw_invalid(where, "workspace.size()", workspace.size(),
+                                  "needs workspace_bytes() = " + std::to_string(need));
+}
+
+inline void check_offsets(const char* where, const char* name, std::int64_t tokens, std::int64_t token_stride) {
+  if (tokens * token_stride >= (std::int64_t{1} << 31))
+    seqpar::detail::throw_invalid(where, std::string(name) + ".tokens", tokens,
+                                  "times its token stride " + std::to_string(token_stride) +
+                                      " reaches 2^31 elements: cuDNN's ragged offsets are int32 here");
+}
+
+// Runs one graph on `exec`'s stream: ragged offsets for these views, then the graph.
+template <class T>
+void execute(CudnnSdpaState& st, const gpu::CudaExec& exec, const CudnnSdpaParams& p, const CudnnSdpaParams::Run& run,
+             const AttentionShape& shape, const CallViews& views, float* stats, const char* where) {
+  ops::RaggedStrides strides;
+  for (int t = 0; t < ops::kTensors; ++t) strides.token_stride[t] = views.token_stride[t];
+  ops::ragged_offsets(exec.stream(), run.q_tokens, run.k_tokens, run.items, strides, run.ragged);
+  std::lock_guard lock(st.mutex);
+  StreamResources& res = st.on(exec.stream(), where);
+  const BuiltGraph& g = graph_of<T>(st, res, p, run, shape, views, where);
+  if (static_cast<std::int64_t>(res.workspace.size()) < g.workspace) {
+    SEQPAR_CUDA_CHECK(cudaStreamSynchronize(exec.stream()), where);  // the old workspace may be in use
+    res.workspace = gpu::DeviceBytes(static_cast<std::size_t>(g.workspace));
+  }
+  std::unordered_map<std::int64_t, void*> pack;
+  const Uid uid_of[ops::kTensors] = {kQ, kK, kV, kO, kDo, kDq, kDk, kDv};
+  const bool forward = p.pass == Pass::kForward;
+  for (int t = 0; t < ops::kTensors; ++t) {
+    const bool used = forward ? (t == ops::kQ || t == ops::kK || t == ops::kV || t == ops::kO) : true;
+    if (!used) continue;
+    pack[uid_of[t]] = const_cast<void*>(views.data[t]);
+    pack[kRagged + t] = run.ragged + static_cast<std::ptrdiff_t>(t) * (run.items + 1);
+  }
+  pack[kStats] = stats;
+  pack[kSeqQ] = run.q_lens;
+  pack[kSeqK] = run.k_lens;
+  fe_check(g.graph->execute(res.handle, pack, res.workspace.data()), "execute", where);
+}
+
+}  // namespace detail
+
+template <class T>
+void CudnnSdpa<T>::forward(const gpu::CudaExec& exec, const Params& params, const AttentionShape& shape,
+                           ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
+                           std::span<const AttnSlice> slices, ThdView<T> o, LseView<float> lse,
+                           std::span<std::byte> workspace) {
+  constexpr const char* where = "CudnnSdpa::forward";
+  detail::check_call(*this, params, Pass::kForward, shape, q, k, v, slices, workspace, where);
+  seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
+  seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
+  detail::check_offsets(where, "q", q.tokens, q.token_stride);
+  detail::check_offsets(where, "o", o.tokens, o.token_stride);
+  detail::check_offsets(where, "k", k.tokens, std::max(k.token_stride, v.token_stride));
+  const detail::Scratch<T> scratch(shape, q.tokens, k.tokens, workspace.data());
+  // Rows of no item keep O = 0 and LSE = -inf; the runs overwrite the others.
+  runtime::DataOps<gpu::CudaExec>::fill_empty<T, float>(exec, o, lse);
+  detail::CallViews views;
+  views.data = {q.data, k.data, v.data, o.data, nullptr, nullptr, nullptr, nullptr};
+  views.head_stride = {q.head_stride, k.head_stride, v.head_stride, o.head_stride, 0, 0, 0, 0};
+  views.token_stride = {q.token_stride, k.token_stride, v.token_stride, o.token_stride, 0, 0, 0, 0};
+  for (const Params::Run& run : params.runs) {
+    detail::execute<T>(*state_, exec, params, run, shape, views, scratch.stats, where);
+    gpu::detail::sdpa_ops::scatter_stats(exec.stream(), scratch.stats, run.q_tokens, run.q_lens, run.items,
+                                         shape.heads_q, run.max_q, lse);
+  }
+}
+
+template <class T>
+void CudnnSdpa<T>::backward(const gpu::CudaExec& exec, const Params& params, const AttentionShape& shape,
+                            ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<const T> o,
+                            LseView<const float> lse, ThdView<const T> dout, std::span<const AttnSlice> slices,
+                            ThdView<T> dq, ThdView<T> dk, ThdView<T> dv, std::span<std::byte> workspace) {
+  constexpr const char* where = "CudnnSdpa::backward";
+  detail::check_call(*this, params, Pass::kBackward, shape, q, k, v, slices, workspace, where);
+  seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
+  seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
+  seqpar::detail::check_view(dout, where, "dout", q.tokens, shape.heads_q, shape.head_dim);
+  seqpar::detail::check_view(dq, where, "dq", q.tokens, shape.heads_q, shape.head_dim);
+  seqpar::detail::check_view(dk, where, "dk", k.tokens, shape.heads_kv, shape.head_dim);
+  seqpar::detail::check_view(dv, where, "dv", k.tokens, shape.heads_kv, shape.head_dim);
+  for (const auto& [name, tokens, stride] :
+       {std::tuple{"q", q.tokens, q.token_stride}, std::tuple{"o", o.tokens, o.token_stride},
+        std::tuple{"dout", dout.tokens, dout.token_stride}, std::tuple{"k", k.tokens, k.token_stride},
+        std::tuple{"v", v.tokens, v.token_stride}})
+    detail::check_offsets(where, name, tokens, stride);
+  const detail::Scratch<T> scratch(shape, q.tokens, k.tokens, workspace.data());
+  const std::int64_t hq = shape.heads_q, hk = shape.heads_kv, d = shape.head_dim;
+  detail::CallViews views;
+  views.data = {q.data, k.data, v.data, o.data, dout.data, scratch.dq, scratch.dk, scratch.dv};
+  views.head_stride = {q.head_stride, k.head_stride, v.head_stride, o.head_stride, dout.head_stride, d, d, d};
+  views.token_stride = {q.token_stride,    k.token_stride, v.token_stride, o.token_stride,
+                        dout.token_stride, hq * d,         hk * d,         hk * d};
+  const auto bytes = [](std::int64_t rows, std::int64_t heads, std::int64_t dim) {
+    return static_cast<std::size_t>(rows * heads * dim) * sizeof(T);
+  };
+  for (const Params::Run& run : params.runs) {
+    // cuDNN writes its gradients: a zeroed scratch per run (one wave of key-disjoint items), then +=.
+    SEQPAR_CUDA_CHECK(cudaMemsetAsync(scratch.dq, 0, bytes(q.tokens, hq, d), exec.stream()), where);
+    SEQPAR_CUDA_CHECK(cudaMemsetAsync(scratch.dk, 0, bytes(k.tokens, hk, d), exec.stream()), where);
+    SEQPAR_CUDA_CHECK(cudaMemsetAsync(scratch.dv, 0, bytes(k.tokens, hk, d), exec.stream()), where);
+    gpu::detail::sdpa_ops::gather_stats(exec.stream(), lse, run.q_tokens, run.q_lens, run.items, shape.heads_q,
+                                        run.max_q, scratch.stats);
+    detail::execute<T>(*state_, exec, params, run, shape, views, scratch.stats, where);
+    gpu::detail::sdpa_ops::accumulate<T>(exec.stream(), dq, scratch.dq);
+    gpu::detail::sdpa_ops::accumulate<T>(exec.stream(), dk, scratch.dk);
+    gpu::detail::sdpa_ops::accumulate<T>(exec.stream(), dv, scratch.dv);
+  }
+}
+
+namespace detail {
+
+// A direct call: the slice table comes back to the host and is planned now; the call then waits for
+// its work (its Params die with it).
+template <class T>
+CudnnSdpaParams prepare_direct(const CudnnSdpa<T>& kernel, const gpu::CudaExec& exec, const AttentionShape& shape,
+                               std::span<const AttnSlice> slices, std::int64_t q_rows, std::int64_t k_rows, Pass pass,
+                               const char* where) {
+  std::vector<AttnSlice> host(slices.size());
+  if (!slices.empty()) {
+    SEQPAR_CUDA_CHECK(
+        cudaMemcpyAsync(host.data(), slices.data(), slices.size_bytes(), cudaMemcpyDefault, exec.stream()), where);
+    SEQPAR_CUDA_CHECK(cudaStreamSynchronize(exec.stream()), where);
+  }
+  return kernel.prepare(exec, shape, host, q_rows, k_rows, pass);
+}
+
+}  // namespace detail
+
+template <class T>
+void CudnnSdpa<T>::forward(const gpu::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q,
+                           ThdView<const T> k, ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o,
+                           LseView<float> lse, std::span<std::byte> workspace) {
+  const Params p =
+      detail::prepare_direct(*this, exec, shape, slices, q.tokens, k.tokens, Pass::kForward, "CudnnSdpa::forward");
+  forward(exec, p, shape, q, k, v, slices, o, lse, workspace);
+  exec.synchronize();
+}
+
+template <class T>
+void CudnnSdpa<T>::backward(const gpu::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q,
+                            ThdView<const T> k, ThdView<const T> v, ThdView<const T> o, LseView<const float> lse,
+                            ThdView<const T> dout, std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk,
+                            ThdView<T> dv, std::span<std::byte> workspace) {
+  const Params p =
+      detail::prepare_direct(*this, exec, shape, slices, q.tokens, k.tokens, Pass::kBackward, "CudnnSdpa::backward");
+  backward(exec, p, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace);
+  exec.synchronize();
+}
+
+}  // namespace seqpar::attention

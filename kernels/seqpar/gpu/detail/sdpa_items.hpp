@@ -1,0 +1,156 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+/// @file
+/// How a slice table becomes cuDNN's ragged SDPA batches (attention::CudnnSdpa): host-side, plain C++.
+///
+/// cuDNN's fused attention over a ragged (THD) batch takes, per batch item, a query and a key range
+/// (ragged offsets and sequence lengths) and ONE mask for the whole graph: none, causal aligned to the
+/// bottom-right corner (row i sees key j <= i + s_kv - s_q), or that band with a left bound w (sliding
+/// window: j > i + s_kv - s_q - w). Bottom-right alignment makes the diagonal offset a per-item
+/// quantity, so any slice whose diagonal is `causal_offset` maps exactly once its rows and keys are
+/// trimmed so that s_kv - s_q equals the offset:
+///  - rows before the first visible key (offset < 0) see nothing: they stay empty (O = 0, LSE = -inf);
+///  - causal: rows whose diagonal stays inside the keys form a causal item with s_kv = s_q + offset;
+///    the rows after them see every key and form a full (unmasked) item;
+///  - sliding window: the same causal part, with the window as the graph's left bound; rows whose
+///    window reaches past the last key would need a band cut on the right, which cuDNN cannot say:
+///    such a slice is refused by name (CudaFlash and the CPU kernels compute it).
+/// Items are grouped into runs (one graph execution each) by mask class and window. A backward run
+/// also needs key-disjoint items (cuDNN writes dK/dV, it does not add), so backward runs are split
+/// into waves whose key ranges do not overlap; and every run is cut so that its padded statistics
+/// (items x longest query) stay within twice the query rows, which bounds the workspace.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "seqpar/core/attn_slice.hpp"
+
+namespace seqpar::gpu::detail {
+
+/// The mask of a cuDNN run: none, bottom-right causal, or bottom-right causal with a left bound.
+enum class SdpaMask : std::uint8_t { kFull, kCausal, kWindow };
+
+/// One batch item: query rows [q_begin, q_begin + q_len) and keys [k_begin, k_begin + k_len) of the
+/// call's buffers, under the run's mask (bottom-right aligned: the diagonal offset is k_len - q_len).
+struct SdpaItem {
+  std::int64_t q_begin = 0, q_len = 0, k_begin = 0, k_len = 0;
+  SdpaMask mask = SdpaMask::kFull;
+  std::int64_t window = 0;  ///< kWindow only
+  std::size_t slice = 0;    ///< the slice it came from (errors and tests)
+};
+
+/// One graph execution: items of one mask (and window) that cuDNN runs as one ragged batch.
+struct SdpaRun {
+  SdpaMask mask = SdpaMask::kFull;
+  std::int64_t window = 0;
+  std::vector<SdpaItem> items;
+  std::int64_t max_q = 0, max_k = 0;  ///< the graph's S_q and S_kv (longest item)
+};
+
+/// The items of `slices`, every visible (query, key) pair in exactly one item and no other pair; the
+/// rows of no item are empty. Throws std::invalid_argument (naming the slice) for a sliding window
+/// whose rows reach past the slice's last key.
+[[nodiscard]] inline std::vector<SdpaItem> sdpa_items(std::span<const AttnSlice> slices, const char* where) {
+  std::vector<SdpaItem> items;
+  items.reserve(slices.size() + slices.size() / 2);
+  for (std::size_t i = 0; i < slices.size(); ++i) {
+    const AttnSlice& s = slices[i];
+    const std::int64_t q = s.q_range.size(), k = s.k_range.size();
+    if (q <= 0 || k <= 0) continue;
+    if (s.mask.kind == MaskKind::kFull) {
+      items.push_back({s.q_range.begin, q, s.k_range.begin, k, SdpaMask::kFull, 0, i});
+      continue;
+    }
+    // Rows before the first that sees key 0 stay empty; from row r0 on, the diagonal offset is o >= 0.
+    const std::int64_t r0 = std::max<std::int64_t>(0, -s.mask.causal_offset);
+    if (r0 >= q) continue;
+    const std::int64_t o = s.mask.causal_offset + r0, rows = q - r0;
+    // Rows whose diagonal stays inside the keys (row i sees keys <= i + o < k): a bottom-right item of
+    // s_kv = s_q + o. The rows after them see every key.
+    const std::int64_t inside = std::clamp<std::int64_t>(k - o, 0, rows);
+    const bool window = s.mask.kind == MaskKind::kSlidingWindow;
+    if (inside > 0)
+      items.push_back({s.q_range.begin + r0, inside, s.k_range.begin, inside + o,
+                       window ? SdpaMask::kWindow : SdpaMask::kCausal, window ? s.mask.window : 0, i});
+    if (inside == rows) continue;
+    if (!window) {
+      items.push_back({s.q_range.begin + r0 + inside, rows - inside, s.k_range.begin, k, SdpaMask::kFull, 0, i});
+      continue;
+    }
+    // Row i' >= inside sees [i' + o + 1 - window, k): visible keys remain while i' + o + 1 - window < k.
+    if (inside + o + 1 - s.mask.window < k)
+      throw std::invalid_argument(
+          std::string(where) + ": slices[" + std::to_string(i) + "] (q " + std::to_string(s.q_range.begin) + ".." +
+          std::to_string(s.q_range.end) + ", k " + std::to_string(s.k_range.begin) + ".." +
+          std::to_string(s.k_range.end) + ", sliding window " + std::to_string(s.mask.window) + ", offset " +
+          std::to_string(s.mask.causal_offset) +
+          "): rows whose window reaches past the slice's last key need a band cut on the right, which cuDNN's "
+          "SDPA cannot express; pass keys up to the last row's diagonal, or use CudaFlash");
+  }
+  return items;
+}
+
+/// Runs of `items`: grouped by mask and window; with `key_disjoint` (backward) split into waves whose
+/// key ranges do not overlap; each cut so that items x longest query <= 2 * max(q_rows, longest).
+[[nodiscard]] inline std::vector<SdpaRun> sdpa_runs(std::vector<SdpaItem> items, std::int64_t q_rows,
+                                                    bool key_disjoint) {
+  std::sort(items.begin(), items.end(), [](const SdpaItem& a, const SdpaItem& b) {
+    if (a.mask != b.mask) return a.mask < b.mask;
+    if (a.window != b.window) return a.window < b.window;
+    return a.k_begin < b.k_begin;
+  });
+  std::vector<SdpaRun> runs;
+  for (std::size_t first = 0; first < items.size();) {
+    std::size_t last = first;
+    while (last < items.size() && items[last].mask == items[first].mask && items[last].window == items[first].window)
+      ++last;
+    // Waves (interval colouring, greedy by key begin: optimal for intervals).
+    std::vector<std::vector<SdpaItem>> waves;
+    std::vector<std::int64_t> wave_end;
+    for (std::size_t i = first; i < last; ++i) {
+      const SdpaItem& it = items[i];
+      std::size_t w = 0;
+      if (key_disjoint)
+        while (w < waves.size() && wave_end[w] > it.k_begin) ++w;
+      if (w == waves.size()) {
+        waves.emplace_back();
+        wave_end.push_back(0);
+      }
+      waves[w].push_back(it);
+      wave_end[w] = std::max(wave_end[w], it.k_begin + it.k_len);
+    }
+    for (auto& wave : waves) {
+      // Longest query first, then cut where the padding would exceed the bound.
+      std::stable_sort(wave.begin(), wave.end(),
+                       [](const SdpaItem& a, const SdpaItem& b) { return a.q_len > b.q_len; });
+      for (std::size_t b = 0; b < wave.size();) {
+        SdpaRun run{wave[b].mask, wave[b].window, {}, wave[b].q_len, 0};
+        const std::int64_t cap = 2 * std::max(q_rows, run.max_q);
+        std::size_t e = b;
+        while (e < wave.size() && static_cast<std::int64_t>(e - b + 1) * run.max_q <= cap) {
+          run.items.push_back(wave[e]);
+          run.max_k = std::max(run.max_k, wave[e].k_len);
+          ++e;
+        }
+        runs.push_back(std::move(run));
+        b = e;
+      }
+    }
+    first = last;
+  }
+  return runs;
+}
+
+/// Floats of padded statistics a run needs per head (items x longest query): at most this bound.
+[[nodiscard]] constexpr std::int64_t sdpa_stats_rows_bound(std::int64_t q_rows) noexcept {
+  return 2 * q_rows;
+}
+
+}  // namespace seqpar::gpu::detail

@@ -1,0 +1,94 @@
+// SPDX-License-Identifier: Apache-2.0
+// CudnnSdpa under the runtime: a kernel type, so every strategy runs on it unchanged. A subset of the
+// partitioner x communicator matrix (the zigzag ring with sharding-aware exchange, Ulysses, FlashCP's
+// hybrid with a sharding-aware all-gather, and the hierarchical all-to-all + ring of USP) on 1, 2, 4
+// and 8 ranks sharing the GPU (gpu::device_world), forward and backward against the fp64 reference
+// over the whole packed batch at TransformerEngine's bf16 tolerance 2.5e-2, and the bytes each rank
+// moved equal to what its programs declare. The executor prepares CudnnSdpa once per program
+// (CudnnSdpa::prepare): this is the path a trainer takes. Skipped without a GPU. Written on a machine
+// without one (2026-12-04): compiled there, to be run by bench/device/run.sh.
+#include <doctest/doctest.h>
+
+#include <seqpar/seqpar.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "cuda/device_storage.hpp"
+#include "seqpar/gpu/cudnn_sdpa.hpp"
+#include "seqpar/gpu/data_ops.hpp"
+#include "seqpar/gpu/device_world.hpp"
+#include "support/distributed_check.hpp"
+#include "support/strategy_list.hpp"
+
+namespace seqpar {
+namespace {
+
+using Kernel = attention::CudnnSdpa<__nv_bfloat16>;
+constexpr double kBf16Tolerance = 2.5e-2;
+
+template <class S>
+test::Errors check_on_gpu(const DocumentBatch& batch, const AttentionShape& shape, int world,
+                          typename S::Arguments args) {
+  return test::distributed_check<Kernel, test::DeviceStorage>(
+      batch, shape, world,
+      [&](backend::inproc::Transport& t) -> std::unique_ptr<runtime::AttentionEngine<Kernel>> {
+        return std::make_unique<DistributedAttention<S, Kernel>>(t, shape, args, Kernel{});
+      },
+      static_cast<std::uint32_t>(world) + 11);
+}
+
+// Two sequences of lognormal documents (median 12 tokens, length-1 documents among them).
+DocumentBatch make_batch(std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<std::int64_t>> seqs;
+  for (int b = 0; b < 2; ++b) seqs.push_back(test::lognormal_docs(90 + 37 * b, 12.0, 1.0, rng));
+  return DocumentBatch(seqs);
+}
+
+}  // namespace
+}  // namespace seqpar
+
+TEST_SUITE("cudnn") {
+  TEST_CASE("CudnnSdpa<__nv_bfloat16> through DistributedAttention: a strategy subset on one GPU, head_dim 128") {
+    using namespace seqpar;
+    using ZigzagRing = Strategy<partition::Zigzag, comm::Ring>;
+    using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
+    using HybridGather = Strategy<partition::Hybrid, comm::AllGather>;
+    using Usp = Strategy<partition::BatchAware<partition::PerDoc>, test::communicators::HierarchicalA2aRing>;
+    const AttentionShape shape{8, 2, 128};
+    for (int world : {1, 2, 4, 8}) {
+      const DocumentBatch batch = make_batch(101u + static_cast<unsigned>(world));
+      int run = 0;
+      const auto check = [&]<class S>(const char* name, typename S::Arguments args) {
+        INFO(name << ", world " << world);
+        if (!S::can_implement(args, batch, shape,
+                              Topology{world, args.ranks_per_node == 0 ? world : args.ranks_per_node}))
+          return;
+        ++run;
+        const auto err = check_on_gpu<S>(batch, shape, world, args);
+        CHECK(err.o < kBf16Tolerance);
+        CHECK(err.lse < kBf16Tolerance);
+        CHECK(err.dq < kBf16Tolerance);
+        CHECK(err.dk < kBf16Tolerance);
+        CHECK(err.dv < kBf16Tolerance);
+        CHECK(err.bytes_match);
+      };
+      typename ZigzagRing::Arguments ring;
+      ring.comm.sharding_aware = true;
+      check.template operator()<ZigzagRing>("Zigzag x Ring(sharding-aware)", ring);
+      check.template operator()<Ulysses>("Uniform x AllToAll", {});
+      typename HybridGather::Arguments gather;
+      gather.comm.sharding_aware = true;
+      check.template operator()<HybridGather>("Hybrid x AllGather(sharding-aware)", gather);
+      if (world >= 4) {
+        typename Usp::Arguments usp;
+        usp.ranks_per_node = world / 2;
+        check.template operator()<Usp>("BatchAware<PerDoc> x Hierarchical(A2A, Ring)", usp);
+      }
+      CHECK(run >= 2);
+    }
+  }
+}

@@ -16,8 +16,10 @@ configure: deps $(BUILD)/build.ninja
 build: configure
 	cmake --build --preset $(PRESET)
 
-demo: build
-	./$(BUILD)/examples/01_ulysses_inproc
+# Only what the demo needs (one example), not the tests, benchmarks and CUDA kernels of `build`.
+demo: configure
+	cmake --build --preset $(PRESET) --target 00_demo
+	./$(BUILD)/examples/00_demo
 
 test: build
 	ctest --preset $(PRESET)

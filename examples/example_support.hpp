@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
@@ -111,18 +112,24 @@ inline std::uint64_t inter_node_bytes(const comm::Program& program, int rank, in
   return sum;
 }
 
-// Runs strategy S on `ranks` in-process ranks (`ranks_per_node` of them per node; 0: one node). Every
-// rank takes its shard of `io`'s inputs (train::shard: its owned ranges, in plan order; under zigzag or
-// hybrid sharding several chunks, not one contiguous range), runs forward and backward, and writes its
-// outputs back into `io` (train::unshard_local: ranks own disjoint tokens, so they write disjoint rows).
-template <class S>
-std::vector<RankStats> run(const DocumentBatch& batch, const AttentionShape& shape, typename S::Arguments args,
-                           Tensors<float>& io, int threads, int ranks, int ranks_per_node = 0) {
+// Runs the engine `make(transport)` builds (a std::unique_ptr to a runtime::AttentionEngine over
+// CpuFlash<float>: DistributedAttention, plan::SelectedAttention) on `ranks` in-process ranks
+// (`ranks_per_node` of them per node; 0: one node). Every rank takes its shard of `io`'s inputs
+// (train::shard: its owned ranges, in plan order; under zigzag or hybrid sharding several chunks, not one
+// contiguous range), runs forward and backward, and writes its outputs back into `io`
+// (train::unshard_local: ranks own disjoint tokens, so they write disjoint rows). `after(attn, rank)`, if
+// given, runs on every rank once its outputs are back (reports that need the engine, e.g. its choice).
+struct NothingAfter {
+  template <class Attn>
+  void operator()(Attn&, int) const {}
+};
+template <class Make, class After = NothingAfter>
+std::vector<RankStats> run_engine(const DocumentBatch& batch, const AttentionShape& shape, Tensors<float>& io,
+                                  int ranks, int ranks_per_node, Make make, After after = {}) {
   std::vector<RankStats> stats(static_cast<std::size_t>(ranks));
-  args.ranks_per_node = ranks_per_node;
   backend::inproc::World(ranks).run([&](auto& transport) {
-    DistributedAttention<S, attention::CpuFlash<float>> attn(transport, shape, args,
-                                                             attention::CpuFlash<float>({.threads = threads}));
+    const auto engine = make(transport);
+    auto& attn = *engine;
     const ShardPlan& plan = attn.plan(batch);
     const int rank = transport.rank();
     Tensors<float> l(attn.local_tokens(batch), shape);  // (local tokens, heads, d); LSE (Hq, local tokens)
@@ -140,8 +147,20 @@ std::vector<RankStats> run(const DocumentBatch& batch, const AttentionShape& sha
     for (auto [t, g] : {std::pair{&l.o, &io.o}, {&l.dq, &io.dq}, {&l.dk, &io.dk}, {&l.dv, &io.dv}})
       train::unshard_local(plan, rank, t->view(), g->view());
     train::unshard_local(plan, rank, l.lse.view(), io.lse.view());
+    after(attn, rank);
   });
   return stats;
+}
+
+// Runs strategy S (DistributedAttention<S, CpuFlash<float>> with `args`) as run_engine does.
+template <class S>
+std::vector<RankStats> run(const DocumentBatch& batch, const AttentionShape& shape, typename S::Arguments args,
+                           Tensors<float>& io, int threads, int ranks, int ranks_per_node = 0) {
+  args.ranks_per_node = ranks_per_node;
+  return run_engine(batch, shape, io, ranks, ranks_per_node, [&](auto& transport) {
+    return std::make_unique<DistributedAttention<S, attention::CpuFlash<float>>>(
+        transport, shape, args, attention::CpuFlash<float>({.threads = threads}));
+  });
 }
 
 // The query rows to check: every row under --smoke, else 256 sampled ones (drawn from `rng`).

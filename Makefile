@@ -8,8 +8,9 @@ all: build
 deps:
 	@./cmake/install_deps.sh
 
+# CMAKE_ARGS: extra cache settings at the first configure (CI: -DSEQPAR_WARNINGS_AS_ERRORS=ON).
 $(BUILD)/build.ninja: CMakeLists.txt CMakePresets.json | deps
-	cmake --preset $(PRESET)
+	cmake --preset $(PRESET) $(CMAKE_ARGS)
 
 configure: deps $(BUILD)/build.ninja
 

@@ -33,10 +33,12 @@ if(SEQPAR_WITH_CUDNN)
   add_library(seqpar::cudnn ALIAS seqpar_cudnn)
   set_target_properties(seqpar_cudnn PROPERTIES EXPORT_NAME cudnn)
   # SYSTEM: cudnn-frontend's headers are not held to the project's -Werror.
+  # Installed: the config finds both again (the frontend may live in this source tree's build/).
   target_include_directories(seqpar_cudnn SYSTEM INTERFACE $<BUILD_INTERFACE:${SEQPAR_CUDNN_FRONTEND_INCLUDE_DIR}>
                                                            $<BUILD_INTERFACE:${SEQPAR_CUDNN_INCLUDE_DIR}>)
   # cudnn-frontend compiles some engines at run time (NVRTC) and loads them through the driver API.
-  target_link_libraries(seqpar_cudnn INTERFACE seqpar::cuda ${SEQPAR_CUDNN_LIBRARY} CUDA::nvrtc CUDA::cuda_driver)
+  target_link_libraries(seqpar_cudnn INTERFACE seqpar::cuda $<BUILD_INTERFACE:${SEQPAR_CUDNN_LIBRARY}> CUDA::nvrtc
+                                               CUDA::cuda_driver)
   target_compile_definitions(seqpar_cudnn INTERFACE SEQPAR_ENABLE_CUDNN=1)
   file(GLOB SEQPAR_CUDNN_INSTANCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/instances_cudnn/*.cpp)
   add_library(seqpar_cudnn_instances STATIC ${SEQPAR_CUDNN_INSTANCES})

@@ -39,7 +39,8 @@ if(SEQPAR_WITH_CUDA)
   add_library(seqpar_cuda INTERFACE)
   add_library(seqpar::cuda ALIAS seqpar_cuda)
   set_target_properties(seqpar_cuda PROPERTIES EXPORT_NAME cuda)
-  target_include_directories(seqpar_cuda INTERFACE $<BUILD_INTERFACE:${CMAKE_CURRENT_LIST_DIR}>)
+  target_include_directories(seqpar_cuda INTERFACE $<BUILD_INTERFACE:${CMAKE_CURRENT_LIST_DIR}>
+                                                   $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
   target_link_libraries(seqpar_cuda INTERFACE seqpar::seqpar CUDA::cudart)
   target_compile_definitions(seqpar_cuda INTERFACE SEQPAR_ENABLE_CUDA=1)
   # The host-only headers (.hpp: context, memory, errors, slice upload, tile arithmetic) compile with

@@ -7,8 +7,12 @@
 #include <seqpar/core/attn_slice.hpp>
 #include <seqpar/core/document_batch.hpp>
 #include <seqpar/core/tensor.hpp>
+#include <seqpar/core/timeout.hpp>
 #include <seqpar/core/topology.hpp>
 
+#include <chrono>
+#include <cstdlib>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -113,5 +117,23 @@ TEST_SUITE("core") {
     CHECK(invalid_message([&] { detail::check_view(v, "t", "q", 5, 4, 4); }).find("q.head_dim = 3") !=
           std::string::npos);
     CHECK(invalid_message([&] { detail::check_view(v, "t", "k", 6, 4, 3); }).find("k.tokens = 5") != std::string::npos);
+  }
+
+  TEST_CASE("the transports' default wait bound: 10 minutes (a slow first step survives), SEQPAR_TIMEOUT_S overrides") {
+    // The test presets set SEQPAR_TIMEOUT_S; restore whatever was there.
+    const char* was = std::getenv("SEQPAR_TIMEOUT_S");
+    const std::optional<std::string> saved = was ? std::optional<std::string>(was) : std::nullopt;
+    ::unsetenv("SEQPAR_TIMEOUT_S");
+    CHECK(detail::default_timeout() == std::chrono::minutes{10});
+    ::setenv("SEQPAR_TIMEOUT_S", "0.25", 1);
+    CHECK(detail::default_timeout() == std::chrono::milliseconds{250});
+    for (const char* bad : {"0", "-3", "ten", "1e12", "inf"}) {
+      ::setenv("SEQPAR_TIMEOUT_S", bad, 1);
+      CHECK(invalid_message([] { (void)detail::default_timeout(); }).find("SEQPAR_TIMEOUT_S") != std::string::npos);
+    }
+    if (saved)
+      ::setenv("SEQPAR_TIMEOUT_S", saved->c_str(), 1);
+    else
+      ::unsetenv("SEQPAR_TIMEOUT_S");
   }
 }

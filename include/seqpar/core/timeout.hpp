@@ -3,10 +3,13 @@
 #pragma once
 
 /// @file
-/// The transports' default bound on one wait. 30 s: long enough for a peer still finishing a large
-/// kernel call or a data-loading hiccup, short enough that a dead or stuck rank stops a training job
-/// in seconds rather than minutes. The environment variable SEQPAR_TIMEOUT_S (seconds, > 0, may be
-/// fractional) overrides it for every transport created without an explicit Options::timeout.
+/// The transports' default bound on one wait: 10 minutes, PyTorch's default for an NCCL process group
+/// (torch.distributed.init_process_group: "10 minutes for NCCL and 30 minutes for other backends"). A
+/// healthy job's first step may spend minutes before its first collective (compilation, checkpoint
+/// loading, a slow data loader; 30 s, the earlier default, aborted such a job, issue 28); a rank that
+/// fails is reported to its peers at once (kPeerFailed, run_or_abort), so the bound only matters for a
+/// rank that is stuck or gone without a word. SEQPAR_TIMEOUT_S (seconds, > 0, may be fractional)
+/// overrides it for every transport created without an explicit Options::timeout.
 
 #include <chrono>
 #include <cmath>
@@ -18,7 +21,7 @@
 
 namespace seqpar::detail {
 
-inline constexpr std::chrono::milliseconds kDefaultTimeout{std::chrono::seconds{30}};
+inline constexpr std::chrono::milliseconds kDefaultTimeout{std::chrono::minutes{10}};
 
 /// kDefaultTimeout, or SEQPAR_TIMEOUT_S when set (std::invalid_argument naming it when malformed).
 [[nodiscard]] inline std::chrono::milliseconds default_timeout() {

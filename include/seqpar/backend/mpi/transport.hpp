@@ -393,7 +393,8 @@ class Transport {
   [[nodiscard]] std::string timed_out(std::string_view op, int peer, int tag) const {
     std::string s = who() + ": " + std::string(op) + with_peer(peer, tag) + " timed out after " +
                     std::to_string(options_.timeout.count()) + " ms";
-    if (peer < 0) s += " (a rank of the " + std::to_string(size_) + " did not enter it)";
+    // MPI cannot say which rank is missing from a collective (the request only completes or not).
+    if (peer < 0) s += " (a rank of the " + std::to_string(size_) + " did not enter it; MPI cannot tell which)";
     return s;
   }
 

@@ -107,7 +107,7 @@ inline void settle_creation(State& s, ncclComm_t comm, ncclResult_t rc, const st
   if (!ready && comm != nullptr) {
     const std::string why = who(s) + ": " + op + " timed out after " + std::to_string(s.timeout.count()) +
                             " ms: a rank of the " + std::to_string(s.size) +
-                            " did not join (is every rank running, with the same unique id?)";
+                            " did not join (NCCL cannot tell which; is every rank running, with the same unique id?)";
     abort_comm(s, why);
     throw Error(Errc::kTimeout, why + "; the communicator was aborted");
   }

@@ -88,7 +88,7 @@ void host_wait(State& s, cudaStream_t stream, What&& what) {
   }
   if (!finished) {
     std::string why = who(s) + ": " + what() + " timed out after " + std::to_string(s.timeout.count()) +
-                      " ms (a peer did not take part, or the queue is stalled)";
+                      " ms (a peer did not take part, or the queue is stalled; NCCL cannot tell which peer)";
     if (s.watching) {
       const auto ago = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - s.watch_since).count();
       why += "; the oldest unfinished operation is " + std::string(s.watch_op) + with_peer(s.watch_peer, -1) +

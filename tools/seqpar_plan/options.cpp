@@ -126,12 +126,17 @@ const std::vector<OptionSpec>& option_table() {
        [](Options& o, const S& n, const S& v) { o.heads_kv = as_int(n, v, 1); }},
       {"Model", "--head-dim", "D", "head dimension, 1..1024 (with --attention-only and no --model)",
        [](Options& o, const S& n, const S& v) { o.head_dim = as_int(n, v, 1, 1024); }},
+      {"Model", "--dtype", "T",
+       "element type of Q/K/V/O and activations: bf16, fp16 (2 bytes) or fp32 (4 bytes); sets the bytes moved "
+       "and kept (default: the profile's, bf16 on the GPU profiles); compute rates stay the profile's",
+       [](Options& o, const S&, const S& v) { o.dtype = v; }},
 
       {"Documents (exactly one of --lengths, --lengths-file, --distribution)", "--lengths", "L,L,...",
        "document lengths in tokens, comma-separated positive integers",
        [](Options& o, const S&, const S& v) { o.lengths = v; }},
       {"Documents (exactly one of --lengths, --lengths-file, --distribution)", "--lengths-file", "FILE",
-       "document lengths, one per line; '#' starts a comment, blank lines are skipped; '-' reads stdin",
+       "document lengths, one per line; '#' starts a comment, blank lines are skipped; a line '---' ends a "
+       "sequence (explicit sequence boundaries: no --sequence-tokens/--sequences then); '-' reads stdin",
        [](Options& o, const S&, const S& v) { o.lengths_file = v; }},
       {"Documents (exactly one of --lengths, --lengths-file, --distribution)", "--distribution", "NAME",
        "draw the lengths from a named distribution (see the list below) until --tokens are reached",

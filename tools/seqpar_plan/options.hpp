@@ -40,6 +40,7 @@ struct Options {
   std::optional<std::string> model;
   bool attention_only = false;
   std::optional<int> heads_q, heads_kv, head_dim;
+  std::optional<std::string> dtype;
   std::optional<std::string> lengths, lengths_file, distribution;
   std::optional<std::int64_t> tokens;
   std::optional<std::uint64_t> seed;

@@ -164,6 +164,7 @@ int run_pipeline(const Options& o, const Problem& p) {
               t.num_nodes() == 1 ? "" : "s", t.ranks_per_node, stages, stages == 1 ? "" : "s", opt.sp_ranks,
               opt.sp_ranks == 1 ? "" : "s", opt.zero());
   std::printf("  batch: %s\n", describe_batch(p).c_str());
+  std::printf("  %s\n", describe_elements(p).c_str());
   int kinds[4] = {};
   for (const schedule::Chunk& c : plan.chunks) ++kinds[static_cast<int>(c.kind)];
   std::string mesh;
@@ -242,9 +243,20 @@ int run_pipeline(const Options& o, const Problem& p) {
     }
     std::printf("    peak GiB per stage (cap %.2f): %s\n", gib(pm.memory_cap), peaks.c_str());
   }
-  std::printf("\n* %zu pipeline%s, %zu chunk%s, %lld layer%s recomputed; DPP's predicted time %.3f ms\n",
-              sched.pipelines.size(), sched.pipelines.size() == 1 ? "" : "s", plan.chunks.size(),
-              plan.chunks.size() == 1 ? "" : "s", recomputed, recomputed == 1 ? "" : "s", sched.seconds * 1e3);
+  std::printf(
+      "\n* %zu pipeline%s, %zu chunk%s, %lld layer%s recomputed; the scheduler's estimate %.3f ms (its planning "
+      "proxy: chunk costs on the pipeline model, no optimizer; not comparable with the strategy table)\n",
+      sched.pipelines.size(), sched.pipelines.size() == 1 ? "" : "s", plan.chunks.size(),
+      plan.chunks.size() == 1 ? "" : "s", recomputed, recomputed == 1 ? "" : "s", sched.seconds * 1e3);
+  // The same step replayed as the strategy table replays a training step (plan::simulate_step: every
+  // rank's compiled programs, ZeRO-3, the optimizer): this one compares with `step ms` of a run without
+  // --pipeline-stages on the same model, batch, ranks, profile and --dtype.
+  const plan::PipelineStepReport step = plan::simulate_pipeline_step(plan, sched, opt);
+  std::printf(
+      "  DPP training step, replayed: %.3f ms (%.0f tokens/s; bubble %.3f ms, recompute %.3f ms per stage%s): "
+      "compares with 'step ms' of the strategy table (seqpar-plan without --pipeline-stages, same options)\n",
+      step.step_s * 1e3, step.tokens_per_s, step.bubble_s * 1e3, step.recompute_s * 1e3,
+      step.fits_memory ? "" : "; OVER the memory cap when executed");
   std::fflush(stdout);
 
   if (o.json) {
@@ -272,6 +284,10 @@ int run_pipeline(const Options& o, const Problem& p) {
         .add("memory_cap_bytes", pm.memory_cap)
         .add("solver", solver)
         .add("predicted_s", sched.seconds)
+        .add("replayed_step_s", step.step_s)
+        .add("replayed_fits_memory", step.fits_memory)
+        .add("dtype", p.dtype)
+        .add("value_bytes", p.hardware.value_bytes)
         .add("layers_recomputed", recomputed);
     std::string out = "{\n  \"plan\": " + head.str() + ",\n  \"chunks\": [";
     for (std::size_t c = 0; c < plan.chunks.size(); ++c) {

@@ -29,22 +29,35 @@ std::vector<std::int64_t> lengths_from_list(const std::string& list) {
   return out;
 }
 
-std::vector<std::int64_t> lengths_from_stream(std::istream& in, const std::string& path) {
-  std::vector<std::int64_t> out;
+/// The lengths of a --lengths-file, one sequence per '---'-separated block (one block without separators).
+std::vector<std::vector<std::int64_t>> lengths_from_stream(std::istream& in, const std::string& path) {
+  std::vector<std::vector<std::int64_t>> out(1);
   std::string line;
+  int last_separator = 0;
   for (int number = 1; std::getline(in, line); ++number) {
     std::string_view text(line);
     if (const auto hash = text.find('#'); hash != std::string_view::npos) text = text.substr(0, hash);
     text = trim(text);
     if (text.empty()) continue;
-    out.push_back(parse_length("--lengths-file " + path + ":" + std::to_string(number), text));
+    if (text == "---") {
+      if (out.back().empty())
+        usage_error("--lengths-file " + path + ":" + std::to_string(number) +
+                    ": '---' ends an empty sequence (a sequence needs at least one document)");
+      out.emplace_back();
+      last_separator = number;
+      continue;
+    }
+    out.back().push_back(parse_length("--lengths-file " + path + ":" + std::to_string(number), text));
   }
   if (in.bad()) usage_error("--lengths-file: cannot read '" + path + "'");
-  if (out.empty()) usage_error("--lengths-file: '" + path + "' holds no lengths");
+  if (out.size() == 1 && out.front().empty()) usage_error("--lengths-file: '" + path + "' holds no lengths");
+  if (out.back().empty())
+    usage_error("--lengths-file " + path + ":" + std::to_string(last_separator) +
+                ": '---' ends the last sequence with no document after it");
   return out;
 }
 
-std::vector<std::int64_t> lengths_from_file(const std::string& path) {
+std::vector<std::vector<std::int64_t>> lengths_from_file(const std::string& path) {
   if (path == "-") return lengths_from_stream(std::cin, "-");
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) usage_error("--lengths-file: '" + path + "' is a directory");
@@ -104,6 +117,19 @@ Problem make_problem(const Options& o) {
   }
   p.shape.validate("seqpar-plan");
 
+  // Element type: what every byte count and memory figure is counted in.
+  if (o.dtype) {
+    if (*o.dtype == "bf16" || *o.dtype == "fp16")
+      p.hardware.value_bytes = 2;
+    else if (*o.dtype == "fp32")
+      p.hardware.value_bytes = 4;
+    else
+      usage_error("--dtype: '" + *o.dtype + "' is not an element type (bf16, fp16, fp32)");
+    p.dtype = *o.dtype;
+  } else {
+    p.dtype = p.hardware.value_bytes == 2 ? "bf16" : p.hardware.value_bytes == 4 ? "fp32" : "fp64";
+  }
+
   // Training options: only a training step has them.
   if (o.attention_only) {
     for (const auto& [given, name] :
@@ -128,11 +154,14 @@ Problem make_problem(const Options& o) {
   if (sources > 1) usage_error("--lengths, --lengths-file and --distribution exclude each other");
   if (!o.distribution && (o.tokens || o.seed)) usage_error("--tokens and --seed go with --distribution");
   std::vector<std::int64_t> lengths;
+  std::vector<std::vector<std::int64_t>> explicit_sequences;  // --lengths-file with '---' lines
   if (o.lengths) {
     lengths = lengths_from_list(*o.lengths);
     p.lengths_source = "--lengths";
   } else if (o.lengths_file) {
-    lengths = lengths_from_file(*o.lengths_file);
+    explicit_sequences = lengths_from_file(*o.lengths_file);
+    for (const auto& seq : explicit_sequences) lengths.insert(lengths.end(), seq.begin(), seq.end());
+    if (explicit_sequences.size() == 1) explicit_sequences.clear();  // no '---': packed as the options say
     p.lengths_source = *o.lengths_file;
   } else {
     if (!o.tokens) usage_error("--distribution needs --tokens T");
@@ -147,13 +176,17 @@ Problem make_problem(const Options& o) {
     p.longest_document = std::max(p.longest_document, len);
   }
   if (o.sequences && o.sequence_tokens) usage_error("--sequences and --sequence-tokens exclude each other");
+  if (!explicit_sequences.empty() && (o.sequences || o.sequence_tokens))
+    usage_error(std::string(o.sequences ? "--sequences" : "--sequence-tokens") +
+                " packs the documents itself, but --lengths-file gives the sequences ('---' lines)");
   if (o.sequences && *o.sequences > total)
     usage_error("--sequences " + std::to_string(*o.sequences) + " is more than the " + std::to_string(total) +
                 " tokens");
   const std::int64_t sequence_tokens = o.sequence_tokens ? *o.sequence_tokens
                                        : o.sequences     ? (total + *o.sequences - 1) / *o.sequences
                                                          : total;
-  p.batch = DocumentBatch(pack(lengths, sequence_tokens));
+  p.batch =
+      explicit_sequences.empty() ? DocumentBatch(pack(lengths, sequence_tokens)) : DocumentBatch(explicit_sequences);
   p.documents = static_cast<std::int64_t>(lengths.size());
 
   // Candidates.
@@ -193,6 +226,11 @@ std::string format_gib(double bytes) {
   char text[32];
   std::snprintf(text, sizeof text, "%.2f GiB", gib(bytes));
   return text;
+}
+
+std::string describe_elements(const Problem& p) {
+  return "elements: " + p.dtype + ", " + std::to_string(p.hardware.value_bytes) +
+         " bytes (--dtype): the bytes moved and the memory below are counted in them";
 }
 
 std::string describe_batch(const Problem& p) {

@@ -29,6 +29,7 @@ struct Problem {
   std::int64_t longest_document = 0;
   std::int64_t documents = 0;  ///< before packing (packing cuts documents that cross a sequence boundary)
   std::string lengths_source;
+  std::string dtype;  ///< "bf16", "fp16", "fp32", or the profile's element size ("2-byte elements")
   plan::TrainingOptions training;
   std::vector<plan::Candidate> candidates;
 };
@@ -40,6 +41,8 @@ Problem make_problem(const Options& o);
 double gib(double bytes);
 /// "12.34 GiB"
 std::string format_gib(double bytes);
+/// "elements: bf16 (2 bytes) ..." for the tables' headers.
+std::string describe_elements(const Problem& p);
 /// "T tokens in B sequences, N documents (longest L) from SOURCE[; C cuts at sequence boundaries]"
 std::string describe_batch(const Problem& p);
 /// Writes `text` to `path`; std::runtime_error naming `option` when it cannot.

@@ -131,6 +131,44 @@ double mib(std::uint64_t bytes) {
   return static_cast<double>(bytes) / (1024.0 * 1024.0);
 }
 
+/// One line on why `pick` beats the runner-up (the next fastest that runs and fits): which term of the
+/// replay decides. A row's time splits into exposed communication (the slowest rank's waits on
+/// transfers and collectives) and the rest (compute and copies, where the imbalance shows); the term
+/// whose difference is larger decides, and inter-node bytes are named when they differ by 2x or more.
+std::string why_it_wins(const std::vector<Row>& rows, std::size_t pick) {
+  std::optional<std::size_t> second;
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    if (i != pick && rows[i].state == Row::State::kOk && rows[i].fits &&
+        (!second || rows[i].time_s < rows[*second].time_s))
+      second = i;
+  if (!second) return "why: it is the only strategy that runs the batch and fits";
+  const Row &a = rows[pick], &b = rows[*second];
+  const double exposed = b.exposed_s - a.exposed_s;
+  const double rest = (b.time_s - b.exposed_s) - (a.time_s - a.exposed_s);
+  char line[512];
+  std::snprintf(line, sizeof line, "why: %.3f ms ahead of %s, ", (b.time_s - a.time_s) * 1e3, b.name.c_str());
+  std::string why = line;
+  const auto delta = [](double d) {  // "12.345 ms less" / "1.234 ms more" for the pick
+    char text[64];
+    std::snprintf(text, sizeof text, "%.3f ms %s", std::abs(d) * 1e3, d >= 0 ? "less" : "more");
+    return std::string(text);
+  };
+  char terms[2][256];
+  std::snprintf(terms[0], sizeof terms[0], "exposed communication %.3f vs %.3f ms (%s)", a.exposed_s * 1e3,
+                b.exposed_s * 1e3, delta(exposed).c_str());
+  std::snprintf(terms[1], sizeof terms[1], "compute and copies %s (compute imbalance %.3f vs %.3f)",
+                delta(rest).c_str(), a.imbalance, b.imbalance);
+  const bool comm_decides = exposed >= rest;
+  std::snprintf(line, sizeof line, "decided by %s; then %s", terms[comm_decides ? 0 : 1], terms[comm_decides ? 1 : 0]);
+  why += line;
+  const double ia = mib(a.bytes_inter), ib = mib(b.bytes_inter);
+  if (ib >= 2 * ia + 1e-9 || ia >= 2 * ib + 1e-9) {
+    std::snprintf(line, sizeof line, "; inter-node %.1f vs %.1f MiB per rank", ia, ib);
+    why += line;
+  }
+  return why;
+}
+
 void print_table(const Problem& p, const std::vector<Row>& rows, std::optional<std::size_t> pick) {
   const Topology& t = p.topology;
   const std::string what = p.attention_only
@@ -140,6 +178,7 @@ void print_table(const Problem& p, const std::vector<Row>& rows, std::optional<s
   std::printf("%s: %s on %d x %s (%d node%s of %d)\n", kTool, what.c_str(), t.world_size, p.hardware.name.c_str(),
               t.num_nodes(), t.num_nodes() == 1 ? "" : "s", t.ranks_per_node);
   std::printf("  batch: %s\n", describe_batch(p).c_str());
+  std::printf("  %s\n", describe_elements(p).c_str());
   if (!p.attention_only) {
     const int zero = p.training.zero_ranks == 0 ? t.world_size : p.training.zero_ranks;
     std::printf("  %s, %s, %d micro-batch%s\n",
@@ -177,9 +216,11 @@ void print_table(const Problem& p, const std::vector<Row>& rows, std::optional<s
                                          format_gib(p.hardware.memory_bytes) + " per rank ('!')")
                                             .c_str()
                                       : "no strategy can run the batch");
-  else
+  else {
     std::printf("* %s: the fastest of the strategies that run the batch and fit in %s per rank%s\n",
                 rows[*pick].name.c_str(), format_gib(p.hardware.memory_bytes).c_str(), over ? " ('!': over it)" : "");
+    std::printf("  %s\n", why_it_wins(rows, *pick).c_str());
+  }
 }
 
 std::string json_text(const Problem& p, const std::vector<Row>& rows, std::optional<std::size_t> pick) {
@@ -207,7 +248,9 @@ std::string json_text(const Problem& p, const std::vector<Row>& rows, std::optio
         .add("checkpointing", p.training.checkpointing)
         .add("zero_prefetch", p.training.zero_prefetch)
         .add("micro_batches", p.training.micro_batches);
+  plan.add("dtype", p.dtype).add("value_bytes", p.hardware.value_bytes);
   plan.add("pick", pick ? rows[*pick].name : std::string());
+  if (pick) plan.add("why", why_it_wins(rows, *pick));
   std::string out = "{\n  \"plan\": " + plan.str() + ",\n  \"candidates\": [";
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];

@@ -24,7 +24,7 @@ namespace seqpar::comm {
 /// everything first, and on a single long document (FlashCP) the layer paid the whole gather exposed:
 /// 0.91x of the best baseline where the ring, which overlaps, was faster.
 ///
-/// `Arguments::sharding_aware` (FlashCP's sharding-aware communication, research/seeds.md): each rank
+/// `Arguments::sharding_aware` (FlashCP's sharding-aware communication): each rank
 /// receives from each peer exactly the KV rows its slices read (keys_needed), so a rank
 /// whose documents are all local receives nothing. Plain, every rank gathers every peer's rows.
 ///

@@ -21,7 +21,7 @@
 ///
 /// A distribution is named by a string: "single", "fixed:<len>", "uniform:<lo>:<hi>", or one of the
 /// corpus-shaped mixes below. No paper publishes its length histogram, so the corpus mixes are
-/// lognormals (or mixtures) fitted to what the papers and the seeds digest (research/seeds.md) say;
+/// lognormals (or mixtures) fitted to what the papers (BASP, HSAP, FlashCP, DPP, WLB-LLM) say of their data;
 /// each says where its numbers come from ([I] = our inference, not a published figure).
 ///
 /// Determinism: the draws use std::mt19937_64 (its output is fixed by the standard) and transforms

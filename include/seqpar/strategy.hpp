@@ -130,6 +130,7 @@ struct Strategy {
       return out;
     }
     out.plan = partitioner.plan(batch, topology);
+    out.plan.batch_fingerprint = batch.fingerprint();
     if (out.status = C{args.comm}.can_implement(out.plan, shape); !out.status)
       out.refused_by = "communicator refuses the plan";
     return out;

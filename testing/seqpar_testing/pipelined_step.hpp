@@ -88,6 +88,9 @@ PipelinedStepResult<T> run_pipelined_step(Tr& world, const TinyTransformer<T>& m
                   "memory_model.layers_per_stage", memory_model.layers_per_stage,
                   "must be model layers / stages = " + std::to_string(cfg.layers) + " / " + std::to_string(stages));
   batch.validate(where);
+  // Before any message: a schedule of another plan or stage count, or an empty one, is refused here
+  // on every rank alike (each rank checks the same arguments), so no rank is left waiting.
+  schedule::validate_schedule(plan, schedule, stages, memory_model.layers_per_stage, where);
   const int group = world.size() / stages;
   PipelinedStepResult<T> out;
   out.stage = world.rank() / group;

@@ -131,6 +131,60 @@ TEST_SUITE("schedule") {
         doctest::Contains("args.cost.per_token"), std::invalid_argument);
   }
 
+  TEST_CASE("DynamicChunk: the automatic K is the fewest slices that fit, found without a growing search") {
+    // Against the definition (grow K until the mesh's first slice fits) on small ratios.
+    std::mt19937 rng(11);
+    for (int trial = 0; trial < 200; ++trial) {
+      const std::int64_t cap = 1 + static_cast<std::int64_t>(rng() % 64);
+      const std::int64_t longest = cap + static_cast<std::int64_t>(rng() % static_cast<unsigned>(8 * cap));
+      const schedule::ChunkCost cost =
+          trial % 2 == 0 ? schedule::ChunkCost{0.0, 1.0} : schedule::ChunkCost{static_cast<double>(rng() % 50), 1.0};
+      const schedule::DynamicChunk sched{{.token_capacity = cap, .time_target = 0, .slices = 0, .cost = cost}};
+      int k = 1;
+      while (k <= schedule::DynamicChunk::kMaxSlices && sched.mesh(longest, k).front() > cap) ++k;
+      INFO("trial " << trial << ": longest " << longest << ", capacity " << cap);
+      if (k > schedule::DynamicChunk::kMaxSlices) {
+        CHECK_THROWS_AS((void)sched.plan(DocumentBatch({{longest}})), std::invalid_argument);
+        continue;
+      }
+      CHECK(sched.plan(DocumentBatch({{longest}})).slices == k);
+    }
+  }
+
+  TEST_CASE("DynamicChunk at 1M tokens: bounded K, every slice within capacity, every token once") {
+    // One 1M-token document among 200 short ones. (The old search built ~K^2 / 2 meshes' worth of
+    // positions: minutes here; the bisection is O(log kMaxSlices). bench/plan_scale times it.)
+    std::mt19937 rng(3);
+    std::vector<std::int64_t> docs{1'000'000};
+    for (int i = 0; i < 200; ++i) docs.push_back(1 + static_cast<std::int64_t>(rng() % 4000));
+    const DocumentBatch batch({docs});
+    const schedule::DynamicChunk sched{{.token_capacity = 32768, .time_target = 0, .slices = 0, .cost = {}}};
+    const schedule::ChunkPlan plan = sched.plan(batch);
+    CHECK(plan.slices <= schedule::DynamicChunk::kMaxSlices);
+    CHECK(sched.mesh(1'000'000, plan.slices).front() <= 32768);
+    CHECK(sched.mesh(1'000'000, plan.slices - 1).front() > 32768);  // the fewest
+    check_plan(batch, sched);
+    // Beyond the slice limit: refused by name, with the capacity that would fit (was minutes and
+    // tens of thousands of 8-12-token slices; capacity 1 ran out of memory in seqpar-plan).
+    for (const std::int64_t cap : {std::int64_t{4096}, std::int64_t{1}}) {
+      const std::string message = [&] {
+        try {
+          (void)schedule::DynamicChunk{{.token_capacity = cap, .time_target = 0, .slices = 0, .cost = {}}}.plan(batch);
+        } catch (const std::invalid_argument& e) {
+          return std::string(e.what());
+        }
+        return std::string("no exception");
+      }();
+      CAPTURE(message);
+      CHECK(message.find("args.token_capacity = " + std::to_string(cap)) != std::string::npos);
+      CHECK(message.find("kMaxSlices = 8192") != std::string::npos);
+    }
+    CHECK_THROWS_WITH_AS(
+        (schedule::DynamicChunk{{.token_capacity = 32768, .time_target = 0, .slices = 2147483647, .cost = {}}}.plan(
+            batch)),
+        doctest::Contains("args.slices = 2147483647: must be in [0, kMaxSlices = 8192]"), std::invalid_argument);
+  }
+
   TEST_CASE("ChunkedAttention refuses an order that would lose prefix gradients, naming the chunks") {
     const DocumentBatch batch({{90, 5, 7}});
     const auto chunks =
@@ -198,6 +252,23 @@ TEST_SUITE("schedule") {
       CHECK_THROWS_WITH_AS(runtime::ChunkedAttention<attention::Reference<double>>(attn, alone),
                            doctest::Contains("transport.size()"), std::invalid_argument);
     });
+  }
+
+  TEST_CASE("ChunkCarry refuses a prefix that only a later chunk holds (chunks run in the given order)") {
+    // Chunk 0 = the document's second half reading the first half as prefix; chunk 1 = the first half.
+    // Every prefix row is some chunk's token, but its forward would run after the reader's.
+    const std::vector<Chunk> chunks{{DocumentBatch({{20}}), {Range{20, 40}}, {Range{0, 20}}, ChunkKind::kSplit, 0},
+                                    {DocumentBatch({{20}}), {Range{0, 20}}, {Range{0, 0}}, ChunkKind::kSplit, 0}};
+    const auto owned = [](const std::vector<Chunk>& cs) {
+      std::vector<std::vector<std::vector<Range>>> o;
+      for (const Chunk& c : cs) o.push_back({c.tokens});  // one rank holds every row
+      return o;
+    };
+    CHECK_THROWS_WITH_AS(comm::ChunkCarry(chunks, owned(chunks), AttentionShape{2, 2, 8}),
+                         doctest::Contains("chunks[0].prefix[0] = [0, 20): reads tokens that only a later chunk holds"),
+                         std::invalid_argument);
+    const std::vector<Chunk> in_order{chunks[1], chunks[0]};
+    CHECK_NOTHROW(comm::ChunkCarry(in_order, owned(in_order), AttentionShape{2, 2, 8}));
   }
 
   TEST_CASE("ChunkedAttention: a kernel that cannot run the prefix term on its context is refused in begin") {

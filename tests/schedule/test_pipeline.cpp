@@ -10,11 +10,14 @@
 #include <seqpar/schedule/pipeline.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
 #include <set>
+#include <stdexcept>
+#include <string>
 
 #if defined(SEQPAR_ENABLE_GLPK)
 #include <seqpar/schedule/checkpoint_milp.hpp>
@@ -387,7 +390,117 @@ TEST_SUITE("schedule") {
 #endif
   }
 
+  TEST_CASE("the pipeline planner refuses orders that are not permutations, non-finite models, wrong decisions") {
+    const auto message = [](auto&& fn) {
+      try {
+        fn();
+      } catch (const std::invalid_argument& e) {
+        return std::string(e.what());
+      }
+      return std::string("no exception");
+    };
+    // Orders: a repeat and an out-of-range chunk (each once corrupted the heap in memory_windows).
+    CHECK(message([] {
+            (void)schedule::one_f_one_b(std::vector<int>{0, 0, 2}, 2);
+          }).find("schedule::one_f_one_b: backward_order[1] = 0: must be a permutation of [0, 3)") !=
+          std::string::npos);
+    CHECK(message([] {
+            (void)schedule::memory_windows(std::vector<int>{0, 5}, 2);
+          }).find("backward_order[1] = 5") != std::string::npos);
+    CHECK(message([] { (void)schedule::one_f_one_b(3, 0); }).find("stages = 0") != std::string::npos);
+    CheckpointProblem prob;
+    prob.tokens = {100, 200, 300};
+    prob.model = {.stages = 2,
+                  .layers_per_stage = 2,
+                  .static_bytes = 0,
+                  .memory_cap = 5000,
+                  .activation_bytes_per_token = 10,
+                  .kept_bytes_per_token = 2,
+                  .seconds_per_cost = 0};
+    REQUIRE(schedule::solve_checkpointing(prob).feasible);
+    CheckpointProblem bad = prob;
+    bad.backward_order = {2, 1, 1};
+    CHECK(message([&] { (void)schedule::solve_checkpointing(bad); }).find("problem.backward_order[2] = 1") !=
+          std::string::npos);
+    bad.backward_order = {1, 0};
+    CHECK(message([&] { (void)schedule::solve_checkpointing(bad); }).find("problem.backward_order.size() = 2") !=
+          std::string::npos);
+    // Non-finite model values: a NaN cap once made a NaN plan "feasible".
+    for (const double x : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+      bad = prob;
+      bad.model.memory_cap = x;
+      CHECK(message([&] { (void)schedule::solve_checkpointing(bad); }).find("model.memory_cap") != std::string::npos);
+      bad = prob;
+      bad.model.activation_bytes_per_token = x;
+      CHECK(message([&] { (void)schedule::solve_checkpointing(bad); }).find("must be finite") != std::string::npos);
+      bad = prob;
+      bad.model.static_bytes = x;
+      CHECK(message([&] { (void)schedule::solve_checkpointing(bad); }).find("model.static_bytes") != std::string::npos);
+    }
+    // Decisions planned for 2 stages evaluated on 3 (one diagonal short) and out of range.
+    const auto plan = schedule::solve_checkpointing(prob);
+    bad = prob;
+    bad.model.stages = 3;
+    CHECK(message([&] {
+            (void)schedule::evaluate(bad, plan.diagonals, "x");
+          }).find("decisions.size() = 4: must be chunks + stages - 1 = 5") != std::string::npos);
+    CHECK(message([&] {
+            (void)schedule::evaluate(prob, {0, 3, 0, 0}, "x");
+          }).find("decisions[1] = 3") != std::string::npos);
+  }
+
+  TEST_CASE("validate_schedule refuses an empty schedule, an empty pipeline and another stage count") {
+    const DocumentBatch batch({{300, 50, 40, 30}});
+    const auto plan =
+        schedule::DynamicChunk{{.token_capacity = 100, .time_target = 0, .slices = 0, .cost = {}}}.plan(batch);
+    schedule::PipelineModel m{.stages = 2,
+                              .layers_per_stage = 2,
+                              .static_bytes = 0,
+                              .memory_cap = 1e12,
+                              .activation_bytes_per_token = 10,
+                              .kept_bytes_per_token = 2,
+                              .seconds_per_cost = 1e-9};
+    const schedule::PipelineSchedule good = schedule::group_pipelines(plan, m);
+    CHECK_NOTHROW(schedule::validate_schedule(plan, good, 2, 2, "test"));
+    CHECK_THROWS_WITH_AS(schedule::validate_schedule(plan, schedule::PipelineSchedule{}, 2, 2, "test"),
+                         doctest::Contains("schedule.pipelines.size() = 0"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(schedule::validate_schedule(plan, good, 3, 2, "test"),
+                         doctest::Contains("was the schedule planned for 3 stages?"), std::invalid_argument);
+    schedule::PipelineSchedule extra = good;
+    extra.pipelines.emplace_back();
+    CHECK_THROWS_WITH_AS(schedule::validate_schedule(plan, extra, 2, 2, "test"),
+                         doctest::Contains(".chunks.size() = 0: must be >= 1"), std::invalid_argument);
+    schedule::PipelineSchedule twisted = good;
+    twisted.pipelines[0].backward_order.assign(twisted.pipelines[0].chunks.size(), 0);
+    if (twisted.pipelines[0].chunks.size() > 1)
+      CHECK_THROWS_WITH_AS(schedule::validate_schedule(plan, twisted, 2, 2, "test"),
+                           doctest::Contains("must be a permutation"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS((void)schedule::group_pipelines(schedule::ChunkPlan{}, m),
+                         doctest::Contains("plan.chunks.size() = 0"), std::invalid_argument);
+  }
+
 #if defined(SEQPAR_ENABLE_GLPK)
+  TEST_CASE("MILP: a time limit beyond GLPK's int milliseconds (or infinite) is refused by name, not passed on") {
+    CheckpointProblem prob;
+    prob.tokens = {100, 200, 300};
+    prob.model = {.stages = 2,
+                  .layers_per_stage = 2,
+                  .static_bytes = 0,
+                  .memory_cap = 5000,
+                  .activation_bytes_per_token = 10,
+                  .kept_bytes_per_token = 2,
+                  .seconds_per_cost = 0};
+    for (const double s : {3e6, 1e300, std::numeric_limits<double>::infinity(), std::nan("")})
+      CHECK_THROWS_WITH_AS((void)schedule::solve_checkpointing_milp(prob, {.time_limit_s = s}),
+                           doctest::Contains("options.time_limit_s"), std::invalid_argument);
+    // The largest accepted limit runs (this small problem solves long before it).
+    CHECK(schedule::solve_checkpointing_milp(prob, {.time_limit_s = schedule::kMaxMilpSeconds}).feasible);
+    CheckpointProblem bad = prob;
+    bad.backward_order = {0, 0, 1};
+    CHECK_THROWS_WITH_AS((void)schedule::solve_checkpointing_milp(bad), doctest::Contains("must be a permutation"),
+                         std::invalid_argument);
+  }
+
   TEST_CASE("MILP under a time limit: the greedy's decisions as first incumbent, never worse than them") {
     std::mt19937 rng(57);
     for (int trial = 0; trial < 6; ++trial) {

@@ -8,6 +8,7 @@
 #include "support/expect_error.hpp"
 #include "train/plans.hpp"
 
+#include <seqpar/strategy.hpp>
 #include <seqpar/train/all_reduce.hpp>
 #include <seqpar/train/loss.hpp>
 #include <seqpar/train/shard.hpp>
@@ -233,6 +234,20 @@ TEST_SUITE("train") {
       });
       CHECK(bad == 0);
     });
+  }
+
+  TEST_CASE("token_meta refuses a strategy's plan of another batch with the same token count (fingerprint)") {
+    using Zigzag = Strategy<partition::Zigzag, comm::AllToAll>;
+    const DocumentBatch batch({{10, 6}}), other({{6, 10}});  // 16 tokens each, other documents
+    const AttentionShape shape{2, 2, 8};
+    const ShardPlan plan = Zigzag::plan({}, batch, shape, Topology{2, 2}).plan;
+    CHECK(plan.batch_fingerprint == batch.fingerprint());
+    CHECK(batch.fingerprint() != other.fingerprint());
+    const std::string message = test::invalid_message([&] { (void)train::token_meta(other, plan, 0); });
+    CAPTURE(message);
+    CHECK(message.find("train::token_meta: plan.batch_fingerprint") != std::string::npos);
+    CHECK(message.find("belongs to another batch") != std::string::npos);
+    CHECK(train::token_meta(batch, plan, 1).rows() == plan.local_tokens(1));  // its own batch: accepted
   }
 
   TEST_CASE("token_meta rejects a plan of another batch and a rank outside the plan") {

@@ -6,6 +6,7 @@
 #include <seqpar/plan/model_shape.hpp>
 #include <seqpar/plan/workloads.hpp>
 #include <seqpar/replay/hardware.hpp>
+#include <seqpar/schedule/pipeline.hpp>
 #include <seqpar/seqpar.hpp>
 
 #include <algorithm>
@@ -185,14 +186,23 @@ const std::vector<OptionSpec>& option_table() {
        [](Options& o, const S& n, const S& v) { o.chunk_tokens = parse_length(n, v); }},
       {"Pipeline (DPP)", "--chunk-slices", "K",
        "slices of the longest document (default 0: the fewest whose first slice fits --chunk-tokens)",
-       [](Options& o, const S& n, const S& v) { o.chunk_slices = as_int(n, v, 0, 1 << 16); }},
+       [](Options& o, const S& n, const S& v) {
+         o.chunk_slices = as_int(n, v, 0, schedule::DynamicChunk::kMaxSlices);
+       }},
       {"Pipeline (DPP)", "--checkpoint-solver", "NAME",
        "auto (default: glpk when seqpar-plan is built with seqpar::glpk, else greedy), greedy, or glpk: the "
        "grouping runs the greedy, then glpk solves each chosen pipeline's checkpointing again (DPP's 2% gap, "
        "the greedy as first incumbent)",
        [](Options& o, const S&, const S& v) { o.checkpoint_solver = v; }},
       {"Pipeline (DPP)", "--milp-seconds", "S", "GLPK's time limit per pipeline, seconds (default 10)",
-       [](Options& o, const S& n, const S& v) { o.milp_seconds = parse_number(n, v, 0.001); }},
+       [](Options& o, const S& n, const S& v) {
+         o.milp_seconds = parse_number(n, v, 0.001);
+         // GLPK's limit is an int of milliseconds: beyond it GLPK would abort the whole process.
+         if (*o.milp_seconds > schedule::kMaxMilpSeconds)
+           usage_error(n + ": " + v +
+                       " must be <= " + std::to_string(static_cast<long long>(schedule::kMaxMilpSeconds)) +
+                       " seconds (GLPK's limit in milliseconds is an int)");
+       }},
 
       {"Output", "--trace", "FILE",
        "write the picked strategy's simulated timeline as Chrome/Perfetto trace JSON (ui.perfetto.dev): "

@@ -83,14 +83,24 @@ class ChunkCarry {
       tokens_[c] = ch.tokens;
       prefix_[c] = ch.prefix;
     }
-    // Every prefix row must be some chunk's token: else its queries would attend to rows no rank holds.
+    // Every prefix row must be a token of this chunk or of a chunk before it (chunks run in the given
+    // order): else its queries would attend to rows no rank holds, or to rows whose forward runs
+    // later (the order checks of forward/backward could then never be satisfied).
     const std::vector<Range> held_anywhere = merge_ranges(all_tokens);
-    for (std::size_t c = 0; c < chunks.size(); ++c)
+    std::vector<Range> held_so_far;
+    for (std::size_t c = 0; c < chunks.size(); ++c) {
+      held_so_far.insert(held_so_far.end(), tokens_[c].begin(), tokens_[c].end());
+      held_so_far = merge_ranges(std::move(held_so_far));
       for (std::size_t i = 0; i < prefix_[c].size(); ++i)
-        if (!prefix_[c][i].empty())
-          seqpar::detail::require(covered(held_anywhere, prefix_[c][i]), where,
-                                  "chunks[" + std::to_string(c) + "].prefix[" + std::to_string(i) + "]",
-                                  to_string(prefix_[c][i]), "reads tokens that no chunk holds");
+        if (!prefix_[c][i].empty()) {
+          const std::string name = "chunks[" + std::to_string(c) + "].prefix[" + std::to_string(i) + "]";
+          seqpar::detail::require(covered(held_anywhere, prefix_[c][i]), where, name, to_string(prefix_[c][i]),
+                                  "reads tokens that no chunk holds");
+          seqpar::detail::require(covered(held_so_far, prefix_[c][i]), where, name, to_string(prefix_[c][i]),
+                                  "reads tokens that only a later chunk holds (a prefix must come from the chunks "
+                                  "before it)");
+        }
+    }
     // The carry: prefix rows of later pieces, as disjoint global ranges; which of them each rank holds.
     std::vector<Range> carry;
     for (const auto& pre : prefix_)

@@ -105,6 +105,19 @@ class DocumentBatch {
   /// Fits in int64: the constructor refuses batches where it would not.
   [[nodiscard]] std::int64_t causal_area() const noexcept { return area_; }
 
+  /// A 64-bit hash (FNV-1a) of the layout: sequence and document boundaries, what a plan and the
+  /// token metadata depend on. Plans carry it (ShardPlan::batch_fingerprint) so that a plan of another
+  /// batch, even one of the same token count, is refused where it is consumed. Never 0 (0 on a plan
+  /// means "not known"). O(documents).
+  [[nodiscard]] std::uint64_t fingerprint() const noexcept {
+    std::uint64_t h = 1469598103934665603ull;
+    const auto mix = [&](std::int64_t x) { h = (h ^ static_cast<std::uint64_t>(x)) * 1099511628211ull; };
+    for (const std::int64_t c : cu_seqlens_) mix(c);
+    mix(-1);
+    for (const std::int64_t o : sequence_offsets_) mix(o);
+    return h == 0 ? 1 : h;
+  }
+
   friend bool operator==(const DocumentBatch& a, const DocumentBatch& b) {
     return a.cu_seqlens_ == b.cu_seqlens_ && a.sequence_offsets_ == b.sequence_offsets_;
   }

@@ -34,6 +34,10 @@ struct ShardPlan {
   std::vector<std::vector<Range>> owned;
   std::vector<std::vector<AttnSlice>> slices;
   std::vector<std::vector<int>> groups;
+  /// DocumentBatch::fingerprint() of the batch planned (set by Strategy::plan, hence by every
+  /// DistributedAttention plan); 0 = not known (a hand-built plan or a partitioner called directly),
+  /// then not checked. train::token_meta refuses a plan whose fingerprint is not its batch's.
+  std::uint64_t batch_fingerprint = 0;
 
   [[nodiscard]] int world_size() const noexcept { return static_cast<int>(owned.size()); }
 

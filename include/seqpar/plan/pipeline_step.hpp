@@ -287,46 +287,6 @@ struct PipelineStepReport {
   }
 };
 
-namespace pipeline_detail {
-/// Every chunk in exactly one pipeline, checkpointing of the right size and range, backward orders that
-/// are permutations.
-inline void validate_schedule(const schedule::ChunkPlan& plan, const schedule::PipelineSchedule& schedule, int d,
-                              int lps, const char* where) {
-  const int total = static_cast<int>(plan.chunks.size());
-  detail::require(plan.pieces.size() == plan.chunks.size(), where, "plan.pieces.size()", plan.pieces.size(),
-                  "must equal plan.chunks.size() = " + std::to_string(total));
-  std::vector<int> seen(static_cast<std::size_t>(total), 0);
-  for (std::size_t pi = 0; pi < schedule.pipelines.size(); ++pi) {
-    const schedule::Pipeline& pipe = schedule.pipelines[pi];
-    const std::string name = "schedule.pipelines[" + std::to_string(pi) + "]";
-    for (int c : pipe.chunks) {
-      detail::require(c >= 0 && c < total, where, name + ".chunks", c,
-                      "is not a chunk of the plan (" + std::to_string(total) + " chunks)");
-      ++seen[static_cast<std::size_t>(c)];
-    }
-    detail::require(pipe.checkpointing.diagonals.size() == pipe.chunks.size() + static_cast<std::size_t>(d) - 1, where,
-                    name + ".checkpointing.diagonals.size()", pipe.checkpointing.diagonals.size(),
-                    "must be chunks + stages - 1 = " + std::to_string(pipe.chunks.size() + d - 1));
-    if (!pipe.backward_order.empty()) {
-      std::vector<int> sorted = pipe.backward_order;
-      std::sort(sorted.begin(), sorted.end());
-      bool permutation = sorted.size() == pipe.chunks.size();
-      for (std::size_t i = 0; permutation && i < sorted.size(); ++i) permutation = sorted[i] == static_cast<int>(i);
-      detail::require(permutation, where, name + ".backward_order.size()", pipe.backward_order.size(),
-                      "must be empty or a permutation of the pipeline's " + std::to_string(pipe.chunks.size()) +
-                          " chunk positions");
-    }
-    for (int c : pipe.checkpointing.diagonals)
-      detail::require(c >= 0 && c <= lps, where, name + ".checkpointing.diagonals", c,
-                      "must be in [0, layers per stage = " + std::to_string(lps) + "]");
-  }
-  for (int c = 0; c < total; ++c)
-    detail::require(seen[static_cast<std::size_t>(c)] == 1, where,
-                    "schedule (pipelines of chunk " + std::to_string(c) + ")", seen[static_cast<std::size_t>(c)],
-                    "every chunk must run in exactly one pipeline");
-}
-}  // namespace pipeline_detail
-
 /// Simulates one training step of `schedule` (pipelines over `plan`'s chunks, each with its
 /// checkpointing) on `options` (the file comment has the model). Every chunk of the plan must be in
 /// exactly one pipeline; the pipelines' chunk lists are their forward order. Throws std::invalid_argument
@@ -341,7 +301,7 @@ inline void validate_schedule(const schedule::ChunkPlan& plan, const schedule::P
   const ModelShape& m = options.model;
   const double vb = options.value_bytes();
   const int total = static_cast<int>(plan.chunks.size());
-  pipeline_detail::validate_schedule(plan, schedule, d, lps, where);
+  schedule::validate_schedule(plan, schedule, d, lps, where);
 
   const Topology topo = options.topology();
   const Topology group{g, hw.ranks_per_node};

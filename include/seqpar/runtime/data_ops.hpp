@@ -128,10 +128,13 @@ struct DataOps<HostExec> {
       } else if (!c.accumulate) {
         std::memcpy(elems, cursor, n * sizeof(E));
       } else {
+        // Summed in the accumulation type: a storage-only type (bf16) has no arithmetic of its own,
+        // and each partial is added in fp32 and rounded once, not in bf16.
+        using Sum = std::conditional_t<std::is_floating_point_v<E>, E, float>;
         for (std::size_t i = 0; i < n; ++i) {
           E x;
           std::memcpy(&x, cursor + i * sizeof(E), sizeof(E));
-          elems[i] += x;
+          elems[i] = static_cast<E>(static_cast<Sum>(elems[i]) + static_cast<Sum>(x));
         }
       }
       cursor += n * sizeof(E);

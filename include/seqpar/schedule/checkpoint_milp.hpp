@@ -31,7 +31,7 @@ namespace seqpar::schedule {
 
 struct MilpOptions {
   double relative_gap = 0;   ///< stop once the incumbent is within this fraction of the bound (0: optimal)
-  double time_limit_s = 0;   ///< 0: none; at the limit, the best decisions found
+  double time_limit_s = 0;   ///< 0: none; at most kMaxMilpSeconds; at the limit, the best decisions found
   bool greedy_start = true;  ///< give GLPK the greedy's decisions as its first incumbent
 };
 
@@ -41,11 +41,17 @@ struct MilpOptions {
 [[nodiscard]] inline CheckpointPlan solve_checkpointing_milp(const CheckpointProblem& prob,
                                                              const MilpOptions& options = {}) {
   constexpr const char* where = "schedule::solve_checkpointing_milp";
-  prob.model.validate(where);
-  seqpar::detail::require(options.relative_gap >= 0, where, "options.relative_gap", options.relative_gap,
-                          "must be >= 0");
-  seqpar::detail::require(options.time_limit_s >= 0, where, "options.time_limit_s", options.time_limit_s,
-                          "must be >= 0 (0 = none)");
+  prob.validate(where);
+  seqpar::detail::require(std::isfinite(options.relative_gap) && options.relative_gap >= 0, where,
+                          "options.relative_gap", options.relative_gap, "must be finite and >= 0");
+  // GLPK takes the limit as an int of milliseconds: a larger value (about 24.8 days or more, or
+  // infinity) would overflow it, which GLPK answers by aborting the process. Refused, not clamped:
+  // a caller asking for that long means "no limit", which is 0.
+  seqpar::detail::require(
+      std::isfinite(options.time_limit_s) && options.time_limit_s >= 0 && options.time_limit_s <= kMaxMilpSeconds,
+      where, "options.time_limit_s", options.time_limit_s,
+      "must be in [0, " + std::to_string(static_cast<long long>(kMaxMilpSeconds)) +
+          "] seconds (GLPK's int milliseconds; 0 = none)");
   const int stages = prob.model.stages, m = prob.diagonals();
   const auto windows = memory_windows(prob.order(), stages);
   const std::vector<int> pos = prob.positions();

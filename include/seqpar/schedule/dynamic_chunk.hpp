@@ -99,12 +99,18 @@ struct ChunkPlan {
 
 struct DynamicChunk {
   using policy_category = scheduler_tag;
+  /// Most slices one document is cut into (K, given or automatic). An equal-cost mesh needs about
+  /// (longest / token_capacity)^2 slices (its first slice has longest / sqrt(K) tokens), whose last
+  /// slices are a few tokens long, and everything downstream (the carry, the pipeline's backward order)
+  /// grows with the chunk count; beyond this limit `plan` refuses, naming the capacity that would fit.
+  static constexpr int kMaxSlices = 8192;
   struct Arguments {
     /// Most tokens in one chunk (DPP's T_m, the memory cap), >= 1.
     std::int64_t token_capacity = 0;
     /// Most cost in one chunk (T_t); 0: the cost of one mesh slice, c(longest) / slices.
     double time_target = 0;
-    /// Slices of the longest document (K); 0: the fewest whose slices fit token_capacity.
+    /// Slices of the longest document (K), at most kMaxSlices; 0: the fewest whose slices fit
+    /// token_capacity (refused when that is more than kMaxSlices).
     int slices = 0;
     ChunkCost cost{};
   };
@@ -116,7 +122,8 @@ struct DynamicChunk {
     constexpr const char* where = "schedule::DynamicChunk";
     seqpar::detail::require(args.token_capacity >= 1, where, "args.token_capacity", args.token_capacity,
                             "must be >= 1");
-    seqpar::detail::require(args.slices >= 0, where, "args.slices", args.slices, "must be >= 0 (0 = automatic)");
+    seqpar::detail::require(args.slices >= 0 && args.slices <= kMaxSlices, where, "args.slices", args.slices,
+                            "must be in [0, kMaxSlices = " + std::to_string(kMaxSlices) + "] (0 = automatic)");
     seqpar::detail::require(std::isfinite(args.time_target) && args.time_target >= 0, where, "args.time_target",
                             args.time_target, "must be finite and >= 0 (0 = one mesh slice)");
     args.cost.validate(where);
@@ -128,11 +135,7 @@ struct DynamicChunk {
 
     ChunkPlan out;
     out.slices = args.slices;
-    if (out.slices == 0) {
-      // The first slice of an equal-cost mesh is the longest in tokens: grow K until it fits.
-      out.slices = 1;
-      while (mesh(longest, out.slices).front() > args.token_capacity) ++out.slices;
-    }
+    if (out.slices == 0) out.slices = automatic_slices(longest, where);
     out.mesh = mesh(longest, out.slices);
     for (std::size_t i = 0; i < out.mesh.size(); ++i) {
       const std::int64_t len = out.mesh[i] - (i == 0 ? 0 : out.mesh[i - 1]);
@@ -228,6 +231,36 @@ struct DynamicChunk {
     }
     for (const Bucket* b : batched) add_chunk(batch, b->pieces, ChunkKind::kBatched, out);
     return out;
+  }
+
+  /// The fewest slices K whose equal-cost mesh of a `longest`-token document has a first slice (the
+  /// longest in tokens) of at most token_capacity tokens. The first cut, position_of(c(L) / K), does
+  /// not grow with K, so K is found by bisection on [1, kMaxSlices]: O(log kMaxSlices), each step
+  /// O(1) (was a search growing K one by one, each step building a mesh: O(K^2) meshes' worth, minutes
+  /// at 1M tokens). Throws std::invalid_argument when more than kMaxSlices would be needed.
+  [[nodiscard]] int automatic_slices(std::int64_t longest, const char* where) const {
+    const double total = args.cost.of(0, longest);
+    const auto first_cut = [&](int k) {
+      return k == 1 ? longest : std::max<std::int64_t>(1, args.cost.position_of(total / k, longest));
+    };
+    if (first_cut(kMaxSlices) > args.token_capacity) {
+      // The capacity whose mesh of kMaxSlices slices fits: its first slice.
+      seqpar::detail::throw_invalid(where, "args.token_capacity", args.token_capacity,
+                                    "cutting the longest document (" + std::to_string(longest) +
+                                        " tokens) into slices of at most that many tokens needs more than "
+                                        "kMaxSlices = " +
+                                        std::to_string(kMaxSlices) + " slices; use a capacity of at least " +
+                                        std::to_string(first_cut(kMaxSlices)) + " tokens");
+    }
+    int lo = 1, hi = kMaxSlices;  // first_cut(hi) fits; find the smallest k that fits
+    while (lo < hi) {
+      const int mid = lo + (hi - lo) / 2;
+      if (first_cut(mid) <= args.token_capacity)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    return lo;
   }
 
   /// Cut positions b_1 < ... < b_K = length of K equal-cost slices of a document of `length` tokens

@@ -51,6 +51,15 @@ struct PipelineModel {
 
   void validate(const char* where) const {
     seqpar::detail::require(stages >= 1, where, "model.stages", stages, "must be >= 1");
+    // A NaN compares false everywhere, so a NaN model would pass every bound below and make a NaN
+    // plan "feasible"; an infinite one makes every window infeasible or none. Refuse both by name.
+    for (const auto& [name, value] :
+         {std::pair{"model.static_bytes", static_bytes}, std::pair{"model.memory_cap", memory_cap},
+          std::pair{"model.activation_bytes_per_token", activation_bytes_per_token},
+          std::pair{"model.kept_bytes_per_token", kept_bytes_per_token},
+          std::pair{"model.seconds_per_cost", seconds_per_cost}})
+      seqpar::detail::require(std::isfinite(value), where, name, value, "must be finite");
+    seqpar::detail::require(static_bytes >= 0, where, "model.static_bytes", static_bytes, "must be >= 0");
     seqpar::detail::require(layers_per_stage >= 1, where, "model.layers_per_stage", layers_per_stage, "must be >= 1");
     seqpar::detail::require(memory_cap > 0, where, "model.memory_cap", memory_cap, "must be > 0 bytes");
     seqpar::detail::require(activation_bytes_per_token >= kept_bytes_per_token && kept_bytes_per_token >= 0, where,
@@ -75,12 +84,35 @@ struct StageOp {
   friend bool operator==(const StageOp&, const StageOp&) = default;
 };
 
+namespace pipeline_detail {
+/// Refuses an order that is not a permutation of [0, n): a repeated or missing chunk would make a
+/// stage forward a chunk twice or erase a chunk it never held (memory_windows) and index past the
+/// decisions. O(n).
+inline void require_permutation(const std::vector<int>& order, std::size_t n, const char* where, const char* name) {
+  seqpar::detail::require(order.size() == n, where, std::string(name) + ".size()", order.size(),
+                          "must equal the number of chunks " + std::to_string(n));
+  std::vector<char> seen(n, 0);
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const int k = order[i];
+    const bool fresh = k >= 0 && static_cast<std::size_t>(k) < n && seen[static_cast<std::size_t>(k)] == 0;
+    if (!fresh)
+      seqpar::detail::throw_invalid(
+          where, std::string(name) + "[" + std::to_string(i) + "]", k,
+          "must be a permutation of [0, " + std::to_string(n) + ") (out of range or repeated)");
+    seen[static_cast<std::size_t>(k)] = 1;
+  }
+}
+}  // namespace pipeline_detail
+
 /// The 1F1B order of `backward_order.size()` chunks on each of `stages` stages. Forwards run in chunk
 /// order; backwards in `backward_order` (a permutation: a split document's chunks backward last slice
 /// first, since a slice's prefix gradients come from the later slices). Stage p warms up with
 /// d_p - 1 - p forwards, then alternates forward and backward, keeping that lead over the furthest
 /// chunk a backward has needed (a reversed split document pulls forwards ahead).
 [[nodiscard]] inline std::vector<std::vector<StageOp>> one_f_one_b(const std::vector<int>& backward_order, int stages) {
+  constexpr const char* where = "schedule::one_f_one_b";
+  seqpar::detail::require(stages >= 1, where, "stages", stages, "must be >= 1");
+  pipeline_detail::require_permutation(backward_order, backward_order.size(), where, "backward_order");
   const int n = static_cast<int>(backward_order.size());
   std::vector<std::vector<StageOp>> out(static_cast<std::size_t>(stages));
   for (int p = 0; p < stages; ++p) {
@@ -147,6 +179,16 @@ struct CheckpointProblem {
 
   [[nodiscard]] int chunks() const noexcept { return static_cast<int>(tokens.size()); }
   [[nodiscard]] int diagonals() const noexcept { return chunks() + model.stages - 1; }
+  /// The model's values, token counts >= 0 and a backward order that is empty or a permutation of
+  /// the chunks: the solvers index by it, so a bad one would read and write out of bounds.
+  void validate(const char* where) const {
+    model.validate(where);
+    for (std::size_t k = 0; k < tokens.size(); ++k)
+      seqpar::detail::require(tokens[k] >= 0, where, "problem.tokens[" + std::to_string(k) + "]", tokens[k],
+                              "must be >= 0");
+    if (!backward_order.empty())
+      pipeline_detail::require_permutation(backward_order, tokens.size(), where, "problem.backward_order");
+  }
   [[nodiscard]] std::vector<int> order() const {
     if (!backward_order.empty()) return backward_order;
     std::vector<int> o(tokens.size());
@@ -198,6 +240,15 @@ struct CheckpointPlan {
 
 /// Fills peak_bytes and feasibility of decisions `c`.
 [[nodiscard]] inline CheckpointPlan evaluate(const CheckpointProblem& prob, std::vector<int> c, std::string solver) {
+  constexpr const char* where = "schedule::evaluate";
+  prob.validate(where);
+  // Decisions planned for another stage count (or chunk count) would be read past their end.
+  seqpar::detail::require(c.size() == static_cast<std::size_t>(prob.diagonals()), where, "decisions.size()", c.size(),
+                          "must be chunks + stages - 1 = " + std::to_string(prob.diagonals()));
+  for (std::size_t j = 0; j < c.size(); ++j)
+    seqpar::detail::require(c[j] >= 0 && c[j] <= prob.model.layers_per_stage, where,
+                            "decisions[" + std::to_string(j) + "]", c[j],
+                            "must be in [0, layers_per_stage = " + std::to_string(prob.model.layers_per_stage) + "]");
   CheckpointPlan plan;
   plan.diagonals = std::move(c);
   plan.solver = std::move(solver);
@@ -220,7 +271,7 @@ struct CheckpointPlan {
 /// the windows that hold the chosen diagonal and the gains of their diagonals, so a solve costs
 /// O(steps x windows per diagonal x window length) after O(sum of window lengths) of setup.
 [[nodiscard]] inline CheckpointPlan solve_checkpointing(const CheckpointProblem& prob) {
-  prob.model.validate("schedule::solve_checkpointing");
+  prob.validate("schedule::solve_checkpointing");
   const int stages = prob.model.stages, top = prob.model.layers_per_stage;
   const auto m = static_cast<std::size_t>(prob.diagonals());
   const std::vector<int> pos = prob.positions();
@@ -371,6 +422,52 @@ struct PipelineSchedule {
   return order;
 }
 
+/// Refuses a schedule that does not belong to `plan` on `stages` stages of `layers_per_stage` layers:
+/// no pipeline, or an empty one (nothing would run and the step's loss would be 0); a chunk outside
+/// the plan or not in exactly one pipeline; a backward order that is not a permutation of the
+/// pipeline's positions; checkpointing decisions planned for another stage count (one per diagonal:
+/// chunks + stages - 1; a run on more stages would read past them) or out of [0, layers_per_stage].
+/// Whoever runs or simulates a schedule calls this first. O(chunks + stages x pipelines).
+inline void validate_schedule(const ChunkPlan& plan, const PipelineSchedule& schedule, int stages, int layers_per_stage,
+                              const char* where) {
+  const int total = static_cast<int>(plan.chunks.size());
+  seqpar::detail::require(stages >= 1, where, "stages", stages, "must be >= 1");
+  seqpar::detail::require(plan.pieces.size() == plan.chunks.size(), where, "plan.pieces.size()", plan.pieces.size(),
+                          "must equal plan.chunks.size() = " + std::to_string(total));
+  seqpar::detail::require(!schedule.pipelines.empty(), where, "schedule.pipelines.size()", 0,
+                          "must be >= 1 (an empty schedule runs nothing)");
+  std::vector<int> seen(static_cast<std::size_t>(total), 0);
+  for (std::size_t pi = 0; pi < schedule.pipelines.size(); ++pi) {
+    const Pipeline& pipe = schedule.pipelines[pi];
+    const std::string name = "schedule.pipelines[" + std::to_string(pi) + "]";
+    seqpar::detail::require(!pipe.chunks.empty(), where, name + ".chunks.size()", 0, "must be >= 1");
+    for (int c : pipe.chunks) {
+      seqpar::detail::require(c >= 0 && c < total, where, name + ".chunks", c,
+                              "is not a chunk of the plan (" + std::to_string(total) + " chunks)");
+      ++seen[static_cast<std::size_t>(c)];
+    }
+    const std::size_t diagonals = pipe.chunks.size() + static_cast<std::size_t>(stages) - 1;
+    seqpar::detail::require(pipe.checkpointing.diagonals.size() == diagonals, where,
+                            name + ".checkpointing.diagonals.size()", pipe.checkpointing.diagonals.size(),
+                            "must be chunks + stages - 1 = " + std::to_string(diagonals) +
+                                " (was the schedule planned for " + std::to_string(stages) + " stages?)");
+    if (!pipe.backward_order.empty())
+      pipeline_detail::require_permutation(pipe.backward_order, pipe.chunks.size(), where,
+                                           (name + ".backward_order").c_str());
+    for (int c : pipe.checkpointing.diagonals)
+      seqpar::detail::require(c >= 0 && c <= layers_per_stage, where, name + ".checkpointing.diagonals", c,
+                              "must be in [0, layers per stage = " + std::to_string(layers_per_stage) + "]");
+  }
+  for (int c = 0; c < total; ++c)
+    seqpar::detail::require(seen[static_cast<std::size_t>(c)] == 1, where,
+                            "schedule (pipelines of chunk " + std::to_string(c) + ")",
+                            seen[static_cast<std::size_t>(c)], "every chunk must run in exactly one pipeline");
+}
+
+/// The longest time limit the MILP (checkpoint_milp.hpp) accepts: GLPK takes its limit as an int of
+/// milliseconds, so about 24.8 days. Here, not there, so that tools built without GLPK check it too.
+inline constexpr double kMaxMilpSeconds = static_cast<double>(std::numeric_limits<int>::max() / 1000);
+
 /// Checkpointing solver used by the grouping (the greedy, or the MILP of checkpoint_milp.hpp).
 using CheckpointSolver = std::function<CheckpointPlan(const CheckpointProblem&)>;
 
@@ -439,6 +536,8 @@ struct GroupingOptions {
                                                       GroupingOptions options = {}) {
   constexpr const char* where = "schedule::group_pipelines";
   model.validate(where);
+  seqpar::detail::require(!plan.chunks.empty(), where, "plan.chunks.size()", 0,
+                          "must be >= 1 (an empty plan has nothing to schedule)");
   const auto units = sequence_units(plan);
   const int u = static_cast<int>(units.size());
   const auto chunk_seconds = [&](int c) { return pipeline_detail::chunk_seconds(plan, model, c); };

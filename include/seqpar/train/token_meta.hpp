@@ -54,6 +54,12 @@ struct TokenMeta {
   seqpar::detail::require(detail_shard::total_tokens(plan) == batch.total_tokens(), where, "plan",
                           std::to_string(detail_shard::total_tokens(plan)) + " tokens",
                           "is not a plan of this batch (" + std::to_string(batch.total_tokens()) + " tokens)");
+  // A plan of another batch with the same token count would pass the check above and give most rows
+  // wrong positions and labels; the fingerprint catches it when the plan carries one.
+  if (plan.batch_fingerprint != 0 && plan.batch_fingerprint != batch.fingerprint())
+    seqpar::detail::throw_invalid(where, "plan.batch_fingerprint", plan.batch_fingerprint,
+                                  "is not this batch's (" + std::to_string(batch.fingerprint()) +
+                                      "): the plan belongs to another batch (same token count, other documents)");
   TokenMeta m;
   const auto n = static_cast<std::size_t>(plan.local_tokens(rank));
   m.global_index.reserve(n), m.sequence.reserve(n), m.document.reserve(n), m.position.reserve(n);

@@ -153,7 +153,8 @@ std::vector<std::int64_t> area_per_rank(const ShardPlan& p) {
 
 // What every plan of every partitioner must satisfy, beyond ShardPlan::check_invariants:
 // owned ranges ascending and not adjacent, slices exactly the document-causal pieces of the owned
-// tokens, and no slice reading keys outside its rank's group.
+// tokens (with a window: keys from w - 1 before the piece, a sliding-window mask where it binds), and no
+// slice reading keys outside its rank's group.
 void check_plan(const ShardPlan& p, const DocumentBatch& batch, const Topology& topo) {
   REQUIRE(p.topology == topo);
   REQUIRE_NOTHROW(p.check_invariants(batch));
@@ -169,6 +170,16 @@ void check_plan(const ShardPlan& p, const DocumentBatch& batch, const Topology& 
     group_tokens = merged(std::move(group_tokens));
     for (const AttnSlice& s : p.slices[static_cast<std::size_t>(r)]) {
       const Document& d = docs[doc_of(batch, s.q_range.begin)];
+      if (s.q_range.size() > 1 && s.mask == Mask::sliding_window(1) && batch.window() == 1) {
+        // Window 1: every query sees itself only, so pieces of documents and one-token documents of
+        // one sequence run together into diagonal slices.
+        REQUIRE(s.k_range == s.q_range);
+        for (std::int64_t t = s.q_range.begin; t < s.q_range.end; ++t)
+          REQUIRE(docs[doc_of(batch, t)].sequence == d.sequence);
+        REQUIRE(inside(s.k_range, group_tokens));
+        q_tokens += s.q_range.size();
+        continue;
+      }
       if (s.q_range.size() > 1 && s.mask == Mask::sliding_window(1)) {
         // A run of one-token documents of one sequence merged into one slice (append_slice): each
         // query sees itself only, as its own document-causal slice would.
@@ -183,8 +194,15 @@ void check_plan(const ShardPlan& p, const DocumentBatch& batch, const Topology& 
         continue;
       }
       REQUIRE(s.q_range.end <= d.tokens.end);
-      REQUIRE(s.k_range == Range{d.tokens.begin, s.q_range.end});
-      REQUIRE(s.mask == Mask::causal(s.q_range.begin - d.tokens.begin));
+      const std::int64_t w = batch.window();
+      if (w > 0 && s.q_range.end - w > d.tokens.begin) {  // the last row does not see the document's start
+        const std::int64_t first = std::max(d.tokens.begin, s.q_range.begin - w + 1);
+        REQUIRE(s.k_range == Range{first, s.q_range.end});
+        REQUIRE(s.mask == Mask::sliding_window(w, s.q_range.begin - first));
+      } else {
+        REQUIRE(s.k_range == Range{d.tokens.begin, s.q_range.end});
+        REQUIRE(s.mask == Mask::causal(s.q_range.begin - d.tokens.begin));
+      }
       REQUIRE(inside(s.k_range, group_tokens));
       q_tokens += s.q_range.size();
     }
@@ -691,6 +709,68 @@ TEST_SUITE("partition") {
     const auto z1 = Zigzag{}.plan(one, topo).balance();
     CHECK(h1.compute_imbalance <= z1.compute_imbalance);
     CHECK(z1.compute_imbalance <= 1.0001);
+  }
+
+  TEST_CASE("windowed batches: every partitioner's slices are the windowed pieces, areas add up") {
+    const auto cases = random_cases();
+    for (int n = 1; n <= 8; ++n)
+      for (const Case& c : cases)
+        for (const std::int64_t w : {1, 7, 50}) {
+          CAPTURE(c.name);
+          CAPTURE(n);
+          CAPTURE(w);
+          const DocumentBatch batch = c.batch.with_window(w);
+          const Topology topo{n, n};
+          check_plan(Uniform{}.plan(batch, topo), batch, topo);
+          check_plan(Zigzag{}.plan(batch, topo), batch, topo);
+          const auto per_doc = PerDoc{}.plan(batch, topo);
+          check_plan(per_doc, batch, topo);
+          check_token_balance(per_doc, batch);  // the windowed cut keeps Per-Doc's token balance
+          check_plan(Hybrid{}.plan(batch, topo), batch, topo);
+          const WholeDoc loose{{.capacity_factor = static_cast<double>(n)}};
+          check_plan(loose.plan(batch, topo), batch, topo);
+          const Topology nodes{n, std::min(n, 2)};
+          check_plan(BatchAware<Uniform>{}.plan(batch, nodes), batch, nodes);
+          check_plan(BatchAware<PerDoc>{}.plan(batch, nodes), batch, nodes);
+        }
+  }
+
+  TEST_CASE("windowed balance on the 128K lognormal mix and one 128K document (w = 4K)") {
+    // The work is the windowed area, no longer the causal triangle: the planners that weigh area
+    // (Hybrid, WholeDoc, BatchAware) weigh this one, the layouts (Zigzag, PerDoc) stay balanced.
+    const Topology topo{8, 8};
+    const std::int64_t w = 4096;
+    const auto batch = lognormal_128k(2026).with_window(w);
+    const auto hb = Hybrid{}.plan(batch, topo).balance();
+    const auto pb = PerDoc{}.plan(batch, topo).balance();
+    MESSAGE("128K lognormal, w = 4K, P = 8, compute imbalance: Hybrid " << hb.compute_imbalance << ", PerDoc "
+                                                                        << pb.compute_imbalance);
+    CHECK(hb.compute_imbalance <= 1.05);
+    CHECK(pb.compute_imbalance <= 1.01);
+    // WholeDoc's list scheduling on windowed costs: max <= mean + (1 - 1/P) * the largest windowed document.
+    const WholeDoc loose{{.capacity_factor = 8.0}};
+    const auto p = loose.plan(batch, topo);
+    const double mean = static_cast<double>(batch.attention_area()) / 8;
+    double biggest = 0;
+    for (const Document& d : batch.documents())
+      biggest = std::max(biggest, static_cast<double>(document_area(d.tokens.size(), w)));
+    CHECK(static_cast<double>(p.balance().max_area) <= mean + (1.0 - 1.0 / 8) * biggest + 1e-6);
+    // One document: every row past the first w costs w pairs. Zigzag and Uniform cut tokens evenly, so
+    // the rank holding the first rows is short by at most the ramp's deficit w(w-1)/2 (about 1.6% here);
+    // Per-Doc and Hybrid cut the ramp zigzag and the band evenly, which balances both.
+    const auto one = DocumentBatch::single({128 * 1024}).with_window(w);
+    const auto z1 = Zigzag{}.plan(one, topo).balance();
+    const auto u1 = Uniform{}.plan(one, topo).balance();
+    const auto p1 = PerDoc{}.plan(one, topo).balance();
+    const auto h1 = Hybrid{}.plan(one, topo).balance();
+    MESSAGE("one 128K document, w = 4K, P = 8, compute imbalance: Zigzag "
+            << z1.compute_imbalance << ", Uniform " << u1.compute_imbalance << ", PerDoc " << p1.compute_imbalance
+            << ", Hybrid " << h1.compute_imbalance);
+    const double mean1 = static_cast<double>(one.attention_area()) / 8;
+    CHECK(static_cast<double>(z1.max_area) <= mean1 + static_cast<double>(w * (w - 1) / 2));
+    CHECK(static_cast<double>(u1.max_area) <= mean1 + static_cast<double>(w * (w - 1) / 2));
+    CHECK(p1.compute_imbalance <= 1.001);
+    CHECK(h1.compute_imbalance <= 1.001);
   }
 
   TEST_CASE("one-token documents: runs are one slice, whole-document packers keep them in runs") {

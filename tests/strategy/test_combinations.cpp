@@ -2,8 +2,9 @@
 // Every partitioner x communicator combination (tests/support/strategy_list.hpp), forward and
 // backward against the fp64 reference
 // on the unsharded batch, on world sizes 1..8, micro-batches of 1..4 sequences of unequal length,
-// lognormal and long-tail document mixes, MHA and GQA. Combinations that can_implement refuses are
-// checked to be refused with a reason, and to throw before any communication.
+// lognormal and long-tail document mixes, MHA and GQA, each without and with a sliding window (windows
+// of 1..64 keys: shorter and longer than the shards, shorter and longer than the documents). Combinations that
+// can_implement refuses are checked to be refused with a reason, and to throw before any communication.
 #include <doctest/doctest.h>
 
 #include <seqpar/seqpar.hpp>
@@ -11,6 +12,9 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <variant>
+#include <vector>
 
 #include "support/distributed_check.hpp"
 #include "support/strategy_list.hpp"
@@ -92,6 +96,26 @@ void check_combination(Combination) {
     CHECK(err.dk < kFp64Tolerance);
     CHECK(err.dv < kFp64Tolerance);
     CHECK(err.bytes_match);
+    // The same rows as a window layer. Shards hold about 300 / world tokens and lognormal documents ~9:
+    // w = 1..5 is shorter than both, w = 40..64 longer than most shards and documents.
+    constexpr std::int64_t kWindows[] = {3, 16, 5, 40, 9, 24, 1, 64};
+    const DocumentBatch windowed = batch.with_window(kWindows[world - 1]);
+    INFO("window " << windowed.window());
+    if (!S::can_implement(args, windowed, shape, Topology{world, args.ranks_per_node}).ok) continue;
+    const auto werr = test::check_strategy<S, attention::Reference<double>>(windowed, shape, world, args);
+    CHECK(werr.o < kFp64Tolerance);
+    CHECK(werr.lse < kFp64Tolerance);
+    CHECK(werr.dq < kFp64Tolerance);
+    CHECK(werr.dk < kFp64Tolerance);
+    CHECK(werr.dv < kFp64Tolerance);
+    CHECK(werr.bytes_match);
+    // On the same owned rows a window never adds traffic, it only removes keys from the slices (the
+    // planners that weigh the windowed area may place the rows differently).
+    const Topology topo{world, args.ranks_per_node};
+    if (S::plan(args, batch, shape, topo).plan.owned == S::plan(args, windowed, shape, topo).plan.owned) {
+      CHECK(werr.bytes_forward <= err.bytes_forward);
+      CHECK(werr.bytes_backward <= err.bytes_backward);
+    }
   }
   const DocumentBatch tiny = one_token_runs();
   for (const int world : {2, 4}) {
@@ -102,6 +126,9 @@ void check_combination(Combination) {
     const auto err = test::check_strategy<S, attention::Reference<double>>(tiny, shape, world, args);
     CHECK(err.max() < kFp64Tolerance);
     CHECK(err.bytes_match);
+    const auto werr = test::check_strategy<S, attention::Reference<double>>(tiny.with_window(2), shape, world, args);
+    CHECK(werr.max() < kFp64Tolerance);
+    CHECK(werr.bytes_match);
   }
   MESSAGE(name << ": " << accepted << " world sizes run, " << refused << " refused");
   CHECK(accepted >= 4);  // a combination that refuses most worlds is not being tested
@@ -132,6 +159,58 @@ ShardingAwareRuns check_sharding_aware(unsigned seed) {
   CHECK(whole.bytes_backward == 0);
   CHECK(whole.max() < kFp64Tolerance);
   return r;
+}
+
+// Forward KV bytes each rank receives under S (the programs' declared bytes, which the exact runs check
+// against the transport), and the ranks each rank receives anything from.
+template <class S>
+std::vector<std::pair<std::uint64_t, int>> received(const typename S::Arguments& args, const DocumentBatch& batch,
+                                                    const AttentionShape& shape, int world) {
+  const Topology topo{world, world};
+  const ShardPlan plan = S::plan(args, batch, shape, topo).plan;
+  std::vector<std::vector<std::uint64_t>> to(static_cast<std::size_t>(world));
+  for (int r = 0; r < world; ++r)
+    to[static_cast<std::size_t>(r)] = S::compile(args, plan, shape, r).forward.bytes_to(world, sizeof(double), 8);
+  std::vector<std::pair<std::uint64_t, int>> out(static_cast<std::size_t>(world));
+  for (int from = 0; from < world; ++from)
+    for (int r = 0; r < world; ++r) {
+      const std::uint64_t b = to[static_cast<std::size_t>(from)][static_cast<std::size_t>(r)];
+      out[static_cast<std::size_t>(r)].first += b;
+      out[static_cast<std::size_t>(r)].second += b > 0 ? 1 : 0;
+    }
+  return out;
+}
+
+// With a window w, a sharding-aware communicator gives each rank only keys inside some query's window:
+// per owned range at most the w - 1 tokens before it, however long the document (the bound of issue 29:
+// the queries' span + w). Exact vs fp64 as well, and far below the unwindowed volume on long documents.
+template <class P, class C>
+void check_window_bound() {
+  using S = Strategy<P, C>;
+  typename S::Arguments args;
+  args.comm.sharding_aware = true;
+  const AttentionShape shape{4, 2, 8};
+  const std::uint64_t row_bytes = 2u * 2u * 8u * sizeof(double);  // K and V, 2 KV heads, d 8
+  const DocumentBatch batch = DocumentBatch({{700, 5, 2, 60}, {300, 9}});
+  for (const int world : {2, 4, 8})
+    for (const std::int64_t w : {1, 6, 40}) {
+      const DocumentBatch windowed = batch.with_window(w);
+      INFO(test::partitioner_name<P> << ": world " << world << ", window " << w);
+      const ShardPlan plan = S::plan(args, windowed, shape, Topology{world, world}).plan;
+      const auto got = received<S>(args, windowed, shape, world);
+      const auto full = received<S>(args, batch, shape, world);
+      std::uint64_t total = 0, total_full = 0;
+      for (int r = 0; r < world; ++r) {
+        const auto ranges = static_cast<std::uint64_t>(plan.owned[static_cast<std::size_t>(r)].size());
+        CHECK(got[static_cast<std::size_t>(r)].first <= ranges * static_cast<std::uint64_t>(w - 1) * row_bytes);
+        total += got[static_cast<std::size_t>(r)].first;
+        total_full += full[static_cast<std::size_t>(r)].first;
+      }
+      if (w <= 6) CHECK(4 * total <= total_full);
+      const auto err = test::check_strategy<S, attention::Reference<double>>(windowed, shape, world, args);
+      CHECK(err.max() < kFp64Tolerance);
+      CHECK(err.bytes_match);
+    }
 }
 
 }  // namespace
@@ -179,5 +258,53 @@ TEST_SUITE("strategy") {
     CHECK(r.smart.bytes_backward < r.plain.bytes_backward);
     // Plain: every rank sends its K and V rows to the 3 others (fp64, 4 KV heads, d 8).
     CHECK(r.plain.bytes_forward == 3 * 120 * 2 * 4 * 8 * sizeof(double));
+  }
+
+  TEST_CASE_TEMPLATE("windowed: sharding-aware ring and all-gather receive at most w - 1 keys per owned range", P,
+                     partition::Uniform, partition::Zigzag, partition::PerDoc, partition::Hybrid) {
+    check_window_bound<P, comm::Ring>();
+    check_window_bound<P, comm::AllGather>();
+  }
+
+  TEST_CASE("windowed: the sharding-aware ring talks only to the ranks inside the windows") {
+    // One 400-token document on 4 Uniform ranks of 100 tokens and w = 30: every rank's window reaches
+    // only its left neighbour, so the ring's other steps move nothing and compute nothing.
+    using S = Strategy<partition::Uniform, comm::Ring>;
+    S::Arguments args;
+    args.comm.sharding_aware = true;
+    const DocumentBatch batch = DocumentBatch({{400}}).with_window(30);
+    const auto got = received<S>(args, batch, {4, 4, 8}, 4);
+    CHECK(got[0].second == 0);
+    for (int r = 1; r < 4; ++r) {
+      CHECK(got[static_cast<std::size_t>(r)].second == 1);
+      CHECK(got[static_cast<std::size_t>(r)].first == 29u * 2u * 4u * 8u * sizeof(double));
+    }
+    const S::Compiled c = S::compile(args, batch, {4, 4, 8}, Topology{4, 4}, 2);
+    int computes = 0;
+    for (const auto& step : c.program.forward.steps)
+      computes += std::holds_alternative<comm::ComputeStep>(step) ? 1 : 0;
+    CHECK(computes == 2);  // the local block and the left neighbour's, not 4
+  }
+
+  TEST_CASE("DocumentBatch::with_window: areas, slices, and a negative window refused by name") {
+    const DocumentBatch b = DocumentBatch({{10, 3}, {1}});
+    CHECK(b.window() == 0);
+    CHECK(b.attention_area() == b.causal_area());
+    const DocumentBatch w = b.with_window(4);
+    CHECK(w.window() == 4);
+    CHECK(w.causal_area() == b.causal_area());
+    // 10 tokens, w 4: rows see 1, 2, 3, 4, 4, 4, 4, 4, 4, 4 keys = 34; 3 tokens: 6; 1 token: 1.
+    CHECK(w.attention_area() == 34 + 6 + 1);
+    CHECK(total_area(w.document_causal_slices()) == w.attention_area());
+    CHECK_FALSE(w == b);
+    CHECK(w.with_window(0) == b);
+    CHECK(document_area(10, 100) == 55);
+    try {
+      (void)b.with_window(-3);
+      FAIL("a negative window was accepted");
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()).find("window") != std::string::npos);
+      CHECK(std::string(e.what()).find("-3") != std::string::npos);
+    }
   }
 }

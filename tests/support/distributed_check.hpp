@@ -116,6 +116,19 @@ inline double relative_error(const std::vector<double>& got, const std::vector<d
 
 namespace detail {
 
+/// What the reference attends: the batch's document-causal slices; with a window, one full-mask slice
+/// per query row over exactly the keys of its window instead, so that the oracle shares no code with the
+/// sliding-window masks and slice clipping the plans are built from.
+inline std::vector<AttnSlice> reference_slices(const DocumentBatch& batch) {
+  if (batch.window() == 0) return batch.document_causal_slices();
+  std::vector<AttnSlice> out;
+  out.reserve(static_cast<std::size_t>(batch.total_tokens()));
+  for (const Document& d : batch.documents())
+    for (std::int64_t i = d.tokens.begin; i < d.tokens.end; ++i)
+      out.push_back({{i, i + 1}, {std::max(d.tokens.begin, i + 1 - batch.window()), i + 1}, Mask::full()});
+  return out;
+}
+
 /// The whole batch: inputs drawn from N(0, 1) and rounded to T (what the ranks hold), the fp64 reference's
 /// outputs on them, and the outputs gathered from the ranks.
 struct WholeBatch {
@@ -140,7 +153,7 @@ struct WholeBatch {
     lse_ref = LseTensor<double>(hq, n);
     lse = LseTensor<double>(hq, n);
     const attention::Reference<double> ref;
-    const auto slices = batch.document_causal_slices();
+    const auto slices = reference_slices(batch);
     ref.forward(shape, q.view(), k.view(), v.view(), slices, o_ref.view(), lse_ref.view());
     ref.backward(shape, q.view(), k.view(), v.view(), o_ref.view(), lse_ref.view(), dout.view(), slices, dq_ref.view(),
                  dk_ref.view(), dv_ref.view());

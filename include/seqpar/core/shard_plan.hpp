@@ -73,7 +73,7 @@ struct ShardPlan {
 
   /// Checks the invariants every partitioner keeps; throws std::logic_error naming the broken one:
   /// every token owned exactly once, groups a partition of the ranks, slices inside owned tokens, and
-  /// the slice areas adding up to the batch's document-causal area.
+  /// the slice areas adding up to the batch's attention area (document-causal, windowed if it has a window).
   void check_invariants(const DocumentBatch& batch) const {
     const auto fail = [](const std::string& what) { throw std::logic_error("ShardPlan: " + what); };
     if (world_size() != topology.world_size || slices.size() != owned.size())
@@ -107,8 +107,9 @@ struct ShardPlan {
         if (!inside) fail("rank " + std::to_string(r) + " has a slice whose queries it does not own");
         area += s.area();
       }
-    if (area != batch.causal_area())
-      fail("slice area " + std::to_string(area) + " != document-causal area " + std::to_string(batch.causal_area()));
+    if (area != batch.attention_area())
+      fail("slice area " + std::to_string(area) + " != the batch's attention area " +
+           std::to_string(batch.attention_area()));
   }
 };
 
@@ -116,11 +117,14 @@ namespace detail {
 
 /// Document-causal slices of the query tokens `owned` (global ranges): each piece of a document gets
 /// one causal slice over the document's prefix up to the piece's end, aligned at the piece's offset.
+/// With a window w the slice's keys start w - 1 tokens before the piece (or at the document's start):
+/// keys further back are in no query's window, so no communicator fetches them and no kernel reads them.
 /// Consecutive one-token documents of one sequence inside one owned range are one diagonal slice
 /// (append_slice): the same pairs, but a million of them are not a million slices.
 [[nodiscard]] inline std::vector<AttnSlice> document_causal_slices_for(const std::vector<Range>& owned,
                                                                        const DocumentBatch& batch) {
   std::vector<AttnSlice> out;
+  const std::int64_t w = batch.window();
   const auto docs = batch.documents();
   const auto ends_after = [](std::int64_t t, const Document& d) { return t < d.tokens.end; };
   auto cursor = docs.begin();  // the last document the previous piece touched: pieces mostly ascend
@@ -144,7 +148,13 @@ namespace detail {
       cursor = it;
       const Range q = intersect(piece, it->tokens);
       if (q.empty()) continue;
-      const AttnSlice s{q, {it->tokens.begin, q.end}, Mask::causal(q.begin - it->tokens.begin)};
+      AttnSlice s{q, {it->tokens.begin, q.end}, Mask::causal(q.begin - it->tokens.begin)};
+      // The window binds only where the piece's last row sees less than its whole prefix; otherwise the
+      // causal mask is the same pairs and keeps the kernels' causal path (and diagonal-run merging).
+      if (w > 0 && q.end - w > it->tokens.begin) {
+        const std::int64_t first_key = std::max(it->tokens.begin, q.begin - w + 1);
+        s = {q, {first_key, q.end}, Mask::sliding_window(w, q.begin - first_key)};
+      }
       if (it->sequence == run_sequence)
         append_slice(out, s);  // BatchAware requires that no slice crosses sequences
       else

@@ -167,7 +167,7 @@ struct BatchAware {
       auto& lengths = seqs.emplace_back();
       for (const Document& d : batch.documents_of(b)) lengths.push_back(d.tokens.size());
     }
-    return DocumentBatch(seqs);
+    return DocumentBatch(seqs).with_window(batch.window());
   }
 
   [[nodiscard]] static Topology sub_topology(const SequenceGroup& sg, const Topology& topo) {
@@ -256,11 +256,9 @@ struct BatchAware {
     std::vector<double> cost(static_cast<std::size_t>(b));
     std::vector<std::int64_t> tokens(static_cast<std::size_t>(b));
     for (int s = 0; s < b; ++s) {
-      double area = 0;
-      for (const Document& d : batch.documents_of(s)) {
-        const auto len = static_cast<double>(d.tokens.size());
-        area += len * (len + 1.0) / 2.0;
-      }
+      double area = 0;  // windowed: a window makes cost linear in a long document, not quadratic
+      for (const Document& d : batch.documents_of(s))
+        area += static_cast<double>(document_area(d.tokens.size(), batch.window()));
       tokens[static_cast<std::size_t>(s)] = batch.sequence(s).size();
       cost[static_cast<std::size_t>(s)] = area + args.linear_weight * static_cast<double>(batch.sequence(s).size());
     }

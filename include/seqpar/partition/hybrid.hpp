@@ -242,7 +242,7 @@ struct Hybrid {
     const auto docs = batch.documents();
     for (std::size_t i = 0; i < docs.size(); ++i) {
       if (docs[i].tokens.size() > tau)
-        detail::zigzag_cut(docs[i].tokens, topo.world_size, cursor, pieces);
+        detail::windowed_cut(docs[i].tokens, topo.world_size, batch.window(), cursor, pieces);
       else
         whole.push_back(i);
     }
@@ -257,7 +257,7 @@ struct Hybrid {
     std::vector<double> costs(whole.size());
     for (std::size_t k = 0; k < whole.size(); ++k) {
       lengths[k] = docs[whole[k]].tokens.size();
-      costs[k] = detail::document_cost(lengths[k], args.linear_weight);
+      costs[k] = detail::document_cost(lengths[k], args.linear_weight, batch.window());
     }
     const auto where = detail::pack_whole(lengths, costs, tokens, load, cap);
     if (!where) return std::nullopt;

@@ -22,6 +22,10 @@ namespace seqpar::partition {
 /// between ranks is at most 4s + 4P pairs, hence compute imbalance <= 1 + 4P * sum_d(s_d + P) / A
 /// (A = the batch's causal area); for documents much longer than P this is close to 1.
 ///
+/// With a sliding window (DocumentBatch::with_window) a document longer than the window is cut as a
+/// triangle (its first w rows, zigzag) and a band (the rest, n contiguous equal pieces): the band's rows
+/// all cost w pairs, and the head-tail pairing would leave it 1.18x imbalanced (detail::windowed_cut).
+///
 /// Communication: every rank needs KV from every rank for every document. All-gather (WLB-LLM):
 /// (P-1)/P of all KV per rank; sharding-aware: rank r needs chunks 0..2P-1-r of each document only
 /// (2P-2-r received chunks), about 25% less. Short documents become tiny chunks (s/2P tokens) that
@@ -50,7 +54,8 @@ struct PerDoc {
     p.topology = topo;
     p.owned.resize(static_cast<std::size_t>(topo.world_size));
     std::int64_t cursor = 0;
-    for (const Document& d : batch.documents()) detail::zigzag_cut(d.tokens, topo.world_size, cursor, p.owned);
+    for (const Document& d : batch.documents())
+      detail::windowed_cut(d.tokens, topo.world_size, batch.window(), cursor, p.owned);
     detail::finish_single_group_plan(p, batch);
     return p;
   }

@@ -15,11 +15,16 @@
 namespace seqpar::partition {
 namespace detail {
 
-/// Planning cost of a whole document of s tokens: its causal pairs s(s+1)/2 plus linear_weight per
-/// token (the per-token work of the layer that does not grow with context, in units of pairs).
-[[nodiscard]] inline double document_cost(std::int64_t s, double linear_weight) noexcept {
+/// Planning cost of a whole document of s tokens: its causal pairs s(s+1)/2 (fewer under a sliding
+/// window of `window` keys: document_area) plus linear_weight per token (the per-token work of the
+/// layer that does not grow with context, in units of pairs).
+[[nodiscard]] inline double document_cost(std::int64_t s, double linear_weight, std::int64_t window = 0) noexcept {
   const auto x = static_cast<double>(s);
-  return x * (x + 1.0) / 2.0 + linear_weight * x;
+  const double pairs = window > 0 && window < s
+                           ? static_cast<double>(window) * (static_cast<double>(window) + 1.0) / 2.0 +
+                                 (x - static_cast<double>(window)) * static_cast<double>(window)
+                           : x * (x + 1.0) / 2.0;
+  return pairs + linear_weight * x;
 }
 
 /// Token capacity per rank: ceil(capacity_factor * T / P), never below ceil(T / P).
@@ -195,7 +200,7 @@ struct WholeDoc {
     std::vector<double> costs(docs.size());
     for (std::size_t i = 0; i < docs.size(); ++i) {
       lengths[i] = docs[i].tokens.size();
-      costs[i] = detail::document_cost(lengths[i], args.linear_weight);
+      costs[i] = detail::document_cost(lengths[i], args.linear_weight, batch.window());
       if (lengths[i] > cap) {
         *why = "document " + std::to_string(i) + " has " + std::to_string(lengths[i]) +
                " tokens, more than the per-rank capacity of " + std::to_string(cap) +

@@ -354,13 +354,15 @@ class AttentionEngine {
     return {const_cast<value_type*>(v.data), v.tokens, v.heads, v.head_dim, v.token_stride, v.head_stride};
   }
 
-  // The words that identify a batch shape: document boundaries, then sequence boundaries.
+  // The words that identify a batch shape: document boundaries, then sequence boundaries, then the
+  // window (a window layer and a full layer over the same rows have different plans).
   template <class Fn>
   static void for_each_key_word(const DocumentBatch& batch, Fn&& fn) {
     for (std::int64_t x : batch.cu_seqlens()) fn(x);
     fn(-1);
     for (int b = 0; b < batch.num_sequences(); ++b) fn(batch.sequence(b).begin);
     fn(batch.total_tokens());
+    fn(batch.window());
   }
   static bool matches(const std::vector<std::int64_t>& key, const DocumentBatch& batch) {
     std::size_t i = 0;

@@ -129,6 +129,12 @@ struct DynamicChunk {
     args.cost.validate(where);
     seqpar::detail::require(batch.total_tokens() > 0, where, "batch.total_tokens()", batch.total_tokens(),
                             "an empty batch has nothing to chunk");
+    // A chunk attends to its documents' earlier chunks through full-mask KV-prefix slices; a window
+    // would have to cut those prefixes, which the chunked path does not do yet: refuse rather than
+    // attend outside the window.
+    seqpar::detail::require(batch.window() == 0, where, "batch.window()", batch.window(),
+                            "chunked (DPP) attention does not take a sliding window yet; plan the windowed layer "
+                            "unchunked (DistributedAttention)");
     const auto docs = batch.documents();
     std::int64_t longest = 0;
     for (const Document& d : docs) longest = std::max(longest, d.tokens.size());

@@ -15,10 +15,15 @@
 //    std::invalid_argument, every other rank seqpar::Error (kPeerFailed), none waits for a timeout;
 //    with nothing corrupted every rank returns;
 //  - DocumentBatch with random (also negative and huge) lengths: accepted with an exact causal area
-//    (checked against 128-bit arithmetic), or refused with std::invalid_argument.
+//    (checked against 128-bit arithmetic), or refused with std::invalid_argument;
+//  - the planning layers: DynamicChunk, one_f_one_b, the checkpointing greedy, validate_schedule and
+//    token_meta with random valid and invalid arguments (planner_case).
 // Exits non-zero on the first violation, printing the seed.
 //   fuzz_api [--seconds S] [--seed N] [--replay A,B,...]
+#include <seqpar/schedule/dynamic_chunk.hpp>
+#include <seqpar/schedule/pipeline.hpp>
 #include <seqpar/seqpar.hpp>
+#include <seqpar/train/token_meta.hpp>
 
 #include "fuzz_driver.hpp"
 
@@ -28,6 +33,7 @@
 #include <cstdio>
 #include <limits>
 #include <mutex>
+#include <numeric>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -343,6 +349,101 @@ void batch_case(std::mt19937& rng) {
   }
 }
 
+// The planning layers (issue 27): DynamicChunk with random (also invalid) arguments, 1F1B and the
+// checkpointing greedy with random (also non-permutation) orders and (also non-finite) models,
+// validate_schedule with another stage count, token_meta with a plan of another batch. Each call
+// either returns a result whose invariants hold or throws std::invalid_argument, as decided here.
+void planner_case(std::mt19937& rng) {
+  std::vector<std::int64_t> lens(static_cast<std::size_t>(1 + pick(rng, 6)));
+  for (auto& l : lens) l = 1 + static_cast<std::int64_t>(rng() % (pick(rng, 4) == 0 ? 3000 : 60));
+  const DocumentBatch batch({lens});
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  schedule::DynamicChunk sched;
+  const std::int64_t caps[] = {-1, 0, 1, 2, 7, 64, 500, 5000};
+  sched.args.token_capacity = caps[pick(rng, 8)];
+  const int slices[] = {-1, 0, 0, 1, 3, 50, schedule::DynamicChunk::kMaxSlices + 1, 2147483647};
+  sched.args.slices = slices[pick(rng, 8)];
+  const double per_token[] = {0.0, 0.0, 24.0, -1.0, nan};
+  sched.args.cost.per_token = per_token[pick(rng, 5)];
+  const bool args_ok = sched.args.token_capacity >= 1 && sched.args.slices >= 0 &&
+                       sched.args.slices <= schedule::DynamicChunk::kMaxSlices && sched.args.cost.per_token >= 0;
+  schedule::ChunkPlan plan;
+  try {
+    plan = sched.plan(batch);
+    expect(args_ok, "DynamicChunk accepted invalid arguments");
+  } catch (const std::invalid_argument&) {
+    return;  // invalid arguments, or a capacity the slice limit cannot reach (or explicit K too few)
+  }
+  std::vector<int> seen(static_cast<std::size_t>(batch.total_tokens()), 0);
+  for (const Chunk& c : plan.chunks) {
+    expect(c.batch.total_tokens() <= sched.args.token_capacity, "DynamicChunk: a chunk over the capacity");
+    for (const Range& r : c.tokens)
+      for (std::int64_t t = r.begin; t < r.end; ++t) ++seen[static_cast<std::size_t>(t)];
+  }
+  for (int x : seen) expect(x == 1, "DynamicChunk: a token not in exactly one chunk");
+  if (plan.chunks.size() > 64) return;
+
+  // 1F1B and the greedy: an order that is a permutation (or corrupted), a model (or a non-finite one).
+  const int n = static_cast<int>(plan.chunks.size()), stages = 1 + pick(rng, 4);
+  std::vector<int> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  if (pick(rng, 3) == 0 && n > 0) order[static_cast<std::size_t>(pick(rng, n))] = pick(rng, 3) == 0 ? n : 0;
+  std::vector<int> sorted = order;
+  std::sort(sorted.begin(), sorted.end());
+  bool permutation = true;
+  for (int i = 0; i < n; ++i) permutation = permutation && sorted[static_cast<std::size_t>(i)] == i;
+  try {
+    (void)schedule::one_f_one_b(order, stages);
+    expect(permutation, "one_f_one_b accepted an order that is not a permutation");
+  } catch (const std::invalid_argument&) {
+    expect(!permutation, "one_f_one_b refused a permutation");
+  }
+  schedule::PipelineModel m{.stages = stages,
+                            .layers_per_stage = 1 + pick(rng, 3),
+                            .static_bytes = 0,
+                            .memory_cap = 1e9,
+                            .activation_bytes_per_token = 10,
+                            .kept_bytes_per_token = 2,
+                            .seconds_per_cost = 1e-9};
+  const bool finite = pick(rng, 4) != 0;
+  if (!finite) (pick(rng, 2) == 0 ? m.memory_cap : m.static_bytes) = pick(rng, 2) == 0 ? nan : INFINITY;
+  schedule::CheckpointProblem prob{{}, m, order};
+  for (const Chunk& c : plan.chunks) prob.tokens.push_back(c.batch.total_tokens());
+  try {
+    const schedule::CheckpointPlan cp = schedule::solve_checkpointing(prob);
+    expect(permutation && finite, "solve_checkpointing accepted a bad order or a non-finite model");
+    expect(cp.diagonals.size() == static_cast<std::size_t>(n + stages - 1), "solve_checkpointing: decisions size");
+  } catch (const std::invalid_argument&) {
+    expect(!(permutation && finite), "solve_checkpointing refused a valid problem");
+  }
+  if (!finite) return;
+  const schedule::PipelineSchedule s = schedule::group_pipelines(plan, m);
+  const int other = 1 + pick(rng, 4);
+  try {
+    schedule::validate_schedule(plan, s, other, m.layers_per_stage, "fuzz");
+    expect(other == stages, "validate_schedule accepted a schedule of another stage count");
+  } catch (const std::invalid_argument&) {
+    expect(other != stages, "validate_schedule refused the grouping's own schedule");
+  }
+
+  // token_meta: a strategy's plan of this batch, or of another batch of the same token count.
+  using Z = Strategy<partition::Zigzag, comm::AllToAll>;
+  const Z::Planned planned = Z::plan({}, batch, {2, 2, 8}, Topology{2, 2});
+  if (!planned.status) return;
+  const ShardPlan& sp = planned.plan;
+  std::vector<std::int64_t> shifted = lens;
+  std::rotate(shifted.begin(), shifted.begin() + 1, shifted.end());
+  const DocumentBatch maybe_other({shifted});
+  const bool same = maybe_other == batch;
+  try {
+    (void)train::token_meta(maybe_other, sp, pick(rng, 2));
+    expect(same, "token_meta accepted a plan of another batch");
+  } catch (const std::invalid_argument&) {
+    expect(!same, "token_meta refused the plan of its own batch");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -360,9 +461,10 @@ int main(int argc, char** argv) {
         distributed_case<Strategy<partition::PerDoc, comm::AllGather>>(rng, "PerDoc x AllGather");
         break;
     }
+    planner_case(rng);  // last: the replayed seeds (CMakeLists) still draw the cases they were kept for
   });
   if (run.status != 0) return run.status;
-  std::printf("fuzz_api: %ld cases (batch, kernel, distributed) in %.0f s (%s)\n", run.cases, run.seconds,
+  std::printf("fuzz_api: %ld cases (batch, planner, kernel, distributed) in %.0f s (%s)\n", run.cases, run.seconds,
               run.seeds().c_str());
   return 0;
 }

@@ -7,7 +7,9 @@
 
 #include <seqpar/plan/selected_attention.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <memory>
 
 using namespace seqpar;
@@ -85,5 +87,23 @@ TEST_SUITE("plan") {
     });
     CHECK(message.find("every strategy refuses") != std::string::npos);
     CHECK(message.find("heads_q") != std::string::npos);
+  }
+
+  TEST_CASE("SelectedAttention keeps at most kChoiceEntries choices over many shapes; an evicted one is chosen again") {
+    const AttentionShape shape{4, 2, 16, 0};
+    std::size_t most = 0;
+    bool same = true;
+    backend::inproc::World(2).run([&](backend::inproc::Transport& t) {
+      Selected attn(t, shape, arguments(replay::profiles::a100_40gb()));
+      const DocumentBatch first = test::random_batch(1, 64, 8.0, 1);
+      const int index = attn.choice(first).index;
+      for (std::uint32_t i = 0; i < 60; ++i) {
+        (void)attn.choice(test::random_batch(1, 64 + i, 8.0, 100 + i));
+        if (t.rank() == 0) most = std::max(most, attn.cached_choices());
+      }
+      if (t.rank() == 0) same = attn.choice(first).index == index;  // evicted long ago: chosen again
+    });
+    CHECK(most <= Selected::kChoiceEntries);
+    CHECK(same);
   }
 }

@@ -5,6 +5,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <map>
 #include <string>
@@ -78,8 +79,19 @@ class SelectedAttention final : public runtime::AttentionEngine<Kernel> {
   /// The strategy chosen for `batch` (planning and simulating it on first sight of its shape).
   [[nodiscard]] const Choice& choice(const DocumentBatch& batch) {
     (void)this->plan(batch);  // compiles (and chooses) on a cache miss
-    return choices_.at(this->key_of(batch));
+    const std::vector<std::int64_t> key = this->key_of(batch);
+    if (const auto it = choices_.find(key); it != choices_.end()) return it->second;
+    // Its choice was evicted while its plan stayed cached: choose again (local and deterministic).
+    ShardPlan plan;
+    comm::CompiledAttention program;
+    compile(batch, plan, program);
+    return choices_.at(key);
   }
+  /// Most choices kept (twice the engine's cached batches: a cached plan's choice is usually still
+  /// there; choice() chooses again when it is not).
+  static constexpr std::size_t kChoiceEntries = 2 * runtime::AttentionEngine<Kernel>::kCacheEntries;
+  /// Choices kept (at most kChoiceEntries; for tests and monitoring).
+  [[nodiscard]] std::size_t cached_choices() const noexcept { return choices_.size(); }
 
  private:
   [[nodiscard]] std::uint64_t strategy_signature() const override {
@@ -133,11 +145,21 @@ class SelectedAttention final : public runtime::AttentionEngine<Kernel> {
     plan = std::move(best.plan);
     program.forward = std::move(best.forward[r]);
     program.backward = std::move(best.backward[r]);
-    choices_[this->key_of(batch)] = std::move(c);
+    std::vector<std::int64_t> key = this->key_of(batch);
+    if (choices_.find(key) == choices_.end()) {
+      // Bounded like the engine's caches: the oldest choice goes first (choice() recomputes it).
+      if (choices_.size() >= kChoiceEntries) {
+        choices_.erase(choice_order_.front());
+        choice_order_.pop_front();
+      }
+      choice_order_.push_back(key);
+    }
+    choices_[std::move(key)] = std::move(c);
   }
 
   Arguments args_;
   mutable std::map<std::vector<std::int64_t>, Choice> choices_;
+  mutable std::deque<std::vector<std::int64_t>> choice_order_;  // keys of choices_, oldest first
 };
 
 }  // namespace seqpar::plan

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <bit>
 #include <cstddef>
@@ -10,7 +11,6 @@
 #include <cstring>
 #include <exception>
 #include <list>
-#include <map>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -42,6 +42,13 @@ namespace seqpar::runtime {
 /// agrees with its peers through a fixed-size all_gather, and runs lowered programs in a workspace
 /// that grows only on a cache miss (or is the caller's).
 ///
+/// Memory is bounded however many batch shapes a run sees: at most kCacheEntries compiled batches
+/// (least recently used evicted) and at most kGroupingEntries groupings (a plan's rank groups, with
+/// the sub-communicators split for them: the group and the hierarchical levels; BASP makes a new
+/// grouping for most batches, each holding its transports' buffers). A grouping is touched by every
+/// call after the ranks agree, so its recency, and hence which one is evicted and when it is split
+/// again, is the same on every rank: the splits are collective and stay matched.
+///
 /// Order of a call: every local check first (the batch, the tensor views' extents, strides and
 /// aliasing, the strategy's refusal of the batch, the kernel's `can_implement` of the engine's shape
 /// and of every head group the program computes), then one all_gather in which the ranks compare
@@ -66,6 +73,22 @@ class AttentionEngine {
   [[nodiscard]] const Topology& topology() const noexcept { return topology_; }
   [[nodiscard]] const AttentionShape& shape() const noexcept { return shape_; }
   [[nodiscard]] int rank() const { return world_.rank(); }
+
+  /// Most compiled batches kept (plans, programs, lowered executors).
+  static constexpr std::size_t kCacheEntries = 8;
+  /// Most groupings kept with their split transports.
+  static constexpr std::size_t kGroupingEntries = 8;
+  struct CacheSizes {
+    std::size_t batches = 0;     ///< <= kCacheEntries
+    std::size_t groupings = 0;   ///< <= kGroupingEntries
+    std::size_t transports = 0;  ///< split transports held (group and levels of every grouping)
+  };
+  /// What the caches hold now (for tests and monitoring). Local.
+  [[nodiscard]] CacheSizes cache_sizes() const noexcept {
+    CacheSizes c{cache_.size(), groupings_.size(), 0};
+    for (const Grouping& g : groupings_) c.transports += (g.group ? 1 : 0) + g.levels.size();
+    return c;
+  }
 
   /// The plan of `batch` (cached).
   [[nodiscard]] const ShardPlan& plan(const DocumentBatch& batch) {
@@ -345,8 +368,14 @@ class AttentionEngine {
     AnyTransport* inner = nullptr;  // hierarchical communicators: ranks of a node inside the group
     AnyTransport* outer = nullptr;  // and the ranks at the same position of every node
     bool connected = false;         // the three above are set (a collective step: after agree)
+    std::vector<int> grouping;      // the plan's groups, flattened (-1 after each): its Grouping's key
   };
-  static constexpr std::size_t kCacheEntries = 8;
+  // A plan's grouping and the sub-communicators this rank split for it.
+  struct Grouping {
+    std::vector<int> signature;
+    std::unique_ptr<AnyTransport> group;  // null: the group is the whole world
+    std::vector<std::pair<std::array<int, 3>, std::unique_ptr<AnyTransport>>> levels;  // (level, color, key)
+  };
   static constexpr std::size_t idx(comm::BufferId b) noexcept { return static_cast<std::size_t>(b); }
 
   // Sources are read, never written, by the programs; the executor's buffer table is uniform.
@@ -392,6 +421,10 @@ class AttentionEngine {
     Entry e;
     e.key = key_of(batch);
     compile(batch, e.plan, e.program);
+    for (const auto& g : e.plan.groups) {
+      e.grouping.insert(e.grouping.end(), g.begin(), g.end());
+      e.grouping.push_back(-1);
+    }
     e.forward.initialize(e.program.forward, kernel_);
     e.backward.initialize(e.program.backward, kernel_);
     e.forward_kernel = kernel_status(e.forward);
@@ -420,13 +453,14 @@ class AttentionEngine {
     return entry(batch);
   }
 
-  // The entry's level transports (splits of the world on a miss of groups_: collective, so only
+  // The entry's level transports (splits of the world on a miss of its grouping: collective, so only
   // after agree, when every rank runs the same batch).
   Entry& connect(Entry& e) {
+    Grouping& g = touch_grouping(e.grouping);  // every call, connected or not: the same LRU on every rank
     if (e.connected) return e;
-    e.group = &group_transport(e.plan);
-    e.inner = level_transport(e.program.forward.splits[static_cast<std::size_t>(comm::Level::kInner)], 0, e.plan);
-    e.outer = level_transport(e.program.forward.splits[static_cast<std::size_t>(comm::Level::kOuter)], 1, e.plan);
+    e.group = &group_transport(g, e.plan);
+    e.inner = level_transport(g, e.program.forward.splits[static_cast<std::size_t>(comm::Level::kInner)], 0);
+    e.outer = level_transport(g, e.program.forward.splits[static_cast<std::size_t>(comm::Level::kOuter)], 1);
     // An eagerly buffering transport holds at most what one run receives: room for it now, so that
     // steady-state calls allocate nothing whatever the threads' timing.
     AnyTransport* const levels[] = {e.group, e.inner, e.outer};
@@ -439,44 +473,63 @@ class AttentionEngine {
     return e;
   }
 
-  // The plan's groups as sub-communicators, split once per distinct grouping (a collective call:
-  // every rank reaches it on the same batch).
-  AnyTransport& group_transport(const ShardPlan& plan) {
+  // The grouping `signature` moved to the front of the LRU (no allocation on a hit), or added; the
+  // least recently used beyond kGroupingEntries is dropped with its transports, and every cached
+  // entry that used them is disconnected (it splits again, collectively, on its next call).
+  Grouping& touch_grouping(const std::vector<int>& signature) {
+    for (auto it = groupings_.begin(); it != groupings_.end(); ++it)
+      if (it->signature == signature) {
+        if (it != groupings_.begin()) groupings_.splice(groupings_.begin(), groupings_, it);
+        return groupings_.front();
+      }
+    groupings_.push_front(Grouping{signature, nullptr, {}});
+    if (groupings_.size() > kGroupingEntries) {
+      const Grouping& old = groupings_.back();
+      const auto held = [&](const AnyTransport* t) {
+        if (t == nullptr) return false;
+        if (t == old.group.get()) return true;
+        for (const auto& l : old.levels)
+          if (t == l.second.get()) return true;
+        return false;
+      };
+      for (Entry& e : cache_)
+        if (e.connected && (held(e.group) || held(e.inner) || held(e.outer))) {
+          e.connected = false;
+          e.group = e.inner = e.outer = nullptr;
+        }
+      groupings_.pop_back();
+    }
+    return groupings_.front();
+  }
+
+  // The plan's group of this rank as a sub-communicator, split once per grouping while it is cached
+  // (a collective call: every rank reaches it on the same batch).
+  AnyTransport& group_transport(Grouping& g, const ShardPlan& plan) {
     const int me = rank();
     const int gi = plan.group_of(me);
     const auto& members = plan.groups[static_cast<std::size_t>(gi)];
     bool identity = static_cast<int>(members.size()) == world_.size();
     for (std::size_t i = 0; identity && i < members.size(); ++i) identity = members[i] == static_cast<int>(i);
     if (identity) return world_;
-    std::vector<int> signature;
-    for (const auto& g : plan.groups) {
-      signature.insert(signature.end(), g.begin(), g.end());
-      signature.push_back(-1);
-    }
-    auto it = groups_.find(signature);
-    if (it == groups_.end()) {
+    if (!g.group) {
       const int key = static_cast<int>(std::find(members.begin(), members.end(), me) - members.begin());
-      it = groups_.emplace(signature, std::make_unique<AnyTransport>(world_.split(gi, key))).first;
+      g.group = std::make_unique<AnyTransport>(world_.split(gi, key));
     }
-    return *it->second;
+    return *g.group;
   }
 
-  // A communicator's inner/outer level as a split of the world (collective on a cache miss). Cached
-  // under the plan's grouping as well as this rank's (color, key): the grouping is the same on every
-  // rank, so every rank hits or misses together. Keyed by (color, key) alone, a rank could find its
-  // level cached from an earlier batch with another grouping while a peer must split, and the two
-  // would call different collectives (found running chunked batches under BatchAware x Hierarchical).
-  AnyTransport* level_transport(const comm::Program::LevelSplit& split, int level, const ShardPlan& plan) {
+  // A communicator's inner/outer level as a split of the world (collective on a miss). Kept under the
+  // plan's grouping as well as this rank's (color, key): the grouping is the same on every rank, so
+  // every rank hits or misses together. Keyed by (color, key) alone, a rank could find its level
+  // cached from an earlier batch with another grouping while a peer must split, and the two would call
+  // different collectives (found running chunked batches under BatchAware x Hierarchical).
+  AnyTransport* level_transport(Grouping& g, const comm::Program::LevelSplit& split, int level) {
     if (split.color < 0) return nullptr;
-    std::vector<int> signature{-2 - level, split.color, split.key};
-    for (const auto& g : plan.groups) {
-      signature.insert(signature.end(), g.begin(), g.end());
-      signature.push_back(-1);
-    }
-    auto it = groups_.find(signature);
-    if (it == groups_.end())
-      it = groups_.emplace(signature, std::make_unique<AnyTransport>(world_.split(split.color, split.key))).first;
-    return it->second.get();
+    const std::array<int, 3> key{level, split.color, split.key};
+    for (auto& l : g.levels)
+      if (l.first == key) return l.second.get();
+    g.levels.emplace_back(key, std::make_unique<AnyTransport>(world_.split(split.color, split.key)));
+    return g.levels.back().second.get();
   }
 
   void run(Entry& e, Executor& executor, typename Executor::Buffers& b, std::span<std::byte> workspace) {
@@ -505,7 +558,7 @@ class AttentionEngine {
   exec_type exec_;
   Topology topology_;
   std::list<Entry> cache_;
-  std::map<std::vector<int>, std::unique_ptr<AnyTransport>> groups_;
+  std::list<Grouping> groupings_;                     // most recently used first, at most kGroupingEntries
   typename DataOps<exec_type>::Workspace workspace_;  // in the context's memory
   std::uint64_t last_bytes_sent_ = 0;
   std::vector<CallSignature> signatures_;

@@ -9,9 +9,11 @@
 
 #include <seqpar/seqpar.hpp>
 
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -266,6 +268,44 @@ TEST_SUITE("strategy") {
     check_window_bound<P, comm::AllGather>();
   }
 
+  TEST_CASE("windowed: CpuFlash (double and float) through ring, all-gather, Ulysses and hierarchical") {
+    // The Reference kernel above walks masks row by row; CpuFlash tiles them, and the windowed slices
+    // reach it clipped and localized (causal offsets of pieces, windows cut at shard edges).
+    const DocumentBatch batch = make_batch(2, Mix::kLongTail, 4242);
+    const AttentionShape shape{8, 2, 8};
+    for (const std::int64_t w : {5, 40}) {
+      const DocumentBatch windowed = batch.with_window(w);
+      INFO("window " << w);
+      const auto run = [&]<class S>(std::type_identity<S>, typename S::Arguments args) {
+        args.ranks_per_node = 2;
+        // CpuFlash owns its workspace and is not copyable: each rank's engine makes its own.
+        const auto check = [&]<class K>(std::type_identity<K>) {
+          return test::check_attention<K>(
+              windowed, shape, 4,
+              [&](backend::inproc::Transport& t) -> std::unique_ptr<runtime::AttentionEngine<K>> {
+                return std::make_unique<DistributedAttention<S, K>>(t, shape, args);
+              },
+              7);
+        };
+        const auto d = check(std::type_identity<attention::CpuFlash<double>>{});
+        CHECK(d.max() < kFp64Tolerance);
+        CHECK(d.bytes_match);
+        const auto f = check(std::type_identity<attention::CpuFlash<float>>{});
+        CHECK(f.max() < 1e-4);  // fp32 accumulation against fp64 on float-rounded inputs
+      };
+      using Zr = Strategy<partition::Zigzag, comm::Ring>;
+      Zr::Arguments zr;
+      zr.comm.sharding_aware = true;
+      run(std::type_identity<Zr>{}, zr);
+      using Pa = Strategy<partition::PerDoc, comm::AllGather>;
+      Pa::Arguments pa;
+      pa.comm.sharding_aware = true;
+      run(std::type_identity<Pa>{}, pa);
+      run(std::type_identity<Strategy<partition::Uniform, comm::AllToAll>>{}, {});
+      run(std::type_identity<Strategy<partition::Hybrid, test::communicators::HierarchicalA2aRing>>{}, {});
+    }
+  }
+
   TEST_CASE("windowed: the sharding-aware ring talks only to the ranks inside the windows") {
     // One 400-token document on 4 Uniform ranks of 100 tokens and w = 30: every rank's window reaches
     // only its left neighbour, so the ring's other steps move nothing and compute nothing.
@@ -299,6 +339,14 @@ TEST_SUITE("strategy") {
     CHECK_FALSE(w == b);
     CHECK(w.with_window(0) == b);
     CHECK(document_area(10, 100) == 55);
+    // DPP chunks attend to earlier chunks through full KV prefixes: a window is refused, not ignored.
+    try {
+      const schedule::DynamicChunk sched{{.token_capacity = 16}};
+      (void)sched.plan(w);
+      FAIL("DynamicChunk accepted a windowed batch");
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()).find("batch.window() = 4") != std::string::npos);
+    }
     try {
       (void)b.with_window(-3);
       FAIL("a negative window was accepted");

@@ -154,6 +154,11 @@ Problem make_problem(const Options& o) {
                                        : o.sequences     ? (total + *o.sequences - 1) / *o.sequences
                                                          : total;
   p.batch = DocumentBatch(pack(lengths, sequence_tokens));
+  if (o.window && *o.window > 0) {
+    // DPP's chunks attend to earlier chunks through full KV prefixes, which a window would cut.
+    if (o.pipeline_stages) usage_error("--window does not apply to --pipeline-stages (DPP chunks take no window yet)");
+    p.batch = p.batch.with_window(*o.window);
+  }
   p.documents = static_cast<std::int64_t>(lengths.size());
 
   // Candidates.
@@ -202,6 +207,7 @@ std::string describe_batch(const Problem& p) {
                   (b == 1 ? " sequence, " : " sequences, ") + std::to_string(p.documents) + " documents (longest " +
                   std::to_string(p.longest_document) + ") from " + p.lengths_source;
   if (cuts > 0) s += "; " + std::to_string(cuts) + (cuts == 1 ? " cut" : " cuts") + " at sequence boundaries";
+  if (p.batch.window() > 0) s += "; sliding window " + std::to_string(p.batch.window());
   return s;
 }
 

@@ -10,6 +10,7 @@
 #include <seqpar/seqpar.hpp>
 
 #include <memory>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -324,6 +325,39 @@ TEST_SUITE("strategy") {
     for (const auto& step : c.program.forward.steps)
       computes += std::holds_alternative<comm::ComputeStep>(step) ? 1 : 0;
     CHECK(computes == 2);  // the local block and the left neighbour's, not 4
+  }
+
+  TEST_CASE("windowed: one engine serves window and full layers over the same rows (plans cached per window)") {
+    // A model alternating window and full layers calls one DistributedAttention with batch and
+    // batch.with_window(w): the plan cache must tell them apart (same rows, different slices), and
+    // results must equal those of a fresh engine for each.
+    using S = Strategy<partition::Zigzag, comm::Ring>;
+    S::Arguments args;
+    args.comm.sharding_aware = true;
+    const AttentionShape shape{4, 2, 8};
+    const DocumentBatch full = DocumentBatch({{90, 7, 30}});
+    const DocumentBatch windowed = full.with_window(6);
+    std::mutex mu;
+    bool same = true, window_matters = false;
+    backend::inproc::World(3).run([&](backend::inproc::Transport& t) {
+      DistributedAttention<S, attention::Reference<double>> shared(t, shape, args), fresh(t, shape, args);
+      const std::int64_t n = shared.local_tokens(full);
+      REQUIRE(n == shared.local_tokens(windowed));  // the same rows
+      ThdTensor<double> q(n, 4, 8), k(n, 2, 8), v(n, 2, 8), o_full(n, 4, 8), o_win(n, 4, 8), o_fresh(n, 4, 8);
+      LseTensor<double> lse(4, n);
+      std::mt19937 rng(static_cast<std::uint32_t>(t.rank()) + 3);
+      std::normal_distribution<double> normal;
+      for (auto* x : {&q, &k, &v})
+        for (double& e : x->storage) e = normal(rng);
+      shared.forward(full, q.view(), k.view(), v.view(), o_full.view(), lse.view());
+      shared.forward(windowed, q.view(), k.view(), v.view(), o_win.view(), lse.view());
+      fresh.forward(windowed, q.view(), k.view(), v.view(), o_fresh.view(), lse.view());
+      const std::lock_guard lock(mu);
+      same = same && o_win.storage == o_fresh.storage;
+      window_matters = window_matters || o_win.storage != o_full.storage;
+    });
+    CHECK(same);
+    CHECK(window_matters);
   }
 
   TEST_CASE("DocumentBatch::with_window: areas, slices, and a negative window refused by name") {

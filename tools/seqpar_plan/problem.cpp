@@ -154,12 +154,12 @@ Problem make_problem(const Options& o) {
                                        : o.sequences     ? (total + *o.sequences - 1) / *o.sequences
                                                          : total;
   p.batch = DocumentBatch(pack(lengths, sequence_tokens));
+  p.documents = static_cast<std::int64_t>(lengths.size());
   if (o.window && *o.window > 0) {
     // DPP's chunks attend to earlier chunks through full KV prefixes, which a window would cut.
     if (o.pipeline_stages) usage_error("--window does not apply to --pipeline-stages (DPP chunks take no window yet)");
     p.batch = p.batch.with_window(*o.window);
   }
-  p.documents = static_cast<std::int64_t>(lengths.size());
 
   // Candidates.
   p.candidates = plan::standard_candidates(p.hardware);

@@ -12,6 +12,10 @@
 // runs the forward programs on 8 threads with a kernel that computes nothing, so it measures the
 // data movement of the in-process transport on this machine (2 cores) and nothing else.
 // The in-process time is the best of --reps runs after a warm-up (slowest rank).
+// Windowed rows (issue 29): the longtail mix as a sliding-window layer (w = 4K and 32K), each strategy's
+// bytes with the window against the same strategy without it, and TransformerEngine's rule for windowed
+// context parallelism (all-gather of the whole K/V: (P-1)/P of every token's K and V per rank, whatever
+// the window) from its formula.
 //   comm_volume [--smoke] [--no-run] [--reps N] [--tokens N] [--json FILE]
 #include <seqpar/seqpar.hpp>
 
@@ -24,6 +28,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../tests/support/strategy_list.hpp"
@@ -71,6 +76,7 @@ std::vector<std::int64_t> make_mix(const std::string& mix, std::int64_t tokens, 
 
 struct Row {
   std::string strategy, mix;
+  std::int64_t window = 0;
   bool refused = false;
   std::string reason;
   std::uint64_t fwd_max = 0, fwd_total = 0, fwd_intra = 0, fwd_inter = 0, bwd_total = 0, bwd_inter = 0;
@@ -90,6 +96,7 @@ Row measure(const std::string& name, const std::string& mix, const DocumentBatch
   Row row;
   row.strategy = name;
   row.mix = mix;
+  row.window = batch.window();
   args.ranks_per_node = kPerNode;
   const Topology topo{kWorld, kPerNode};
   if (const Status s = S::can_implement(args, batch, shape, topo); !s) {
@@ -215,6 +222,67 @@ int main(int argc, char** argv) {
                                                                       reps));
   }
 
+  // Windowed rows: the longtail mix as a window layer. Each strategy runs on the same rows without and
+  // with the window (partitioners that weigh area may place them differently under a window).
+  struct WindowRow {
+    std::string strategy;
+    std::int64_t window;
+    std::uint64_t windowed, unwindowed;
+  };
+  std::vector<WindowRow> window_rows;
+  {
+    std::mt19937 rng(2026);  // the same draws as the longtail rows above
+    const std::vector<std::int64_t> lengths = make_mix("longtail", tokens, rng);
+    const DocumentBatch full = DocumentBatch::single(lengths);
+    std::printf("\nwindowed longtail (%zu documents): forward bytes with a sliding window w vs without\n",
+                lengths.size());
+    std::printf("%-26s %7s %11s %11s %8s %8s %7s %6s\n", "strategy", "w", "fwd total", "unwindowed", "ratio", "of TE",
+                "imbal", "steps");
+    namespace cv = test::communicators;
+    using partition::Hybrid, partition::PerDoc, partition::Uniform, partition::Zigzag;
+    for (const std::int64_t w : {std::int64_t{4096}, std::int64_t{32768}}) {
+      const DocumentBatch windowed = full.with_window(std::min(w, tokens));
+      const std::string mix = "longtail-w" + std::to_string(w / 1024) + "K";
+      // TransformerEngine's windowed CP (all-gather, or a2a; not its P2P ring): every rank gathers the
+      // whole K and V of the other P-1 ranks, so the window changes nothing: 100% of its unwindowed bytes.
+      const std::uint64_t te = static_cast<std::uint64_t>(kWorld) * static_cast<std::uint64_t>(kWorld - 1) *
+                               static_cast<std::uint64_t>(tokens / kWorld) * 2u *
+                               static_cast<std::uint64_t>(shape.heads_kv * shape.head_dim) * sizeof(bf16_storage);
+      const auto pair = [&](Row with, const Row& without) {
+        if (with.refused || without.refused) {
+          std::printf("%-26s %7lld refused: %s\n", with.strategy.c_str(), static_cast<long long>(w),
+                      (with.refused ? with.reason : without.reason).c_str());
+        } else {
+          window_rows.push_back({with.strategy, w, with.fwd_total, without.fwd_total});
+          std::printf("%-26s %7lld %11.1f %11.1f %7.1f%% %7.1f%% %7.3f %6zu\n", with.strategy.c_str(),
+                      static_cast<long long>(w), mib(with.fwd_total), mib(without.fwd_total),
+                      100.0 * static_cast<double>(with.fwd_total) / static_cast<double>(without.fwd_total),
+                      100.0 * static_cast<double>(with.fwd_total) / static_cast<double>(te), with.compute_imbalance,
+                      with.steps);
+        }
+        rows.push_back(std::move(with));
+      };
+      // Bytes are the programs' (--no-run semantics): the in-process timing is the table above's job.
+      const auto both = [&]<class P, class V>(std::type_identity<P>, std::type_identity<V>, const char* name) {
+        pair(measure<P, V>(name, mix, windowed, shape, false, 1),
+             measure<P, V>(name, "longtail", full, shape, false, 1));
+      };
+      both(std::type_identity<Uniform>{}, std::type_identity<cv::AllToAll>{}, "ulysses");
+      both(std::type_identity<Zigzag>{}, std::type_identity<cv::Ring>{}, "zigzag-ring");
+      both(std::type_identity<Zigzag>{}, std::type_identity<cv::RingShardingAware>{}, "zigzag-ring-aware");
+      both(std::type_identity<Zigzag>{}, std::type_identity<cv::AllGather>{}, "zigzag-allgather");
+      both(std::type_identity<Zigzag>{}, std::type_identity<cv::AllGatherShardingAware>{}, "zigzag-allgather-aware");
+      both(std::type_identity<PerDoc>{}, std::type_identity<cv::RingShardingAware>{}, "perdoc-ring-aware");
+      both(std::type_identity<PerDoc>{}, std::type_identity<cv::AllGatherShardingAware>{}, "perdoc-allgather-aware");
+      both(std::type_identity<Hybrid>{}, std::type_identity<cv::RingShardingAware>{}, "hybrid-ring-aware");
+      both(std::type_identity<Hybrid>{}, std::type_identity<cv::AllGatherShardingAware>{}, "hybrid-allgather-aware");
+      both(std::type_identity<Zigzag>{}, std::type_identity<cv::HierarchicalShardingAware>{}, "zigzag-hier-aware");
+      window_rows.push_back({"te-allgather (formula)", w, te, te});
+      std::printf("%-26s %7lld %11.1f %11.1f %7.1f%% %7.1f%%\n", "te-allgather (formula)", static_cast<long long>(w),
+                  mib(te), mib(te), 100.0, 100.0);
+    }
+  }
+
   // The issue's goals, evaluated on the rows above.
   const auto find = [&](const std::string& s, const std::string& m) -> const Row* {
     for (const Row& r : rows)
@@ -238,6 +306,11 @@ int main(int argc, char** argv) {
     if (const Row* b = find("basp-ulysses-b2", mix))
       goal(("BASP (B=2, N=8, 4/node) sends no bytes across nodes (" + mix + ")").c_str(),
            b->fwd_inter == 0 && b->bwd_inter == 0);
+  for (const char* s : {"zigzag-ring-aware", "zigzag-allgather-aware"})
+    for (const WindowRow& r : window_rows)
+      if (r.strategy == s && r.window == 4096)
+        goal((std::string("w = 4K: ") + s + " moves <= 25% of its unwindowed bytes (longtail)").c_str(),
+             r.windowed * 4 <= r.unwindowed);
   const Row* hs = find("hybrid-ring-aware", "single");
   const Row* zs = find("zigzag-ring", "single");
   if (hs && zs)
@@ -248,7 +321,11 @@ int main(int argc, char** argv) {
     std::vector<bench::JsonRecord> records;
     for (const Row& r : rows) {
       bench::JsonRecord j;
-      j.add("strategy", r.strategy).add("mix", r.mix).add("tokens", tokens).add("world", kWorld);
+      j.add("strategy", r.strategy)
+          .add("mix", r.mix)
+          .add("window", r.window)
+          .add("tokens", tokens)
+          .add("world", kWorld);
       j.add("ranks_per_node", kPerNode).add("heads_q", shape.heads_q).add("heads_kv", shape.heads_kv);
       j.add("head_dim", shape.head_dim).add("refused", r.refused).add("reason", r.reason);
       j.add("fwd_bytes_max_rank", r.fwd_max).add("fwd_bytes_total", r.fwd_total);

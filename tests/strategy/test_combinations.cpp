@@ -9,9 +9,12 @@
 
 #include <seqpar/seqpar.hpp>
 
+#include <memory>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -266,6 +269,44 @@ TEST_SUITE("strategy") {
     check_window_bound<P, comm::AllGather>();
   }
 
+  TEST_CASE("windowed: CpuFlash (double and float) through ring, all-gather, Ulysses and hierarchical") {
+    // The Reference kernel above walks masks row by row; CpuFlash tiles them, and the windowed slices
+    // reach it clipped and localized (causal offsets of pieces, windows cut at shard edges).
+    const DocumentBatch batch = make_batch(2, Mix::kLongTail, 4242);
+    const AttentionShape shape{8, 2, 8};
+    for (const std::int64_t w : {5, 40}) {
+      const DocumentBatch windowed = batch.with_window(w);
+      INFO("window " << w);
+      const auto run = [&]<class S>(std::type_identity<S>, typename S::Arguments args) {
+        args.ranks_per_node = 2;
+        // CpuFlash owns its workspace and is not copyable: each rank's engine makes its own.
+        const auto check = [&]<class K>(std::type_identity<K>) {
+          return test::check_attention<K>(
+              windowed, shape, 4,
+              [&](backend::inproc::Transport& t) -> std::unique_ptr<runtime::AttentionEngine<K>> {
+                return std::make_unique<DistributedAttention<S, K>>(t, shape, args);
+              },
+              7);
+        };
+        const auto d = check(std::type_identity<attention::CpuFlash<double>>{});
+        CHECK(d.max() < kFp64Tolerance);
+        CHECK(d.bytes_match);
+        const auto f = check(std::type_identity<attention::CpuFlash<float>>{});
+        CHECK(f.max() < 1e-4);  // fp32 accumulation against fp64 on float-rounded inputs
+      };
+      using Zr = Strategy<partition::Zigzag, comm::Ring>;
+      Zr::Arguments zr;
+      zr.comm.sharding_aware = true;
+      run(std::type_identity<Zr>{}, zr);
+      using Pa = Strategy<partition::PerDoc, comm::AllGather>;
+      Pa::Arguments pa;
+      pa.comm.sharding_aware = true;
+      run(std::type_identity<Pa>{}, pa);
+      run(std::type_identity<Strategy<partition::Uniform, comm::AllToAll>>{}, {});
+      run(std::type_identity<Strategy<partition::Hybrid, test::communicators::HierarchicalA2aRing>>{}, {});
+    }
+  }
+
   TEST_CASE("windowed: the sharding-aware ring talks only to the ranks inside the windows") {
     // One 400-token document on 4 Uniform ranks of 100 tokens and w = 30: every rank's window reaches
     // only its left neighbour, so the ring's other steps move nothing and compute nothing.
@@ -286,6 +327,39 @@ TEST_SUITE("strategy") {
     CHECK(computes == 2);  // the local block and the left neighbour's, not 4
   }
 
+  TEST_CASE("windowed: one engine serves window and full layers over the same rows (plans cached per window)") {
+    // A model alternating window and full layers calls one DistributedAttention with batch and
+    // batch.with_window(w): the plan cache must tell them apart (same rows, different slices), and
+    // results must equal those of a fresh engine for each.
+    using S = Strategy<partition::Zigzag, comm::Ring>;
+    S::Arguments args;
+    args.comm.sharding_aware = true;
+    const AttentionShape shape{4, 2, 8};
+    const DocumentBatch full = DocumentBatch({{90, 7, 30}});
+    const DocumentBatch windowed = full.with_window(6);
+    std::mutex mu;
+    bool same = true, window_matters = false;
+    backend::inproc::World(3).run([&](backend::inproc::Transport& t) {
+      DistributedAttention<S, attention::Reference<double>> shared(t, shape, args), fresh(t, shape, args);
+      const std::int64_t n = shared.local_tokens(full);
+      REQUIRE(n == shared.local_tokens(windowed));  // the same rows
+      ThdTensor<double> q(n, 4, 8), k(n, 2, 8), v(n, 2, 8), o_full(n, 4, 8), o_win(n, 4, 8), o_fresh(n, 4, 8);
+      LseTensor<double> lse(4, n);
+      std::mt19937 rng(static_cast<std::uint32_t>(t.rank()) + 3);
+      std::normal_distribution<double> normal;
+      for (auto* x : {&q, &k, &v})
+        for (double& e : x->storage) e = normal(rng);
+      shared.forward(full, q.view(), k.view(), v.view(), o_full.view(), lse.view());
+      shared.forward(windowed, q.view(), k.view(), v.view(), o_win.view(), lse.view());
+      fresh.forward(windowed, q.view(), k.view(), v.view(), o_fresh.view(), lse.view());
+      const std::lock_guard lock(mu);
+      same = same && o_win.storage == o_fresh.storage;
+      window_matters = window_matters || o_win.storage != o_full.storage;
+    });
+    CHECK(same);
+    CHECK(window_matters);
+  }
+
   TEST_CASE("DocumentBatch::with_window: areas, slices, and a negative window refused by name") {
     const DocumentBatch b = DocumentBatch({{10, 3}, {1}});
     CHECK(b.window() == 0);
@@ -299,6 +373,14 @@ TEST_SUITE("strategy") {
     CHECK_FALSE(w == b);
     CHECK(w.with_window(0) == b);
     CHECK(document_area(10, 100) == 55);
+    // DPP chunks attend to earlier chunks through full KV prefixes: a window is refused, not ignored.
+    try {
+      const schedule::DynamicChunk sched{{.token_capacity = 16}};
+      (void)sched.plan(w);
+      FAIL("DynamicChunk accepted a windowed batch");
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()).find("batch.window() = 4") != std::string::npos);
+    }
     try {
       (void)b.with_window(-3);
       FAIL("a negative window was accepted");

@@ -157,6 +157,12 @@ const std::vector<OptionSpec>& option_table() {
       {"Documents (exactly one of --lengths, --lengths-file, --distribution)", "--sequences", "B",
        "pack into B sequences: --sequence-tokens ceil(total / B)",
        [](Options& o, const S& n, const S& v) { o.sequences = as_int(n, v, 1, 1 << 20); }},
+      {"Documents (exactly one of --lengths, --lengths-file, --distribution)", "--window", "W",
+       "sliding-window attention: each query sees its W most recent keys of its document (0: none, the "
+       "default); plans, costs and bytes are those of the windowed layer",
+       [](Options& o, const S& n, const S& v) {
+         o.window = parse_integer<std::int64_t>(n, v, 0, DocumentBatch::kMaxTokens);
+       }},
 
       {"Strategies and training step", "--strategies", "A,B,...",
        "candidates to compare, comma-separated names (default: all of the list below)",

@@ -46,6 +46,7 @@ struct Options {
   std::optional<std::uint64_t> seed;
   std::optional<int> sequences;
   std::optional<std::int64_t> sequence_tokens;
+  std::optional<std::int64_t> window;
   std::optional<std::string> strategies;
   std::optional<int> zero, micro_batches;
   bool no_checkpointing = false, no_zero_prefetch = false;

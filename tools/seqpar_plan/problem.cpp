@@ -188,6 +188,11 @@ Problem make_problem(const Options& o) {
   p.batch =
       explicit_sequences.empty() ? DocumentBatch(pack(lengths, sequence_tokens)) : DocumentBatch(explicit_sequences);
   p.documents = static_cast<std::int64_t>(lengths.size());
+  if (o.window && *o.window > 0) {
+    // DPP's chunks attend to earlier chunks through full KV prefixes, which a window would cut.
+    if (o.pipeline_stages) usage_error("--window does not apply to --pipeline-stages (DPP chunks take no window yet)");
+    p.batch = p.batch.with_window(*o.window);
+  }
 
   // Candidates.
   p.candidates = plan::standard_candidates(p.hardware);
@@ -240,6 +245,7 @@ std::string describe_batch(const Problem& p) {
                   (b == 1 ? " sequence, " : " sequences, ") + std::to_string(p.documents) + " documents (longest " +
                   std::to_string(p.longest_document) + ") from " + p.lengths_source;
   if (cuts > 0) s += "; " + std::to_string(cuts) + (cuts == 1 ? " cut" : " cuts") + " at sequence boundaries";
+  if (p.batch.window() > 0) s += "; sliding window " + std::to_string(p.batch.window());
   return s;
 }
 

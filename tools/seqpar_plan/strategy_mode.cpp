@@ -242,7 +242,8 @@ std::string json_text(const Problem& p, const std::vector<Row>& rows, std::optio
       .add("documents", p.documents)
       .add("documents_after_packing", static_cast<std::int64_t>(p.batch.documents().size()))
       .add("longest_document", p.longest_document)
-      .add("lengths_source", p.lengths_source);
+      .add("lengths_source", p.lengths_source)
+      .add("window", p.batch.window());
   if (!p.attention_only)
     plan.add("zero_ranks", p.training.zero_ranks == 0 ? p.topology.world_size : p.training.zero_ranks)
         .add("checkpointing", p.training.checkpointing)

@@ -327,20 +327,23 @@ void run_dpp(bool smoke, Results& out, bool explain) {
         }
         // DeepSpeed-like: the checkpointing the paper tuned trades micro-batches (ZeRO-3 gathers) against
         // recomputation; the sweep says which setting the replay finds fastest.
-        std::string sweep;
-        int fastest = -1;
-        double fastest_s = 0;
-        for (int k = 0; k <= w.model.layers; k += w.model.layers / 10) {
-          bench::dpp::UlyssesZero3 d = deepspeed;
-          d.checkpoint_layers = k;
-          const bench::dpp::BaselineStep b = d.step(lengths);
-          sweep += (sweep.empty() ? "" : ", ") + std::to_string(k) + ": " +
-                   (b.feasible ? fmt("%.2f s", b.step_s) + " (" + std::to_string(b.micro_batches) + " mb)"
-                               : std::string("does not fit"));
-          if (b.feasible && (fastest < 0 || b.step_s < fastest_s)) fastest = k, fastest_s = b.step_s;
+        for (const bool overlap : {true, false}) {
+          std::string sweep;
+          int fastest = -1;
+          double fastest_s = 0;
+          for (int k = 0; k <= w.model.layers; k += w.model.layers / 10) {
+            bench::dpp::UlyssesZero3 d = deepspeed;
+            d.checkpoint_layers = k;
+            d.zero_overlap = overlap;
+            const bench::dpp::BaselineStep b = d.step(lengths);
+            sweep += (sweep.empty() ? "" : ", ") + std::to_string(k) + ": " +
+                     (b.feasible ? fmt("%.2f s", b.step_s) + " (" + std::to_string(b.micro_batches) + " mb)"
+                                 : std::string("does not fit"));
+            if (b.feasible && (fastest < 0 || b.step_s < fastest_s)) fastest = k, fastest_s = b.step_s;
+          }
+          std::printf("  deepspeed-ulysses step by checkpointed layers, ZeRO-3 %s (paper ran %d): %s; fastest %d\n",
+                      overlap ? "overlapped" : "not overlapped", b30 ? 36 : 0, sweep.c_str(), fastest);
         }
-        std::printf("  deepspeed-ulysses step by checkpointed layers (paper ran %d): %s; fastest %d\n", b30 ? 36 : 0,
-                    sweep.c_str(), fastest);
         std::printf("  deepspeed-ulysses memory per rank at its capacity (%.0f rows, %d checkpointed layers):\n",
                     deepspeed.rank_capacity(), deepspeed.checkpoint_layers);
         print_terms(deepspeed.memory(deepspeed.rank_capacity(), deepspeed.rank_capacity()),

@@ -13,8 +13,10 @@
 // for a training step), baselines included (Llama 3's all-gather CP is Strategy<Zigzag, AllGather>).
 // One file per paper (basp.cpp, hsap.cpp, flashcp.cpp, dpp.cpp); replay.hpp says what they share.
 //
-//   replay [--smoke] [--paper NAME] [--json FILE] [--markdown FILE] [--svg-dir DIR]
+//   replay [--smoke] [--explain] [--paper NAME] [--json FILE] [--markdown FILE] [--svg-dir DIR]
 //   --smoke      a tiny subset (a few seconds; CTest runs it)
+//   --explain    DPP: every memory term of each plan's stages and of the baselines, and the checkpointed
+//                layers the baselines need beside the paper's
 //   --paper      only this paper's replay (BASP, HSAP, FlashCP or DPP; case-insensitive)
 //   --json       one record per (paper, workload, strategy, baseline)
 //   --markdown   the tables as markdown (default: next to --json, .md)
@@ -35,6 +37,7 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   std::string json, markdown, svg_dir, only;
   bool smoke = false;
+  bool explain = false;  // DPP: every memory term of every plan and baseline
   const auto lower = [](std::string x) {
     std::transform(x.begin(), x.end(), x.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
     return x;
@@ -43,6 +46,8 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--smoke")
       smoke = true;
+    else if (a == "--explain")
+      explain = true;
     else if (a == "--json" && i + 1 < argc)
       json = argv[++i];
     else if (a == "--markdown" && i + 1 < argc)
@@ -52,7 +57,8 @@ int main(int argc, char** argv) {
     else if (a == "--svg-dir" && i + 1 < argc)
       svg_dir = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--smoke] [--paper NAME] [--json FILE] [--markdown FILE] [--svg-dir DIR]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--smoke] [--explain] [--paper NAME] [--json FILE] [--markdown FILE] [--svg-dir DIR]\n",
                    argv[0]);
       return 2;
     }
@@ -72,7 +78,7 @@ int main(int argc, char** argv) {
   if (wanted("BASP")) papers::run_basp(smoke, results);
   if (wanted("HSAP")) papers::run_hsap(smoke, results);
   if (wanted("FlashCP")) papers::run_flashcp(smoke, results);
-  if (wanted("DPP")) papers::run_dpp(smoke, results);
+  if (wanted("DPP")) papers::run_dpp(smoke, results, explain);
   const std::vector<papers::Verdict> vs = papers::verdicts(results);
   papers::print_summary(results, vs);
   std::printf("\nreplayed in %.1f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

@@ -70,10 +70,10 @@ inline bool within(double x, double paper, double factor) {
 // ---- the papers (one file each): print the paper's table, append its records to `out` ----------------
 // `smoke`: a tiny subset of the workloads (CTest's bench_smoke case).
 
-void run_basp(bool smoke, Results& out);     // basp.cpp
-void run_hsap(bool smoke, Results& out);     // hsap.cpp
-void run_flashcp(bool smoke, Results& out);  // flashcp.cpp
-void run_dpp(bool smoke, Results& out);      // dpp.cpp
+void run_basp(bool smoke, Results& out);                       // basp.cpp
+void run_hsap(bool smoke, Results& out);                       // hsap.cpp
+void run_flashcp(bool smoke, Results& out);                    // flashcp.cpp
+void run_dpp(bool smoke, Results& out, bool explain = false);  // dpp.cpp; explain: memory terms
 
 // ---- summary.cpp: direction and size against the papers ----------------------------------------------
 

@@ -9,6 +9,7 @@
 
 #include <seqpar/plan/model_shape.hpp>
 #include <seqpar/plan/pipeline_step.hpp>
+#include <seqpar/plan/stage_memory.hpp>
 #include <seqpar/plan/step.hpp>
 #include <seqpar/replay/costs.hpp>
 #include <seqpar/replay/hardware.hpp>
@@ -74,16 +75,43 @@ struct UlyssesZero3 {
   int checkpoint_layers = 0;  ///< layers recomputed in backward (the paper's tuned setting)
   double memory_reserve = 0.1;
   std::vector<int> fixed_groups;  ///< DeepSpeed-like when not empty
+  /// false: no ZeRO-3 collective overlaps a layer's compute or all-to-all (each layer waits for its
+  /// gather, its backward for the gradient's reduce-scatter too). DPP's paper measures FlexSP's ZeRO and
+  /// all-to-all time at up to 3.2x DPP's 17% of a step (its 13B case study [R]), which the overlapped
+  /// model (true) cannot produce on this profile; the two bracket FlexSP between a perfect prefetch and
+  /// none.
+  bool zero_overlap = true;
 
   [[nodiscard]] double token_bytes_per_rank() const {  // activation bytes of one token held by one rank
     const double vb = hw.value_bytes;
     return (model.layers - checkpoint_layers) * model.layer_activation_bytes_per_token(vb) +
            checkpoint_layers * model.hidden * vb;
   }
-  /// Tokens one rank can hold (its share of its group's sequences).
+  /// One rank holding `rows` activation rows (its share of its group's sequences in a micro-batch),
+  /// term by term: ZeRO-3 states over the world, the two gathered layers, the activations, and the
+  /// transients of its largest sequence share `peak_rows` (one layer's backward working set, the
+  /// all-to-all buffers, the logits and loss).
+  [[nodiscard]] plan::MemoryBreakdown memory(double rows, double peak_rows) const {
+    const double vb = hw.value_bytes;
+    const double q = static_cast<double>(model.heads_q) * model.head_dim,
+                 kv = static_cast<double>(model.heads_kv) * model.head_dim;
+    plan::MemoryBreakdown m;
+    plan::add_model_states(m, model.params(), plan::ZeroStage::kParameters, world);
+    m.add("ZeRO-3 gathered layers (running + prefetched)", 2.0 * 2.0 * model.layer_params());
+    m.add("activations (" + std::to_string(model.layers - checkpoint_layers) + " layers kept, " +
+              std::to_string(checkpoint_layers) + " checkpointed)",
+          rows * token_bytes_per_rank());
+    m.add("one layer's backward working set", peak_rows * model.layer_activation_bytes_per_token(vb));
+    m.add("all-to-all buffers (send + receive)", 2.0 * peak_rows * (q + 2.0 * kv) * vb);
+    m.add("logits and loss", peak_rows * (model.vocab * vb + 8.0));
+    return m;
+  }
+  /// Tokens one rank can hold (its share of its group's sequences), the transients priced as if they
+  /// were one sequence's (the most they can be).
   [[nodiscard]] double rank_capacity() const {
-    const double states = 16.0 * model.params() / world + 2.0 * 2.0 * model.layer_params();
-    return (hw.memory_bytes * (1.0 - memory_reserve) - states) / token_bytes_per_rank();
+    const double states = memory(0.0, 0.0).total();
+    const double per_row = memory(1.0, 1.0).total() - states;
+    return (hw.memory_bytes * (1.0 - memory_reserve) - states) / per_row;
   }
 
   static void partitions(int left, int largest, std::vector<int>& cur, std::vector<std::vector<int>>& out) {
@@ -208,6 +236,7 @@ struct UlyssesZero3 {
           const bool spans = gr.size > rpn;
           const double cf = l.forward_compute(), cb = l.backward_compute(), x = l.all_to_all;
           const auto layer_time = [&](double c, double a, double z) {
+            if (!zero_overlap) return c + a + z;
             return spans ? a + std::max(c, z) : std::max(c + a, z);
           };
           const double f = layer_time(cf, x, gather), b = layer_time(cb, x, 2 * gather),
@@ -261,6 +290,36 @@ struct MegatronCp {
   int world = 32, tp = 8, cp = 4;
   int checkpoint_layers = 0;
   std::int64_t context = 49152;
+
+  double memory_reserve = 0.1;  ///< as plan::PipelineStepOptions::memory_reserve
+
+  /// One rank's memory with a full micro-batch (`context` tokens over cp ranks) and `k` layers
+  /// checkpointed, term by term. Korthikanti et al. 2022 (section 4.2.2): with tensor and sequence
+  /// parallelism every activation is split t ways; CP splits the rows cp ways. States: bf16 weights
+  /// (layers / tp, the vocabulary-parallel embedding and head / tp), fp32 gradients (Megatron-LM
+  /// accumulates them in fp32 under bf16), Adam sharded over DP (its distributed optimizer: ZeRO-1).
+  /// Transients: one layer's backward working set, TP's all-gathered input of a GEMM, CP's KV ring
+  /// buffers (send and receive), the vocabulary-parallel logits (bf16) with the fp32 cross-entropy.
+  [[nodiscard]] plan::MemoryBreakdown memory(int k) const {
+    const double vb = hw.value_bytes, rows = static_cast<double>(context) / cp;
+    const double kv = static_cast<double>(model.heads_kv) * model.head_dim;
+    plan::MemoryBreakdown m;
+    plan::add_model_states(m, model.params() / tp, plan::ZeroStage::kOptimizer, std::max(1, world / (tp * cp)), 4.0);
+    m.add("activations (" + std::to_string(model.layers - k) + " layers kept, " + std::to_string(k) + " checkpointed)",
+          rows / tp * ((model.layers - k) * model.layer_activation_bytes_per_token(vb) + k * model.hidden * vb));
+    m.add("one layer's backward working set", rows / tp * model.layer_activation_bytes_per_token(vb));
+    m.add("TP all-gathered GEMM input", rows * model.hidden * vb);
+    m.add("CP ring KV buffers (send + receive)", cp > 1 ? 2.0 * rows * 2.0 * kv / tp * vb : 0.0);
+    m.add("logits and loss (vocabulary-parallel, fp32 cross-entropy)", rows * model.vocab / tp * (vb + 4.0));
+    return m;
+  }
+  [[nodiscard]] double memory_cap() const { return hw.memory_bytes * (1.0 - memory_reserve); }
+  /// The fewest checkpointed layers whose memory fits the cap (-1 when none does).
+  [[nodiscard]] int checkpoint_layers_needed() const {
+    for (int k = 0; k <= model.layers; ++k)
+      if (memory(k).total() <= memory_cap()) return k;
+    return -1;
+  }
 
   [[nodiscard]] BaselineStep step(const std::vector<std::int64_t>& sequences) const {
     BaselineStep out;

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -38,6 +39,7 @@
 #include <vector>
 
 #include "seqpar/attention/kernel.hpp"
+#include "seqpar/backend/inproc/world.hpp"
 #include "seqpar/core/document_batch.hpp"
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/range.hpp"
@@ -65,6 +67,40 @@ struct PipelinedStepResult {
   std::size_t carry_bytes = 0;             ///< K, V, dK, dV of prefix rows kept by the attention, all layers
   long long layers_recomputed = 0;         ///< layers this rank ran forward twice
 };
+
+/// The rows the busiest rank of an attention group of `ranks` holds of each chunk of `plan` under
+/// StrategyT, found as run_pipelined_step finds them (a DistributedAttention and a ChunkedAttention over
+/// the chunks, on in-process ranks). A memory model that plans with these rows (busiest_share) fits on
+/// every rank; one that plans with tokens / ranks lets a rank whose partition is uneven exceed its cap.
+template <class StrategyT, class T, std::invocable MakeKernel>
+std::vector<std::int64_t> busiest_rank_tokens(const TinyTransformer<T>& model, const schedule::ChunkPlan& plan,
+                                              int ranks, typename StrategyT::Arguments args, MakeKernel make_kernel) {
+  using Kernel = std::invoke_result_t<MakeKernel>;
+  detail::require(ranks >= 1, "testing::busiest_rank_tokens", "ranks", ranks, "must be >= 1");
+  std::vector<std::int64_t> out(plan.chunks.size(), 0);
+  std::mutex mu;
+  backend::inproc::World(ranks).run([&](backend::inproc::Transport& tr) {
+    DistributedAttention<StrategyT, Kernel> attention(tr, model.config().attention_shape(), args, make_kernel());
+    runtime::ChunkedAttention<Kernel> chunked(attention, tr, make_kernel());
+    chunked.begin(plan.chunks);
+    const std::lock_guard lock(mu);
+    for (std::size_t c = 0; c < out.size(); ++c) out[c] = std::max(out[c], chunked.local_tokens(static_cast<int>(c)));
+  });
+  return out;
+}
+
+/// The busiest rank's share of a chunk, the largest over `plan`'s chunks: busiest rows / chunk tokens.
+/// A memory model whose bytes per chunk token are a row's bytes times this share bounds every rank.
+[[nodiscard]] inline double busiest_share(const schedule::ChunkPlan& plan, const std::vector<std::int64_t>& busiest) {
+  detail::require(busiest.size() == plan.chunks.size(), "testing::busiest_share", "busiest.size()", busiest.size(),
+                  "must be the plan's chunk count " + std::to_string(plan.chunks.size()));
+  double share = 0;
+  for (std::size_t c = 0; c < busiest.size(); ++c) {
+    const std::int64_t t = plan.chunks[c].batch.total_tokens();
+    if (t > 0) share = std::max(share, static_cast<double>(busiest[c]) / static_cast<double>(t));
+  }
+  return share;
+}
 
 /// Runs one step on this rank (see the file comment). `memory_model` is the model `schedule` was
 /// planned with (its stages and layers_per_stage must match the layout); its per-token bytes are

@@ -9,6 +9,7 @@
 
 #include <seqpar/attention/cpu_flash.hpp>
 #include <seqpar/backend/inproc/world.hpp>
+#include <seqpar/plan/model_shape.hpp>
 #include <seqpar/seqpar.hpp>
 #include <seqpar_testing/pipelined_step.hpp>
 #include <seqpar_testing/reference_step.hpp>
@@ -67,13 +68,18 @@ void check_pipelined(const std::string& name, Layout layout, typename S::Argumen
   REQUIRE(split);
   // Memory: the cap at 60% of the largest stage peak without checkpointing, so the schedule
   // checkpoints some chunks' layers on some stages.
-  schedule::PipelineModel pm{.stages = layout.stages,
-                             .layers_per_stage = 2,
-                             .static_bytes = 0,
-                             .memory_cap = 1,
-                             .activation_bytes_per_token = static_cast<double>(model.activation_values_per_row() * 8),
-                             .kept_bytes_per_token = 8.0 * 8,
-                             .seconds_per_cost = 1e-9};
+  // The model plans each rank: a row's bytes times the busiest rank's share of a chunk (issue 28 item 6).
+  const double share = testing::busiest_share(
+      plan,
+      testing::busiest_rank_tokens<S>(model, plan, layout.attention, args, [] { return Kernel({.threads = 1}); }));
+  schedule::PipelineModel pm{
+      .stages = layout.stages,
+      .layers_per_stage = 2,
+      .static_bytes = 0,
+      .memory_cap = 1,
+      .activation_bytes_per_token = static_cast<double>(model.activation_values_per_row() * 8) * share,
+      .kept_bytes_per_token = 8.0 * 8 * share,
+      .seconds_per_cost = 1e-9};
   {
     schedule::PipelineModel roomy = pm;
     roomy.memory_cap = 1e30;
@@ -102,6 +108,10 @@ void check_pipelined(const std::string& name, Layout layout, typename S::Argumen
     loss_sum += r.loss_sum;
     recomputed += r.layers_recomputed;
     label_tokens = r.label_tokens;
+    if (static_cast<double>(r.peak_activation_bytes) > pm.memory_cap)
+      memory_mismatch.push_back("rank " + std::to_string(t.rank()) + ": measured " +
+                                std::to_string(r.peak_activation_bytes) + " over the cap " +
+                                std::to_string(pm.memory_cap));
     if (static_cast<double>(r.peak_activation_bytes) != r.predicted_peak_bytes)
       memory_mismatch.push_back("rank " + std::to_string(t.rank()) + ": measured " +
                                 std::to_string(r.peak_activation_bytes) + " predicted " +
@@ -127,6 +137,32 @@ void check_pipelined(const std::string& name, Layout layout, typename S::Argumen
 }  // namespace
 
 TEST_SUITE("train") {
+  TEST_CASE("memory model: a TinyTransformer layer's cache is ModelShape's activation terms, row for row") {
+    // The tiny model keeps its statistics (LSE, inverse RMS) in T, so both byte sizes are sizeof(T).
+    const testing::TinyConfig cfg{
+        .vocab = 17, .dim = 8, .layers = 2, .heads_q = 4, .heads_kv = 2, .head_dim = 4, .ffn = 12};
+    Model model(cfg);
+    model.init(7);
+    const plan::ModelShape shape{"tiny",       cfg.layers, cfg.dim,   cfg.heads_q, cfg.heads_kv,
+                                 cfg.head_dim, cfg.ffn,    cfg.vocab, true};
+    CHECK(shape.layer_activation_bytes_per_token(8.0, 8.0) ==
+          static_cast<double>(model.activation_values_per_row() * 8));
+    for (const std::size_t n : {1U, 5U, 33U}) {
+      CAPTURE(n);
+      std::vector<double> x(n * 8), out(n * 8);
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37 * static_cast<double>(i));
+      std::vector<std::int64_t> pos(n);
+      for (std::size_t i = 0; i < n; ++i) pos[i] = static_cast<std::int64_t>(i);
+      Model::LayerCache cache;
+      model.layer_forward(
+          1, x, pos, [](auto, auto, auto, auto, auto) {}, cache, out);
+      CHECK(static_cast<double>(cache.bytes()) ==
+            static_cast<double>(n) * shape.layer_activation_bytes_per_token(8.0, 8.0));
+      cache.checkpoint();
+      CHECK(static_cast<double>(cache.bytes()) == static_cast<double>(n) * cfg.dim * 8.0);
+    }
+  }
+
   TEST_CASE("pipelined DPP step: loss and every gradient equal the single-device step, memory as modelled") {
     using HybridRing = Strategy<partition::Hybrid, comm::Ring>;
     using ZigzagRing = Strategy<partition::Zigzag, comm::Ring>;

@@ -3,6 +3,7 @@
 // DPP's grouping and their checkpointing: GLPK's MILP when built with seqpar::glpk, else the greedy), on N
 // stages of ranks / N ranks each.
 #include <seqpar/plan/pipeline_step.hpp>
+#include <seqpar/plan/stage_memory.hpp>
 #include <seqpar/schedule/dynamic_chunk.hpp>
 #include <seqpar/schedule/pipeline.hpp>
 
@@ -133,10 +134,10 @@ int run_pipeline(const Options& o, const Problem& p) {
     usage_error("--zero " + std::to_string(opt.zero_ranks) + " is more than the " + std::to_string(opt.sp_ranks) +
                 " ranks of a stage");
   opt.validate("seqpar-plan --pipeline-stages");
-  const schedule::PipelineModel pm = plan::pipeline_model(opt);
   schedule::DynamicChunk chunker;
   chunker.args.cost = plan::chunk_cost(opt);
-  chunker.args.token_capacity = o.chunk_tokens.value_or(default_chunk_tokens(pm, p.batch.total_tokens()));
+  chunker.args.token_capacity =
+      o.chunk_tokens.value_or(default_chunk_tokens(plan::pipeline_model(opt), p.batch.total_tokens()));
   chunker.args.slices = o.chunk_slices.value_or(0);
   const schedule::ChunkPlan plan = chunker.plan(p.batch);
   // The grouping's dynamic program and the step simulation grow faster than linearly in the chunks
@@ -147,6 +148,10 @@ int run_pipeline(const Options& o, const Problem& p) {
     usage_error("--chunk-tokens " + std::to_string(chunker.args.token_capacity) + " cuts the batch into " +
                 std::to_string(plan.chunks.size()) + " chunks; seqpar-plan plans at most " +
                 std::to_string(kMaxChunks) + " (use a larger --chunk-tokens)");
+  // The memory model with the plan's bounds: its largest chunk and prefix set the transient terms of
+  // plan::stage_memory, its busiest Ulysses rank the activations' share.
+  opt = plan::with_chunks(opt, plan);
+  const schedule::PipelineModel pm = plan::pipeline_model(opt);
 
   std::string solver = o.checkpoint_solver.value_or("auto");
 #if defined(SEQPAR_ENABLE_GLPK)
@@ -265,6 +270,18 @@ int run_pipeline(const Options& o, const Problem& p) {
       "compares with 'step ms' of the strategy table (seqpar-plan without --pipeline-stages, same options)\n",
       step.step_s * 1e3, step.tokens_per_s, step.bubble_s * 1e3, step.recompute_s * 1e3,
       step.fits_memory ? "" : "; OVER the memory cap when executed");
+  // Every term of each stage's memory at its executed peak (plan::stage_memory).
+  std::printf(
+      "  memory per rank at each stage's executed peak (largest chunk %lld tokens, largest prefix %lld, "
+      "busiest rank x%.4f), GiB:\n",
+      static_cast<long long>(opt.chunk_tokens), static_cast<long long>(opt.carry_tokens), opt.rank_imbalance);
+  for (int s = 0; s < stages; ++s) {
+    const plan::PipelineStageReport& st = step.stages[static_cast<std::size_t>(s)];
+    const plan::MemoryBreakdown mb = plan::stage_memory(opt, s, st.peak_memory_bytes - pm.static_bytes);
+    std::printf("    stage %d:", s);
+    for (const plan::MemoryTerm& term : mb.terms) std::printf(" %s %.3f;", term.name.c_str(), gib(term.bytes));
+    std::printf(" total %.3f (cap %.2f)\n", gib(mb.total()), gib(pm.memory_cap));
+  }
   std::fflush(stdout);
 
   if (o.json) {

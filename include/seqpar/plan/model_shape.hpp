@@ -40,13 +40,39 @@ struct ModelShape {
   [[nodiscard]] double params() const noexcept { return layers * layer_params() + embedding_params(); }
   /// Forward GEMM FLOPs of one layer per token (2 per multiply-add): everything but attention itself.
   [[nodiscard]] double layer_gemm_flops_per_token() const noexcept { return 2.0 * (layer_params() - 2.0 * hidden); }
-  /// Bytes one layer keeps per token for its backward without checkpointing, activations of
-  /// `value_bytes`: the normed inputs and residuals (4 x hidden), Q and the attention output (2 x Hq*d),
-  /// K and V, the MLP's gate, up and activated values (3 x ffn), and an fp32 softmax statistic per query
-  /// head. A checkpointed layer keeps only its input (hidden x value_bytes).
-  [[nodiscard]] double layer_activation_bytes_per_token(double value_bytes) const noexcept {
-    const double q = static_cast<double>(heads_q) * head_dim, kv = static_cast<double>(heads_kv) * head_dim;
-    return value_bytes * (4.0 * hidden + 2.0 * q + 2.0 * kv + 3.0 * ffn) + 4.0 * heads_q;
+  /// One named tensor a layer keeps for its backward, in bytes per token (see layer_activation_terms).
+  struct ActivationTerm {
+    const char* name;
+    double bytes_per_token;
+  };
+  /// The tensors one layer keeps per token for its backward without checkpointing, activations of
+  /// `value_bytes` and per-row statistics of `stat_bytes` (fp32 in mixed precision). The accounting is
+  /// Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", section
+  /// 4.1: every input a backward GEMM or norm needs is kept) for a LLaMA block: RMSNorm instead of
+  /// LayerNorm (its input, output and one inverse-RMS per row), SwiGLU instead of GeLU (gate, up and
+  /// their product feed the backward), no dropout masks, and FlashAttention (Dao et al. 2022), which
+  /// keeps Q, K, V, the output and one log-sum-exp per query head instead of the s^2 softmax.
+  /// A checkpointed layer keeps only its input (hidden x value_bytes).
+  [[nodiscard]] std::vector<ActivationTerm> layer_activation_terms(double value_bytes, double stat_bytes = 4) const {
+    const double h = hidden, q = static_cast<double>(heads_q) * head_dim, kv = static_cast<double>(heads_kv) * head_dim,
+                 f = ffn;
+    return {{"attention norm input (residual stream)", value_bytes * h},
+            {"attention norm output (Q/K/V GEMM input)", value_bytes * h},
+            {"Q (after RoPE)", value_bytes * q},
+            {"K, V (after RoPE)", value_bytes * 2.0 * kv},
+            {"attention output O (O-projection input)", value_bytes * q},
+            {"softmax log-sum-exp, one per query head", stat_bytes * heads_q},
+            {"MLP norm input (residual stream)", value_bytes * h},
+            {"MLP norm output (gate/up GEMM input)", value_bytes * h},
+            {"norm statistics, one per norm", stat_bytes * 2.0},
+            {"MLP gate and up projections", value_bytes * 2.0 * f},
+            {"SwiGLU product (down GEMM input)", value_bytes * f}};
+  }
+  /// The sum of layer_activation_terms.
+  [[nodiscard]] double layer_activation_bytes_per_token(double value_bytes, double stat_bytes = 4) const {
+    double b = 0;
+    for (const ActivationTerm& t : layer_activation_terms(value_bytes, stat_bytes)) b += t.bytes_per_token;
+    return b;
   }
 
   void validate(const char* where = "ModelShape") const {

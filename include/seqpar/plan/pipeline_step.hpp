@@ -29,9 +29,10 @@
 /// stage is free and its input has arrived; pipelines run one after another with a barrier between them
 /// (DPP does not overlap them); then the optimizer (Adam over the stage's ZeRO shard, bound by HBM). A
 /// stage's bubble is what is left: its idle time, waits for P2P included.
-/// Memory is tracked along the executed order: static states + the activations of the chunks in flight
-/// on the stage (a checkpointed layer keeps only its input), compared with the cap; beside it, the peak
-/// the checkpointing plan predicted.
+/// Memory is tracked along the executed order: the static terms of plan::stage_memory (model states,
+/// gathered layers and, with the plan's bounds from plan::with_chunks, the transients of the largest
+/// chunk) + the activations of the chunks in flight on the stage's busiest rank (a checkpointed layer
+/// keeps only its input), compared with the cap; beside it, the peak the checkpointing plan predicted.
 /// Not modelled: ZeRO / all-to-all contention beyond the rule above, the embedding's gather, kernel
 /// efficiency of short GEMMs beyond the roofline, overlap of consecutive pipelines.
 ///
@@ -59,6 +60,8 @@
 #include "seqpar/core/topology.hpp"
 #include "seqpar/partition/uniform.hpp"
 #include "seqpar/plan/model_shape.hpp"
+#include "seqpar/plan/pipeline_step_options.hpp"
+#include "seqpar/plan/stage_memory.hpp"
 #include "seqpar/plan/step.hpp"
 #include "seqpar/replay/costs.hpp"
 #include "seqpar/replay/hardware.hpp"
@@ -68,36 +71,6 @@
 #include "seqpar/strategy.hpp"
 
 namespace seqpar::plan {
-
-/// The machine and the model under a DPP schedule.
-struct PipelineStepOptions {
-  ModelShape model;
-  replay::HardwareProfile hardware;
-  int stages = 1;      ///< d_p; model.layers must divide evenly
-  int sp_ranks = 1;    ///< d_s: ranks per stage, Ulysses over them (stage p holds ranks [p d_s, (p+1) d_s))
-  int zero_ranks = 0;  ///< ZeRO-3 over this many ranks of a stage: 0 = all sp_ranks, 1 = none
-  /// Fraction of a rank's memory kept free for workspaces, the allocator and the working set of the layer
-  /// in flight [I: not given by the paper].
-  double memory_reserve = 0.1;
-
-  [[nodiscard]] Topology topology() const noexcept { return {stages * sp_ranks, hardware.ranks_per_node}; }
-  [[nodiscard]] int layers_per_stage() const noexcept { return stages > 0 ? model.layers / stages : 0; }
-  [[nodiscard]] int zero() const noexcept { return zero_ranks == 0 ? sp_ranks : zero_ranks; }
-  [[nodiscard]] double value_bytes() const noexcept { return hardware.value_bytes; }
-
-  void validate(const char* where) const {
-    model.validate(where);
-    hardware.validate(where);
-    detail::require(stages >= 1, where, "options.stages", stages, "must be >= 1");
-    detail::require(model.layers % stages == 0, where, "options.stages", stages,
-                    "must divide model.layers = " + std::to_string(model.layers));
-    detail::require(sp_ranks >= 1, where, "options.sp_ranks", sp_ranks, "must be >= 1");
-    detail::require(zero_ranks >= 0 && zero_ranks <= sp_ranks && (zero_ranks == 0 || sp_ranks % zero_ranks == 0), where,
-                    "options.zero_ranks", zero_ranks, "must be 0 or divide sp_ranks = " + std::to_string(sp_ranks));
-    detail::require(memory_reserve >= 0 && memory_reserve < 1, where, "options.memory_reserve", memory_reserve,
-                    "must be in [0, 1)");
-  }
-};
 
 /// Seconds of one transformer layer on one rank of a Ulysses group running a batch of document pieces.
 struct UlyssesLayer {
@@ -217,38 +190,26 @@ struct PrefixSeconds {
           replay::attention_flops(heads, m.head_dim, false) / (hw.peak_flops * hw.attention_efficiency)};
 }
 
-namespace pipeline_detail {
-/// Parameters held by stage p (layers, plus the embedding on the first and the LM head on the last).
-[[nodiscard]] inline double stage_params(const PipelineStepOptions& o, int p) {
-  const ModelShape& m = o.model;
-  const double table = static_cast<double>(m.vocab) * m.hidden;
-  double params = o.layers_per_stage() * m.layer_params();
-  if (p == 0) params += table;
-  if (p == o.stages - 1 && (!m.tied_embeddings || o.stages > 1)) params += table;
-  return params;
-}
-}  // namespace pipeline_detail
-
 /// The pipeline scheduler's model of `options` (schedule::PipelineModel): per rank of a stage, static
-/// bytes = ZeRO-sharded states (16 bytes a parameter: bf16 weight and gradient, fp32 master, Adam m and v)
-/// of the largest stage + two gathered layers (ZeRO-3 prefetch); activations per token and layer split
-/// over the d_s Ulysses ranks (ModelShape::layer_activation_bytes_per_token); a checkpointed layer keeps
-/// its input; the cap is the rank's memory less the reserve; chunk costs in seconds (chunk_cost).
+/// bytes = the largest stage's plan::stage_memory without its in-flight activations (ZeRO-sharded model
+/// states, gathered layers, and, when options carry the chunk plan's bounds (plan::with_chunks), one
+/// layer's backward working set, logits and loss, the K/V carry and communication buffers); activations
+/// per token and layer (ModelShape::layer_activation_bytes_per_token) over the d_s Ulysses ranks times
+/// options.rank_imbalance (the busiest rank's share); a checkpointed layer keeps its input; the cap is
+/// the rank's memory less the reserve; chunk costs in seconds (chunk_cost).
 [[nodiscard]] inline schedule::PipelineModel pipeline_model(const PipelineStepOptions& options) {
   options.validate("plan::pipeline_model");
   const ModelShape& m = options.model;
-  const int zero = options.zero();
-  double states = 0;
-  for (int p = 0; p < options.stages; ++p)
-    states = std::max(states, 16.0 * pipeline_detail::stage_params(options, p) / zero);
-  const double gathered = zero > 1 ? 2.0 * 2.0 * m.layer_params() : 0.0;
+  double fixed = 0;
+  for (int p = 0; p < options.stages; ++p) fixed = std::max(fixed, stage_memory(options, p, 0.0).total());
+  const double share = options.rank_imbalance / options.sp_ranks;
   schedule::PipelineModel pm;
   pm.stages = options.stages;
   pm.layers_per_stage = options.layers_per_stage();
-  pm.static_bytes = states + gathered;
+  pm.static_bytes = fixed;
   pm.memory_cap = options.hardware.memory_bytes * (1.0 - options.memory_reserve);
-  pm.activation_bytes_per_token = m.layer_activation_bytes_per_token(options.value_bytes()) / options.sp_ranks;
-  pm.kept_bytes_per_token = static_cast<double>(m.hidden) * options.value_bytes() / options.sp_ranks;
+  pm.activation_bytes_per_token = m.layer_activation_bytes_per_token(options.value_bytes()) * share;
+  pm.kept_bytes_per_token = static_cast<double>(m.hidden) * options.value_bytes() * share;
   pm.seconds_per_cost = 1.0;
   return pm;
 }

@@ -54,6 +54,7 @@ struct Operation {
   std::vector<std::byte> scratch;  // where a wrong-size message lands, so the stream stays in step
   c10::intrusive_ptr<::c10d::Work> header_work, payload_work;
   int group_peer = -1;        // `peer` as a rank of the process group
+  int wire_tag = -1;          // the header's c10d tag; the payload's is wire_tag + 1
   bool matched = false;       // the matcher is done with it (payload posted, or error set)
   std::optional<Errc> error;  // why the header never came (set by the matcher)
   std::string error_text;
@@ -123,7 +124,7 @@ class Matcher {
             dest = op->scratch.data();
           }
           std::vector<at::Tensor> p{at::from_blob(dest, {op->header}, at::TensorOptions().dtype(at::kByte))};
-          op->payload_work = group_->recv(p, op->group_peer, 2 * op->tag + 1);
+          op->payload_work = group_->recv(p, op->group_peer, op->wire_tag + 1);
         }
       } catch (const std::exception& e) {
         error = Errc::kTransport;
@@ -157,11 +158,24 @@ inline std::string lower(std::string_view s) {
   return out;
 }
 
-// A process-wide count of top-level transports: names the sub-groups they split so that two
-// transports over one parent never share a rendezvous key (every rank creates them in the same order).
-inline std::atomic<std::uint64_t>& transport_generation() {
-  static std::atomic<std::uint64_t> generation{0};
-  return generation;
+// Process-wide registry of the process groups seqpar's transports run on, never freed: destroying a
+// split gloo group from C++ deadlocks in ~ProcessGroupGloo (torch 2.15), so the groups that split()
+// makes live until the process ends and are reused by later splits with the same members. It also
+// numbers the transports on each group: a transport's slot puts its tags in a range of their own
+// (every rank creates the transports of a group in the same order, so the slots agree).
+struct GroupRegistry {
+  std::mutex mutex;
+  std::map<std::string, c10::intrusive_ptr<::c10d::ProcessGroup>> splits;  // by name
+  std::map<const ::c10d::ProcessGroup*, int> next_slot;
+};
+inline GroupRegistry& registry() {
+  static auto* r = new GroupRegistry;  // leaked on purpose: see above
+  return *r;
+}
+inline int take_slot(const ::c10d::ProcessGroup* group) {
+  auto& r = registry();
+  const std::lock_guard lock(r.mutex);
+  return r.next_slot[group]++ % 512;
 }
 
 }  // namespace detail
@@ -212,10 +226,13 @@ class Request {
 ///    closed (it died or aborted) is `Errc::kPeerFailed`; any other c10d failure is
 ///    `Errc::kTransport`. Messages name this rank, the operation and the peer. A timed-out
 ///    collective leaves the group unusable: destroy it (as with MPI or NCCL).
+///  - Several transports may share a process group: each takes a slot of the group's tag space
+///    (512 slots of 2^21 tags), so their messages never match one another's.
 ///  - split(color, key): the members are exchanged with an all_gather, then the parent's
-///    `splitGroup` makes their process group (named after this transport, the split's count and
-///    the color). c10d numbers a split group's ranks in parent order; when `key` orders them
-///    differently, the sub-transport renumbers ranks itself (collectives then copy to reorder).
+///    `splitGroup` makes their process group, named after the parent and the members; it is kept
+///    for the life of the process and reused by later splits with the same members (destroying a
+///    split gloo group from C++ deadlocks in torch 2.15). c10d numbers a split group's ranks in parent order; when
+///    `key` orders them differently, the sub-transport renumbers ranks itself (collectives then copy to reorder).
 ///  - Counters as every transport: bytes and messages to other ranks; self-traffic, headers,
 ///    barrier and split are free.
 ///  - Not thread-safe: one thread per Transport object.
@@ -235,7 +252,7 @@ class Transport {
     std::chrono::milliseconds timeout{seqpar::detail::default_timeout()};
   };
 
-  static constexpr int kMaxTag = (1 << 30) - 1;
+  static constexpr int kMaxTag = (1 << 20) - 1;  // wire tags: 2*tag(+1) in the transport's slot
 
   /// Wraps `group` (kept alive by this transport). Not collective.
   explicit Transport(c10::intrusive_ptr<::c10d::ProcessGroup> group) : Transport(std::move(group), Options{}) {}
@@ -248,7 +265,8 @@ class Transport {
     size_ = group_->getSize();
     rank_ = group_->getRank();
     for (int r = 0; r < size_; ++r) group_rank_.push_back(r);
-    name_ = "seqpar" + std::to_string(detail::transport_generation()++);
+    name_ = group_->getGroupName();
+    tag_base_ = detail::take_slot(group_.get()) << 21;
     counters_.bytes_to_peer.assign(static_cast<std::size_t>(size_), 0);
   }
 
@@ -293,10 +311,10 @@ class Transport {
     op.header_tensor = bytes_tensor(&op.header, sizeof(op.header));
     guard("isend", peer, tag, [&] {
       std::vector<at::Tensor> h{op.header_tensor};
-      op.header_work = group_->send(h, group_rank(peer), 2 * tag);
+      op.header_work = group_->send(h, group_rank(peer), tag_base_ + 2 * tag);
       if (!data.empty()) {
         std::vector<at::Tensor> p{bytes_tensor(data.data(), data.size())};
-        op.payload_work = group_->send(p, group_rank(peer), 2 * tag + 1);
+        op.payload_work = group_->send(p, group_rank(peer), tag_base_ + 2 * tag + 1);
       }
     });
     count_message(peer, data.size());
@@ -319,7 +337,8 @@ class Transport {
     op.header_tensor = bytes_tensor(&op.header, sizeof(op.header));
     guard("irecv", peer, tag, [&] {
       std::vector<at::Tensor> h{op.header_tensor};
-      op.header_work = group_->recv(h, op.group_peer, 2 * tag);
+      op.wire_tag = tag_base_ + 2 * tag;
+      op.header_work = group_->recv(h, op.group_peer, op.wire_tag);
     });
     if (!matcher_) matcher_ = std::make_shared<detail::Matcher>(group_, options_.timeout);
     matcher_->post(req.op_);
@@ -436,14 +455,26 @@ class Transport {
     for (int m : members) parent_ranks.push_back(group_rank(m));
     std::vector<int> sorted = parent_ranks;
     std::sort(sorted.begin(), sorted.end());
-    const std::string name = name_ + "_s" + std::to_string(splits_++) + "_c" + std::to_string(color);
+    // Named by the parent and the members: every member computes the same name, and a later split
+    // with the same members reuses the group (see detail::GroupRegistry).
+    std::string name = "seqpar:" + name_ + ":";
+    for (int p : sorted) name += std::to_string(p) + ",";
     c10::intrusive_ptr<::c10d::ProcessGroup> sub;
-    guard("split", -1, -1, [&] { sub = group_->splitGroup(sorted, options_.timeout, std::nullopt, name, name); });
-    if (!sub)
-      throw Error(Errc::kTransport,
-                  who() + ": split: c10d splitGroup returned no group for color " + std::to_string(color));
+    {
+      auto& reg = detail::registry();
+      const std::lock_guard lock(reg.mutex);
+      if (auto it = reg.splits.find(name); it != reg.splits.end()) sub = it->second;
+    }
+    if (!sub) {
+      guard("split", -1, -1, [&] { sub = group_->splitGroup(sorted, options_.timeout, std::nullopt, name, name); });
+      if (!sub)
+        throw Error(Errc::kTransport,
+                    who() + ": split: c10d splitGroup returned no group for color " + std::to_string(color));
+      auto& reg = detail::registry();
+      const std::lock_guard lock(reg.mutex);
+      reg.splits.emplace(name, sub);
+    }
     Transport t(sub, options_);
-    t.name_ = name;
     // c10d numbers the sub-group in parent order; this transport's rank i is member i (key order).
     t.group_rank_.clear();
     for (int p : parent_ranks)
@@ -618,8 +649,8 @@ class Transport {
   int rank_ = 0;
   int size_ = 0;
   std::vector<int> group_rank_;  // this transport's rank i is rank group_rank_[i] of group_
-  std::string name_;
-  std::uint64_t splits_ = 0;
+  std::string name_;             // the process group's name (names the groups split from it)
+  int tag_base_ = 0;             // this transport's range of c10d tags on its group
   TrafficCounters counters_;
   std::shared_ptr<detail::Matcher> matcher_;  // started by the first receive from another rank
   std::map<int, std::deque<std::vector<std::byte>>> self_queue_;

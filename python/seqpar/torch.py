@@ -135,6 +135,14 @@ class DistributedAttention(torch.nn.Module):
                 return_lse: bool = False):
         """o (local tokens, heads_q, head_dim), and with return_lse the log-sum-exp (heads_q, local
         tokens), of this rank's rows. Differentiable in q, k, v."""
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            # Checked here: a tensor on another device would dispatch the op to that device's
+            # (fake) implementation instead of reaching the CPU kernels' checks.
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"seqpar.torch.DistributedAttention: {name} = {type(t).__name__}: must be a tensor")
+            if t.device.type != "cpu":
+                raise ValueError(f"seqpar.torch.DistributedAttention: {name}.device = {t.device}: must be cpu "
+                                 "(the CPU kernels run here)")
         docs, per_seq = _flat(_nested(lengths))
         o, lse = _attention(q, k, v, docs, per_seq, self._handle)
         return (o, lse) if return_lse else o

@@ -10,7 +10,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 INCLUDE = [os.path.join(ROOT, "include"), os.path.join(ROOT, "tests")]
 # seqpar is C++20; torch's default flags say C++17, and the later flag wins.
-CXX = ["-std=c++20", "-O2", "-DNDEBUG", "-Wno-unused-parameter"]
+CXX = ["-std=c++20", "-O2", "-g0", "-DNDEBUG", "-Wno-unused-parameter"]  # -g0: no debug info (CI time)
 
 
 def ext(name, source):

@@ -10,7 +10,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 INCLUDE = [os.path.join(ROOT, "include"), os.path.join(ROOT, "tests")]
 # seqpar is C++20; torch's default flags say C++17, and the later flag wins.
-CXX = ["-std=c++20", "-O2", "-g0", "-DNDEBUG", "-Wno-unused-parameter"]  # -g0: no debug info (CI time)
+# -g0: no debug info (CI time). -march: the CMake build's SEQPAR_ARCH default, so that CpuFlash uses its
+# AVX2/FMA tiles (without it, its portable path runs several times slower); SEQPAR_ARCH="" drops it.
+ARCH = os.environ.get("SEQPAR_ARCH", "x86-64-v3")
+CXX = ["-std=c++20", "-O2", "-g0", "-DNDEBUG", "-Wno-unused-parameter"] + ([f"-march={ARCH}"] if ARCH else [])
 
 
 def ext(name, source):

@@ -1,0 +1,185 @@
+# SPDX-License-Identifier: Apache-2.0
+"""seqpar as a differentiable torch op over torch.distributed.
+
+    attn = seqpar.torch.DistributedAttention("zigzag-ring", heads_q=8, heads_kv=2, head_dim=64)
+    rows = attn.token_indices(lengths)           # this rank's tokens of the packed batch
+    o = attn(q[rows], k[rows], v[rows], lengths)  # (local tokens, heads, head_dim), autograd-aware
+
+`lengths` is the batch's document lengths: a list of ints (one packed sequence) or a list of lists
+(one per sequence). q, k, v hold this rank's rows in the order token_indices() gives.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.distributed as dist
+
+from . import _C
+
+STRATEGIES = tuple(_C.STRATEGIES)
+Lengths = Union[Sequence[int], Sequence[Sequence[int]]]
+
+# The C++ layers by handle: the op's schema carries an int, not a Python object.
+_layers: dict = {}
+_next_handle = itertools.count()
+
+
+def _nested(lengths: Lengths) -> List[List[int]]:
+    if isinstance(lengths, torch.Tensor):
+        lengths = lengths.tolist()
+    lengths = list(lengths)
+    if lengths and all(isinstance(x, (list, tuple)) for x in lengths):
+        return [[int(d) for d in s] for s in lengths]
+    for i, x in enumerate(lengths):
+        if isinstance(x, (list, tuple)) or not float(x).is_integer():
+            raise ValueError(f"seqpar.torch.DistributedAttention: lengths[{i}] = {x!r}: must be an int "
+                             "(or give a list of lists, one per sequence)")
+    return [[int(d) for d in lengths]]
+
+
+def _flat(nested: List[List[int]]) -> Tuple[List[int], List[int]]:
+    return [d for s in nested for d in s], [len(s) for s in nested]
+
+
+def _unflat(docs: List[int], per_seq: List[int]) -> List[List[int]]:
+    out, at = [], 0
+    for n in per_seq:
+        out.append(list(docs[at:at + n]))
+        at += n
+    return out
+
+
+@torch.library.custom_op("seqpar::attention", mutates_args=())
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: List[int], per_seq: List[int],
+               handle: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    o, lse = _layers[handle].forward(q, k, v, _unflat(docs, per_seq))
+    return o, lse
+
+
+@_attention.register_fake
+def _(q, k, v, docs, per_seq, handle):
+    lse_dtype = torch.float32 if q.dtype == torch.bfloat16 else q.dtype
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((q.shape[1], q.shape[0]),
+                                                                                    dtype=lse_dtype)
+
+
+@torch.library.custom_op("seqpar::attention_backward", mutates_args=())
+def _attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                        dout: torch.Tensor, docs: List[int], per_seq: List[int],
+                        handle: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq, dk, dv = _layers[handle].backward(q, k, v, o, lse, dout, _unflat(docs, per_seq))
+    return dq, dk, dv
+
+
+@_attention_backward.register_fake
+def _(q, k, v, o, lse, dout, docs, per_seq, handle):
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format),
+            torch.empty_like(v, memory_format=torch.contiguous_format))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, docs, per_seq, handle = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.docs, ctx.per_seq, ctx.handle = docs, per_seq, handle
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = _attention_backward(q, k, v, o, lse, dout.contiguous(), ctx.docs, ctx.per_seq, ctx.handle)
+    return dq, dk, dv, None, None, None
+
+
+_attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+class DistributedAttention(torch.nn.Module):
+    """Exact causal attention over a packed batch of documents, sharded over `group`'s ranks.
+
+    strategy: a name `seqpar-plan` prints (see STRATEGIES), e.g. "ulysses", "zigzag-ring",
+    "hybrid-aware", "basp", "hierarchical". heads_kv divides heads_q (GQA). group: a
+    torch.distributed process group (default: the world). ranks_per_node: ranks sharing a node (for
+    the hierarchical strategies; 0: all). timeout_s: how long any wait on a peer may take before
+    RuntimeError (default: SEQPAR_TIMEOUT_S or 30 s).
+    """
+
+    def __init__(self, strategy: str, heads_q: int, heads_kv: int, head_dim: int, group=None,
+                 ranks_per_node: int = 0, timeout_s: Optional[float] = None):
+        super().__init__()
+        if not dist.is_initialized():
+            raise RuntimeError("seqpar.torch.DistributedAttention: torch.distributed is not initialized "
+                               "(call torch.distributed.init_process_group first)")
+        if group is None:
+            group = dist.group.WORLD
+        if timeout_s is None:
+            import os
+            timeout_s = float(os.environ.get("SEQPAR_TIMEOUT_S", "30"))
+        self.heads_q, self.heads_kv, self.head_dim = heads_q, heads_kv, head_dim
+        self._layer = _C.Attention(strategy, heads_q, heads_kv, head_dim, group, float(timeout_s),
+                                   int(ranks_per_node))
+        self._handle = next(_next_handle)
+        _layers[self._handle] = self._layer
+
+    def __del__(self):
+        _layers.pop(getattr(self, "_handle", None), None)
+
+    @property
+    def strategy(self) -> str:
+        return self._layer.strategy
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: Lengths,
+                return_lse: bool = False):
+        """o (local tokens, heads_q, head_dim), and with return_lse the log-sum-exp (heads_q, local
+        tokens), of this rank's rows. Differentiable in q, k, v."""
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            # Checked here: a tensor on another device would dispatch the op to that device's
+            # (fake) implementation instead of reaching the CPU kernels' checks.
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"seqpar.torch.DistributedAttention: {name} = {type(t).__name__}: must be a tensor")
+            if t.device.type != "cpu":
+                raise ValueError(f"seqpar.torch.DistributedAttention: {name}.device = {t.device}: must be cpu "
+                                 "(the CPU kernels run here)")
+        docs, per_seq = _flat(_nested(lengths))
+        o, lse = _attention(q, k, v, docs, per_seq, self._handle)
+        return (o, lse) if return_lse else o
+
+    # ---- what a trainer needs around attention (the C++ train/ glue) ----
+    def token_meta(self, lengths: Lengths) -> dict:
+        """This rank's rows (plan order) as int64 tensors: global_index (the token of the packed batch),
+        sequence, document, position (within its document: RoPE), label_index (the global token of
+        its next-token label, -1 for a document's last token)."""
+        names = ("global_index", "sequence", "document", "position", "label_index")
+        return dict(zip(names, self._layer.token_meta(_nested(lengths))))
+
+    def token_indices(self, lengths: Lengths) -> torch.Tensor:
+        """The global tokens this rank holds, in the order q, k, v rows must be given."""
+        return self.token_meta(lengths)["global_index"]
+
+    def positions(self, lengths: Lengths) -> torch.Tensor:
+        """Each local row's position within its document (RoPE positions)."""
+        return self.token_meta(lengths)["position"]
+
+    def labels(self, ids: torch.Tensor, lengths: Lengths, ignore_index: int = -100) -> torch.Tensor:
+        """Next-token labels of the local rows from the whole batch's ids (a document's last token,
+        whose next token belongs to another document, gets ignore_index). Right across cuts: the
+        label of a row whose next token lives on another rank comes from the global ids."""
+        idx = self.token_meta(lengths)["label_index"]
+        out = torch.full(idx.shape, ignore_index, dtype=ids.dtype)
+        has = idx >= 0
+        out[has] = ids.reshape(-1)[idx[has]]
+        return out
+
+
+def label_count(lengths: Lengths) -> int:
+    """The loss normaliser: label tokens of the whole batch (every token but each document's last),
+    the same on every rank. Sum the local per-token losses, divide by this, and sum (not average)
+    the gradients of replicated parameters over the ranks."""
+    nested = _nested(lengths)
+    return sum(sum(s) - len(s) for s in nested)
+
+
+__all__ = ["DistributedAttention", "STRATEGIES", "label_count"]

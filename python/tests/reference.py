@@ -1,0 +1,40 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The single-device truth: torch's own SDPA over the whole packed batch with a block-diagonal causal
+mask, and the random long-tail document mixes the tests run on."""
+import random
+
+import torch
+import torch.nn.functional as F
+
+
+def doc_mask(lengths):
+    """(T, T) bool: token i sees token j iff they are in the same document and j <= i."""
+    doc = torch.cat([torch.full((n,), i) for i, n in enumerate(d for s in lengths for d in s)])
+    same = doc[:, None] == doc[None, :]
+    return same & torch.ones_like(same).tril()
+
+
+def sdpa(q, k, v, lengths):
+    """q (T, Hq, D), k/v (T, Hkv, D) of the whole batch -> o (T, Hq, D) and lse (Hq, T)."""
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    mask = doc_mask(lengths)
+    o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask)
+    scores = (q.transpose(0, 1) @ k.transpose(0, 1).transpose(1, 2)) / q.shape[2] ** 0.5
+    lse = torch.logsumexp(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return o.transpose(0, 1), lse
+
+
+def long_tail(seed, sequences=2, tokens=40):
+    """Sequences of `tokens` tokens cut into lognormal documents, with length-1 documents mixed in."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(sequences):
+        docs, left = [], tokens
+        while left > 0:
+            n = 1 if rng.random() < 0.25 else max(1, int(rng.lognormvariate(2.0, 1.0)))
+            docs.append(min(n, left))
+            left -= docs[-1]
+        out.append(docs)
+    return out

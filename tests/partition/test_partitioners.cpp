@@ -818,4 +818,30 @@ TEST_SUITE("partition") {
       check_per_doc_compute(p, batch);
     }
   }
+
+  TEST_CASE(
+      "document_causal_area_for equals the area of document_causal_slices_for (windows, pieces across documents)") {
+    std::mt19937 rng(2905);
+    for (int trial = 0; trial < 300; ++trial) {
+      std::vector<std::vector<std::int64_t>> seqs(1 + rng() % 3);
+      for (auto& seq : seqs)
+        for (int d = 0; d < 1 + static_cast<int>(rng() % 6); ++d)
+          seq.push_back(1 + static_cast<std::int64_t>(rng() % 40));
+      DocumentBatch batch(seqs);
+      const std::int64_t window = trial % 3 == 0 ? 0 : 1 + static_cast<std::int64_t>(rng() % 30);
+      if (window > 0) batch = batch.with_window(window);
+      // Random disjoint pieces, some crossing document boundaries, in random order.
+      std::vector<Range> pieces;
+      for (std::int64_t t = 0; t < batch.total_tokens();) {
+        const std::int64_t len = 1 + static_cast<std::int64_t>(rng() % 25);
+        const Range r{t, std::min(batch.total_tokens(), t + len)};
+        if (rng() % 2 == 0) pieces.push_back(r);
+        t = r.end;
+      }
+      std::shuffle(pieces.begin(), pieces.end(), rng);
+      std::int64_t want = 0;
+      for (const AttnSlice& s : seqpar::detail::document_causal_slices_for(pieces, batch)) want += s.area();
+      CHECK(seqpar::detail::document_causal_area_for(pieces, batch) == want);
+    }
+  }
 }

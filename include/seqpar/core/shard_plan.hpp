@@ -115,6 +115,34 @@ struct ShardPlan {
 
 namespace detail {
 
+/// The visible (query, key) pairs of the document-causal attention of the query tokens `owned` (global
+/// ranges), with the batch's window: the total area of document_causal_slices_for(owned, batch),
+/// without building the slices (Hybrid's threshold sweep sums it for every candidate). O(pieces x log
+/// documents), no allocation.
+[[nodiscard]] inline std::int64_t document_causal_area_for(const std::vector<Range>& owned,
+                                                           const DocumentBatch& batch) {
+  const std::int64_t w = batch.window();
+  const auto docs = batch.documents();
+  // Rows at positions [a, b) of a document (0-based) see min(i + 1, w) keys each (i + 1 without a window).
+  const auto rows_area = [w](std::int64_t a, std::int64_t b) {
+    const auto tri = [](std::int64_t x) { return x * (x + 1) / 2; };  // 1 + 2 + ... + x
+    if (w <= 0 || b <= w) return tri(b) - tri(a);
+    if (a >= w) return (b - a) * w;
+    return tri(w) - tri(a) + (b - w) * w;
+  };
+  std::int64_t area = 0;
+  for (const Range& piece : owned) {
+    if (piece.empty()) continue;
+    auto it = std::upper_bound(docs.begin(), docs.end(), piece.begin,
+                               [](std::int64_t t, const Document& d) { return t < d.tokens.end; });
+    for (; it != docs.end() && it->tokens.begin < piece.end; ++it) {
+      const Range q = intersect(piece, it->tokens);
+      if (!q.empty()) area += rows_area(q.begin - it->tokens.begin, q.end - it->tokens.begin);
+    }
+  }
+  return area;
+}
+
 /// Document-causal slices of the query tokens `owned` (global ranges): each piece of a document gets
 /// one causal slice over the document's prefix up to the piece's end, aligned at the piece's offset.
 /// With a window w the slice's keys start w - 1 tokens before the piece (or at the document's start):

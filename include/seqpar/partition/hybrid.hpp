@@ -249,9 +249,10 @@ struct Hybrid {
     std::vector<std::int64_t> tokens(n, 0);
     std::vector<double> load(n, 0.0);
     for (std::size_t r = 0; r < n; ++r) {
-      for (const AttnSlice& s : seqpar::detail::document_causal_slices_for(pieces[r], batch))
-        load[r] += static_cast<double>(s.area()) + args.linear_weight * static_cast<double>(s.q_range.size());
+      // The pieces' pairs in closed form (building their slices per candidate was most of a sweep).
       for (const Range& q : pieces[r]) tokens[r] += q.size();
+      load[r] = static_cast<double>(seqpar::detail::document_causal_area_for(pieces[r], batch)) +
+                args.linear_weight * static_cast<double>(tokens[r]);
     }
     std::vector<std::int64_t> lengths(whole.size());
     std::vector<double> costs(whole.size());

@@ -51,6 +51,8 @@ class DistributedAttention final : public runtime::AttentionEngine<Kernel> {
     StrategyT::for_each_argument(args_, [this](runtime::ArgumentWord word) { words_.push_back(std::move(word)); });
   }
 
+  ~DistributedAttention() override { this->finish_planning_ahead(); }  // its compile() reads args_
+
  private:
   [[nodiscard]] static std::uint64_t signature_of(int ranks_per_node) {
     std::uint64_t h = 14695981039346656037ull;

@@ -8,6 +8,7 @@
 #include <deque>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <typeinfo>
@@ -76,22 +77,32 @@ class SelectedAttention final : public runtime::AttentionEngine<Kernel> {
       if (args_.names[i].empty()) args_.names[i] = "strategy " + std::to_string(i);
   }
 
-  /// The strategy chosen for `batch` (planning and simulating it on first sight of its shape).
+  ~SelectedAttention() override { this->finish_planning_ahead(); }  // its compile() reads args_, choices_
+
+  /// The strategy chosen for `batch` (planning and simulating it on first sight of its shape). Valid
+  /// until the next call on this object.
   [[nodiscard]] const Choice& choice(const DocumentBatch& batch) {
     (void)this->plan(batch);  // compiles (and chooses) on a cache miss
     const std::vector<std::int64_t> key = this->key_of(batch);
-    if (const auto it = choices_.find(key); it != choices_.end()) return it->second;
+    {
+      const std::lock_guard lock(choices_mutex_);
+      if (const auto it = choices_.find(key); it != choices_.end()) return it->second;
+    }
     // Its choice was evicted while its plan stayed cached: choose again (local and deterministic).
     ShardPlan plan;
     comm::CompiledAttention program;
     compile(batch, plan, program);
+    const std::lock_guard lock(choices_mutex_);
     return choices_.at(key);
   }
   /// Most choices kept (twice the engine's cached batches: a cached plan's choice is usually still
   /// there; choice() chooses again when it is not).
   static constexpr std::size_t kChoiceEntries = 2 * runtime::AttentionEngine<Kernel>::kCacheEntries;
   /// Choices kept (at most kChoiceEntries; for tests and monitoring).
-  [[nodiscard]] std::size_t cached_choices() const noexcept { return choices_.size(); }
+  [[nodiscard]] std::size_t cached_choices() const {
+    const std::lock_guard lock(choices_mutex_);
+    return choices_.size();
+  }
 
  private:
   [[nodiscard]] std::uint64_t strategy_signature() const override {
@@ -146,6 +157,8 @@ class SelectedAttention final : public runtime::AttentionEngine<Kernel> {
     program.forward = std::move(best.forward[r]);
     program.backward = std::move(best.backward[r]);
     std::vector<std::int64_t> key = this->key_of(batch);
+    // compile() also runs on plan_ahead's thread while this rank's thread may read a choice.
+    const std::lock_guard lock(choices_mutex_);
     if (choices_.find(key) == choices_.end()) {
       // Bounded like the engine's caches: the oldest choice goes first (choice() recomputes it).
       if (choices_.size() >= kChoiceEntries) {
@@ -160,6 +173,7 @@ class SelectedAttention final : public runtime::AttentionEngine<Kernel> {
   Arguments args_;
   mutable std::map<std::vector<std::int64_t>, Choice> choices_;
   mutable std::deque<std::vector<std::int64_t>> choice_order_;  // keys of choices_, oldest first
+  mutable std::mutex choices_mutex_;                            // guards choices_ and choice_order_
 };
 
 }  // namespace seqpar::plan

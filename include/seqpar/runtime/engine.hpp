@@ -10,8 +10,10 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <future>
 #include <list>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -58,6 +60,12 @@ namespace seqpar::runtime {
 /// local_tokens, owned_ranges, workspace_bytes, program) are local: they plan, never communicate.
 /// One object serves one rank's thread: a second thread calling into it while a call is in
 /// progress gets std::logic_error.
+///
+/// A fresh batch (every training step brings a new document mix) costs its first call the planning
+/// (partitioner, the communicator's compile: up to tens of ms for Hybrid at 1M tokens on 64 ranks,
+/// bench/plan_scale) before the first exchange. `plan_ahead(next_batch)` does that part on a
+/// background thread while the current step runs; the first call with that batch takes its result
+/// (waiting for it if needed) and only lowers it.
 template <attention::AttentionKernel Kernel>
 class AttentionEngine {
  public:
@@ -89,6 +97,37 @@ class AttentionEngine {
     for (const Grouping& g : groupings_) c.transports += (g.group ? 1 : 0) + g.levels.size();
     return c;
   }
+
+  /// Plans `batch` (the partitioner and this rank's programs: local, never communicates) on a
+  /// background thread, for the first call with it to find ready: call it with the next step's batch as
+  /// soon as the data loader has it. At most one batch is planned ahead: a second plan_ahead with
+  /// another batch waits for the first and drops it. A batch already cached or already under way is
+  /// left alone. An error of the planning (a strategy that refuses the batch) is raised by the call
+  /// that uses it, as if it had planned there.
+  ///
+  /// @code
+  /// attn.plan_ahead(next_batch);           // before this step's layers
+  /// for (auto& layer : layers) layer.forward(batch, ...);   // meanwhile next_batch is planned
+  /// @endcode
+  void plan_ahead(const DocumentBatch& batch) {
+    const Guard guard(*this, "plan_ahead");
+    std::vector<std::int64_t> key = key_of(batch);
+    for (const Entry& e : cache_)
+      if (e.key == key) return;
+    if (ahead_ && ahead_->key == key) return;
+    drop_ahead();
+    ahead_.emplace();
+    ahead_->key = std::move(key);
+    // The thread reads only what compile() reads: the shape, the topology, this rank, the strategy's
+    // arguments (immutable after construction); derived engines wait for it in their destructors.
+    ahead_->result = std::async(std::launch::async, [this, batch] {
+      Planned p;
+      compile(batch, p.plan, p.program);
+      return p;
+    });
+  }
+  /// Whether `batch` is being (or has been) planned ahead and not yet used. Local.
+  [[nodiscard]] bool planning_ahead(const DocumentBatch& batch) const { return ahead_ && matches(ahead_->key, batch); }
 
   /// The plan of `batch` (cached).
   [[nodiscard]] const ShardPlan& plan(const DocumentBatch& batch) {
@@ -404,6 +443,10 @@ class AttentionEngine {
   }
 
  protected:
+  /// Waits for a plan_ahead still running and drops it. Derived engines call it first in their
+  /// destructor: the background compile() reads their members.
+  void finish_planning_ahead() noexcept { drop_ahead(); }
+
   /// The cached key of `batch` (for derived engines that keep per-shape state).
   static std::vector<std::int64_t> key_of(const DocumentBatch& batch) {
     std::vector<std::int64_t> key;
@@ -420,7 +463,15 @@ class AttentionEngine {
       }
     Entry e;
     e.key = key_of(batch);
-    compile(batch, e.plan, e.program);
+    if (ahead_ && ahead_->key == e.key) {
+      std::future<Planned> result = std::move(ahead_->result);
+      ahead_.reset();
+      Planned p = result.get();  // the planning's error, if any, is raised here, as a miss would
+      e.plan = std::move(p.plan);
+      e.program = std::move(p.program);
+    } else {
+      compile(batch, e.plan, e.program);
+    }
     for (const auto& g : e.plan.groups) {
       e.grouping.insert(e.grouping.end(), g.begin(), g.end());
       e.grouping.push_back(-1);
@@ -558,6 +609,21 @@ class AttentionEngine {
   exec_type exec_;
   Topology topology_;
   std::list<Entry> cache_;
+  // A batch planned ahead on a background thread (plan_ahead), until a call uses it.
+  struct Planned {
+    ShardPlan plan;
+    comm::CompiledAttention program;
+  };
+  struct Ahead {
+    std::vector<std::int64_t> key;
+    std::future<Planned> result;
+  };
+  std::optional<Ahead> ahead_;
+  void drop_ahead() noexcept {
+    if (!ahead_) return;
+    if (ahead_->result.valid()) ahead_->result.wait();  // its outcome, an error included, is not wanted
+    ahead_.reset();
+  }
   std::list<Grouping> groupings_;                     // most recently used first, at most kGroupingEntries
   typename DataOps<exec_type>::Workspace workspace_;  // in the context's memory
   std::uint64_t last_bytes_sent_ = 0;

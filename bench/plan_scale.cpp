@@ -28,8 +28,9 @@
 // compiles this rank's programs and lowers them (runtime::Executor) before the first exchange. Measured
 // on this machine per strategy for 32K-1M tokens (8 lognormal sequences) on 8 and 64 ranks (nodes of 8),
 // beside the simulated attention of one step of Llama-3.1-8B on H100 (32 layers, forward + backward).
-// Goal: the miss costs at most 5% of that step's attention. (The ranks' agreement on the call, one
-// small all_gather, is a collective: not measured here.)
+// Goal: the miss costs at most 5% of that step's attention. With DistributedAttention::plan_ahead the
+// planning overlaps the previous step and the call pays only the lowering (its own column). (The ranks'
+// agreement on the call, one small all_gather, is a collective: not measured here.)
 //   plan_scale [--smoke] [--json FILE] [--tokens N] [--ranks a,b,c] [--strategies a,b]
 //              [--fresh-only | --no-fresh] [--dpp-only | --no-dpp | --many-docs-only | --no-many-docs] [--many-docs
 //              COUNTxLEN,...]
@@ -415,7 +416,7 @@ void run_many_docs(const ManyDocs& md, const std::vector<std::string>& wanted, b
 struct FreshCost {
   bool refused = false;
   std::string reason;
-  double miss_s = 0, layer_attention_s = 0;
+  double miss_s = 0, lower_s = 0, layer_attention_s = 0;  ///< lower_s: what is left with plan_ahead
 };
 template <class S>
 FreshCost fresh_cost(typename S::Arguments args, const DocumentBatch& batch, const AttentionShape& shape,
@@ -433,10 +434,12 @@ FreshCost fresh_cost(typename S::Arguments args, const DocumentBatch& batch, con
       out.reason = compiled.status.reason;
       return out;
     }
+    const auto t1 = std::chrono::steady_clock::now();
     runtime::Executor<Kernel, runtime::AnyTransport> forward, backward;
     forward.initialize(compiled.program.forward, kernel);
     backward.initialize(compiled.program.backward, kernel);
     out.miss_s = std::max(out.miss_s, seconds_since(t0));
+    out.lower_s = std::max(out.lower_s, seconds_since(t1));
   }
   out.layer_attention_s = replay::predict(plan::compile_all<S>(args, batch, shape, topo), topo, shape, sim).time_s();
   return out;
@@ -456,8 +459,8 @@ void run_fresh(const std::vector<std::int64_t>& token_counts, const std::vector<
       "\nfresh batch, one rank's cache miss (plan + compile + lower, this machine) vs one step's attention "
       "(%s, %d layers, fwd + bwd, simulated on %s)\n",
       model.name.c_str(), model.layers, sim.hardware.name.c_str());
-  std::printf("%8s %6s  %-20s %10s %14s %10s %10s\n", "tokens", "ranks", "strategy", "miss ms", "step attn ms",
-              "miss/step", "goal <=5%");
+  std::printf("%8s %6s  %-20s %10s %14s %10s %10s %14s %10s\n", "tokens", "ranks", "strategy", "miss ms",
+              "step attn ms", "miss/step", "goal <=5%", "plan_ahead ms", "ahead/step");
   for (const std::int64_t tokens : token_counts)
     for (const int p : rank_counts) {
       std::vector<std::vector<std::int64_t>> seqs;
@@ -474,10 +477,14 @@ void run_fresh(const std::vector<std::int64_t>& token_counts, const std::vector<
         }
         const double step_s = c.layer_attention_s * model.layers;
         const double ratio = c.miss_s / step_s;
-        std::printf("%8lld %6d  %-20s %10.2f %14.2f %9.1f%% %10s\n", static_cast<long long>(tokens), p, name,
-                    c.miss_s * 1e3, step_s * 1e3, 100 * ratio, ratio <= 0.05 ? "met" : "NOT met");
+        // With plan_ahead (DistributedAttention::plan_ahead) the planning runs during the previous step;
+        // the call itself still lowers the programs.
+        std::printf("%8lld %6d  %-20s %10.2f %14.2f %9.1f%% %10s %14.2f %9.2f%%\n", static_cast<long long>(tokens), p,
+                    name, c.miss_s * 1e3, step_s * 1e3, 100 * ratio, ratio <= 0.05 ? "met" : "NOT met", c.lower_s * 1e3,
+                    100 * c.lower_s / step_s);
         records.push_back(r.add("refused", false)
                               .add("miss_s", c.miss_s)
+                              .add("plan_ahead_foreground_s", c.lower_s)
                               .add("step_attention_s", step_s)
                               .add("miss_over_step", ratio));
       };

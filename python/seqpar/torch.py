@@ -101,10 +101,11 @@ class DistributedAttention(torch.nn.Module):
     """Exact causal attention over a packed batch of documents, sharded over `group`'s ranks.
 
     strategy: a name `seqpar-plan` prints (see STRATEGIES), e.g. "ulysses", "zigzag-ring",
-    "hybrid-aware", "basp", "hierarchical". heads_kv divides heads_q (GQA). group: a
+    "hybrid-aware", "basp", "hierarchical", or "auto" (the planner's choice per batch shape, as
+    plan::SelectedAttention makes it on an H100 profile). heads_kv divides heads_q (GQA). group: a
     torch.distributed process group (default: the world). ranks_per_node: ranks sharing a node (for
     the hierarchical strategies; 0: all). timeout_s: how long any wait on a peer may take before
-    RuntimeError (default: SEQPAR_TIMEOUT_S or 30 s).
+    RuntimeError (default: SEQPAR_TIMEOUT_S or 600 s, the C++ transports' default).
     """
 
     def __init__(self, strategy: str, heads_q: int, heads_kv: int, head_dim: int, group=None,
@@ -117,7 +118,7 @@ class DistributedAttention(torch.nn.Module):
             group = dist.group.WORLD
         if timeout_s is None:
             import os
-            timeout_s = float(os.environ.get("SEQPAR_TIMEOUT_S", "30"))
+            timeout_s = float(os.environ.get("SEQPAR_TIMEOUT_S", "600"))
         self.heads_q, self.heads_kv, self.head_dim = heads_q, heads_kv, head_dim
         self._layer = _C.Attention(strategy, heads_q, heads_kv, head_dim, group, float(timeout_s),
                                    int(ranks_per_node))

@@ -6,6 +6,8 @@
 #include <torch/extension.h>
 
 #include <seqpar/backend/c10d/transport.hpp>
+#include <seqpar/plan/selected_attention.hpp>
+#include <seqpar/replay/hardware.hpp>
 #include <seqpar/seqpar.hpp>
 #include <seqpar/train/token_meta.hpp>
 
@@ -21,11 +23,20 @@ namespace sp = seqpar;
 using Lengths = std::vector<std::vector<std::int64_t>>;
 
 // The strategies by the names `seqpar-plan` prints (plan/candidates.hpp), with the arguments its
-// candidates start from.
-constexpr const char* kStrategies[] = {"ulysses",           "ring",          "zigzag-ring",
-                                       "zigzag-ring-aware", "per-doc-aware", "allgather",
-                                       "whole-doc",         "hybrid-aware",  "hybrid-allgather-aware",
-                                       "hierarchical",      "basp",          "basp-hybrid-hierarchical"};
+// candidates start from, and "auto": the planner's choice per batch.
+constexpr const char* kStrategies[] = {"ulysses",
+                                       "ring",
+                                       "zigzag-ring",
+                                       "zigzag-ring-aware",
+                                       "per-doc-aware",
+                                       "allgather",
+                                       "whole-doc",
+                                       "hybrid-aware",
+                                       "hybrid-allgather-aware",
+                                       "hierarchical",
+                                       "basp",
+                                       "basp-hybrid-hierarchical",
+                                       "auto"};
 
 template <class S, class Kernel>
 std::unique_ptr<sp::runtime::AttentionEngine<Kernel>> engine(sp::backend::c10d::Transport& t,
@@ -81,6 +92,22 @@ std::unique_ptr<sp::runtime::AttentionEngine<Kernel>> make_engine(const std::str
     Strategy<BatchAware<Hybrid>, Hier>::Arguments a;
     a.comm.outer.sharding_aware = true;
     return engine<Strategy<BatchAware<Hybrid>, Hier>, Kernel>(t, shape, a, rpn);
+  }
+  if (name == "auto") {
+    // plan::SelectedAttention: every batch shape simulated on each candidate (an H100 SXM profile:
+    // the choice is the GPU's, whatever runs here) and the fastest run; every rank chooses the same
+    // without talking. The candidates: one of each family seqpar-plan compares.
+    using Selected =
+        sp::plan::SelectedAttention<Kernel, Strategy<Uniform, AllToAll>, Strategy<Zigzag, Ring>, Strategy<Hybrid, Ring>,
+                                    Strategy<Zigzag, Hier>, Strategy<BatchAware<Uniform>, AllToAll>>;
+    typename Selected::Arguments a;
+    a.names = {"ulysses", "zigzag-ring-aware", "hybrid-aware", "hierarchical", "basp"};
+    std::get<1>(a.strategies).comm.sharding_aware = true;
+    std::get<2>(a.strategies).comm.sharding_aware = true;
+    std::get<3>(a.strategies).comm.outer.sharding_aware = true;
+    a.simulation.hardware = sp::replay::profiles::h100_sxm();
+    a.ranks_per_node = rpn;
+    return std::make_unique<Selected>(t, shape, a);
   }
   std::string known;
   for (const char* s : kStrategies) known += std::string(known.empty() ? "" : ", ") + s;

@@ -5,8 +5,9 @@ import pytest
 
 from dist_util import run
 
-# (strategy, ranks_per_node on 4 ranks): the hierarchical strategy runs 2 nodes of 2 ranks.
-STRATEGIES = [("ulysses", 0), ("zigzag-ring", 0), ("hybrid-aware", 0), ("basp", 0), ("hierarchical", 2)]
+# (strategy, ranks_per_node on 4 ranks): the hierarchical strategy runs 2 nodes of 2 ranks; "auto" is
+# the planner's choice per batch (plan::SelectedAttention), on 2 nodes of 2 too.
+STRATEGIES = [("ulysses", 0), ("zigzag-ring", 0), ("hybrid-aware", 0), ("basp", 0), ("hierarchical", 2), ("auto", 2)]
 TOL = 1e-10
 
 

@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <mutex>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -138,13 +139,8 @@ int main(int argc, char** argv) {
     for (int c = 0; c < nc; ++c) {
       const std::vector<Range>& owned = chunked.owned_global(c);
       Tensors<double>& l = local.emplace_back(chunked.local_tokens(c), shape);  // (local rows, heads, d)
-      std::int64_t row = 0;
-      for (const Range& r : owned) {
-        for (auto [from, to] : {std::pair{&io.q, &l.q}, {&io.k, &l.k}, {&io.v, &l.v}, {&io.dout, &l.dout}})
-          std::copy_n(from->storage.begin() + r.begin * from->heads * from->head_dim,
-                      r.size() * from->heads * from->head_dim, to->storage.begin() + row * to->heads * to->head_dim);
-        row += r.size();
-      }
+      for (auto [from, to] : {std::pair{&io.q, &l.q}, {&io.k, &l.k}, {&io.v, &l.v}, {&io.dout, &l.dout}})
+        train::shard_rows(std::span<const Range>(owned), from->view(), to->view());  // chunk c's rows here
       chunked.forward(c, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view());
       // Prefix rows this rank gathers for chunk c: the whole prefix of every piece whose queries it holds.
       const schedule::Chunk& ch = chunked.chunk(c);
@@ -169,16 +165,10 @@ int main(int argc, char** argv) {
     whole_bytes[r] = rows_bytes(shape, whole_rows);
     for (int c = 0; c < nc; ++c) {
       const Tensors<double>& l = local[static_cast<std::size_t>(c)];
-      std::int64_t row = 0;
-      for (const Range& g : chunked.owned_global(c)) {
-        for (auto [from, to] : {std::pair{&l.o, &io.o}, {&l.dq, &io.dq}, {&l.dk, &io.dk}, {&l.dv, &io.dv}})
-          std::copy_n(from->storage.begin() + row * from->heads * from->head_dim,
-                      g.size() * from->heads * from->head_dim,
-                      to->storage.begin() + g.begin * to->heads * to->head_dim);
-        for (int h = 0; h < shape.heads_q; ++h)
-          std::copy_n(&l.lse.view()(h, row), g.size(), &io.lse.view()(h, g.begin));
-        row += g.size();
-      }
+      const std::span<const Range> rows(chunked.owned_global(c));
+      for (auto [from, to] : {std::pair{&l.o, &io.o}, {&l.dq, &io.dq}, {&l.dk, &io.dk}, {&l.dv, &io.dv}})
+        train::unshard_rows(rows, from->view(), to->view());
+      train::unshard_rows(rows, l.lse.view(), io.lse.view());
     }
   });
 

@@ -14,11 +14,13 @@
 #include <seqpar/train/shard.hpp>
 #include <seqpar/train/token_meta.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -429,5 +431,61 @@ TEST_SUITE("train") {
     CHECK(test::invalid_message([&] {
             (void)train::local_loss(std::span<const float>(two), m);
           }).find("train::local_loss: per_row_loss.size() = 2: expected 4") != std::string::npos);
+  }
+}
+
+TEST_SUITE("train") {
+  TEST_CASE("rows given as global ranges (a DPP chunk's rows): shard_rows, unshard_rows and token_meta") {
+    const DocumentBatch batch({{5, 1, 9}, {4, 6}});  // 25 tokens, documents [0,5) [5,6) [6,15) | [15,19) [19,25)
+    const std::vector<Range> rows{{13, 17}, {2, 6}, {24, 25}};  // across documents and a sequence boundary
+    const std::span<const Range> span(rows);
+    // token_meta of listed rows: the same rows a plan owning exactly these ranges would give.
+    ShardPlan one;
+    one.owned = {rows, {{0, 2}, {6, 13}, {17, 24}}};
+    one.slices = {{}, {}};
+    one.groups = {{0, 1}};
+    const train::TokenMeta by_rows = train::token_meta(batch, span), by_plan = train::token_meta(batch, one, 0);
+    CHECK(by_rows.global_index == by_plan.global_index);
+    CHECK(by_rows.position == by_plan.position);
+    CHECK(by_rows.label_index == by_plan.label_index);
+    CHECK(by_rows.cu_seqlens == by_plan.cu_seqlens);
+    // Hand-checked: 13,14 are positions 7,8 of [6,15) (14 its last: no label); 15,16 positions 0,1 of
+    // [15,19); 2,3,4 positions 2,3,4 of [0,5) (4 last); 5 the one-token document; 24 the last of [19,25).
+    CHECK(by_rows.global_index == std::vector<std::int64_t>{13, 14, 15, 16, 2, 3, 4, 5, 24});
+    CHECK(by_rows.position == std::vector<std::int64_t>{7, 8, 0, 1, 2, 3, 4, 0, 5});
+    CHECK(by_rows.label_index == std::vector<std::int64_t>{14, -1, 16, 17, 3, 4, -1, -1, -1});
+    CHECK(by_rows.label_count == 5);
+    // shard_rows / unshard_rows: the listed rows in order, and back (THD, LSE, per token).
+    ThdTensor<double> global(25, 2, 3), local(9, 2, 3), back(25, 2, 3);
+    for (std::size_t i = 0; i < global.storage.size(); ++i) global.storage[i] = static_cast<double>(i);
+    train::shard_rows(span, global.view(), local.view());
+    for (std::int64_t i = 0; i < 9; ++i)
+      CHECK(local.view()(i, 1, 2) == global.view()(by_rows.global_index[static_cast<std::size_t>(i)], 1, 2));
+    train::unshard_rows(span, local.view(), back.view());
+    for (std::int64_t t = 0; t < 25; ++t) {
+      const bool listed = std::any_of(rows.begin(), rows.end(), [t](Range r) { return r.contains(t); });
+      CHECK(back.view()(t, 0, 1) == (listed ? global.view()(t, 0, 1) : 0.0));
+    }
+    LseTensor<float> lg(2, 25), ll(2, 9);
+    for (std::int64_t t = 0; t < 25; ++t) lg.view()(1, t) = static_cast<float>(t);
+    train::shard_rows(span, lg.view(), ll.view());
+    CHECK(ll.view()(1, 0) == 13.0f);
+    CHECK(ll.view()(1, 8) == 24.0f);
+    std::vector<int> ids(25), mine(9);
+    for (int t = 0; t < 25; ++t) ids[static_cast<std::size_t>(t)] = 100 + t;
+    train::shard_rows(span, std::span<const int>(ids), std::span<int>(mine));
+    CHECK(mine == std::vector<int>{113, 114, 115, 116, 102, 103, 104, 105, 124});
+    // A range outside the tensor, or reversed, is refused by name.
+    const std::vector<Range> bad{{2, 6}, {20, 26}};
+    CHECK(seqpar::test::invalid_message([&] {
+            (void)train::token_meta(batch, std::span<const Range>(bad));
+          }).find("rows[1]") != std::string::npos);
+    ThdTensor<double> small(8, 2, 3);
+    CHECK(seqpar::test::invalid_message([&] {
+            train::shard_rows(std::span<const Range>(bad), global.view(), small.view());
+          }).find("rows[1] = [20, 26)") != std::string::npos);
+    CHECK(seqpar::test::invalid_message([&] {
+            train::shard_rows(span, global.view(), small.view());
+          }).find("local.tokens") != std::string::npos);
   }
 }

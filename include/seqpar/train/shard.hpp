@@ -153,6 +153,90 @@ void unshard_local(const ShardPlan& plan, int rank, std::span<L> local, std::spa
   unshard_local(plan, rank, detail_shard::per_token(local), detail_shard::per_token(global));
 }
 
+/// Rows listed by their global ranges, for layouts that are not a rank's plan: a DPP chunk's rows on
+/// this rank (runtime::ChunkedAttention::owned_global(c)), a micro-batch of one's own. `local` holds
+/// the listed rows concatenated in the order given; each range must lie inside `global`'s tokens.
+///
+/// @code
+/// const auto& rows = chunked.owned_global(c);           // chunk c's global rows on this rank
+/// ThdTensor<float> q(chunked.local_tokens(c), Hq, D);    // (chunk rows, Hq, D)
+/// train::shard_rows(rows, q_global.view(), q.view());
+/// @endcode
+namespace detail_shard {
+inline std::int64_t rows_in(std::span<const Range> rows, std::int64_t tokens, const char* where) {
+  std::int64_t n = 0;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Range& r = rows[i];
+    seqpar::detail::require(r.begin >= 0 && r.begin <= r.end && r.end <= tokens, where,
+                            "rows[" + std::to_string(i) + "]",
+                            "[" + std::to_string(r.begin) + ", " + std::to_string(r.end) + ")",
+                            "must lie inside the global tensor's " + std::to_string(tokens) + " tokens");
+    n += r.size();
+  }
+  return n;
+}
+}  // namespace detail_shard
+
+template <class G, class L>
+void shard_rows(std::span<const Range> rows, const ThdView<G>& global, const ThdView<L>& local) {
+  constexpr const char* where = "train::shard_rows";
+  const std::int64_t n = detail_shard::rows_in(rows, global.tokens, where);
+  seqpar::detail::check_view(global, where, "global", global.tokens, local.heads, local.head_dim);
+  seqpar::detail::check_view(local, where, "local", n, global.heads, global.head_dim);
+  std::int64_t at = 0;
+  for (const Range& r : rows) {
+    detail_shard::copy_rows(global, r.begin, local, at, r.size());
+    at += r.size();
+  }
+}
+/// The listed rows of `local` written back at their global rows; other rows are left alone.
+template <class L, class G>
+void unshard_rows(std::span<const Range> rows, const ThdView<L>& local, const ThdView<G>& global) {
+  constexpr const char* where = "train::unshard_rows";
+  const std::int64_t n = detail_shard::rows_in(rows, global.tokens, where);
+  seqpar::detail::check_view(global, where, "global", global.tokens, local.heads, local.head_dim);
+  seqpar::detail::check_view(local, where, "local", n, global.heads, global.head_dim);
+  std::int64_t at = 0;
+  for (const Range& r : rows) {
+    detail_shard::copy_rows(local, at, global, r.begin, r.size());
+    at += r.size();
+  }
+}
+/// LSE-style (heads, tokens): the listed token columns of every head.
+template <class G, class L>
+void shard_rows(std::span<const Range> rows, const LseView<G>& global, const LseView<L>& local) {
+  constexpr const char* where = "train::shard_rows";
+  const std::int64_t n = detail_shard::rows_in(rows, global.tokens, where);
+  seqpar::detail::check_view(global, where, "global", local.heads, global.tokens);
+  seqpar::detail::check_view(local, where, "local", global.heads, n);
+  for (int h = 0; h < global.heads; ++h) {
+    std::int64_t at = 0;
+    for (const Range& r : rows)
+      for (std::int64_t t = r.begin; t < r.end; ++t) local(h, at++) = static_cast<L>(global(h, t));
+  }
+}
+template <class L, class G>
+void unshard_rows(std::span<const Range> rows, const LseView<L>& local, const LseView<G>& global) {
+  constexpr const char* where = "train::unshard_rows";
+  const std::int64_t n = detail_shard::rows_in(rows, global.tokens, where);
+  seqpar::detail::check_view(global, where, "global", local.heads, global.tokens);
+  seqpar::detail::check_view(local, where, "local", global.heads, n);
+  for (int h = 0; h < global.heads; ++h) {
+    std::int64_t at = 0;
+    for (const Range& r : rows)
+      for (std::int64_t t = r.begin; t < r.end; ++t) global(h, t) = static_cast<G>(local(h, at++));
+  }
+}
+/// One value per token.
+template <class G, class L>
+void shard_rows(std::span<const Range> rows, std::span<G> global, std::span<L> local) {
+  shard_rows(rows, detail_shard::per_token(global), detail_shard::per_token(local));
+}
+template <class L, class G>
+void unshard_rows(std::span<const Range> rows, std::span<L> local, std::span<G> global) {
+  unshard_rows(rows, detail_shard::per_token(local), detail_shard::per_token(global));
+}
+
 /// Every rank's local rows gathered into `global` (every token, global order) on every rank of
 /// `transport`, whose ranks must be the plan's (size == plan.world_size(); call it on all of them).
 /// One all_gather_v of the packed rows: each rank receives the whole tensor once.

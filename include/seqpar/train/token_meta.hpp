@@ -47,6 +47,8 @@ struct TokenMeta {
   [[nodiscard]] std::int64_t rows() const noexcept { return static_cast<std::int64_t>(global_index.size()); }
 };
 
+[[nodiscard]] inline TokenMeta token_meta(const DocumentBatch& batch, std::span<const Range> rows);
+
 /// The metadata of rank `rank`'s local rows under `plan` (a plan of `batch`).
 [[nodiscard]] inline TokenMeta token_meta(const DocumentBatch& batch, const ShardPlan& plan, int rank) {
   constexpr const char* where = "train::token_meta";
@@ -60,13 +62,22 @@ struct TokenMeta {
     seqpar::detail::throw_invalid(where, "plan.batch_fingerprint", plan.batch_fingerprint,
                                   "is not this batch's (" + std::to_string(batch.fingerprint()) +
                                       "): the plan belongs to another batch (same token count, other documents)");
+  return token_meta(batch, std::span<const Range>(plan.owned[static_cast<std::size_t>(rank)]));
+}
+
+/// The metadata of rows listed by their global ranges, in that order: a DPP chunk's rows on this rank
+/// (runtime::ChunkedAttention::owned_global(c)), so that a pipelined trainer gets RoPE positions and
+/// labels per chunk as a sharded one gets them per rank. Each range must lie inside the batch.
+[[nodiscard]] inline TokenMeta token_meta(const DocumentBatch& batch, std::span<const Range> rows) {
+  (void)detail_shard::rows_in(rows, batch.total_tokens(), "train::token_meta");
   TokenMeta m;
-  const auto n = static_cast<std::size_t>(plan.local_tokens(rank));
+  std::size_t n = 0;
+  for (const Range& r : rows) n += static_cast<std::size_t>(r.size());
   m.global_index.reserve(n), m.sequence.reserve(n), m.document.reserve(n), m.position.reserve(n);
   m.label_index.reserve(n), m.last_in_document.reserve(n);
   m.cu_seqlens.push_back(0);
   const auto docs = batch.documents();
-  for (const Range& piece : plan.owned[static_cast<std::size_t>(rank)]) {
+  for (const Range& piece : rows) {
     if (piece.empty()) continue;
     // First document that ends after piece.begin; then each document the piece overlaps.
     auto it = std::upper_bound(docs.begin(), docs.end(), piece.begin,

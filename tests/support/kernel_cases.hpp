@@ -220,9 +220,10 @@ ThdTensor<double> put(Buf& buf, const ThdTensor<double>& values) {
 
 /// Forward and backward of `c` on `kernel` against the fp64 reference: O (pre-filled with garbage, so
 /// every row must be written), LSE, empty rows exactly O = 0 and LSE = -inf; dQ, dK, dV accumulated (+=)
-/// onto non-zero values, compared with the reference backward from the kernel's own O.
+/// onto non-zero values, compared with the reference backward from the kernel's own O. False when the
+/// harness skips the case (H::supports), true when it was checked.
 template <class H>
-void check_case(const Case& c, typename H::kernel_type& kernel, Tolerance tol) {
+bool check_case(const Case& c, typename H::kernel_type& kernel, Tolerance tol) {
   using T = typename H::value_type;
   using A = typename H::accum_type;
   using Thd = typename H::template Thd<T>;
@@ -232,7 +233,7 @@ void check_case(const Case& c, typename H::kernel_type& kernel, Tolerance tol) {
   if constexpr (requires { H::supports(c); }) {
     if (!H::supports(c)) {
       MESSAGE("skipped by the harness (the kernel refuses these slices by design): " << c.name);
-      return;
+      return false;
     }
   }
   const AttentionShape shape = H::adapt(c.shape);
@@ -285,19 +286,27 @@ void check_case(const Case& c, typename H::kernel_type& kernel, Tolerance tol) {
   CHECK(relative_error(dq.read().storage, dq_ref.storage) <= tol.backward);
   CHECK(relative_error(dk.read().storage, dk_ref.storage) <= tol.backward);
   CHECK(relative_error(dv.read().storage, dv_ref.storage) <= tol.backward);
+  return true;
 }
 
 /// Every case of cases() on `kernel` (run it on each configuration worth testing: tile sizes, threads).
+/// Returns how many were checked (not skipped by the harness): callers assert it, so that a harness
+/// that skips everything cannot pass.
 template <class H>
-void run_cases(typename H::kernel_type& kernel, Tolerance tol) {
-  for (const Case& c : cases()) check_case<H>(c, kernel, tol);
+std::size_t run_cases(typename H::kernel_type& kernel, Tolerance tol) {
+  std::size_t checked = 0;
+  for (const Case& c : cases()) checked += check_case<H>(c, kernel, tol) ? 1 : 0;
+  return checked;
 }
 
-/// The first `count` cases of long_cases() on `kernel` (one configuration is enough).
+/// The first `count` cases of long_cases() on `kernel` (one configuration is enough); returns how many
+/// were checked.
 template <class H>
-void run_long_cases(typename H::kernel_type& kernel, Tolerance tol, std::size_t count = 4) {
+std::size_t run_long_cases(typename H::kernel_type& kernel, Tolerance tol, std::size_t count = 4) {
   const std::vector<Case> cs = long_cases();
-  for (std::size_t i = 0; i < std::min(count, cs.size()); ++i) check_case<H>(cs[i], kernel, tol);
+  std::size_t checked = 0;
+  for (std::size_t i = 0; i < std::min(count, cs.size()); ++i) checked += check_case<H>(cs[i], kernel, tol) ? 1 : 0;
+  return checked;
 }
 
 // ---- non-finite isolation ------------------------------------------------------------------------------

@@ -115,21 +115,27 @@ struct ShardPlan {
 
 namespace detail {
 
+/// The slice of the query rows `q` of document `doc` (q inside doc.tokens): causal over the document's
+/// prefix, aligned at q's offset. With a window w its keys start w - 1 tokens before q (or at the
+/// document's start): keys further back are in no query's window, so no communicator fetches them and no
+/// kernel reads them. The window binds only where q's last row sees less than its whole prefix;
+/// otherwise the causal mask is the same pairs and keeps the kernels' causal path (and diagonal-run
+/// merging).
+[[nodiscard]] inline AttnSlice document_slice(const Document& doc, Range q, std::int64_t window) noexcept {
+  if (window > 0 && q.end - window > doc.tokens.begin) {
+    const std::int64_t first_key = std::max(doc.tokens.begin, q.begin - window + 1);
+    return {q, {first_key, q.end}, Mask::sliding_window(window, q.begin - first_key)};
+  }
+  return {q, {doc.tokens.begin, q.end}, Mask::causal(q.begin - doc.tokens.begin)};
+}
+
 /// The visible (query, key) pairs of the document-causal attention of the query tokens `owned` (global
-/// ranges), with the batch's window: the total area of document_causal_slices_for(owned, batch),
-/// without building the slices (Hybrid's threshold sweep sums it for every candidate). O(pieces x log
+/// ranges), with the batch's window: the total area of document_causal_slices_for(owned, batch), without
+/// building the slice list (Hybrid's threshold sweep sums it for every candidate). O(pieces x log
 /// documents), no allocation.
 [[nodiscard]] inline std::int64_t document_causal_area_for(const std::vector<Range>& owned,
                                                            const DocumentBatch& batch) {
-  const std::int64_t w = batch.window();
   const auto docs = batch.documents();
-  // Rows at positions [a, b) of a document (0-based) see min(i + 1, w) keys each (i + 1 without a window).
-  const auto rows_area = [w](std::int64_t a, std::int64_t b) {
-    const auto tri = [](std::int64_t x) { return x * (x + 1) / 2; };  // 1 + 2 + ... + x
-    if (w <= 0 || b <= w) return tri(b) - tri(a);
-    if (a >= w) return (b - a) * w;
-    return tri(w) - tri(a) + (b - w) * w;
-  };
   std::int64_t area = 0;
   for (const Range& piece : owned) {
     if (piece.empty()) continue;
@@ -137,7 +143,7 @@ namespace detail {
                                [](std::int64_t t, const Document& d) { return t < d.tokens.end; });
     for (; it != docs.end() && it->tokens.begin < piece.end; ++it) {
       const Range q = intersect(piece, it->tokens);
-      if (!q.empty()) area += rows_area(q.begin - it->tokens.begin, q.end - it->tokens.begin);
+      if (!q.empty()) area += document_slice(*it, q, batch.window()).area();
     }
   }
   return area;
@@ -176,13 +182,7 @@ namespace detail {
       cursor = it;
       const Range q = intersect(piece, it->tokens);
       if (q.empty()) continue;
-      AttnSlice s{q, {it->tokens.begin, q.end}, Mask::causal(q.begin - it->tokens.begin)};
-      // The window binds only where the piece's last row sees less than its whole prefix; otherwise the
-      // causal mask is the same pairs and keeps the kernels' causal path (and diagonal-run merging).
-      if (w > 0 && q.end - w > it->tokens.begin) {
-        const std::int64_t first_key = std::max(it->tokens.begin, q.begin - w + 1);
-        s = {q, {first_key, q.end}, Mask::sliding_window(w, q.begin - first_key)};
-      }
+      const AttnSlice s = document_slice(*it, q, w);
       if (it->sequence == run_sequence)
         append_slice(out, s);  // BatchAware requires that no slice crosses sequences
       else

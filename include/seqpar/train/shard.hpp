@@ -91,6 +91,44 @@ ThdView<T> per_token(std::span<T> s) {
   return ThdView<T>::dense(s.data(), static_cast<std::int64_t>(s.size()), 1, 1);
 }
 
+/// The rows `rows` (global ranges) of `global` into `local`, concatenated in that order; and back. The
+/// one loop every shard / unshard_local / *_rows overload runs after its own checks.
+template <class G, class L>
+void gather(std::span<const Range> rows, const ThdView<G>& global, const ThdView<L>& local) {
+  std::int64_t at = 0;
+  for (const Range& r : rows) {
+    copy_rows(global, r.begin, local, at, r.size());
+    at += r.size();
+  }
+}
+template <class L, class G>
+void scatter(std::span<const Range> rows, const ThdView<L>& local, const ThdView<G>& global) {
+  std::int64_t at = 0;
+  for (const Range& r : rows) {
+    copy_rows(local, at, global, r.begin, r.size());
+    at += r.size();
+  }
+}
+template <class G, class L>
+void gather(std::span<const Range> rows, const LseView<G>& global, const LseView<L>& local) {
+  for (int h = 0; h < global.heads; ++h) {
+    std::int64_t at = 0;
+    for (const Range& r : rows)
+      for (std::int64_t t = r.begin; t < r.end; ++t) local(h, at++) = static_cast<L>(global(h, t));
+  }
+}
+template <class L, class G>
+void scatter(std::span<const Range> rows, const LseView<L>& local, const LseView<G>& global) {
+  for (int h = 0; h < global.heads; ++h) {
+    std::int64_t at = 0;
+    for (const Range& r : rows)
+      for (std::int64_t t = r.begin; t < r.end; ++t) global(h, t) = static_cast<G>(local(h, at++));
+  }
+}
+inline std::span<const Range> owned(const ShardPlan& plan, int rank) {
+  return plan.owned[static_cast<std::size_t>(rank)];
+}
+
 }  // namespace detail_shard
 
 /// Rank `rank`'s rows of `global` (every token of the plan's batch) into `local`
@@ -98,22 +136,14 @@ ThdView<T> per_token(std::span<T> s) {
 template <class G, class L>
 void shard(const ShardPlan& plan, int rank, const ThdView<G>& global, const ThdView<L>& local) {
   detail_shard::check_thd(plan, rank, global, local, "train::shard");
-  std::int64_t at = 0;
-  for (const Range& r : plan.owned[static_cast<std::size_t>(rank)]) {
-    detail_shard::copy_rows(global, r.begin, local, at, r.size());
-    at += r.size();
-  }
+  detail_shard::gather(detail_shard::owned(plan, rank), global, local);
 }
 
 /// Rank `rank`'s local rows written at their global rows of `global`; other rows are left alone.
 template <class L, class G>
 void unshard_local(const ShardPlan& plan, int rank, const ThdView<L>& local, const ThdView<G>& global) {
   detail_shard::check_thd(plan, rank, global, local, "train::unshard_local");
-  std::int64_t at = 0;
-  for (const Range& r : plan.owned[static_cast<std::size_t>(rank)]) {
-    detail_shard::copy_rows(local, at, global, r.begin, r.size());
-    at += r.size();
-  }
+  detail_shard::scatter(detail_shard::owned(plan, rank), local, global);
 }
 
 /// LSE-style (heads, tokens) tensors: the rank's token columns of every head, in plan order.
@@ -123,11 +153,7 @@ void shard(const ShardPlan& plan, int rank, const LseView<G>& global, const LseV
   detail_shard::check_rank(plan, rank, where);
   seqpar::detail::check_view(global, where, "global", local.heads, detail_shard::total_tokens(plan));
   seqpar::detail::check_view(local, where, "local", global.heads, plan.local_tokens(rank));
-  for (int h = 0; h < global.heads; ++h) {
-    std::int64_t at = 0;
-    for (const Range& r : plan.owned[static_cast<std::size_t>(rank)])
-      for (std::int64_t t = r.begin; t < r.end; ++t) local(h, at++) = static_cast<L>(global(h, t));
-  }
+  detail_shard::gather(detail_shard::owned(plan, rank), global, local);
 }
 
 template <class L, class G>
@@ -136,11 +162,7 @@ void unshard_local(const ShardPlan& plan, int rank, const LseView<L>& local, con
   detail_shard::check_rank(plan, rank, where);
   seqpar::detail::check_view(global, where, "global", local.heads, detail_shard::total_tokens(plan));
   seqpar::detail::check_view(local, where, "local", global.heads, plan.local_tokens(rank));
-  for (int h = 0; h < global.heads; ++h) {
-    std::int64_t at = 0;
-    for (const Range& r : plan.owned[static_cast<std::size_t>(rank)])
-      for (std::int64_t t = r.begin; t < r.end; ++t) global(h, t) = static_cast<G>(local(h, at++));
-  }
+  detail_shard::scatter(detail_shard::owned(plan, rank), local, global);
 }
 
 /// One value per token (token ids, labels, per-token losses or weights).
@@ -183,11 +205,7 @@ void shard_rows(std::span<const Range> rows, const ThdView<G>& global, const Thd
   const std::int64_t n = detail_shard::rows_in(rows, global.tokens, where);
   seqpar::detail::check_view(global, where, "global", global.tokens, local.heads, local.head_dim);
   seqpar::detail::check_view(local, where, "local", n, global.heads, global.head_dim);
-  std::int64_t at = 0;
-  for (const Range& r : rows) {
-    detail_shard::copy_rows(global, r.begin, local, at, r.size());
-    at += r.size();
-  }
+  detail_shard::gather(rows, global, local);
 }
 /// The listed rows of `local` written back at their global rows; other rows are left alone.
 template <class L, class G>
@@ -196,11 +214,7 @@ void unshard_rows(std::span<const Range> rows, const ThdView<L>& local, const Th
   const std::int64_t n = detail_shard::rows_in(rows, global.tokens, where);
   seqpar::detail::check_view(global, where, "global", global.tokens, local.heads, local.head_dim);
   seqpar::detail::check_view(local, where, "local", n, global.heads, global.head_dim);
-  std::int64_t at = 0;
-  for (const Range& r : rows) {
-    detail_shard::copy_rows(local, at, global, r.begin, r.size());
-    at += r.size();
-  }
+  detail_shard::scatter(rows, local, global);
 }
 /// LSE-style (heads, tokens): the listed token columns of every head.
 template <class G, class L>
@@ -209,11 +223,7 @@ void shard_rows(std::span<const Range> rows, const LseView<G>& global, const Lse
   const std::int64_t n = detail_shard::rows_in(rows, global.tokens, where);
   seqpar::detail::check_view(global, where, "global", local.heads, global.tokens);
   seqpar::detail::check_view(local, where, "local", global.heads, n);
-  for (int h = 0; h < global.heads; ++h) {
-    std::int64_t at = 0;
-    for (const Range& r : rows)
-      for (std::int64_t t = r.begin; t < r.end; ++t) local(h, at++) = static_cast<L>(global(h, t));
-  }
+  detail_shard::gather(rows, global, local);
 }
 template <class L, class G>
 void unshard_rows(std::span<const Range> rows, const LseView<L>& local, const LseView<G>& global) {
@@ -221,11 +231,7 @@ void unshard_rows(std::span<const Range> rows, const LseView<L>& local, const Ls
   const std::int64_t n = detail_shard::rows_in(rows, global.tokens, where);
   seqpar::detail::check_view(global, where, "global", local.heads, global.tokens);
   seqpar::detail::check_view(local, where, "local", global.heads, n);
-  for (int h = 0; h < global.heads; ++h) {
-    std::int64_t at = 0;
-    for (const Range& r : rows)
-      for (std::int64_t t = r.begin; t < r.end; ++t) global(h, t) = static_cast<G>(local(h, at++));
-  }
+  detail_shard::scatter(rows, local, global);
 }
 /// One value per token.
 template <class G, class L>

@@ -105,11 +105,8 @@ struct TokenMeta {
 /// The metadata of every token of `batch`, as one rank holding the whole batch would see it
 /// (TokenBatch and the single-device reference step use it).
 [[nodiscard]] inline TokenMeta whole_batch_meta(const DocumentBatch& batch) {
-  ShardPlan whole;
-  whole.owned = {{Range{0, batch.total_tokens()}}};
-  whole.slices = {{}};
-  whole.groups = {{0}};
-  return token_meta(batch, whole, 0);
+  const Range all{0, batch.total_tokens()};
+  return token_meta(batch, std::span<const Range>(&all, 1));
 }
 
 /// Next-token labels of the local rows from the whole batch's token ids (every rank has them):

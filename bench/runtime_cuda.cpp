@@ -223,6 +223,46 @@ struct RankTimes {
   std::uint64_t nonfinite = 0;
 };
 
+// The largest |O - the baseline's O| over this rank's sampled tokens (`o`: its rows, `owned` order).
+template <class T>
+double sample_diff(const Batch& batch, const std::vector<T>& o, const std::vector<Range>& owned,
+                   const AttentionShape& shape) {
+  const std::vector<float> got = sample_o(o, owned, shape);
+  const std::int64_t row = std::int64_t{shape.heads_q} * shape.head_dim;
+  double diff = 0;
+  std::size_t at = 0;  // the sampled tokens of this rank, in the order of the whole-batch sample
+  for (const Range& r : owned)
+    for (std::int64_t t = r.begin; t < r.end; ++t)
+      if (t % kSampleStride == 0) {
+        const float* whole = batch.o_sample.data() + t / kSampleStride * row;
+        for (std::int64_t x = 0; x < row; ++x, ++at) diff = std::max<double>(diff, std::abs(got[at] - whole[x]));
+      }
+  return diff;
+}
+
+// The fwd and fwd+bwd rows of one case: per repetition, from the first rank's start to the last rank's
+// end (every rank waits at a barrier before each pass); the worst O difference and every non-finite.
+std::vector<Row> rows_of(const std::string& name, const Options& opt, const std::vector<RankTimes>& times) {
+  Row fwd{.name = name, .ranks = opt.ranks, .pass = "fwd"};
+  Row both{.name = name, .ranks = opt.ranks, .pass = "fwd+bwd"};
+  const auto span = [&](auto start, auto end, std::size_t i) {
+    Clock::time_point first = Clock::time_point::max(), last = Clock::time_point::min();
+    for (const RankTimes& r : times) first = std::min(first, (r.*start)[i]), last = std::max(last, (r.*end)[i]);
+    return seconds_between(first, last);
+  };
+  for (std::size_t i = 0; i < static_cast<std::size_t>(opt.reps); ++i) {
+    const double f = span(&RankTimes::forward_start, &RankTimes::forward_end, i);
+    fwd.seconds.push_back(f);
+    both.seconds.push_back(f + span(&RankTimes::backward_start, &RankTimes::backward_end, i));
+  }
+  for (const RankTimes& r : times) {
+    for (Row* x : {&fwd, &both}) x->max_abs_diff_o = std::max(x->max_abs_diff_o, r.max_abs_diff_o);
+    both.nonfinite += r.nonfinite;
+  }
+  fwd.nonfinite = both.nonfinite;
+  return {fwd, both};
+}
+
 template <class S>
 std::vector<Row> run_distributed(const std::string& name, typename S::Arguments args, const Batch& batch,
                                  const Options& opt) {
@@ -278,36 +318,9 @@ std::vector<Row> run_distributed(const std::string& name, typename S::Arguments 
       mine.backward_end[i] = Clock::now();
     }
     mine.nonfinite = nonfinite(exec, o) + nonfinite(exec, dq) + nonfinite(exec, dk) + nonfinite(exec, dv);
-    const std::vector<float> got = sample_o(o.to_host(), owned, shape);
-    // The sampled tokens of this rank, in the order of the whole-batch sample.
-    const std::int64_t row = std::int64_t{shape.heads_q} * d;
-    std::size_t at = 0;
-    for (const Range& r : owned)
-      for (std::int64_t t = r.begin; t < r.end; ++t)
-        if (t % kSampleStride == 0) {
-          const float* whole = batch.o_sample.data() + t / kSampleStride * row;
-          for (std::int64_t x = 0; x < row; ++x, ++at)
-            mine.max_abs_diff_o = std::max<double>(mine.max_abs_diff_o, std::abs(got[at] - whole[x]));
-        }
+    mine.max_abs_diff_o = std::max(mine.max_abs_diff_o, sample_diff(batch, o.to_host(), owned, shape));
   });
-  Row fwd{.name = name, .ranks = opt.ranks, .pass = "fwd"};
-  Row both{.name = name, .ranks = opt.ranks, .pass = "fwd+bwd"};
-  const auto span = [&](auto start, auto end, std::size_t i) {
-    Clock::time_point first = Clock::time_point::max(), last = Clock::time_point::min();
-    for (const RankTimes& r : times) first = std::min(first, (r.*start)[i]), last = std::max(last, (r.*end)[i]);
-    return seconds_between(first, last);
-  };
-  for (std::size_t i = 0; i < static_cast<std::size_t>(opt.reps); ++i) {
-    const double f = span(&RankTimes::forward_start, &RankTimes::forward_end, i);
-    fwd.seconds.push_back(f);
-    both.seconds.push_back(f + span(&RankTimes::backward_start, &RankTimes::backward_end, i));
-  }
-  for (const RankTimes& r : times) {
-    for (Row* x : {&fwd, &both}) x->max_abs_diff_o = std::max(x->max_abs_diff_o, r.max_abs_diff_o);
-    both.nonfinite += r.nonfinite;
-  }
-  fwd.nonfinite = both.nonfinite;
-  return {fwd, both};
+  return rows_of(name, opt, times);
 }
 
 // The DPP path: the same batch cut by DynamicChunk (capacity tokens / 4, so that the long documents
@@ -394,40 +407,14 @@ std::vector<Row> run_chunked(const std::string& name, typename S::Arguments args
       backward();
       mine.backward_end[i] = Clock::now();
     }
-    const std::int64_t row = std::int64_t{shape.heads_q} * d;
     for (int c = 0; c < nc; ++c) {
       const Local& l = loc[static_cast<std::size_t>(c)];
       mine.nonfinite += nonfinite(exec, l.o) + nonfinite(exec, l.dq) + nonfinite(exec, l.dk) + nonfinite(exec, l.dv);
-      const std::vector<Range>& owned = chunked.owned_global(c);
-      const std::vector<float> got = sample_o(l.o.to_host(), owned, shape);
-      std::size_t at = 0;
-      for (const Range& r : owned)
-        for (std::int64_t t = r.begin; t < r.end; ++t)
-          if (t % kSampleStride == 0) {
-            const float* whole = batch.o_sample.data() + t / kSampleStride * row;
-            for (std::int64_t x = 0; x < row; ++x, ++at)
-              mine.max_abs_diff_o = std::max<double>(mine.max_abs_diff_o, std::abs(got[at] - whole[x]));
-          }
+      mine.max_abs_diff_o =
+          std::max(mine.max_abs_diff_o, sample_diff(batch, l.o.to_host(), chunked.owned_global(c), shape));
     }
   });
-  Row fwd{.name = name + " (" + std::to_string(chunks.size()) + " chunks)", .ranks = opt.ranks, .pass = "fwd"};
-  Row both{.name = fwd.name, .ranks = opt.ranks, .pass = "fwd+bwd"};
-  const auto span = [&](auto start, auto end, std::size_t i) {
-    Clock::time_point first = Clock::time_point::max(), last = Clock::time_point::min();
-    for (const RankTimes& r : times) first = std::min(first, (r.*start)[i]), last = std::max(last, (r.*end)[i]);
-    return seconds_between(first, last);
-  };
-  for (std::size_t i = 0; i < static_cast<std::size_t>(opt.reps); ++i) {
-    const double f = span(&RankTimes::forward_start, &RankTimes::forward_end, i);
-    fwd.seconds.push_back(f);
-    both.seconds.push_back(f + span(&RankTimes::backward_start, &RankTimes::backward_end, i));
-  }
-  for (const RankTimes& r : times) {
-    for (Row* x : {&fwd, &both}) x->max_abs_diff_o = std::max(x->max_abs_diff_o, r.max_abs_diff_o);
-    both.nonfinite += r.nonfinite;
-  }
-  fwd.nonfinite = both.nonfinite;
-  return {fwd, both};
+  return rows_of(name + " (" + std::to_string(chunks.size()) + " chunks)", opt, times);
 }
 
 std::vector<Row> run_case(const std::string& name, const Batch& batch, const Options& opt) {

@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "seqpar/core/detail/transport_checks.hpp"
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/timeout.hpp"
 #include "seqpar/core/transport.hpp"
@@ -627,11 +628,7 @@ class Transport {
 
   void require_counts(std::string_view where, std::string_view name, std::span<const std::size_t> counts,
                       std::string_view buffer, std::size_t buffer_size) const {
-    seqpar::detail::require(counts.size() == static_cast<std::size_t>(size_), where, std::string(name) + ".size()",
-                            counts.size(), "must equal size() = " + std::to_string(size_));
-    const std::size_t sum = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-    seqpar::detail::require(sum == buffer_size, where, "sum(" + std::string(name) + ")", sum,
-                            "must equal " + std::string(buffer) + " = " + std::to_string(buffer_size));
+    seqpar::detail::require_counts(where, name, counts, buffer, buffer_size, size_);
   }
 
   void count_message(int peer, std::size_t bytes) noexcept {

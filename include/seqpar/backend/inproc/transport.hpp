@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "seqpar/backend/inproc/detail/comm_state.hpp"
+#include "seqpar/core/detail/transport_checks.hpp"
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/transport.hpp"
 
@@ -362,26 +363,13 @@ class Transport {
     seqpar::detail::require(tag >= 0, where, "tag", tag, "must be >= 0");
   }
 
-  static void require_counts(std::string_view where, std::string_view name, std::span<const std::size_t> counts,
-                             std::string_view buffer, std::size_t buffer_size, int n) {
-    if (counts.size() != static_cast<std::size_t>(n))
-      seqpar::detail::throw_invalid(where, std::string(name) + ".size()", counts.size(),
-                                    "must equal size() = " + std::to_string(n));
-    const std::size_t sum = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-    if (sum != buffer_size)
-      seqpar::detail::throw_invalid(where, "sum(" + std::string(name) + ")", sum,
-                                    "must equal " + std::string(buffer) + " = " + std::to_string(buffer_size));
-  }
   void require_counts(std::string_view where, std::string_view name, std::span<const std::size_t> counts,
                       std::string_view buffer, std::size_t buffer_size) const {
-    require_counts(where, name, counts, buffer, buffer_size, size());
+    seqpar::detail::require_counts(where, name, counts, buffer, buffer_size, size());
   }
 
   static void require_disjoint(std::string_view where, std::span<const std::byte> s, std::span<std::byte> r) {
-    if (s.empty() || r.empty()) return;
-    const std::less<const std::byte*> before;
-    const bool overlap = before(s.data(), r.data() + r.size()) && before(r.data(), s.data() + s.size());
-    seqpar::detail::require(!overlap, where, "r", "<buffer>", "overlaps s (in-place collectives are not supported)");
+    seqpar::detail::require_disjoint(where, s, r);
   }
 
   // Every payload byte moves through the world's copy function (std::memcpy unless the world says

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "seqpar/backend/mpi/detail/mpi_support.hpp"
+#include "seqpar/core/detail/transport_checks.hpp"
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/timeout.hpp"
 #include "seqpar/core/transport.hpp"
@@ -414,18 +415,11 @@ class Transport {
 
   void require_counts(std::string_view where, std::string_view name, std::span<const std::size_t> counts,
                       std::string_view buffer, std::size_t buffer_size) const {
-    seqpar::detail::require(counts.size() == static_cast<std::size_t>(size_), where, std::string(name) + ".size()",
-                            counts.size(), "must equal size() = " + std::to_string(size_));
-    const std::size_t sum = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-    seqpar::detail::require(sum == buffer_size, where, "sum(" + std::string(name) + ")", sum,
-                            "must equal " + std::string(buffer) + " = " + std::to_string(buffer_size));
+    seqpar::detail::require_counts(where, name, counts, buffer, buffer_size, size_);
   }
 
   static void require_disjoint(std::string_view where, std::span<const std::byte> s, std::span<std::byte> r) {
-    if (s.empty() || r.empty()) return;
-    const std::less<const std::byte*> before;
-    const bool overlap = before(s.data(), r.data() + r.size()) && before(r.data(), s.data() + s.size());
-    seqpar::detail::require(!overlap, where, "r", "<buffer>", "overlaps s (in-place collectives are not supported)");
+    seqpar::detail::require_disjoint(where, s, r);
   }
 
   // The unit (bytes) in which a variable collective's counts and displacements fit an int: 1 when the

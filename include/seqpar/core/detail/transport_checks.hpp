@@ -21,11 +21,14 @@ namespace seqpar::detail {
 /// the buffer named `buffer` ("s.size()"); std::invalid_argument naming `name` otherwise.
 inline void require_counts(std::string_view where, std::string_view name, std::span<const std::size_t> counts,
                            std::string_view buffer, std::size_t buffer_size, int size) {
-  require(counts.size() == static_cast<std::size_t>(size), where, std::string(name) + ".size()", counts.size(),
-          "must equal size() = " + std::to_string(size));
+  // if + throw, not require(): its message arguments would be built (allocated) on every call, and the
+  // in-process transport runs this on the steady-state path, which allocates nothing.
+  if (counts.size() != static_cast<std::size_t>(size))
+    throw_invalid(where, std::string(name) + ".size()", counts.size(), "must equal size() = " + std::to_string(size));
   const std::size_t sum = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-  require(sum == buffer_size, where, "sum(" + std::string(name) + ")", sum,
-          "must equal " + std::string(buffer) + " = " + std::to_string(buffer_size));
+  if (sum != buffer_size)
+    throw_invalid(where, "sum(" + std::string(name) + ")", sum,
+                  "must equal " + std::string(buffer) + " = " + std::to_string(buffer_size));
 }
 
 /// The send buffer `s` and the receive buffer `r` of a collective do not overlap (in-place collectives

@@ -56,21 +56,29 @@ namespace seqpar::testing {
 /// StrategyT, found as train::run_pipelined_step finds them (a DistributedAttention and a ChunkedAttention over
 /// the chunks, on in-process ranks). A memory model that plans with these rows (busiest_share) fits on
 /// every rank; one that plans with tokens / ranks lets a rank whose partition is uneven exceed its cap.
-template <class StrategyT, class T, std::invocable MakeKernel>
-std::vector<std::int64_t> busiest_rank_tokens(const TinyTransformer<T>& model, const schedule::ChunkPlan& plan,
-                                              int ranks, typename StrategyT::Arguments args, MakeKernel make_kernel) {
+template <class StrategyT, std::invocable MakeKernel>
+std::vector<std::int64_t> busiest_rank_tokens(const AttentionShape& shape, const schedule::ChunkPlan& plan, int ranks,
+                                              typename StrategyT::Arguments args, MakeKernel make_kernel) {
   using Kernel = std::invoke_result_t<MakeKernel>;
   detail::require(ranks >= 1, "testing::busiest_rank_tokens", "ranks", ranks, "must be >= 1");
   std::vector<std::int64_t> out(plan.chunks.size(), 0);
   std::mutex mu;
   backend::inproc::World(ranks).run([&](backend::inproc::Transport& tr) {
-    DistributedAttention<StrategyT, Kernel> attention(tr, model.config().attention_shape(), args, make_kernel());
+    DistributedAttention<StrategyT, Kernel> attention(tr, shape, args, make_kernel());
     runtime::ChunkedAttention<Kernel> chunked(attention, tr, make_kernel());
     chunked.begin(plan.chunks);
     const std::lock_guard lock(mu);
     for (std::size_t c = 0; c < out.size(); ++c) out[c] = std::max(out[c], chunked.local_tokens(static_cast<int>(c)));
   });
   return out;
+}
+
+/// The same for a TinyTransformer's attention.
+template <class StrategyT, class T, std::invocable MakeKernel>
+std::vector<std::int64_t> busiest_rank_tokens(const TinyTransformer<T>& model, const schedule::ChunkPlan& plan,
+                                              int ranks, typename StrategyT::Arguments args, MakeKernel make_kernel) {
+  return busiest_rank_tokens<StrategyT>(model.config().attention_shape(), plan, ranks, std::move(args),
+                                        std::move(make_kernel));
 }
 
 /// The busiest rank's share of a chunk, the largest over `plan`'s chunks: busiest rows / chunk tokens.

@@ -3,7 +3,8 @@
 // ranks (8 in-process ranks), the batch cut by schedule::DynamicChunk, the chunks grouped into 1F1B
 // pipelines by schedule::group_pipelines under a per-stage memory cap (which makes it checkpoint
 // some chunks' layers on some stages), and each stage's attention run by Hybrid x sharding-aware
-// Ring through runtime::ChunkedAttention (testing::run_pipelined_step).
+// Ring through runtime::ChunkedAttention (train::run_pipelined_step, the model's stages given as
+// testing::TinyStage, a train::PipelineStage: a model of one's own runs the same way).
 //
 // It prints the plan, then per stage the activation memory: what the planner predicted (the busiest
 // rank's peak under the schedule's decisions: a row's bytes times the largest share of a chunk a rank
@@ -18,6 +19,7 @@
 //   usage: 10_dpp_pipeline [--smoke] [--tokens T] [--threads K]
 #include "example_support.hpp"
 
+#include <seqpar/train/pipelined_step.hpp>
 #include <seqpar_testing/pipelined_step.hpp>
 #include <seqpar_testing/reference_step.hpp>
 
@@ -96,16 +98,16 @@ int main(int argc, char** argv) {
   const auto want = testing::single_device_step(model, batch);
 
   std::vector<double> grads(model.num_params(), 0.0);
-  std::vector<testing::PipelinedStepResult<double>> results(kStages * kAttention);
+  std::vector<train::PipelinedStepResult<double>> results(kStages * kAttention);
   double loss_sum = 0;
   std::mutex mu;
   const auto start = std::chrono::steady_clock::now();
   backend::inproc::World(kStages * kAttention).run([&](backend::inproc::Transport& tr) {
-    auto r = testing::run_pipelined_step<HybridRing>(tr, model, batch, plan, sched, pm, args, make_kernel);
+    testing::TinyStage<double> stage(model, train::pipeline_layout(tr.size(), tr.rank(), kStages).stage, kStages);
+    auto r = train::run_pipelined_step<HybridRing>(tr, stage, batch, plan, sched, pm, args, make_kernel);
     const std::lock_guard lock(mu);
-    for (std::size_t i = 0; i < grads.size(); ++i) grads[i] += r.grads[i];
+    for (std::size_t i = 0; i < grads.size(); ++i) grads[i] += stage.grads()[i];
     loss_sum += r.loss_sum;
-    r.grads.clear();
     results[static_cast<std::size_t>(tr.rank())] = std::move(r);
   });
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

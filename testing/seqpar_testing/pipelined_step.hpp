@@ -3,27 +3,25 @@
 #pragma once
 
 /// @file
-/// `testing::run_pipelined_step`: one training step of a `TinyTransformer` the way DPP runs it
-/// (InfiniPipe: "Efficient Long-Context LLM Training with Dynamic Pipeline Parallelism"): the batch cut into
-/// chunks (`schedule::DynamicChunk`),
-/// the chunks grouped into 1F1B pipelines run one after another (`schedule::group_pipelines`), the
-/// layers split over pipeline stages, each stage a group of ranks that runs every chunk's attention
-/// with a seqpar strategy (`runtime::ChunkedAttention` per layer: a split document's later slices
-/// read the K/V its earlier slices left on the ranks), activations and their gradients sent between
-/// neighbouring stages, and each chunk's layers checkpointed on each stage as the schedule's
-/// diagonal decisions say (a checkpointed layer keeps its input and is recomputed before its
-/// backward). The sum over all ranks of the returned gradients is the step's gradient, and the loss
-/// the single-device loss, exactly up to rounding.
+/// `testing::TinyStage<T>`: the layers of a `TinyTransformer` that one pipeline stage runs, as a
+/// `train::PipelineStage` (`train::run_pipelined_step` runs it: DPP's chunks, 1F1B and checkpointing),
+/// and `busiest_rank_tokens` / `busiest_share`, the rows a memory model should plan each rank with.
 ///
-/// Ranks: world rank r is stage r / A and attention rank r % A, A = world size / stages; stage s
-/// runs layers [s L / d_p, (s + 1) L / d_p). Every rank calls with the same arguments.
+/// Stage s of d_p runs layers [s L / d_p, (s + 1) L / d_p); the first stage also embeds the tokens and
+/// the last one runs the head (final norm, tied logits, cross-entropy). A chunk's state is one
+/// `TinyTransformer::LayerCache` per layer (`held_bytes`: what the memory model calls a layer's
+/// activations, or its input when checkpointed). The stage accumulates the gradient of the whole
+/// model's flat parameter vector (`grads()`: zero outside its layers, the embedding and the head), so
+/// that the sum over all ranks is the step's gradient.
 ///
-/// Memory: each rank measures the bytes of the layer activations it holds (TinyTransformer's
-/// LayerCache: what the memory model calls a layer's activations, or its input when checkpointed)
-/// right after every forward, the quantity DPP's checkpointing bounds, and the memory model's value
-/// for the same rows (the schedule's decisions, this rank's token counts): the two must agree. It
-/// also reports what the model leaves out: the attention carry and the loss gradient the last stage
-/// holds between a chunk's forward and its backward, and the transient of a recomputed layer.
+/// @code
+/// const auto layout = train::pipeline_layout(world.size(), world.rank(), stages);
+/// testing::TinyStage<double> stage(model, layout.stage, stages);
+/// auto r = train::run_pipelined_step<Strategy<partition::Hybrid, comm::Ring>>(world, stage, batch, plan,
+///                                                                               schedule, memory_model, args,
+///                                                                               make_kernel);
+/// // stage.grads(): this rank's share of the gradient of the mean loss
+/// @endcode
 
 #include <algorithm>
 #include <concepts>
@@ -48,45 +46,39 @@
 #include "seqpar/runtime/chunked_attention.hpp"
 #include "seqpar/schedule/dynamic_chunk.hpp"
 #include "seqpar/schedule/pipeline.hpp"
+#include "seqpar/train/pipelined_step.hpp"
 #include "seqpar/train/token_batch.hpp"
 #include "seqpar_testing/tiny_transformer.hpp"
 
 namespace seqpar::testing {
 
-/// What one rank computed in a pipelined step.
-template <class T>
-struct PipelinedStepResult {
-  int stage = 0;
-  int attention_rank = 0;
-  T loss_sum = 0;                          ///< sum of the token losses of this rank's rows (last stage only)
-  std::int64_t label_tokens = 0;           ///< tokens with a next-token label in the whole batch
-  std::vector<T> grads;                    ///< this rank's share of the gradient of the mean loss
-  std::size_t peak_activation_bytes = 0;   ///< layer activations held right after a forward, max
-  double predicted_peak_bytes = 0;         ///< the memory model's value for this rank's rows
-  std::size_t peak_bytes_with_extras = 0;  ///< max at any time of activations + recomputed layer + loss grads
-  std::size_t carry_bytes = 0;             ///< K, V, dK, dV of prefix rows kept by the attention, all layers
-  long long layers_recomputed = 0;         ///< layers this rank ran forward twice
-};
-
 /// The rows the busiest rank of an attention group of `ranks` holds of each chunk of `plan` under
-/// StrategyT, found as run_pipelined_step finds them (a DistributedAttention and a ChunkedAttention over
+/// StrategyT, found as train::run_pipelined_step finds them (a DistributedAttention and a ChunkedAttention over
 /// the chunks, on in-process ranks). A memory model that plans with these rows (busiest_share) fits on
 /// every rank; one that plans with tokens / ranks lets a rank whose partition is uneven exceed its cap.
-template <class StrategyT, class T, std::invocable MakeKernel>
-std::vector<std::int64_t> busiest_rank_tokens(const TinyTransformer<T>& model, const schedule::ChunkPlan& plan,
-                                              int ranks, typename StrategyT::Arguments args, MakeKernel make_kernel) {
+template <class StrategyT, std::invocable MakeKernel>
+std::vector<std::int64_t> busiest_rank_tokens(const AttentionShape& shape, const schedule::ChunkPlan& plan, int ranks,
+                                              typename StrategyT::Arguments args, MakeKernel make_kernel) {
   using Kernel = std::invoke_result_t<MakeKernel>;
   detail::require(ranks >= 1, "testing::busiest_rank_tokens", "ranks", ranks, "must be >= 1");
   std::vector<std::int64_t> out(plan.chunks.size(), 0);
   std::mutex mu;
   backend::inproc::World(ranks).run([&](backend::inproc::Transport& tr) {
-    DistributedAttention<StrategyT, Kernel> attention(tr, model.config().attention_shape(), args, make_kernel());
+    DistributedAttention<StrategyT, Kernel> attention(tr, shape, args, make_kernel());
     runtime::ChunkedAttention<Kernel> chunked(attention, tr, make_kernel());
     chunked.begin(plan.chunks);
     const std::lock_guard lock(mu);
     for (std::size_t c = 0; c < out.size(); ++c) out[c] = std::max(out[c], chunked.local_tokens(static_cast<int>(c)));
   });
   return out;
+}
+
+/// The same for a TinyTransformer's attention.
+template <class StrategyT, class T, std::invocable MakeKernel>
+std::vector<std::int64_t> busiest_rank_tokens(const TinyTransformer<T>& model, const schedule::ChunkPlan& plan,
+                                              int ranks, typename StrategyT::Arguments args, MakeKernel make_kernel) {
+  return busiest_rank_tokens<StrategyT>(model.config().attention_shape(), plan, ranks, std::move(args),
+                                        std::move(make_kernel));
 }
 
 /// The busiest rank's share of a chunk, the largest over `plan`'s chunks: busiest rows / chunk tokens.
@@ -102,187 +94,114 @@ std::vector<std::int64_t> busiest_rank_tokens(const TinyTransformer<T>& model, c
   return share;
 }
 
-/// Runs one step on this rank (see the file comment). `memory_model` is the model `schedule` was
-/// planned with (its stages and layers_per_stage must match the layout); its per-token bytes are
-/// not used for the prediction, which takes TinyTransformer's own (activation_values_per_row, dim).
-/// `make_kernel()` returns a kernel (one for the strategy, one per layer for the prefix terms).
-template <class StrategyT, class T, Transport Tr, std::invocable MakeKernel>
-PipelinedStepResult<T> run_pipelined_step(Tr& world, const TinyTransformer<T>& model, const train::TokenBatch& batch,
-                                          const schedule::ChunkPlan& plan, const schedule::PipelineSchedule& schedule,
-                                          const schedule::PipelineModel& memory_model,
-                                          typename StrategyT::Arguments args, MakeKernel make_kernel) {
-  using Kernel = std::invoke_result_t<MakeKernel>;
-  static_assert(attention::AttentionKernel<Kernel>, "run_pipelined_step: make_kernel() must return a kernel");
-  static_assert(std::is_same_v<typename Kernel::value_type, T> && std::is_same_v<typename Kernel::accum_type, T>,
-                "run_pipelined_step: the kernel computes in the model's type");
-  constexpr const char* where = "testing::run_pipelined_step";
-  const TinyConfig& cfg = model.config();
-  const int stages = memory_model.stages;
-  detail::require(stages >= 1 && world.size() % stages == 0, where, "memory_model.stages", stages,
-                  "must divide the world size " + std::to_string(world.size()));
-  detail::require(cfg.layers % stages == 0 && cfg.layers / stages == memory_model.layers_per_stage, where,
-                  "memory_model.layers_per_stage", memory_model.layers_per_stage,
-                  "must be model layers / stages = " + std::to_string(cfg.layers) + " / " + std::to_string(stages));
-  batch.validate(where);
-  // Before any message: a schedule of another plan or stage count, or an empty one, is refused here
-  // on every rank alike (each rank checks the same arguments), so no rank is left waiting.
-  schedule::validate_schedule(plan, schedule, stages, memory_model.layers_per_stage, where);
-  const int group = world.size() / stages;
-  PipelinedStepResult<T> out;
-  out.stage = world.rank() / group;
-  out.attention_rank = world.rank() % group;
-  const int stage = out.stage, per_stage = memory_model.layers_per_stage, first_layer = stage * per_stage;
-  const bool first = stage == 0, last = stage == stages - 1;
-  out.grads.assign(model.num_params(), T{0});
-
-  const std::vector<std::int64_t> positions = batch.positions();
-  const std::vector<int> labels = batch.labels();
-  out.label_tokens = batch.label_tokens();
-  detail::require(out.label_tokens > 0, where, "batch", "no labels", "needs a document of at least 2 tokens");
-  const T scale = T{1} / static_cast<T>(out.label_tokens);
-
-  // The stage's attention group, one chunked attention per layer of the stage.
-  Tr attention_world = world.split(stage, out.attention_rank);
-  DistributedAttention<StrategyT, Kernel> attention(attention_world, cfg.attention_shape(), args, make_kernel());
-  std::vector<std::unique_ptr<runtime::ChunkedAttention<Kernel>>> chunked;
-  for (int l = 0; l < per_stage; ++l) {
-    chunked.push_back(std::make_unique<runtime::ChunkedAttention<Kernel>>(attention, attention_world, make_kernel()));
-    chunked.back()->begin(plan.chunks);
-  }
-  for (const auto& ca : chunked)
-    out.carry_bytes += 4 * static_cast<std::size_t>(ca->carry_rows()) * static_cast<std::size_t>(cfg.heads_kv) *
-                       static_cast<std::size_t>(cfg.head_dim) * sizeof(T);
-
-  // This rank's rows of chunk c: global tokens, positions, tokens, labels.
-  struct Rows {
-    std::vector<std::int64_t> positions;
-    std::vector<int> tokens, labels;
-  };
-  const auto rows_of = [&](int c) {
-    Rows r;
-    for (const Range& g : chunked.front()->owned_global(c))
-      for (std::int64_t t = g.begin; t < g.end; ++t) {
-        r.positions.push_back(positions[static_cast<std::size_t>(t)]);
-        r.tokens.push_back(batch.tokens[static_cast<std::size_t>(t)]);
-        r.labels.push_back(labels[static_cast<std::size_t>(t)]);
-      }
-    return r;
-  };
-  const auto d = static_cast<std::size_t>(cfg.dim);
-  const int prev = world.rank() - group, next = world.rank() + group;
-  const auto tag = [](int c, bool backward) { return 2 * c + (backward ? 1 : 0); };
-
-  // In-flight state per chunk of the running pipeline.
+/// A TinyTransformer's stage s of `stages` (see the file comment). The model must outlive the stage.
+template <class T>
+class TinyStage {
+ public:
+  using stage_category = train::pipeline_stage_tag;
+  using value_type = T;
+  using accum_type = T;
   using Cache = typename TinyTransformer<T>::LayerCache;
-  struct InFlight {
-    Rows rows;
+  struct ChunkState {
     std::vector<Cache> caches;  // per layer of the stage
-    std::vector<T> dh;          // last stage: the loss gradient of the stage's output
-    int checkpointed = 0;       // the stage's first `checkpointed` layers keep only their inputs
+    std::vector<T> grad;        // backward: the gradient of the next layer's input
   };
-  std::vector<std::unique_ptr<InFlight>> flight(plan.chunks.size());
-  std::deque<std::vector<T>> send_buffers;
-  std::vector<typename Tr::Request> sends;
-  const auto held_bytes = [&] {
-    std::size_t b = 0;
-    for (const auto& f : flight)
-      if (f)
-        for (const Cache& cache : f->caches) b += cache.bytes();
-    return b;
-  };
-  std::size_t stash = 0;  // loss gradients held by the last stage
 
-  for (const schedule::Pipeline& pipeline : schedule.pipelines) {
-    const schedule::CheckpointProblem prob = schedule::checkpoint_problem(plan, memory_model, pipeline);
-    // The memory model for this rank's rows of these chunks and this model's activation sizes.
-    schedule::CheckpointProblem mine = prob;
-    mine.model.static_bytes = 0;
-    mine.model.activation_bytes_per_token = static_cast<double>(model.activation_values_per_row() * sizeof(T));
-    mine.model.kept_bytes_per_token = static_cast<double>(d * sizeof(T));
-    for (std::size_t k = 0; k < pipeline.chunks.size(); ++k)
-      mine.tokens[k] = chunked.front()->local_tokens(pipeline.chunks[k]);
-    const schedule::CheckpointPlan predicted = schedule::evaluate(mine, pipeline.checkpointing.diagonals, "model");
-    out.predicted_peak_bytes =
-        std::max(out.predicted_peak_bytes, predicted.peak_bytes[static_cast<std::size_t>(stage)]);
-
-    const auto ops = schedule::one_f_one_b(pipeline.backward_order, stages);
-    for (const schedule::StageOp& op : ops[static_cast<std::size_t>(stage)]) {
-      const int c = pipeline.chunks[static_cast<std::size_t>(op.chunk)];
-      auto& slot = flight[static_cast<std::size_t>(c)];
-      if (!op.backward) {
-        slot = std::make_unique<InFlight>();
-        InFlight& f = *slot;
-        f.rows = rows_of(c);
-        const std::size_t n = f.rows.tokens.size();
-        f.checkpointed = pipeline.checkpointing.layers(prob, op.chunk, stage);
-        std::vector<T> h(n * d), h_next(n * d);
-        if (first)
-          model.embed(f.rows.tokens, h);
-        else
-          world.recv(std::as_writable_bytes(std::span<T>(h)), prev, tag(c, false));
-        f.caches.resize(static_cast<std::size_t>(per_stage));
-        for (int l = 0; l < per_stage; ++l) {
-          auto& ca = *chunked[static_cast<std::size_t>(l)];
-          model.layer_forward(
-              first_layer + l, h, f.rows.positions,
-              [&](auto q, auto k, auto v, auto o, auto lse) { ca.forward(c, q, k, v, o, lse); },
-              f.caches[static_cast<std::size_t>(l)], h_next);
-          if (l < f.checkpointed) f.caches[static_cast<std::size_t>(l)].checkpoint();
-          std::swap(h, h_next);
-        }
-        if (last) {
-          f.dh.assign(n * d, T{0});
-          out.loss_sum += model.head(h, f.rows.labels, scale, f.dh, out.grads);
-          stash += f.dh.size() * sizeof(T);
-        } else {
-          send_buffers.push_back(std::move(h));
-          sends.push_back(world.isend(std::as_bytes(std::span<const T>(send_buffers.back())), next, tag(c, false)));
-        }
-        const std::size_t held = held_bytes();
-        out.peak_activation_bytes = std::max(out.peak_activation_bytes, held);
-        out.peak_bytes_with_extras = std::max(out.peak_bytes_with_extras, held + stash);
-      } else {
-        InFlight& f = *slot;
-        const std::size_t n = f.rows.tokens.size();
-        std::vector<T> dh(n * d), dx(n * d);
-        if (last) {
-          dh = std::move(f.dh);
-          stash -= dh.size() * sizeof(T);
-        } else {
-          world.recv(std::as_writable_bytes(std::span<T>(dh)), next, tag(c, true));
-        }
-        for (int l = per_stage - 1; l >= 0; --l) {
-          auto& ca = *chunked[static_cast<std::size_t>(l)];
-          Cache& cache = f.caches[static_cast<std::size_t>(l)];
-          if (cache.checkpointed()) {
-            std::vector<T> redo(n * d);
-            model.layer_forward(
-                first_layer + l, cache.x, f.rows.positions,
-                [&](auto q, auto k, auto v, auto o, auto lse) { ca.recompute(c, q, k, v, o, lse); }, cache, redo);
-            ++out.layers_recomputed;
-            out.peak_bytes_with_extras = std::max(out.peak_bytes_with_extras, held_bytes() + stash);
-          }
-          model.layer_backward(
-              first_layer + l, cache, f.rows.positions, dh,
-              [&](auto q, auto k, auto v, auto o, auto lse, auto dout, auto dq, auto dk, auto dv) {
-                ca.backward(c, q, k, v, o, lse, dout, dq, dk, dv);
-              },
-              dx, out.grads);
-          cache = Cache{};
-          std::swap(dh, dx);
-        }
-        if (first) {
-          model.embed_backward(f.rows.tokens, dh, out.grads);
-        } else {
-          send_buffers.push_back(std::move(dh));
-          sends.push_back(world.isend(std::as_bytes(std::span<const T>(send_buffers.back())), prev, tag(c, true)));
-        }
-        slot.reset();
-      }
-    }
+  TinyStage(const TinyTransformer<T>& model, int stage, int stages) : model_(&model), stage_(stage), stages_(stages) {
+    constexpr const char* where = "testing::TinyStage";
+    const int layers = model.config().layers;
+    detail::require(stages >= 1 && layers % stages == 0, where, "stages", stages,
+                    "must divide the model's layers " + std::to_string(layers));
+    detail::require(stage >= 0 && stage < stages, where, "stage", stage,
+                    "must be in [0, " + std::to_string(stages) + ")");
+    grads_.assign(model.num_params(), T{0});
   }
-  for (auto& r : sends) world.wait(r);
-  return out;
-}
+
+  [[nodiscard]] int layers() const noexcept { return model_->config().layers / stages_; }
+  [[nodiscard]] AttentionShape attention_shape() const noexcept { return model_->config().attention_shape(); }
+  [[nodiscard]] train::ActivationShape input_shape(std::int64_t rows) const noexcept {
+    return {rows, model_->config().dim};
+  }
+  [[nodiscard]] train::ActivationShape output_shape(std::int64_t rows) const noexcept {
+    return {rows, model_->config().dim};
+  }
+  [[nodiscard]] train::LayerBytes layer_bytes() const noexcept {
+    return {static_cast<double>(model_->activation_values_per_row() * sizeof(T)),
+            static_cast<double>(static_cast<std::size_t>(model_->config().dim) * sizeof(T))};
+  }
+  [[nodiscard]] std::size_t held_bytes(const ChunkState& s) const noexcept {
+    std::size_t b = 0;
+    for (const Cache& c : s.caches) b += c.bytes();
+    return b;
+  }
+
+  void forward(const train::ChunkRows& rows, std::span<const T> in, int checkpointed,
+               const train::StageAttention<T>& attention, ChunkState& s, std::span<T> out) const {
+    const std::size_t n = static_cast<std::size_t>(rows.rows()), d = dim();
+    std::vector<T> h(n * d), h_next(n * d);
+    if (stage_ == 0)
+      model_->embed(rows.tokens, h);
+    else
+      std::copy(in.begin(), in.end(), h.begin());
+    s.caches.assign(static_cast<std::size_t>(layers()), Cache{});
+    for (int l = 0; l < layers(); ++l) {
+      Cache& cache = s.caches[static_cast<std::size_t>(l)];
+      model_->layer_forward(
+          first_layer() + l, h, rows.positions(),
+          [&](auto q, auto k, auto v, auto o, auto lse) { attention.forward(l, q, k, v, o, lse); }, cache, h_next);
+      if (l < checkpointed) cache.checkpoint();
+      std::swap(h, h_next);
+    }
+    std::copy(h.begin(), h.end(), out.begin());
+  }
+
+  void recompute(const train::ChunkRows& rows, int layer, const train::StageAttention<T>& attention,
+                 ChunkState& s) const {
+    Cache& cache = s.caches.at(static_cast<std::size_t>(layer));
+    std::vector<T> redo(cache.x.size());
+    model_->layer_forward(
+        first_layer() + layer, cache.x, rows.positions(),
+        [&](auto q, auto k, auto v, auto o, auto lse) { attention.forward(layer, q, k, v, o, lse); }, cache, redo);
+  }
+
+  void backward(const train::ChunkRows& rows, int layer, std::span<const T> dout,
+                const train::StageAttention<T>& attention, ChunkState& s, std::span<T> din) {
+    Cache& cache = s.caches.at(static_cast<std::size_t>(layer));
+    if (layer == layers() - 1) s.grad.assign(dout.begin(), dout.end());
+    std::vector<T> dx(s.grad.size());
+    model_->layer_backward(
+        first_layer() + layer, cache, rows.positions(), s.grad,
+        [&](auto q, auto k, auto v, auto o, auto lse, auto d_o, auto dq, auto dk, auto dv) {
+          attention.backward(layer, q, k, v, o, lse, d_o, dq, dk, dv);
+        },
+        dx, grads_);
+    cache = Cache{};
+    s.grad = std::move(dx);
+    if (layer > 0) return;
+    if (stage_ == 0)
+      model_->embed_backward(rows.tokens, s.grad, grads_);
+    else
+      std::copy(s.grad.begin(), s.grad.end(), din.begin());
+  }
+
+  T loss(const train::ChunkRows& rows, std::span<const T> out, T scale, std::span<T> dout) {
+    return model_->head(out, rows.labels, scale, dout, grads_);
+  }
+
+  /// This rank's share of the gradient (num_params(), the model's layout), accumulated over steps.
+  [[nodiscard]] std::span<const T> grads() const noexcept { return grads_; }
+  void zero_grads() { std::fill(grads_.begin(), grads_.end(), T{0}); }
+
+ private:
+  [[nodiscard]] std::size_t dim() const noexcept { return static_cast<std::size_t>(model_->config().dim); }
+  [[nodiscard]] int first_layer() const noexcept { return stage_ * layers(); }
+
+  const TinyTransformer<T>* model_;
+  int stage_, stages_;
+  std::vector<T> grads_;
+};
+
+static_assert(train::PipelineStage<TinyStage<double>>);
+static_assert(train::PipelineStage<TinyStage<float>>);
 
 }  // namespace seqpar::testing

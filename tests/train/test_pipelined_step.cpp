@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// DPP end to end (issue 12, item 4): testing::run_pipelined_step runs a TinyTransformer step with the
+// DPP end to end (issue 12, item 4): train::run_pipelined_step runs a TinyTransformer step (its stages as
+// testing::TinyStage, a train::PipelineStage) with the
 // DynamicChunk plan (split, batched and hybrid chunks; later slices read their document's earlier
 // K/V), the 1F1B pipelines of group_pipelines, and the schedule's checkpointing, on in-process ranks
 // = pipeline stages x an attention group running a seqpar strategy. The loss and every parameter's
@@ -11,6 +12,7 @@
 #include <seqpar/backend/inproc/world.hpp>
 #include <seqpar/plan/model_shape.hpp>
 #include <seqpar/seqpar.hpp>
+#include <seqpar/train/pipelined_step.hpp>
 #include <seqpar_testing/pipelined_step.hpp>
 #include <seqpar_testing/reference_step.hpp>
 
@@ -101,10 +103,12 @@ void check_pipelined(const std::string& name, Layout layout, typename S::Argumen
   std::vector<std::string> memory_mismatch;
   std::mutex mu;
   backend::inproc::World(layout.stages * layout.attention).run([&](backend::inproc::Transport& t) {
+    testing::TinyStage<double> stage(model, train::pipeline_layout(t.size(), t.rank(), layout.stages).stage,
+                                     layout.stages);
     const auto r =
-        testing::run_pipelined_step<S>(t, model, batch, plan, sched, pm, args, [] { return Kernel({.threads = 1}); });
+        train::run_pipelined_step<S>(t, stage, batch, plan, sched, pm, args, [] { return Kernel({.threads = 1}); });
     const std::lock_guard lock(mu);
-    for (std::size_t i = 0; i < grads.size(); ++i) grads[i] += r.grads[i];
+    for (std::size_t i = 0; i < grads.size(); ++i) grads[i] += stage.grads()[i];
     loss_sum += r.loss_sum;
     recomputed += r.layers_recomputed;
     label_tokens = r.label_tokens;

@@ -5,6 +5,7 @@
 #include <seqpar/seqpar.hpp>
 #include <seqpar/train/all_reduce.hpp>
 #include <seqpar/train/loss.hpp>
+#include <seqpar/train/pipelined_step.hpp>
 #include <seqpar/train/shard.hpp>
 #include <seqpar/train/token_batch.hpp>
 #include <seqpar/train/token_meta.hpp>
@@ -20,6 +21,7 @@
 
 int main() {
   static_assert(sizeof(seqpar::plan::ModelShape) > 0);
+  static_assert(!seqpar::train::PipelineStage<int>);  // the DPP runner's concept is installed (no tag: no stage)
   const auto batch = seqpar::DocumentBatch::single({3, 2});
   const seqpar::AttentionShape shape{2, 1, 4};
   seqpar::ThdTensor<double> q(batch.total_tokens(), 2, 4), k(batch.total_tokens(), 1, 4), v(batch.total_tokens(), 1, 4),

@@ -46,8 +46,9 @@ namespace seqpar::attention {
 /// Refuses sink logits that are not one per query head, or NaN / +inf (naming `sinks[h]`).
 template <class A>
 void check_sinks(const char* where, std::span<const A> sinks, int heads_q) {
-  seqpar::detail::require(sinks.size() == static_cast<std::size_t>(heads_q), where, "sinks.size()", sinks.size(),
-                          "must be heads_q = " + std::to_string(heads_q) + " (one sink logit per query head)");
+  if (sinks.size() != static_cast<std::size_t>(heads_q))
+    seqpar::detail::throw_invalid(where, "sinks.size()", sinks.size(),
+                                  "must be heads_q = " + std::to_string(heads_q) + " (one sink logit per query head)");
   for (std::size_t h = 0; h < sinks.size(); ++h)
     if (std::isnan(sinks[h]) || sinks[h] == std::numeric_limits<A>::infinity())
       seqpar::detail::throw_invalid(where, ("sinks[" + std::to_string(h) + "]").c_str(), sinks[h],
@@ -95,8 +96,9 @@ void accumulate_sink_gradient(ThdView<const T> dout, ThdView<const T> o, LseView
   seqpar::detail::check_view(dout, where, "dout", o.tokens, o.heads, o.head_dim);
   seqpar::detail::check_view(lse, where, "lse", o.heads, o.tokens);
   check_sinks(where, sinks, o.heads);
-  seqpar::detail::require(dsinks.size() == sinks.size(), where, "dsinks.size()", dsinks.size(),
-                          "must be heads_q = " + std::to_string(o.heads));
+  if (dsinks.size() != sinks.size())
+    seqpar::detail::throw_invalid(where, "dsinks.size()", dsinks.size(),
+                                  "must be heads_q = " + std::to_string(o.heads));
   constexpr A ninf = -std::numeric_limits<A>::infinity();
   for (int h = 0; h < o.heads; ++h) {
     const A s = sinks[static_cast<std::size_t>(h)];

@@ -29,18 +29,20 @@ class SinkEpilogue {
  public:
   /// The local checks of a call, before any message: one logit per query head (and one gradient
   /// slot); on a context whose memory the host reads, no NaN or +inf (-inf: a head without a sink).
+  /// Messages are built only when thrown (no allocation on the steady-state path).
   template <class A>
   static void check(const char* where, std::span<const A> sinks, int heads_q, std::span<A> dsinks = {},
                     bool backward = false) {
     if constexpr (StreamOrderedExec<Exec>) {
-      seqpar::detail::require(sinks.size() == static_cast<std::size_t>(heads_q), where, "sinks.size()", sinks.size(),
-                              "must be heads_q = " + std::to_string(heads_q));
+      if (sinks.size() != static_cast<std::size_t>(heads_q))
+        seqpar::detail::throw_invalid(where, "sinks.size()", sinks.size(),
+                                      "must be heads_q = " + std::to_string(heads_q));
     } else {
       attention::check_sinks(where, sinks, heads_q);
     }
-    if (backward)
-      seqpar::detail::require(dsinks.size() == static_cast<std::size_t>(heads_q), where, "dsinks.size()", dsinks.size(),
-                              "must be heads_q = " + std::to_string(heads_q));
+    if (backward && dsinks.size() != static_cast<std::size_t>(heads_q))
+      seqpar::detail::throw_invalid(where, "dsinks.size()", dsinks.size(),
+                                    "must be heads_q = " + std::to_string(heads_q));
   }
 
   /// o, lse: the rank's final rows; afterwards the rows with the sinks.

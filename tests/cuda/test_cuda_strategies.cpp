@@ -301,14 +301,15 @@ void check_data_ops(int head_dim, std::uint32_t seed) {
 // rank makes its own CudaFlash (its own streams) on device 0.
 template <class S, class T>
 test::Errors check_strategy_on_gpu(const DocumentBatch& batch, const AttentionShape& shape, int world,
-                                   typename S::Arguments args, std::uint32_t seed = 7) {
+                                   typename S::Arguments args, std::uint32_t seed = 7,
+                                   const std::vector<double>& sinks = {}) {
   using Kernel = attention::CudaFlash<T>;
   return test::distributed_check<Kernel, test::DeviceStorage>(
       batch, shape, world,
       [&](backend::inproc::Transport& t) -> std::unique_ptr<runtime::AttentionEngine<Kernel>> {
         return std::make_unique<DistributedAttention<S, Kernel>>(t, shape, args, Kernel{});
       },
-      seed);
+      seed, sinks);
 }
 
 enum class Mix { kLognormal, kLongTail };
@@ -499,5 +500,28 @@ TEST_SUITE("cuda") {
 
   TEST_CASE("a bf16 subset on one GPU, head_dim 128") {
     seqpar::bf16_subset();
+  }
+
+  TEST_CASE("attention sinks on one GPU: DataOps<CudaExec>'s epilogue and the gradient's gather (fp32)") {
+    using namespace seqpar;
+    std::mt19937 rng(4);
+    const DocumentBatch batch({test::lognormal_docs(120, 12.0, 1.0, rng), test::lognormal_docs(80, 6.0, 1.0, rng)});
+    const AttentionShape shape{4, 2, 64};
+    const std::vector<double> sinks{4.0, -0.5, 1.25, -std::numeric_limits<double>::infinity()};
+    using Ring = Strategy<partition::Zigzag, comm::Ring>;
+    using Hier = Strategy<partition::Hybrid, comm::Hierarchical<comm::AllToAll, comm::Ring>>;
+    Hier::Arguments hier;
+    hier.ranks_per_node = 2;
+    for (const test::Errors& e :
+         {check_strategy_on_gpu<Ring, float>(batch, shape, 3, {}, 5, sinks),
+          check_strategy_on_gpu<Hier, float>(batch.with_window(24), shape, 4, hier, 5, sinks)}) {
+      CHECK(e.o < 1e-4);
+      CHECK(e.lse < 1e-4);
+      CHECK(e.dq < 1e-4);
+      CHECK(e.dk < 1e-4);
+      CHECK(e.dv < 1e-4);
+      CHECK(e.dsinks < 1e-4);
+      CHECK(e.bytes_match);
+    }
   }
 }

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <exception>
+#include <limits>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -123,6 +124,23 @@ TEST_SUITE("kokkos") {
       CHECK(errors[r].find("the kernel cannot run it: KokkosFlash: args.q_tile/k_tile = 4096/4096") !=
             std::string::npos);
       CHECK(messages[r] == 1);  // the agreement's all_gather block to the one peer
+    }
+  }
+
+  TEST_CASE("KokkosFlash with attention sinks: the epilogue on DataOps<KokkosExec>, exact vs the fp64 oracle") {
+    std::mt19937 rng(3);
+    const DocumentBatch batch({test::lognormal_docs(90, 9.0, 1.0, rng), test::lognormal_docs(60, 5.0, 1.0, rng)});
+    const AttentionShape shape{4, 2, 8};
+    const std::vector<double> sinks{4.0, -0.5, 1.25, -std::numeric_limits<double>::infinity()};
+    using Ring = Strategy<partition::Zigzag, comm::Ring>;
+    using Hier = Strategy<partition::Hybrid, comm::Hierarchical<comm::AllToAll, comm::Ring>>;
+    Hier::Arguments hier;
+    hier.ranks_per_node = 2;
+    for (const test::Errors& e :
+         {test::check_strategy<Ring, Kernel>(batch, shape, 3, {}, kernel(), 5, sinks),
+          test::check_strategy<Hier, Kernel>(batch.with_window(6), shape, 4, hier, kernel(), 5, sinks)}) {
+      CHECK(e.max() < kTol);
+      CHECK(e.bytes_match);
     }
   }
 }

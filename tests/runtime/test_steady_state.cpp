@@ -16,6 +16,7 @@
 #include <mutex>
 #include <new>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -103,8 +104,10 @@ DocumentBatch mixed_batch(std::uint32_t seed, int sequences) {
 
 /// Runs warm-up calls, then counts the allocations of one forward + backward per rank; returns the
 /// most any rank made.
+/// With `sinks`, the calls with attention sinks (the gather of their gradient included).
 template <class S>
-std::size_t steady_state_allocations(const DocumentBatch& batch, int world, typename S::Arguments args = {}) {
+std::size_t steady_state_allocations(const DocumentBatch& batch, int world, typename S::Arguments args = {},
+                                     bool sinks = false) {
   const AttentionShape shape{8, 4, 16};
   std::size_t worst = 0;
   std::mutex mu;
@@ -118,7 +121,15 @@ std::size_t steady_state_allocations(const DocumentBatch& batch, int world, type
     std::normal_distribution<float> normal;
     for (auto* x : {&q, &k, &v, &dout})
       for (float& e : x->storage) e = normal(rng);
+    const std::vector<float> sink_logits{0.5f, -1.f, 2.f, 0.f, 1.f, -2.f, 0.25f, 3.f};
+    std::vector<float> dsinks(8);
     const auto step = [&] {
+      if (sinks) {
+        attn.forward(batch, q.view(), k.view(), v.view(), o.view(), lse.view(), std::span<const float>(sink_logits));
+        attn.backward(batch, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), dq.view(), dk.view(),
+                      dv.view(), std::span<const float>(sink_logits), std::span<float>(dsinks));
+        return;
+      }
       attn.forward(batch, q.view(), k.view(), v.view(), o.view(), lse.view());
       attn.backward(batch, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), dq.view(), dk.view(),
                     dv.view());
@@ -228,6 +239,9 @@ TEST_SUITE("runtime") {
       hier.ranks_per_node = 2;
       CHECK(steady_state_allocations<Strategy<Zigzag, Hier>>(batch, world, hier) == 0);
       CHECK(steady_state_allocations<Strategy<partition::BatchAware<Uniform>, comm::AllToAll>>(batch, world) == 0);
+      // With attention sinks: the epilogue and the gradient's gather allocate nothing after the first call.
+      CHECK(steady_state_allocations<Strategy<Zigzag, comm::Ring>>(batch, world, {}, true) == 0);
+      CHECK(steady_state_allocations<Strategy<Zigzag, Hier>>(batch, world, hier, true) == 0);
     }
   }
 

@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <span>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -49,9 +50,10 @@ inline DocumentBatch random_batch(int sequences, std::int64_t tokens, double med
 
 struct Errors {
   double o = 0, lse = 0, dq = 0, dk = 0, dv = 0;        ///< max abs error / max abs reference value
+  double dsinks = 0;                                    ///< with attention sinks: of their gradient (every rank's)
   bool bytes_match = true;                              ///< every rank, every call: declared bytes == counted bytes
   std::uint64_t bytes_forward = 0, bytes_backward = 0;  ///< summed over ranks (and chunks)
-  [[nodiscard]] double max() const { return std::max({o, lse, dq, dk, dv}); }
+  [[nodiscard]] double max() const { return std::max({o, lse, dq, dk, dv, dsinks}); }
 };
 
 /// Makes a rank's DistributedAttention (any strategy) on its transport.
@@ -129,15 +131,82 @@ inline std::vector<AttnSlice> reference_slices(const DocumentBatch& batch) {
   return out;
 }
 
+/// Attention with sinks in fp64, written out row by row from the definition (a softmax over the
+/// row's keys and one more term e^{s_h} with no value; its backward from the explicit probabilities),
+/// sharing nothing with attention/sinks.hpp's rescaling of merged rows: the oracle of the sink tests.
+/// The keys of row i: its document's tokens up to i, the last `window` of them with a window.
+inline void sink_reference(const DocumentBatch& batch, const AttentionShape& shape, const ThdTensor<double>& q,
+                           const ThdTensor<double>& k, const ThdTensor<double>& v, const ThdTensor<double>& dout,
+                           const std::vector<double>& sinks, ThdTensor<double>& o, LseTensor<double>& lse,
+                           ThdTensor<double>& dq, ThdTensor<double>& dk, ThdTensor<double>& dv,
+                           std::vector<double>& dsinks) {
+  const int d = shape.head_dim, group = shape.heads_q / shape.heads_kv;
+  const double scale = shape.scale();
+  std::fill(dq.storage.begin(), dq.storage.end(), 0.0);
+  std::fill(dk.storage.begin(), dk.storage.end(), 0.0);
+  std::fill(dv.storage.begin(), dv.storage.end(), 0.0);
+  dsinks.assign(sinks.size(), 0.0);
+  std::vector<double> p, dp;
+  for (const Document& doc : batch.documents())
+    for (std::int64_t i = doc.tokens.begin; i < doc.tokens.end; ++i) {
+      const std::int64_t lo =
+          batch.window() == 0 ? doc.tokens.begin : std::max(doc.tokens.begin, i + 1 - batch.window());
+      const auto n = static_cast<std::size_t>(i + 1 - lo);
+      for (int h = 0; h < shape.heads_q; ++h) {
+        const int g = h / group;
+        const double sink = sinks[static_cast<std::size_t>(h)];
+        p.assign(n, 0.0);
+        double m = sink;
+        for (std::size_t j = 0; j < n; ++j) {
+          double dot = 0;
+          for (int x = 0; x < d; ++x) dot += q.view()(i, h, x) * k.view()(lo + static_cast<std::int64_t>(j), g, x);
+          p[j] = scale * dot;
+          m = std::max(m, p[j]);
+        }
+        double z = m == -INFINITY ? 0.0 : std::exp(sink - m);
+        for (double& x : p) z += (x = std::exp(x - m));
+        for (double& x : p) x /= z;
+        const double p_sink = m == -INFINITY ? 0.0 : std::exp(sink - m) / z;
+        lse.view()(h, i) = m + std::log(z);
+        for (int x = 0; x < d; ++x) {
+          double acc = 0;
+          for (std::size_t j = 0; j < n; ++j) acc += p[j] * v.view()(lo + static_cast<std::int64_t>(j), g, x);
+          o.view()(i, h, x) = acc;
+        }
+        // dP_j = dO . v_j; dS_j = P_j (dP_j - sum_l P_l dP_l); the sink's dP is 0 (no value).
+        dp.assign(n, 0.0);
+        double mean = 0;
+        for (std::size_t j = 0; j < n; ++j) {
+          for (int x = 0; x < d; ++x) dp[j] += dout.view()(i, h, x) * v.view()(lo + static_cast<std::int64_t>(j), g, x);
+          mean += p[j] * dp[j];
+        }
+        dsinks[static_cast<std::size_t>(h)] -= p_sink * mean;
+        for (std::size_t j = 0; j < n; ++j) {
+          const std::int64_t t = lo + static_cast<std::int64_t>(j);
+          const double ds = p[j] * (dp[j] - mean) * scale;
+          for (int x = 0; x < d; ++x) {
+            dq.view()(i, h, x) += ds * k.view()(t, g, x);
+            dk.view()(t, g, x) += ds * q.view()(i, h, x);
+            dv.view()(t, g, x) += p[j] * dout.view()(i, h, x);
+          }
+        }
+      }
+    }
+}
+
 /// The whole batch: inputs drawn from N(0, 1) and rounded to T (what the ranks hold), the fp64 reference's
-/// outputs on them, and the outputs gathered from the ranks.
+/// outputs on them, and the outputs gathered from the ranks. With `sinks` (one logit per query head,
+/// rounded to the accumulation type by the caller), the reference is sink_reference's.
 struct WholeBatch {
   ThdTensor<double> q, k, v, dout, o_ref, dq_ref, dk_ref, dv_ref, o, dq, dk, dv;
   LseTensor<double> lse_ref, lse;
+  std::vector<double> sinks, dsinks_ref;
+  std::vector<std::vector<double>> dsinks;  // every rank's
 
   template <class Storage, class T>
   WholeBatch(const DocumentBatch& batch, const AttentionShape& shape, std::uint32_t seed, std::type_identity<Storage>,
-             std::type_identity<T>) {
+             std::type_identity<T>, std::vector<double> sink_logits = {})
+      : sinks(std::move(sink_logits)) {
     const std::int64_t n = batch.total_tokens();
     const int d = shape.head_dim, hq = shape.heads_q, hkv = shape.heads_kv;
     std::mt19937 rng(seed);
@@ -152,6 +221,10 @@ struct WholeBatch {
       *t = ThdTensor<double>(n, heads, d);
     lse_ref = LseTensor<double>(hq, n);
     lse = LseTensor<double>(hq, n);
+    if (!sinks.empty()) {
+      sink_reference(batch, shape, q, k, v, dout, sinks, o_ref, lse_ref, dq_ref, dk_ref, dv_ref, dsinks_ref);
+      return;
+    }
     const attention::Reference<double> ref;
     const auto slices = reference_slices(batch);
     ref.forward(shape, q.view(), k.view(), v.view(), slices, o_ref.view(), lse_ref.view());
@@ -165,6 +238,8 @@ struct WholeBatch {
     err.dq = relative_error(dq.storage, dq_ref.storage);
     err.dk = relative_error(dk.storage, dk_ref.storage);
     err.dv = relative_error(dv.storage, dv_ref.storage);
+    for (const std::vector<double>& got : dsinks) err.dsinks = std::max(err.dsinks, relative_error(got, dsinks_ref));
+    if (!sinks.empty() && dsinks.empty()) err.dsinks = INFINITY;
   }
 };
 
@@ -222,6 +297,36 @@ struct Shard {
   }
 };
 
+/// Sink logits rounded to the accumulation type A (what the ranks hold), as doubles for the oracle.
+template <class A>
+std::vector<double> rounded_sinks(const std::vector<double>& sinks) {
+  std::vector<double> out;
+  for (double s : sinks) out.push_back(static_cast<double>(static_cast<A>(s)));
+  return out;
+}
+
+/// One rank's sink logits and gradient in the storage's memory (`on`: the call has sinks).
+template <class A, class Storage>
+struct SinkBuffers {
+  bool on = false;
+  std::size_t n = 0;
+  typename Storage::template Buffer<A> s, ds;
+  template <class Exec>
+  SinkBuffers(const std::vector<double>& sinks, const Exec& exec) : on(!sinks.empty()), n(sinks.size()) {
+    std::vector<A> host;
+    for (double x : sinks) host.push_back(static_cast<A>(x));
+    s = Storage::upload(host, exec);
+    ds = Storage::template poisoned<A>(sinks.size(), exec);
+  }
+  std::span<const A> logits() { return {Storage::data(s), n}; }
+  std::span<A> grad() { return {Storage::data(ds), n}; }
+  [[nodiscard]] std::vector<double> gradient() const {
+    std::vector<double> out;
+    for (A x : Storage::download(ds)) out.push_back(static_cast<double>(x));
+    return out;
+  }
+};
+
 }  // namespace detail
 
 /// Runs the attention `make` builds on `world` ranks (Storage's world) and returns the errors of its O, LSE,
@@ -230,10 +335,12 @@ struct Shard {
 /// Strategy-independent (instantiated once per kernel, which keeps the tests quick to build).
 template <class Kernel, class Storage = HostStorage>
 Errors distributed_check(const DocumentBatch& batch, const AttentionShape& shape, int world,
-                         const AttentionFactory<Kernel>& make, std::uint32_t seed) {
+                         const AttentionFactory<Kernel>& make, std::uint32_t seed,
+                         const std::vector<double>& sinks = {}) {
   using T = typename Kernel::value_type;
   using A = typename Kernel::accum_type;
-  detail::WholeBatch g(batch, shape, seed, std::type_identity<Storage>{}, std::type_identity<T>{});
+  detail::WholeBatch g(batch, shape, seed, std::type_identity<Storage>{}, std::type_identity<T>{},
+                       detail::rounded_sinks<A>(sinks));
   Errors err;
   std::mutex mu;
   Storage::run(world, [&](backend::inproc::Transport& transport) {
@@ -244,7 +351,12 @@ Errors distributed_check(const DocumentBatch& batch, const AttentionShape& shape
     detail::Shard<Kernel, Storage> s(g, owned, attn.local_tokens(batch), exec);
     exec.synchronize();
     const int hq = shape.heads_q, hkv = shape.heads_kv;
-    attn.forward(batch, s.view(s.q, hq), s.view(s.k, hkv), s.view(s.v, hkv), s.view(s.o, hq), s.lse_view());
+    detail::SinkBuffers<A, Storage> sk(g.sinks, exec);
+    if (sk.on)
+      attn.forward(batch, s.view(s.q, hq), s.view(s.k, hkv), s.view(s.v, hkv), s.view(s.o, hq), s.lse_view(),
+                   sk.logits());
+    else
+      attn.forward(batch, s.view(s.q, hq), s.view(s.k, hkv), s.view(s.v, hkv), s.view(s.o, hq), s.lse_view());
     exec.synchronize();
     const auto& prog = attn.program(batch);
     // Declared bytes (total and per destination) must equal what the transport counted.
@@ -256,9 +368,14 @@ Errors distributed_check(const DocumentBatch& batch, const AttentionShape& shape
     const bool fwd_ok = attn.last_bytes_sent() == prog.forward.bytes_sent(sizeof(T), sizeof(A)) &&
                         per_peer_total(prog.forward) == attn.last_bytes_sent();
     const std::uint64_t fwd_bytes = attn.last_bytes_sent();
-    attn.backward(batch, s.view(s.q, hq), s.view(s.k, hkv), s.view(s.v, hkv), s.view(s.o, hq),
-                  LseView<const A>(s.lse_view()), s.view(s.dout, hq), s.view(s.dq, hq), s.view(s.dk, hkv),
-                  s.view(s.dv, hkv));
+    if (sk.on)
+      attn.backward(batch, s.view(s.q, hq), s.view(s.k, hkv), s.view(s.v, hkv), s.view(s.o, hq),
+                    LseView<const A>(s.lse_view()), s.view(s.dout, hq), s.view(s.dq, hq), s.view(s.dk, hkv),
+                    s.view(s.dv, hkv), sk.logits(), sk.grad());
+    else
+      attn.backward(batch, s.view(s.q, hq), s.view(s.k, hkv), s.view(s.v, hkv), s.view(s.o, hq),
+                    LseView<const A>(s.lse_view()), s.view(s.dout, hq), s.view(s.dq, hq), s.view(s.dk, hkv),
+                    s.view(s.dv, hkv));
     exec.synchronize();
     const bool bwd_ok = attn.last_bytes_sent() == prog.backward.bytes_sent(sizeof(T), sizeof(A)) &&
                         per_peer_total(prog.backward) == attn.last_bytes_sent();
@@ -267,6 +384,7 @@ Errors distributed_check(const DocumentBatch& batch, const AttentionShape& shape
     err.bytes_forward += fwd_bytes;
     err.bytes_backward += attn.last_bytes_sent();
     s.scatter(owned, g);
+    if (sk.on) g.dsinks.push_back(sk.gradient());
   });
   g.errors(err);
   return err;
@@ -280,10 +398,12 @@ Errors distributed_check(const DocumentBatch& batch, const AttentionShape& shape
 template <class Kernel, class Storage = HostStorage>
 Errors distributed_check(const DocumentBatch& batch, const std::vector<Chunk>& chunks,
                          const std::vector<schedule::StageOp>& ops, const AttentionShape& shape, int world,
-                         const AttentionFactory<Kernel>& make, std::uint32_t seed) {
+                         const AttentionFactory<Kernel>& make, std::uint32_t seed,
+                         const std::vector<double>& sinks = {}) {
   using T = typename Kernel::value_type;
   using A = typename Kernel::accum_type;
-  detail::WholeBatch g(batch, shape, seed, std::type_identity<Storage>{}, std::type_identity<T>{});
+  detail::WholeBatch g(batch, shape, seed, std::type_identity<Storage>{}, std::type_identity<T>{},
+                       detail::rounded_sinks<A>(sinks));
   Errors err;
   std::mutex mu;
   Storage::run(world, [&](backend::inproc::Transport& transport) {
@@ -296,13 +416,26 @@ Errors distributed_check(const DocumentBatch& batch, const std::vector<Chunk>& c
     std::vector<std::unique_ptr<detail::Shard<Kernel, Storage>>> loc(static_cast<std::size_t>(nc));
     bool bytes_ok = static_cast<int>(ops.size()) == 2 * nc;
     std::uint64_t fwd_bytes = 0, bwd_bytes = 0;
+    detail::SinkBuffers<A, Storage> sk(g.sinks, exec);
+    std::vector<double> dsinks(g.sinks.size(), 0.0);  // summed over the chunks' backwards
     for (const schedule::StageOp& op : ops) {
       const int c = op.chunk;
       auto& s = loc[static_cast<std::size_t>(c)];
       if (!op.backward) {
         s = std::make_unique<detail::Shard<Kernel, Storage>>(g, chunked.owned_global(c), chunked.local_tokens(c), exec);
         exec.synchronize();
-        chunked.forward(c, s->view(s->q, hq), s->view(s->k, hkv), s->view(s->v, hkv), s->view(s->o, hq), s->lse_view());
+        if (sk.on)
+          chunked.forward(c, s->view(s->q, hq), s->view(s->k, hkv), s->view(s->v, hkv), s->view(s->o, hq),
+                          s->lse_view(), sk.logits());
+        else
+          chunked.forward(c, s->view(s->q, hq), s->view(s->k, hkv), s->view(s->v, hkv), s->view(s->o, hq),
+                          s->lse_view());
+      } else if (sk.on) {
+        chunked.backward(c, s->view(s->q, hq), s->view(s->k, hkv), s->view(s->v, hkv), s->view(s->o, hq),
+                         LseView<const A>(s->lse_view()), s->view(s->dout, hq), s->view(s->dq, hq), s->view(s->dk, hkv),
+                         s->view(s->dv, hkv), sk.logits(), sk.grad());
+        const std::vector<double> part = sk.gradient();
+        for (std::size_t h = 0; h < dsinks.size(); ++h) dsinks[h] += part[h];
       } else {
         chunked.backward(c, s->view(s->q, hq), s->view(s->k, hkv), s->view(s->v, hkv), s->view(s->o, hq),
                          LseView<const A>(s->lse_view()), s->view(s->dout, hq), s->view(s->dq, hq), s->view(s->dk, hkv),
@@ -319,6 +452,7 @@ Errors distributed_check(const DocumentBatch& batch, const std::vector<Chunk>& c
     err.bytes_backward += bwd_bytes;
     for (int c = 0; c < nc; ++c)
       if (loc[static_cast<std::size_t>(c)]) loc[static_cast<std::size_t>(c)]->scatter(chunked.owned_global(c), g);
+    if (sk.on) g.dsinks.push_back(dsinks);
   });
   g.errors(err);
   return err;
@@ -335,20 +469,22 @@ inline std::vector<schedule::StageOp> forward_then_backward(std::size_t chunks) 
 /// The unchunked check on host memory (the name the strategy, plan and train tests use).
 template <class Kernel>
 Errors check_attention(const DocumentBatch& batch, const AttentionShape& shape, int world,
-                       const AttentionFactory<Kernel>& make, std::uint32_t seed) {
-  return distributed_check<Kernel, HostStorage>(batch, shape, world, make, seed);
+                       const AttentionFactory<Kernel>& make, std::uint32_t seed,
+                       const std::vector<double>& sinks = {}) {
+  return distributed_check<Kernel, HostStorage>(batch, shape, world, make, seed, sinks);
 }
 
 /// Runs StrategyT with Kernel on `world` ranks (Storage's world) and returns the errors against the reference.
 template <class StrategyT, class Kernel, class Storage = HostStorage>
 Errors check_strategy(const DocumentBatch& batch, const AttentionShape& shape, int world,
-                      typename StrategyT::Arguments args = {}, Kernel kernel = {}, std::uint32_t seed = 7) {
+                      typename StrategyT::Arguments args = {}, Kernel kernel = {}, std::uint32_t seed = 7,
+                      const std::vector<double>& sinks = {}) {
   return distributed_check<Kernel, Storage>(
       batch, shape, world,
       [&](backend::inproc::Transport& t) -> std::unique_ptr<runtime::AttentionEngine<Kernel>> {
         return std::make_unique<DistributedAttention<StrategyT, Kernel>>(t, shape, args, kernel);
       },
-      seed);
+      seed, sinks);
 }
 
 }  // namespace seqpar::test

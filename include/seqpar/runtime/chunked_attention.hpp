@@ -56,6 +56,7 @@
 #include "seqpar/runtime/data_ops.hpp"
 #include "seqpar/runtime/engine.hpp"
 #include "seqpar/runtime/executor.hpp"
+#include "seqpar/runtime/sink_epilogue.hpp"
 
 namespace seqpar::runtime {
 
@@ -98,7 +99,7 @@ class ChunkedAttention {
       programs_.clear();
     }
     fingerprint_ = fingerprint;
-    agree(where, fingerprint, -1, -1, refused);
+    agree(where, fingerprint, -1, -1, false, refused);
     std::fill(forward_done_.begin(), forward_done_.end(), false);
     std::fill(backward_done_.begin(), backward_done_.end(), false);
     run(-1, "clear", clear_, bind_carry({}));
@@ -126,6 +127,43 @@ class ChunkedAttention {
   [[nodiscard]] std::uint64_t last_bytes_sent() const noexcept { return last_bytes_sent_; }
 
   void forward(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<T> o, LseView<A> lse) {
+    forward_call(c, q, k, v, o, lse, nullptr);
+  }
+  /// With attention sinks (attention/sinks.hpp): applied to the chunk's rows once they hold every key
+  /// (after the prefix merge), as DistributedAttention does for a whole batch.
+  void forward(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<T> o, LseView<A> lse,
+               std::span<const A> sinks) {
+    forward_call(c, q, k, v, o, lse, &sinks);
+  }
+
+  /// Chunk c's forward again, for activation checkpointing (a pipeline stage recomputes a layer
+  /// before its backward): the same (O, LSE) bit for bit, collective like `forward`. Allowed after
+  /// the chunk's forward and before its backward. The prefix K/V it reads is still in the carry (a
+  /// chunk that reads it goes backward first, and the carry lives until the next `begin`); the chunk's
+  /// own K/V rows are kept already and are not copied again.
+  void recompute(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<T> o, LseView<A> lse) {
+    recompute_call(c, q, k, v, o, lse, nullptr);
+  }
+  void recompute(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<T> o, LseView<A> lse,
+                 std::span<const A> sinks) {
+    recompute_call(c, q, k, v, o, lse, &sinks);
+  }
+
+  void backward(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<const T> o,
+                LseView<const A> lse, ThdView<const T> dout, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv) {
+    backward_call(c, q, k, v, o, lse, dout, dq, dk, dv, nullptr, {});
+  }
+  /// With attention sinks: o and lse as the sinks' forward left them; `dsinks` (Hq values in the
+  /// context's memory) overwritten with the sinks' gradient over this chunk's rows on every rank.
+  void backward(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<const T> o,
+                LseView<const A> lse, ThdView<const T> dout, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
+                std::span<const A> sinks, std::span<A> dsinks) {
+    backward_call(c, q, k, v, o, lse, dout, dq, dk, dv, &sinks, dsinks);
+  }
+
+ private:
+  void forward_call(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<T> o, LseView<A> lse,
+                    const std::span<const A>* sinks) {
     constexpr const char* where = "ChunkedAttention::forward";
     std::exception_ptr refused;
     try {  // local checks; then every rank compares what it is about to run
@@ -135,19 +173,16 @@ class ChunkedAttention {
         if (e != c && !forward_done_[static_cast<std::size_t>(e)])  // (messages built only when thrown)
           seqpar::detail::throw_invalid(
               where, "c", c, "reads the prefix rows of chunk " + std::to_string(e) + ", whose forward has not run");
+      if (sinks != nullptr) SinkEpilogue<exec_type>::check(where, *sinks, attention_.shape().heads_q);
     } catch (const std::exception&) {
       refused = std::current_exception();
     }
-    agree(where, fingerprint_, c, 0, refused);
-    run_forward(c, q, k, v, o, lse, true);
+    agree(where, fingerprint_, c, 0, sinks != nullptr, refused);
+    run_forward(c, q, k, v, o, lse, true, sinks);
   }
 
-  /// Chunk c's forward again, for activation checkpointing (a pipeline stage recomputes a layer
-  /// before its backward): the same (O, LSE) bit for bit, collective like `forward`. Allowed after
-  /// the chunk's forward and before its backward. The prefix K/V it reads is still in the carry (a
-  /// chunk that reads it goes backward first, and the carry lives until the next `begin`); the chunk's
-  /// own K/V rows are kept already and are not copied again.
-  void recompute(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<T> o, LseView<A> lse) {
+  void recompute_call(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<T> o, LseView<A> lse,
+                      const std::span<const A>* sinks) {
     constexpr const char* where = "ChunkedAttention::recompute";
     std::exception_ptr refused;
     try {
@@ -155,15 +190,17 @@ class ChunkedAttention {
       const auto ci = static_cast<std::size_t>(c);
       seqpar::detail::require(forward_done_[ci] && !backward_done_[ci], where, "c", c,
                               backward_done_[ci] ? "ran backward already" : "has not run forward");
+      if (sinks != nullptr) SinkEpilogue<exec_type>::check(where, *sinks, attention_.shape().heads_q);
     } catch (const std::exception&) {
       refused = std::current_exception();
     }
-    agree(where, fingerprint_, c, 1, refused);
-    run_forward(c, q, k, v, o, lse, false);
+    agree(where, fingerprint_, c, 1, sinks != nullptr, refused);
+    run_forward(c, q, k, v, o, lse, false, sinks);
   }
 
-  void backward(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<const T> o,
-                LseView<const A> lse, ThdView<const T> dout, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv) {
+  void backward_call(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<const T> o,
+                     LseView<const A> lse, ThdView<const T> dout, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
+                     const std::span<const A>* sinks, std::span<A> dsinks) {
     constexpr const char* where = "ChunkedAttention::backward";
     std::exception_ptr refused;
     try {
@@ -180,10 +217,11 @@ class ChunkedAttention {
                                             "chunk " + std::to_string(e) +
                                                 " reads its rows as prefix and must run backward first (a split "
                                                 "document goes backward last slice first)");
+      if (sinks != nullptr) SinkEpilogue<exec_type>::check(where, *sinks, attention_.shape().heads_q, dsinks, true);
     } catch (const std::exception&) {
       refused = std::current_exception();
     }
-    agree(where, fingerprint_, c, 2, refused);
+    agree(where, fingerprint_, c, 2, sinks != nullptr, refused);
     const auto ci = static_cast<std::size_t>(c);
     attention_.backward(chunks_[ci].batch, q, k, v, o, lse, dout, dq, dk, dv);
     backward_done_[ci] = true;
@@ -198,9 +236,9 @@ class ChunkedAttention {
     b.thd[idx(BufferId::kDk)] = dk;
     b.thd[idx(BufferId::kDv)] = dv;
     run(c, "prefix backward", programs_[ci].bwd, b);
+    if (sinks != nullptr) sink_epilogue_.backward(attention_.exec(), world_, dout, o, lse, *sinks, dsinks);
   }
 
- private:
   using BufferId = comm::BufferId;
   using Exec = Executor<Kernel, AnyTransport>;
   using Buffers = typename Exec::Buffers;
@@ -225,7 +263,7 @@ class ChunkedAttention {
 
   // The strategy's forward of chunk c, then its prefix program (keep, exchange, merge).
   void run_forward(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<T> o, LseView<A> lse,
-                   bool keep) {
+                   bool keep, const std::span<const A>* sinks) {
     const auto ci = static_cast<std::size_t>(c);
     attention_.forward(chunks_[ci].batch, q, k, v, o, lse);
     forward_done_[ci] = true;
@@ -236,6 +274,7 @@ class ChunkedAttention {
     b.thd[idx(BufferId::kO)] = o;
     b.lse[idx(BufferId::kLse)] = lse;
     run(c, keep ? "prefix forward" : "prefix recompute", keep ? programs_[ci].fwd : programs_[ci].rec, b);
+    if (sinks != nullptr) SinkEpilogue<exec_type>::forward(attention_.exec(), o, lse, *sinks);
   }
 
   Buffers bind_carry(Buffers b) {
@@ -325,7 +364,7 @@ class ChunkedAttention {
   // the same shape, which the strategy's own agreement (on the chunk batch's shape) cannot tell apart.
   struct Signature {
     std::uint64_t chunks = 0;
-    std::int32_t chunk = 0, pass = 0;
+    std::int32_t chunk = 0, pass = 0, sinks = 0;
     std::int32_t refused = 0;
     char reason[200] = {};
   };
@@ -343,11 +382,13 @@ class ChunkedAttention {
     return h;
   }
 
-  void agree(const char* where, std::uint64_t fingerprint, int chunk, int pass, const std::exception_ptr& refused) {
+  void agree(const char* where, std::uint64_t fingerprint, int chunk, int pass, bool sinks,
+             const std::exception_ptr& refused) {
     Signature mine;
     mine.chunks = fingerprint;
     mine.chunk = chunk;
     mine.pass = pass;
+    mine.sinks = sinks ? 1 : 0;
     if (refused) {
       mine.refused = 1;
       try {
@@ -381,6 +422,11 @@ class ChunkedAttention {
                                          call(mine.chunk, mine.pass) + " and rank " + std::to_string(r) + " " +
                                          call(other.chunk, other.pass) +
                                          ": every rank must make the same calls in the same order");
+      if (other.sinks != mine.sinks)
+        throw Error(Errc::kMismatch, std::string(where) + ": rank " + std::to_string(world_.rank()) +
+                                         (mine.sinks != 0 ? " passes" : " does not pass") +
+                                         " attention sinks and rank " + std::to_string(r) +
+                                         (other.sinks != 0 ? " does" : " does not"));
     }
   }
 
@@ -393,7 +439,8 @@ class ChunkedAttention {
   std::vector<Programs> programs_;
   Exec clear_;
   typename Ops::Workspace workspace_, carry_mem_;  // in the execution context's memory
-  std::size_t carry_stride_ = 0;                   // bytes of each of the four carry tensors (64-aligned)
+  SinkEpilogue<exec_type> sink_epilogue_;
+  std::size_t carry_stride_ = 0;  // bytes of each of the four carry tensors (64-aligned)
   std::vector<Signature> signatures_;
   std::vector<bool> forward_done_, backward_done_;
   std::uint64_t last_bytes_sent_ = 0;

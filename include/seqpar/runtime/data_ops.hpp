@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "seqpar/attention/merge.hpp"
+#include "seqpar/attention/sinks.hpp"
 #include "seqpar/core/aligned_bytes.hpp"
 #include "seqpar/core/host_exec.hpp"
 #include "seqpar/core/tensor.hpp"
@@ -56,7 +57,8 @@ struct DataOps;
 ///    once per cached program (`Tables::copies`, `Tables::slices`: base pointers of the mirrors);
 ///  - `Workspace allocate(exec, bytes)`: owning memory of the context (`.span()`), for engines that
 ///    own their workspace;
-///  - pack, unpack, zero, fill_empty, merge: issued on the context, in its order.
+///  - pack, unpack, zero, fill_empty, merge: issued on the context, in its order;
+///  - apply_sinks, sink_gradient, sum_parts: attention sinks on final rows (the engine's epilogue).
 template <>
 struct DataOps<HostExec> {
   struct Tables {
@@ -114,6 +116,34 @@ struct DataOps<HostExec> {
       attention::merge_into(o.tokens_slice(r0, n), lse.tokens_slice(r0, n),
                             ThdView<const T>(o_part.tokens_slice(r0, n)),
                             LseView<const A>(lse_part.tokens_slice(r0, n)));
+    }
+  }
+
+  /// Attention sinks on final rows (attention/sinks.hpp): O, LSE rescaled by the sink of each head.
+  /// `sinks`: heads logits in the context's memory.
+  template <class T, class A>
+  static void apply_sinks(const HostExec&, ThdView<T> o, LseView<A> lse, const A* sinks) {
+    attention::apply_sinks(o, lse, std::span<const A>(sinks, static_cast<std::size_t>(o.heads)));
+  }
+
+  /// This rank's part of the sinks' gradient: grad[h] = -sum_t e^{s_h - LSE'} dO . O' over the rows
+  /// (overwritten; `grad`: heads values in the context's memory).
+  template <class T, class A>
+  static void sink_gradient(const HostExec&, ThdView<const T> dout, ThdView<const T> o, LseView<const A> lse,
+                            const A* sinks, A* grad) {
+    const auto heads = static_cast<std::size_t>(o.heads);
+    std::fill_n(grad, heads, A(0));
+    attention::accumulate_sink_gradient(dout, o, lse, std::span<const A>(sinks, heads), std::span<A>(grad, heads));
+  }
+
+  /// out[i] = sum over r < parts of in[r * n + i], in rank order (every rank sums the same gathered
+  /// values in the same order: the same bits everywhere).
+  template <class A>
+  static void sum_parts(const HostExec&, const A* in, int parts, std::size_t n, A* out) {
+    for (std::size_t i = 0; i < n; ++i) {
+      A sum = 0;
+      for (int r = 0; r < parts; ++r) sum += in[static_cast<std::size_t>(r) * n + i];
+      out[i] = sum;
     }
   }
 

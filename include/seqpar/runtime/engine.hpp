@@ -32,6 +32,7 @@
 #include "seqpar/runtime/any_transport.hpp"
 #include "seqpar/runtime/argument_word.hpp"
 #include "seqpar/runtime/executor.hpp"
+#include "seqpar/runtime/sink_epilogue.hpp"
 
 namespace seqpar::runtime {
 
@@ -163,6 +164,46 @@ class AttentionEngine {
   void forward(const DocumentBatch& batch, ThdView<const value_type> q, ThdView<const value_type> k,
                ThdView<const value_type> v, ThdView<value_type> o, LseView<accum_type> lse,
                std::span<std::byte> workspace = {}) {
+    forward_call(batch, q, k, v, o, lse, nullptr, workspace);
+  }
+
+  /// The forward with attention sinks (attention/sinks.hpp, gpt-oss): `sinks`, one logit per query head
+  /// in the context's memory, joins the softmax of every row once, after the rows are merged (however
+  /// the strategy split them); o and lse are the rows with the sinks, as `backward` takes them.
+  void forward(const DocumentBatch& batch, ThdView<const value_type> q, ThdView<const value_type> k,
+               ThdView<const value_type> v, ThdView<value_type> o, LseView<accum_type> lse,
+               std::span<const accum_type> sinks, std::span<std::byte> workspace = {}) {
+    const SinkCall call{sinks, {}};
+    forward_call(batch, q, k, v, o, lse, &call, workspace);
+  }
+
+  /// dQ, dK, dV of the rank's local tokens (overwritten), from the forward's O and LSE and dO.
+  void backward(const DocumentBatch& batch, ThdView<const value_type> q, ThdView<const value_type> k,
+                ThdView<const value_type> v, ThdView<const value_type> o, LseView<const accum_type> lse,
+                ThdView<const value_type> dout, ThdView<value_type> dq, ThdView<value_type> dk, ThdView<value_type> dv,
+                std::span<std::byte> workspace = {}) {
+    backward_call(batch, q, k, v, o, lse, dout, dq, dk, dv, nullptr, workspace);
+  }
+
+  /// The backward with attention sinks: o and lse as the sinks' forward returned them; `dsinks` (Hq
+  /// values in the context's memory) is overwritten with the sinks' gradient summed over every rank.
+  void backward(const DocumentBatch& batch, ThdView<const value_type> q, ThdView<const value_type> k,
+                ThdView<const value_type> v, ThdView<const value_type> o, LseView<const accum_type> lse,
+                ThdView<const value_type> dout, ThdView<value_type> dq, ThdView<value_type> dk, ThdView<value_type> dv,
+                std::span<const accum_type> sinks, std::span<accum_type> dsinks, std::span<std::byte> workspace = {}) {
+    const SinkCall call{sinks, dsinks};
+    backward_call(batch, q, k, v, o, lse, dout, dq, dk, dv, &call, workspace);
+  }
+
+ private:
+  struct SinkCall {
+    std::span<const accum_type> sinks;
+    std::span<accum_type> dsinks;
+  };
+
+  void forward_call(const DocumentBatch& batch, ThdView<const value_type> q, ThdView<const value_type> k,
+                    ThdView<const value_type> v, ThdView<value_type> o, LseView<accum_type> lse, const SinkCall* sinks,
+                    std::span<std::byte> workspace) {
     constexpr const char* where = "DistributedAttention::forward";
     const Guard guard(*this, "forward");
     Entry* found = nullptr;
@@ -176,10 +217,11 @@ class AttentionEngine {
       check_not_input(where, "lse", lse, q, k, v);
       seqpar::detail::check_disjoint(where, "lse", lse, "o", o);
       check_workspace(where, workspace, found->forward.workspace_bytes(), q, k, v, o, lse);
+      if (sinks != nullptr) SinkEpilogue<exec_type>::check(where, sinks->sinks, shape_.heads_q);
     } catch (const std::exception&) {
       refused = std::current_exception();
     }
-    agree(batch, 0, refused);
+    agree(batch, 0, sinks != nullptr, refused);
     Entry& e = connect(*found);
     typename Executor::Buffers b;
     b.thd[idx(comm::BufferId::kQ)] = mut(q);
@@ -188,13 +230,13 @@ class AttentionEngine {
     b.thd[idx(comm::BufferId::kO)] = o;
     b.lse[idx(comm::BufferId::kLse)] = lse;
     run(e, e.forward, b, workspace);
+    if (sinks != nullptr) SinkEpilogue<exec_type>::forward(exec_, o, lse, sinks->sinks);
   }
 
-  /// dQ, dK, dV of the rank's local tokens (overwritten), from the forward's O and LSE and dO.
-  void backward(const DocumentBatch& batch, ThdView<const value_type> q, ThdView<const value_type> k,
-                ThdView<const value_type> v, ThdView<const value_type> o, LseView<const accum_type> lse,
-                ThdView<const value_type> dout, ThdView<value_type> dq, ThdView<value_type> dk, ThdView<value_type> dv,
-                std::span<std::byte> workspace = {}) {
+  void backward_call(const DocumentBatch& batch, ThdView<const value_type> q, ThdView<const value_type> k,
+                     ThdView<const value_type> v, ThdView<const value_type> o, LseView<const accum_type> lse,
+                     ThdView<const value_type> dout, ThdView<value_type> dq, ThdView<value_type> dk,
+                     ThdView<value_type> dv, const SinkCall* sinks, std::span<std::byte> workspace) {
     constexpr const char* where = "DistributedAttention::backward";
     const Guard guard(*this, "backward");
     Entry* found = nullptr;
@@ -220,10 +262,11 @@ class AttentionEngine {
         seqpar::detail::check_disjoint(where, outs[i], out_views[i], "lse", lse);
       }
       check_workspace(where, workspace, found->backward.workspace_bytes(), q, k, v, o, lse, dout, dq, dk, dv);
+      if (sinks != nullptr) SinkEpilogue<exec_type>::check(where, sinks->sinks, shape_.heads_q, sinks->dsinks, true);
     } catch (const std::exception&) {
       refused = std::current_exception();
     }
-    agree(batch, 1, refused);
+    agree(batch, 1, sinks != nullptr, refused);
     Entry& e = connect(*found);
     typename Executor::Buffers b;
     b.thd[idx(comm::BufferId::kQ)] = mut(q);
@@ -236,6 +279,7 @@ class AttentionEngine {
     b.thd[idx(comm::BufferId::kDk)] = dk;
     b.thd[idx(comm::BufferId::kDv)] = dv;
     run(e, e.backward, b, workspace);
+    if (sinks != nullptr) sink_epilogue_.backward(exec_, world_, dout, o, lse, sinks->sinks, sinks->dsinks);
   }
 
  protected:
@@ -302,7 +346,7 @@ class AttentionEngine {
   struct CallSignature {
     std::uint64_t batch = 0, strategy = 0;
     std::int64_t tokens = 0, documents = 0;
-    std::int32_t heads_q = 0, heads_kv = 0, head_dim = 0, pass = 0;
+    std::int32_t heads_q = 0, heads_kv = 0, head_dim = 0, pass = 0, sinks = 0;
     double scale = 0;
     std::uint64_t arguments[kArgumentWords + 1] = {};  // the last: hash of the words past kArgumentWords
     std::int32_t refused = 0;
@@ -331,7 +375,7 @@ class AttentionEngine {
 
   // A cheap all_gather of a few words: a rank that passes a different batch, shape or strategy makes
   // every rank raise Errc::kMismatch naming the disagreement, instead of a hang or a wrong answer.
-  void agree(const DocumentBatch& batch, int pass, const std::exception_ptr& refused) {
+  void agree(const DocumentBatch& batch, int pass, bool sinks, const std::exception_ptr& refused) {
     CallSignature mine;
     mine.batch = 14695981039346656037ull;
     for_each_key_word(batch, [&](std::int64_t x) { mine.batch = fnv1a(mine.batch, x); });
@@ -340,6 +384,7 @@ class AttentionEngine {
     mine.documents = static_cast<std::int64_t>(batch.documents().size());
     mine.heads_q = shape_.heads_q, mine.heads_kv = shape_.heads_kv, mine.head_dim = shape_.head_dim;
     mine.pass = pass;
+    mine.sinks = sinks ? 1 : 0;
     mine.scale = shape_.scale();
     const auto words = argument_words();
     for (std::size_t i = 0; i < words.size(); ++i)
@@ -368,6 +413,8 @@ class AttentionEngine {
                                          " vs " + std::to_string(b));
       };
       if (other.pass != mine.pass) fail("the call (0 = forward, 1 = backward)", other.pass, mine.pass);
+      if (other.sinks != mine.sinks)
+        fail("whether the call has attention sinks (0 = no, 1 = yes)", other.sinks, mine.sinks);
       if (other.tokens != mine.tokens) fail("the batch's total tokens", other.tokens, mine.tokens);
       if (other.documents != mine.documents) fail("the batch's document count", other.documents, mine.documents);
       if (other.batch != mine.batch) fail("the batch's document lengths (hash)", other.batch, mine.batch);
@@ -628,6 +675,7 @@ class AttentionEngine {
   typename DataOps<exec_type>::Workspace workspace_;  // in the context's memory
   std::uint64_t last_bytes_sent_ = 0;
   std::vector<CallSignature> signatures_;
+  SinkEpilogue<exec_type> sink_epilogue_;  // its gather buffer, grown on the first call with sinks
   std::atomic<bool> busy_{false};
 };
 

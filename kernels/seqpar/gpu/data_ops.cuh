@@ -529,6 +529,62 @@ constexpr void check_types() {
 }
 
 // Grid-stride launches: enough blocks to fill the device several times over, no more.
+// Attention sinks (attention/sinks.hpp), one thread per (row, head): O *= e^{LSE - LSE'}, LSE = LSE'.
+template <class T>
+__global__ void apply_sinks_kernel(ThdView<T> o, LseView<float> lse, const float* sinks) {
+  const std::uint64_t items = static_cast<std::uint64_t>(o.tokens) * static_cast<std::uint64_t>(o.heads);
+  for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < items;
+       i += std::uint64_t{gridDim.x} * blockDim.x) {
+    const auto t = static_cast<std::int64_t>(i / static_cast<std::uint64_t>(o.heads));
+    const int h = static_cast<int>(i % static_cast<std::uint64_t>(o.heads));
+    const float s = sinks[h];
+    if (s == -INFINITY) continue;
+    float& l_out = lse.data[h * lse.head_stride + t];
+    const float l = l_out;
+    const float m = fmaxf(l, s);
+    const float with_sink = m + log1pf(expf(-fabsf(l - s)));
+    const float keep = l == -INFINITY ? 0.f : expf(l - with_sink);
+    T* row = o.data + t * o.token_stride + h * o.head_stride;  // (the views' accessors are host functions)
+    for (int x = 0; x < o.head_dim; ++x) row[x] = from_float<T>(to_float(row[x]) * keep);
+    l_out = with_sink;
+  }
+}
+
+// One block per head: grad[h] = -sum_t e^{s_h - LSE'(h, t)} dO(t, h) . O'(t, h), a fixed-order tree
+// reduction over the block's strided partial sums.
+template <class T>
+__global__ void sink_gradient_kernel(ThdView<const T> dout, ThdView<const T> o, LseView<const float> lse,
+                                     const float* sinks, float* grad) {
+  __shared__ float part[kThreads];
+  const int h = static_cast<int>(blockIdx.x);
+  const float s = sinks[h];
+  float sum = 0.f;
+  if (s != -INFINITY)
+    for (std::int64_t t = threadIdx.x; t < o.tokens; t += blockDim.x) {
+      const T* g = dout.data + t * dout.token_stride + h * dout.head_stride;
+      const T* y = o.data + t * o.token_stride + h * o.head_stride;
+      float dot = 0.f;
+      for (int x = 0; x < o.head_dim; ++x) dot += to_float(g[x]) * to_float(y[x]);
+      sum += expf(s - lse.data[h * lse.head_stride + t]) * dot;
+    }
+  part[threadIdx.x] = sum;
+  __syncthreads();
+  for (unsigned stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) part[threadIdx.x] += part[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) grad[h] = -part[0];
+}
+
+__global__ inline void sum_parts_kernel(const float* in, int parts, std::size_t n, float* out) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    float sum = 0.f;
+    for (int r = 0; r < parts; ++r) sum += in[static_cast<std::size_t>(r) * n + i];
+    out[i] = sum;
+  }
+}
+
 inline unsigned blocks(const CudaExec& exec, std::uint64_t threads) {
   const std::uint64_t want = (threads + kThreads - 1) / kThreads;
   const std::uint64_t cap = static_cast<std::uint64_t>(std::max(exec.multiprocessors(), 1)) * 16;
@@ -642,6 +698,46 @@ void DataOps<gpu::CudaExec>::merge(const gpu::CudaExec& exec, ThdView<T> o, LseV
   SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
   (void)cudaGetLastError();
   ops::merge_kernel<T><<<ops::blocks(exec, p.lines << p.group_shift), ops::kThreads, 0, exec.stream()>>>(p);
+  SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
+}
+
+template <class T, class A>
+void DataOps<gpu::CudaExec>::apply_sinks(const gpu::CudaExec& exec, ThdView<T> o, LseView<A> lse, const A* sinks) {
+  namespace ops = gpu::detail::data_ops;
+  ops::check_types<T, A>();
+  constexpr const char* where = "DataOps<CudaExec>::apply_sinks";
+  const std::uint64_t items = static_cast<std::uint64_t>(o.tokens) * static_cast<std::uint64_t>(o.heads);
+  if (items == 0) return;
+  SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
+  (void)cudaGetLastError();
+  ops::apply_sinks_kernel<T><<<ops::blocks(exec, items), ops::kThreads, 0, exec.stream()>>>(o, lse, sinks);
+  SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
+}
+
+template <class T, class A>
+void DataOps<gpu::CudaExec>::sink_gradient(const gpu::CudaExec& exec, ThdView<const T> dout, ThdView<const T> o,
+                                           LseView<const A> lse, const A* sinks, A* grad) {
+  namespace ops = gpu::detail::data_ops;
+  ops::check_types<T, A>();
+  constexpr const char* where = "DataOps<CudaExec>::sink_gradient";
+  if (o.heads == 0) return;
+  SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
+  (void)cudaGetLastError();
+  ops::sink_gradient_kernel<T>
+      <<<static_cast<unsigned>(o.heads), ops::kThreads, 0, exec.stream()>>>(dout, o, lse, sinks, grad);
+  SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
+}
+
+template <class A>
+void DataOps<gpu::CudaExec>::sum_parts(const gpu::CudaExec& exec, const A* in, int parts, std::size_t n, A* out) {
+  static_assert(std::is_same_v<A, float>, "DataOps<CudaExec>::sum_parts: the LSE / accumulation type is float");
+  constexpr const char* where = "DataOps<CudaExec>::sum_parts";
+  if (n == 0) return;
+  SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
+  (void)cudaGetLastError();
+  gpu::detail::data_ops::
+      sum_parts_kernel<<<gpu::detail::data_ops::blocks(exec, n), gpu::detail::data_ops::kThreads, 0, exec.stream()>>>(
+          in, parts, n, out);
   SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
 }
 

@@ -135,6 +135,22 @@ struct DataOps<gpu::CudaExec> {
   template <class T, class A>
   static void merge(const gpu::CudaExec& exec, ThdView<T> o, LseView<A> lse, ThdView<T> o_part, LseView<A> lse_part,
                     TableSlice<AttnSlice> slices);
+
+  /// Attention sinks on final rows (attention/sinks.hpp): O, LSE rescaled by the sink of each head;
+  /// `sinks` (heads logits) in device memory, not checked for NaN / +inf (the host cannot see them
+  /// without a synchronization; a NaN sink gives NaN rows of its head only).
+  template <class T, class A>
+  static void apply_sinks(const gpu::CudaExec& exec, ThdView<T> o, LseView<A> lse, const A* sinks);
+
+  /// This rank's part of the sinks' gradient (overwritten, heads values in device memory): one block
+  /// per head, rows summed in a fixed order (the same bits on every run).
+  template <class T, class A>
+  static void sink_gradient(const gpu::CudaExec& exec, ThdView<const T> dout, ThdView<const T> o, LseView<const A> lse,
+                            const A* sinks, A* grad);
+
+  /// out[i] = sum over r < parts of in[r * n + i], in rank order.
+  template <class A>
+  static void sum_parts(const gpu::CudaExec& exec, const A* in, int parts, std::size_t n, A* out);
 };
 
 }  // namespace seqpar::runtime

@@ -106,6 +106,22 @@ struct DataOps<kokkos::KokkosExec<ExecSpace>> {
     e.synchronize();
     Host::merge(inline_host(), o, lse, o_part, lse_part, slices);
   }
+  template <class T, class A>
+  static void apply_sinks(const Exec& e, ThdView<T> o, LseView<A> lse, const A* sinks) {
+    e.synchronize();
+    Host::apply_sinks(inline_host(), o, lse, sinks);
+  }
+  template <class T, class A>
+  static void sink_gradient(const Exec& e, ThdView<const T> dout, ThdView<const T> o, LseView<const A> lse,
+                            const A* sinks, A* grad) {
+    e.synchronize();
+    Host::sink_gradient(inline_host(), dout, o, lse, sinks, grad);
+  }
+  template <class A>
+  static void sum_parts(const Exec& e, const A* in, int parts, std::size_t n, A* out) {
+    e.synchronize();
+    Host::sum_parts(inline_host(), in, parts, n, out);
+  }
 
  private:
   // HostExec's ops loop on the calling thread and never use their context's pool.

@@ -21,6 +21,10 @@ namespace {
 
 namespace sp = seqpar;
 using Lengths = std::vector<std::vector<std::int64_t>>;
+// torch's bfloat16 (c10::BFloat16) and seqpar's (attention::bf16) are both the upper 16 bits of an
+// IEEE binary32: a bf16 tensor's storage is viewed as seqpar's type, no conversion.
+using Bf16 = sp::attention::bf16;
+static_assert(sizeof(Bf16) == sizeof(c10::BFloat16) && alignof(Bf16) <= alignof(c10::BFloat16));
 
 // The strategies by the names `seqpar-plan` prints (plan/candidates.hpp), with the arguments its
 // candidates start from, and "auto": the planner's choice per batch.
@@ -177,11 +181,8 @@ class Attention {
         return forward_as<double>(doubles_, q, k, v, lengths);
       case at::kFloat:
         return forward_as<float>(floats_, q, k, v, lengths);
-      case at::kBFloat16: {  // the distributed executor moves fp32/fp64 rows: bf16 runs as fp32 (copies)
-        check_same_dtype(q, k, v);
-        auto out = forward_as<float>(floats_, q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), lengths);
-        return {out[0].to(at::kBFloat16), out[1]};
-      }
+      case at::kBFloat16:  // CpuFlash<bf16> on the tensors' own storage: fp32 accumulation, fp32 lse
+        return forward_as<Bf16>(bf16s_, q, k, v, lengths);
       default:
         break;
     }
@@ -196,12 +197,8 @@ class Attention {
         return backward_as<double>(doubles_, q, k, v, o, lse, dout, lengths);
       case at::kFloat:
         return backward_as<float>(floats_, q, k, v, o, lse, dout, lengths);
-      case at::kBFloat16: {
-        check_same_dtype(q, k, v);
-        auto g = backward_as<float>(floats_, q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), o.to(at::kFloat),
-                                    lse, dout.to(at::kFloat), lengths);
-        return {g[0].to(at::kBFloat16), g[1].to(at::kBFloat16), g[2].to(at::kBFloat16)};
-      }
+      case at::kBFloat16:
+        return backward_as<Bf16>(bf16s_, q, k, v, o, lse, dout, lengths);
       default:
         break;
     }
@@ -228,14 +225,6 @@ class Attention {
   [[nodiscard]] const std::string& strategy() const { return strategy_; }
 
  private:
-  // bf16 is converted before the views check it: compare k's and v's dtype with q's first.
-  static void check_same_dtype(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-    constexpr std::string_view where = "seqpar.torch.DistributedAttention";
-    for (const auto& [t, name] : {std::pair{&k, "k.dtype"}, std::pair{&v, "v.dtype"}})
-      sp::detail::require(t->scalar_type() == q.scalar_type(), where, name, c10::toString(t->scalar_type()),
-                          std::string("must be ") + c10::toString(q.scalar_type()) + " like q");
-  }
-
   template <class T>
   using Engine = sp::runtime::AttentionEngine<sp::attention::CpuFlash<T>>;
 
@@ -295,6 +284,7 @@ class Attention {
   std::unique_ptr<sp::backend::c10d::Transport> transport_;  // engines hold a reference: a stable address
   std::unique_ptr<Engine<double>> doubles_;
   std::unique_ptr<Engine<float>> floats_;
+  std::unique_ptr<Engine<Bf16>> bf16s_;
 };
 
 }  // namespace

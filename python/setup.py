@@ -16,8 +16,30 @@ ARCH = os.environ.get("SEQPAR_ARCH", "x86-64-v3")
 CXX = ["-std=c++20", "-O2", "-g0", "-DNDEBUG", "-Wno-unused-parameter"] + ([f"-march={ARCH}"] if ARCH else [])
 
 
+# SEQPAR_TORCH_CUDA=1: seqpar._C also runs CUDA tensors (attention::CudaFlash over the process group's
+# NCCL backend, python/src/cuda_attention.cpp), built with nvcc (CUDA_HOME) for SEQPAR_CUDA_ARCHS
+# (default "80;90a", the CMake build's). Compiled in CI; it has never run on a GPU.
+CUDA = os.environ.get("SEQPAR_TORCH_CUDA", "0") == "1"
+CUDA_ARCHS = [a for a in os.environ.get("SEQPAR_CUDA_ARCHS", "80;90a").split(";") if a]
+# kernels/instances: CudaFlash<float, __half, __nv_bfloat16> and DataOps<CudaExec>, compiled once.
+CUDA_SOURCES = ["cuda_attention.cpp"] + [os.path.join("..", "..", "kernels", "instances", f)
+                                         for f in ("flash_fp32.cu", "flash_fp16.cu", "flash_bf16.cu", "data_ops.cu")]
+# torch's nvcc flags turn off __half / __nv_bfloat16 operators and conversions, which the kernels use.
+NVCC = ["-std=c++20", "-O3", "-DNDEBUG", "-DSEQPAR_ENABLE_CUDA=1", "--extended-lambda", "--expt-relaxed-constexpr",
+        "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+        "-U__CUDA_NO_HALF2_OPERATORS__"] + [f"-gencode=arch=compute_{a},code=sm_{a}" for a in CUDA_ARCHS]
+
+
 def ext(name, source):
-    return CppExtension(name, [os.path.join("src", source)], include_dirs=INCLUDE, extra_compile_args=CXX)
+    sources = [os.path.join("src", source)]
+    if CUDA and name == "seqpar._C":
+        from torch.utils.cpp_extension import CUDAExtension
+
+        return CUDAExtension(name, sources + [os.path.join("src", s) for s in CUDA_SOURCES],
+                             include_dirs=INCLUDE + [os.path.join(ROOT, "kernels")],
+                             extra_compile_args={"cxx": CXX + ["-DSEQPAR_TORCH_CUDA=1", "-DSEQPAR_ENABLE_CUDA=1"],
+                                                 "nvcc": NVCC})
+    return CppExtension(name, sources, include_dirs=INCLUDE, extra_compile_args=CXX)
 
 
 MODULES = {"seqpar._C": "ops.cpp", "seqpar._transport_cases": "transport_cases.cpp"}

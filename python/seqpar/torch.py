@@ -19,6 +19,10 @@ import torch.distributed as dist
 from . import _C
 
 STRATEGIES = tuple(_C.STRATEGIES)
+# Whether CUDA tensors run: attention::CudaFlash (fp32, fp16, bf16; head_dim 64 or 128) over the
+# process group's NCCL backend, stream-ordered with torch's current stream. Only in an extension built
+# with SEQPAR_TORCH_CUDA=1; that path is compiled in CI and has never run on a GPU.
+CUDA = bool(getattr(_C, "CUDA", False))
 Lengths = Union[Sequence[int], Sequence[Sequence[int]]]
 
 # The C++ layers by handle: the op's schema carries an int, not a Python object.
@@ -60,7 +64,7 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: List[int
 
 @_attention.register_fake
 def _(q, k, v, docs, per_seq, handle):
-    lse_dtype = torch.float32 if q.dtype == torch.bfloat16 else q.dtype
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # the kernels' accumulation type
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((q.shape[1], q.shape[0]),
                                                                                     dtype=lse_dtype)
 
@@ -106,6 +110,12 @@ class DistributedAttention(torch.nn.Module):
     torch.distributed process group (default: the world). ranks_per_node: ranks sharing a node (for
     the hierarchical strategies; 0: all). timeout_s: how long any wait on a peer may take before
     RuntimeError (default: SEQPAR_TIMEOUT_S or 600 s, the C++ transports' default).
+
+    Tensors: CPU (gloo, or any backend the group has for the CPU): float64, float32, bfloat16 (the
+    bf16 kernel on the tensors' storage; fp32 lse). CUDA, only where seqpar.torch.CUDA is true (built
+    with SEQPAR_TORCH_CUDA=1): float32, float16, bfloat16, head_dim 64 or 128, on a group whose CUDA
+    backend is NCCL; the transfers and kernels run on seqpar's streams, ordered after and before
+    torch's current stream. The CUDA path is compiled, never run: no GPU has executed it yet.
     """
 
     def __init__(self, strategy: str, heads_q: int, heads_kv: int, head_dim: int, group=None,
@@ -138,12 +148,15 @@ class DistributedAttention(torch.nn.Module):
         tokens), of this rank's rows. Differentiable in q, k, v."""
         for name, t in (("q", q), ("k", k), ("v", v)):
             # Checked here: a tensor on another device would dispatch the op to that device's
-            # (fake) implementation instead of reaching the CPU kernels' checks.
+            # (fake) implementation instead of reaching the kernels' checks.
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"seqpar.torch.DistributedAttention: {name} = {type(t).__name__}: must be a tensor")
-            if t.device.type != "cpu":
+            if t.device.type == "cuda" and not CUDA:
                 raise ValueError(f"seqpar.torch.DistributedAttention: {name}.device = {t.device}: must be cpu "
-                                 "(the CPU kernels run here)")
+                                 "(this extension was built without its CUDA path: SEQPAR_TORCH_CUDA=1)")
+            if t.device.type not in ("cpu", "cuda"):
+                raise ValueError(f"seqpar.torch.DistributedAttention: {name}.device = {t.device}: must be cpu "
+                                 "(the CPU kernels)" + (" or cuda (the CUDA kernels)" if CUDA else ""))
         docs, per_seq = _flat(_nested(lengths))
         o, lse = _attention(q, k, v, docs, per_seq, self._handle)
         return (o, lse) if return_lse else o
@@ -183,4 +196,4 @@ def label_count(lengths: Lengths) -> int:
     return sum(sum(s) - len(s) for s in nested)
 
 
-__all__ = ["DistributedAttention", "STRATEGIES", "label_count"]
+__all__ = ["CUDA", "DistributedAttention", "STRATEGIES", "label_count"]

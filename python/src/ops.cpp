@@ -6,8 +6,6 @@
 #include <torch/extension.h>
 
 #include <seqpar/backend/c10d/transport.hpp>
-#include <seqpar/plan/selected_attention.hpp>
-#include <seqpar/replay/hardware.hpp>
 #include <seqpar/seqpar.hpp>
 #include <seqpar/train/token_meta.hpp>
 
@@ -17,139 +15,21 @@
 #include <string_view>
 #include <vector>
 
+#include "engines.hpp"
+#ifndef SEQPAR_TORCH_CUDA
+#define SEQPAR_TORCH_CUDA 0  // python/setup.py defines it 1 when built with CUDA (SEQPAR_TORCH_CUDA=1)
+#endif
+#if SEQPAR_TORCH_CUDA
+#include "cuda_attention.hpp"
+#endif
+
 namespace {
 
-namespace sp = seqpar;
-using Lengths = std::vector<std::vector<std::int64_t>>;
-
-// The strategies by the names `seqpar-plan` prints (plan/candidates.hpp), with the arguments its
-// candidates start from, and "auto": the planner's choice per batch.
-constexpr const char* kStrategies[] = {"ulysses",
-                                       "ring",
-                                       "zigzag-ring",
-                                       "zigzag-ring-aware",
-                                       "per-doc-aware",
-                                       "allgather",
-                                       "whole-doc",
-                                       "hybrid-aware",
-                                       "hybrid-allgather-aware",
-                                       "hierarchical",
-                                       "basp",
-                                       "basp-hybrid-hierarchical",
-                                       "auto"};
-
-template <class S, class Kernel>
-std::unique_ptr<sp::runtime::AttentionEngine<Kernel>> engine(sp::backend::c10d::Transport& t,
-                                                             const sp::AttentionShape& shape,
-                                                             typename S::Arguments args, int ranks_per_node) {
-  args.ranks_per_node = ranks_per_node;
-  return std::make_unique<sp::DistributedAttention<S, Kernel>>(t, shape, args);
-}
-
-template <class Kernel>
-std::unique_ptr<sp::runtime::AttentionEngine<Kernel>> make_engine(const std::string& name,
-                                                                  sp::backend::c10d::Transport& t,
-                                                                  const sp::AttentionShape& shape, int rpn) {
-  using namespace sp::partition;
-  using sp::Strategy, sp::comm::AllGather, sp::comm::AllToAll, sp::comm::Ring;
-  using Hier = sp::comm::Hierarchical<AllToAll, Ring>;
-  if (name == "ulysses") return engine<Strategy<Uniform, AllToAll>, Kernel>(t, shape, {}, rpn);
-  if (name == "ring") return engine<Strategy<Uniform, Ring>, Kernel>(t, shape, {}, rpn);
-  if (name == "zigzag-ring") return engine<Strategy<Zigzag, Ring>, Kernel>(t, shape, {}, rpn);
-  if (name == "zigzag-ring-aware") {
-    Strategy<Zigzag, Ring>::Arguments a;
-    a.comm.sharding_aware = true;
-    return engine<Strategy<Zigzag, Ring>, Kernel>(t, shape, a, rpn);
-  }
-  if (name == "per-doc-aware") {
-    Strategy<PerDoc, Ring>::Arguments a;
-    a.comm.sharding_aware = true;
-    return engine<Strategy<PerDoc, Ring>, Kernel>(t, shape, a, rpn);
-  }
-  if (name == "allgather") return engine<Strategy<Zigzag, AllGather>, Kernel>(t, shape, {}, rpn);
-  if (name == "whole-doc") {
-    Strategy<WholeDoc, Ring>::Arguments a;
-    a.comm.sharding_aware = true;
-    return engine<Strategy<WholeDoc, Ring>, Kernel>(t, shape, a, rpn);
-  }
-  if (name == "hybrid-aware") {
-    Strategy<Hybrid, Ring>::Arguments a;
-    a.comm.sharding_aware = true;
-    return engine<Strategy<Hybrid, Ring>, Kernel>(t, shape, a, rpn);
-  }
-  if (name == "hybrid-allgather-aware") {
-    Strategy<Hybrid, AllGather>::Arguments a;
-    a.comm.sharding_aware = true;
-    return engine<Strategy<Hybrid, AllGather>, Kernel>(t, shape, a, rpn);
-  }
-  if (name == "hierarchical") {
-    Strategy<Zigzag, Hier>::Arguments a;
-    a.comm.outer.sharding_aware = true;
-    return engine<Strategy<Zigzag, Hier>, Kernel>(t, shape, a, rpn);
-  }
-  if (name == "basp") return engine<Strategy<BatchAware<Uniform>, AllToAll>, Kernel>(t, shape, {}, rpn);
-  if (name == "basp-hybrid-hierarchical") {
-    Strategy<BatchAware<Hybrid>, Hier>::Arguments a;
-    a.comm.outer.sharding_aware = true;
-    return engine<Strategy<BatchAware<Hybrid>, Hier>, Kernel>(t, shape, a, rpn);
-  }
-  if (name == "auto") {
-    // plan::SelectedAttention: every batch shape simulated on each candidate (an H100 SXM profile:
-    // the choice is the GPU's, whatever runs here) and the fastest run; every rank chooses the same
-    // without talking. The candidates: one of each family seqpar-plan compares.
-    using Selected =
-        sp::plan::SelectedAttention<Kernel, Strategy<Uniform, AllToAll>, Strategy<Zigzag, Ring>, Strategy<Hybrid, Ring>,
-                                    Strategy<Zigzag, Hier>, Strategy<BatchAware<Uniform>, AllToAll>>;
-    typename Selected::Arguments a;
-    a.names = {"ulysses", "zigzag-ring-aware", "hybrid-aware", "hierarchical", "basp"};
-    std::get<1>(a.strategies).comm.sharding_aware = true;
-    std::get<2>(a.strategies).comm.sharding_aware = true;
-    std::get<3>(a.strategies).comm.outer.sharding_aware = true;
-    a.simulation.hardware = sp::replay::profiles::h100_sxm();
-    a.ranks_per_node = rpn;
-    return std::make_unique<Selected>(t, shape, a);
-  }
-  std::string known;
-  for (const char* s : kStrategies) known += std::string(known.empty() ? "" : ", ") + s;
-  sp::detail::throw_invalid("seqpar.torch.DistributedAttention", "strategy", "'" + name + "'",
-                            "is not a strategy (one of: " + known + ")");
-}
-
-// A (tokens, heads, head_dim) view of `t`, which must be a CPU tensor of `dtype` whose head_dim axis
-// is contiguous (token and head strides are the tensor's own: no copy).
-template <class T>
-sp::ThdView<T> thd(const at::Tensor& t, const char* name, at::ScalarType dtype) {
-  constexpr std::string_view where = "seqpar.torch.DistributedAttention";
-  sp::detail::require(t.defined(), where, name, "None", "must be a tensor");
-  sp::detail::require(t.device().is_cpu(), where, std::string(name) + ".device", t.device().str(),
-                      "must be cpu (the CPU kernels run here)");
-  sp::detail::require(t.scalar_type() == dtype, where, std::string(name) + ".dtype", c10::toString(t.scalar_type()),
-                      std::string("must be ") + c10::toString(dtype) + " like q");
-  sp::detail::require(t.dim() == 3, where, std::string(name) + ".dim()", t.dim(),
-                      "must be 3: (tokens, heads, head_dim)");
-  sp::detail::require(t.size(2) <= 1 || t.stride(2) == 1, where, std::string(name) + ".stride(2)", t.stride(2),
-                      "must be 1 (head_dim contiguous)");
-  return {static_cast<T*>(t.data_ptr()), t.size(0),   static_cast<int>(t.size(1)),
-          static_cast<int>(t.size(2)),   t.stride(0), t.stride(1)};
-}
-
-template <class T>
-sp::LseView<T> lse_view(const at::Tensor& t) {
-  return sp::LseView<T>::dense(static_cast<T*>(t.data_ptr()), static_cast<int>(t.size(0)), t.size(1));
-}
-
-sp::DocumentBatch make_batch(const Lengths& lengths) {
-  constexpr std::string_view where = "seqpar.torch.DistributedAttention";
-  sp::detail::require(!lengths.empty(), where, "lengths", "[]", "must hold at least one sequence");
-  for (std::size_t s = 0; s < lengths.size(); ++s) {
-    sp::detail::require(!lengths[s].empty(), where, "lengths[" + std::to_string(s) + "]", "[]",
-                        "must hold at least one document");
-    for (std::size_t d = 0; d < lengths[s].size(); ++d)
-      sp::detail::require(lengths[s][d] >= 1, where, "lengths[" + std::to_string(s) + "][" + std::to_string(d) + "]",
-                          lengths[s][d], "must be >= 1");
-  }
-  return sp::DocumentBatch(lengths);
-}
+using namespace seqpar_torch;
+// torch's bfloat16 (c10::BFloat16) and seqpar's (attention::bf16) are both the upper 16 bits of an
+// IEEE binary32: a bf16 tensor's storage is viewed as seqpar's type, no conversion.
+using Bf16 = sp::attention::bf16;
+static_assert(sizeof(Bf16) == sizeof(c10::BFloat16) && alignof(Bf16) <= alignof(c10::BFloat16));
 
 // One torch-facing attention layer: a transport on the group and one engine per dtype (made on
 // first use; each keeps its own plan cache).
@@ -168,20 +48,24 @@ class Attention {
     options.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
     transport_ = std::make_unique<sp::backend::c10d::Transport>(group, options);
     (void)meta_engine();  // an unknown strategy fails here, in the constructor
+#if SEQPAR_TORCH_CUDA
+    cuda_ =
+        std::make_unique<CudaAttention>(strategy_, heads_q, heads_kv, head_dim, group, options.timeout, ranks_per_node);
+#endif
   }
 
   std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const Lengths& lengths) {
+#if SEQPAR_TORCH_CUDA
+    if (q.is_cuda()) return cuda_->forward(q, k, v, lengths);
+#endif
     switch (q.scalar_type()) {
       case at::kDouble:
         return forward_as<double>(doubles_, q, k, v, lengths);
       case at::kFloat:
         return forward_as<float>(floats_, q, k, v, lengths);
-      case at::kBFloat16: {  // the distributed executor moves fp32/fp64 rows: bf16 runs as fp32 (copies)
-        check_same_dtype(q, k, v);
-        auto out = forward_as<float>(floats_, q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), lengths);
-        return {out[0].to(at::kBFloat16), out[1]};
-      }
+      case at::kBFloat16:  // CpuFlash<bf16> on the tensors' own storage: fp32 accumulation, fp32 lse
+        return forward_as<Bf16>(bf16s_, q, k, v, lengths);
       default:
         break;
     }
@@ -191,17 +75,16 @@ class Attention {
 
   std::vector<at::Tensor> backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
                                    const at::Tensor& lse, const at::Tensor& dout, const Lengths& lengths) {
+#if SEQPAR_TORCH_CUDA
+    if (q.is_cuda()) return cuda_->backward(q, k, v, o, lse, dout, lengths);
+#endif
     switch (q.scalar_type()) {
       case at::kDouble:
         return backward_as<double>(doubles_, q, k, v, o, lse, dout, lengths);
       case at::kFloat:
         return backward_as<float>(floats_, q, k, v, o, lse, dout, lengths);
-      case at::kBFloat16: {
-        check_same_dtype(q, k, v);
-        auto g = backward_as<float>(floats_, q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), o.to(at::kFloat),
-                                    lse, dout.to(at::kFloat), lengths);
-        return {g[0].to(at::kBFloat16), g[1].to(at::kBFloat16), g[2].to(at::kBFloat16)};
-      }
+      case at::kBFloat16:
+        return backward_as<Bf16>(bf16s_, q, k, v, o, lse, dout, lengths);
       default:
         break;
     }
@@ -223,23 +106,23 @@ class Attention {
     return {longs(m.global_index), longs(m.sequence), longs(m.document), longs(m.position), longs(m.label_index)};
   }
 
-  [[nodiscard]] int rank() const { return transport_->rank(); }
-  [[nodiscard]] int size() const { return transport_->size(); }
-  [[nodiscard]] const std::string& strategy() const { return strategy_; }
-
- private:
-  // bf16 is converted before the views check it: compare k's and v's dtype with q's first.
-  static void check_same_dtype(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-    constexpr std::string_view where = "seqpar.torch.DistributedAttention";
-    for (const auto& [t, name] : {std::pair{&k, "k.dtype"}, std::pair{&v, "v.dtype"}})
-      sp::detail::require(t->scalar_type() == q.scalar_type(), where, name, c10::toString(t->scalar_type()),
-                          std::string("must be ") + c10::toString(q.scalar_type()) + " like q");
+  [[nodiscard]] int rank() const {
+    return transport_->rank();
+  }
+  [[nodiscard]] int size() const {
+    return transport_->size();
+  }
+  [[nodiscard]] const std::string& strategy() const {
+    return strategy_;
   }
 
+ private:
   template <class T>
   using Engine = sp::runtime::AttentionEngine<sp::attention::CpuFlash<T>>;
 
-  sp::runtime::AttentionEngine<sp::attention::CpuFlash<double>>& meta_engine() { return engine_for<double>(doubles_); }
+  sp::runtime::AttentionEngine<sp::attention::CpuFlash<double>>& meta_engine() {
+    return engine_for<double>(doubles_);
+  }
 
   template <class T>
   Engine<T>& engine_for(std::unique_ptr<Engine<T>>& slot) {
@@ -295,6 +178,10 @@ class Attention {
   std::unique_ptr<sp::backend::c10d::Transport> transport_;  // engines hold a reference: a stable address
   std::unique_ptr<Engine<double>> doubles_;
   std::unique_ptr<Engine<float>> floats_;
+  std::unique_ptr<Engine<Bf16>> bf16s_;
+#if SEQPAR_TORCH_CUDA
+  std::unique_ptr<CudaAttention> cuda_;  // CUDA tensors: CudaFlash over the group's NCCL backend
+#endif
 };
 
 }  // namespace
@@ -313,4 +200,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("strategy", &Attention::strategy);
   std::vector<std::string> names(std::begin(kStrategies), std::end(kStrategies));
   m.attr("STRATEGIES") = names;
+  // Whether CUDA tensors run (CudaFlash over the group's NCCL backend): built with SEQPAR_TORCH_CUDA=1.
+  m.attr("CUDA") = static_cast<bool>(SEQPAR_TORCH_CUDA);
 }

@@ -159,6 +159,16 @@ inline std::string lower(std::string_view s) {
   return out;
 }
 
+// What c10d threw, as the transports' codes: the deadline, a peer gone, or anything else.
+inline Errc errc_of(std::string_view what) {
+  const std::string text = lower(what);
+  const auto has = [&](std::string_view w) { return text.find(w) != std::string::npos; };
+  if (has("timed out") || has("timeout")) return Errc::kTimeout;
+  if (has("connection closed") || has("connection reset") || has("broken pipe") || has("connection refused"))
+    return Errc::kPeerFailed;
+  return Errc::kTransport;
+}
+
 // Process-wide registry of the process groups seqpar's transports run on, never freed: destroying a
 // split gloo group from C++ deadlocks in ~ProcessGroupGloo (torch 2.15), so the groups that split()
 // makes live until the process ends and are reused by later splits with the same members. It also
@@ -177,6 +187,54 @@ inline int take_slot(const ::c10d::ProcessGroup* group) {
   auto& r = registry();
   const std::lock_guard lock(r.mutex);
   return r.next_slot[group]++ % 512;
+}
+
+// One rank's view of a split(color, key), from every rank's (color, key) pair: the members of its
+// color in (key, rank) order, as ranks of the parent process group and sorted (what splitGroup takes),
+// and the new group's name (the parent's and the members': every member computes the same).
+struct SplitMembers {
+  std::vector<int> members;       // ranks of the splitting transport, in (key, rank) order
+  std::vector<int> parent_ranks;  // the members as ranks of the parent process group
+  std::vector<int> sorted;        // parent_ranks sorted
+  std::vector<int> group_rank;    // member i is rank group_rank[i] of the new group (parent order)
+  int rank = 0;                   // this rank among the members
+  std::string name;
+};
+inline SplitMembers split_members(std::span<const std::int32_t> color_key, int color, int rank,
+                                  std::span<const int> group_rank, const std::string& parent_name) {
+  SplitMembers m;
+  const auto n = static_cast<int>(group_rank.size());
+  for (int r = 0; r < n; ++r)
+    if (color_key[2 * static_cast<std::size_t>(r)] == color) m.members.push_back(r);
+  std::stable_sort(m.members.begin(), m.members.end(), [&](int a, int b) {
+    return color_key[2 * static_cast<std::size_t>(a) + 1] < color_key[2 * static_cast<std::size_t>(b) + 1];
+  });
+  for (int r : m.members) m.parent_ranks.push_back(group_rank[static_cast<std::size_t>(r)]);
+  m.sorted = m.parent_ranks;
+  std::sort(m.sorted.begin(), m.sorted.end());
+  for (int p : m.parent_ranks)
+    m.group_rank.push_back(static_cast<int>(std::lower_bound(m.sorted.begin(), m.sorted.end(), p) - m.sorted.begin()));
+  m.rank = static_cast<int>(std::find(m.members.begin(), m.members.end(), rank) - m.members.begin());
+  m.name = "seqpar:" + parent_name + ":";
+  for (int p : m.sorted) m.name += std::to_string(p) + ",";
+  return m;
+}
+
+// The process group of `m`'s members: the one made by an earlier split with the same name, else
+// parent.splitGroup's, kept for the life of the process (see GroupRegistry). Null when c10d made none.
+inline c10::intrusive_ptr<::c10d::ProcessGroup> split_group(::c10d::ProcessGroup& parent, const SplitMembers& m,
+                                                            std::chrono::milliseconds timeout) {
+  auto& reg = registry();
+  {
+    const std::lock_guard lock(reg.mutex);
+    if (auto it = reg.splits.find(m.name); it != reg.splits.end()) return it->second;
+  }
+  c10::intrusive_ptr<::c10d::ProcessGroup> sub = parent.splitGroup(m.sorted, timeout, std::nullopt, m.name, m.name);
+  if (sub) {
+    const std::lock_guard lock(reg.mutex);
+    reg.splits.emplace(m.name, sub);
+  }
+  return sub;
 }
 
 }  // namespace detail
@@ -446,41 +504,16 @@ class Transport {
     const std::int32_t mine[2] = {color, key};
     std::vector<std::int32_t> all(2 * static_cast<std::size_t>(size_));
     all_gather(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)));
-    std::vector<int> members;  // ranks of this transport with my color, in (key, rank) order
-    for (int r = 0; r < size_; ++r)
-      if (all[2 * static_cast<std::size_t>(r)] == color) members.push_back(r);
-    std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
-      return all[2 * static_cast<std::size_t>(a) + 1] < all[2 * static_cast<std::size_t>(b) + 1];
-    });
-    std::vector<int> parent_ranks;  // the members as ranks of the parent process group
-    for (int m : members) parent_ranks.push_back(group_rank(m));
-    std::vector<int> sorted = parent_ranks;
-    std::sort(sorted.begin(), sorted.end());
-    // Named by the parent and the members: every member computes the same name, and a later split
-    // with the same members reuses the group (see detail::GroupRegistry).
-    std::string name = "seqpar:" + name_ + ":";
-    for (int p : sorted) name += std::to_string(p) + ",";
+    const detail::SplitMembers m = detail::split_members(all, color, rank_, group_rank_, name_);
     c10::intrusive_ptr<::c10d::ProcessGroup> sub;
-    {
-      auto& reg = detail::registry();
-      const std::lock_guard lock(reg.mutex);
-      if (auto it = reg.splits.find(name); it != reg.splits.end()) sub = it->second;
-    }
-    if (!sub) {
-      guard("split", -1, -1, [&] { sub = group_->splitGroup(sorted, options_.timeout, std::nullopt, name, name); });
-      if (!sub)
-        throw Error(Errc::kTransport,
-                    who() + ": split: c10d splitGroup returned no group for color " + std::to_string(color));
-      auto& reg = detail::registry();
-      const std::lock_guard lock(reg.mutex);
-      reg.splits.emplace(name, sub);
-    }
+    guard("split", -1, -1, [&] { sub = detail::split_group(*group_, m, options_.timeout); });
+    if (!sub)
+      throw Error(Errc::kTransport,
+                  who() + ": split: c10d splitGroup returned no group for color " + std::to_string(color));
     Transport t(sub, options_);
     // c10d numbers the sub-group in parent order; this transport's rank i is member i (key order).
-    t.group_rank_.clear();
-    for (int p : parent_ranks)
-      t.group_rank_.push_back(static_cast<int>(std::lower_bound(sorted.begin(), sorted.end(), p) - sorted.begin()));
-    t.rank_ = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+    t.group_rank_ = m.group_rank;
+    t.rank_ = m.rank;
     return t;
   }
 
@@ -517,15 +550,7 @@ class Transport {
 
   // Maps what c10d threw to a seqpar::Error: the deadline, a peer gone, or anything else.
   [[noreturn]] void rethrow(std::string_view op, int peer, int tag, const std::string& what) const {
-    const std::string text = detail::lower(what);
-    Errc code = Errc::kTransport;
-    if (text.find("timed out") != std::string::npos || text.find("timeout") != std::string::npos)
-      code = Errc::kTimeout;
-    else if (text.find("connection closed") != std::string::npos ||
-             text.find("connection reset") != std::string::npos || text.find("broken pipe") != std::string::npos ||
-             text.find("connection refused") != std::string::npos)
-      code = Errc::kPeerFailed;
-    throw Error(code, who() + ": " + std::string(op) + with_peer(peer, tag) + ": " + what);
+    throw Error(detail::errc_of(what), who() + ": " + std::string(op) + with_peer(peer, tag) + ": " + what);
   }
 
   template <class F>

@@ -1,0 +1,195 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar_torch::CudaAttention (cuda_attention.hpp). Host code only: CudaFlash and DataOps<CudaExec>
+// come compiled from kernels/instances (nvcc), built into the same extension.
+#include "cuda_attention.hpp"
+
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <seqpar/backend/c10d/device_transport.hpp>
+
+#include <optional>
+#include <string_view>
+#include <utility>
+
+#include "engines.hpp"
+#include "seqpar/gpu/check.hpp"
+#include "seqpar/gpu/data_ops.hpp"
+#include "seqpar/gpu/exec.hpp"
+#include "seqpar/gpu/flash.hpp"
+
+namespace seqpar_torch {
+
+namespace {
+
+constexpr std::string_view kWhere = "seqpar.torch.DistributedAttention";
+
+template <class T>
+using Engine = sp::runtime::AttentionEngine<sp::attention::CudaFlash<T>>;
+
+// `to` waits for what `from` has issued so far (an event; no host wait).
+void order(cudaStream_t from, cudaStream_t to) {
+  if (from == to) return;
+  cudaEvent_t event = nullptr;
+  SEQPAR_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "seqpar.torch (CUDA)");
+  const cudaError_t recorded = cudaEventRecord(event, from);
+  const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(to, event, 0) : recorded;
+  (void)cudaEventDestroy(event);  // released once the wait is done
+  SEQPAR_CUDA_CHECK(waited, "seqpar.torch (CUDA): ordering torch's stream and seqpar's");
+}
+
+}  // namespace
+
+struct CudaAttention::State {
+  std::string strategy;
+  sp::AttentionShape shape;
+  c10::intrusive_ptr<::c10d::ProcessGroup> group;
+  std::chrono::milliseconds timeout;
+  int ranks_per_node;
+  std::optional<c10::Device> device;                              // of the first call: every call's
+  std::unique_ptr<sp::backend::c10d::DeviceTransport> transport;  // engines hold a reference
+  std::unique_ptr<Engine<float>> floats;
+  std::unique_ptr<Engine<__half>> halves;
+  std::unique_ptr<Engine<__nv_bfloat16>> bf16s;
+
+  // The transport on q's device, made at the first call: the group must have an NCCL backend for CUDA.
+  sp::backend::c10d::DeviceTransport& transport_on(const at::Tensor& q) {
+    if (device) {
+      sp::detail::require(q.device() == *device, kWhere, "q.device", q.device().str(),
+                          "must be " + device->str() + " (this layer's first CUDA call ran there)");
+      return *transport;
+    }
+    std::string backend = "none";
+    try {
+      backend = group->getBackend(c10::DeviceType::CUDA)->getBackendName();
+    } catch (const std::exception&) {  // no backend for CUDA tensors
+    }
+    sp::detail::require(backend == "nccl", kWhere, "group's CUDA backend", backend,
+                        "must be nccl for CUDA tensors (init_process_group(\"nccl\") or \"cpu:gloo,cuda:nccl\")");
+    sp::backend::c10d::DeviceTransport::Options options;
+    options.timeout = timeout;
+    options.device = q.device().index();
+    transport = std::make_unique<sp::backend::c10d::DeviceTransport>(group, options);
+    device = q.device();
+    return *transport;
+  }
+
+  template <class T>
+  Engine<T>& engine_for(std::unique_ptr<Engine<T>>& slot, sp::backend::c10d::DeviceTransport& t) {
+    // CudaFlash{}: streams of its own on the current device (the guard's: q's).
+    if (!slot) slot = make_engine<sp::attention::CudaFlash<T>>(strategy, t, shape, ranks_per_node);
+    return *slot;
+  }
+
+  template <class T>
+  std::vector<at::Tensor> forward_as(std::unique_ptr<Engine<T>>& slot, const at::Tensor& q, const at::Tensor& k,
+                                     const at::Tensor& v, const Lengths& lengths) {
+    const c10::cuda::CUDAGuard guard(q.device());
+    auto& t = transport_on(q);
+    const at::ScalarType dtype = q.scalar_type();
+    const sp::DocumentBatch batch = make_batch(lengths);
+    const auto qv = thd<const T>(q, "q", dtype, q.device()), kv = thd<const T>(k, "k", dtype, q.device()),
+               vv = thd<const T>(v, "v", dtype, q.device());
+    at::Tensor o = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+    at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
+    auto& e = engine_for<T>(slot, t);
+    run(e, [&] { e.forward(batch, qv, kv, vv, thd<T>(o, "o", dtype, q.device()), lse_view<float>(lse)); });
+    return {o, lse};
+  }
+
+  template <class T>
+  std::vector<at::Tensor> backward_as(std::unique_ptr<Engine<T>>& slot, const at::Tensor& q, const at::Tensor& k,
+                                      const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
+                                      const at::Tensor& dout, const Lengths& lengths) {
+    const c10::cuda::CUDAGuard guard(q.device());
+    auto& t = transport_on(q);
+    const at::ScalarType dtype = q.scalar_type();
+    const c10::Device dev = q.device();
+    const sp::DocumentBatch batch = make_batch(lengths);
+    const auto qv = thd<const T>(q, "q", dtype, dev), kv = thd<const T>(k, "k", dtype, dev),
+               vv = thd<const T>(v, "v", dtype, dev), ov = thd<const T>(o, "o", dtype, dev),
+               dov = thd<const T>(dout, "dout", dtype, dev);
+    sp::detail::require(lse.scalar_type() == at::kFloat && lse.device() == dev && lse.dim() == 2 &&
+                            lse.is_contiguous() && lse.size(0) == q.size(1) && lse.size(1) == q.size(0),
+                        kWhere, "lse", lse.sizes(), "must be the forward's lse: contiguous (heads_q, local tokens)");
+    at::Tensor dq = at::empty_like(q, at::MemoryFormat::Contiguous),
+               dk = at::empty_like(k, at::MemoryFormat::Contiguous),
+               dv = at::empty_like(v, at::MemoryFormat::Contiguous);
+    auto& e = engine_for<T>(slot, t);
+    run(e, [&] {
+      e.backward(batch, qv, kv, vv, ov, lse_view<const float>(lse), dov, thd<T>(dq, "dq", dtype, dev),
+                 thd<T>(dk, "dk", dtype, dev), thd<T>(dv, "dv", dtype, dev));
+    });
+    return {dq, dk, dv};
+  }
+
+  // The engine's work after what torch's current stream has issued (the inputs' producers), and torch's
+  // stream after the engine's (the outputs' consumers; the compute stream is after every transfer of the
+  // program, the executor orders it so): no host wait. The transport enqueues on the engine's comm stream.
+  template <class T, class F>
+  void run(Engine<T>& e, F&& call) {
+    const cudaStream_t torch_stream = c10::cuda::getCurrentCUDAStream(device->index()).stream();
+    const cudaStream_t compute = e.exec().stream();
+    order(torch_stream, compute);
+    {
+      pybind11::gil_scoped_release release;
+      call();
+    }
+    order(compute, torch_stream);
+  }
+};
+
+CudaAttention::CudaAttention(std::string strategy, int heads_q, int heads_kv, int head_dim,
+                             c10::intrusive_ptr<::c10d::ProcessGroup> group, std::chrono::milliseconds timeout,
+                             int ranks_per_node)
+    : s_(std::make_unique<State>(State{std::move(strategy),
+                                       {heads_q, heads_kv, head_dim},
+                                       std::move(group),
+                                       timeout,
+                                       ranks_per_node,
+                                       std::nullopt,
+                                       nullptr,
+                                       nullptr,
+                                       nullptr,
+                                       nullptr})) {}
+
+CudaAttention::~CudaAttention() = default;
+
+std::vector<at::Tensor> CudaAttention::forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                               const Lengths& lengths) {
+  switch (q.scalar_type()) {
+    case at::kFloat:
+      return s_->forward_as<float>(s_->floats, q, k, v, lengths);
+    case at::kHalf:
+      return s_->forward_as<__half>(s_->halves, q, k, v, lengths);
+    case at::kBFloat16:
+      return s_->forward_as<__nv_bfloat16>(s_->bf16s, q, k, v, lengths);
+    default:
+      break;
+  }
+  sp::detail::throw_invalid(kWhere, "q.dtype", c10::toString(q.scalar_type()),
+                            "must be float32, float16 or bfloat16 on CUDA (the CUDA kernels' types)");
+}
+
+std::vector<at::Tensor> CudaAttention::backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                const at::Tensor& o, const at::Tensor& lse, const at::Tensor& dout,
+                                                const Lengths& lengths) {
+  switch (q.scalar_type()) {
+    case at::kFloat:
+      return s_->backward_as<float>(s_->floats, q, k, v, o, lse, dout, lengths);
+    case at::kHalf:
+      return s_->backward_as<__half>(s_->halves, q, k, v, o, lse, dout, lengths);
+    case at::kBFloat16:
+      return s_->backward_as<__nv_bfloat16>(s_->bf16s, q, k, v, o, lse, dout, lengths);
+    default:
+      break;
+  }
+  sp::detail::throw_invalid(kWhere, "q.dtype", c10::toString(q.scalar_type()),
+                            "must be float32, float16 or bfloat16 on CUDA (the CUDA kernels' types)");
+}
+
+}  // namespace seqpar_torch

@@ -1,0 +1,43 @@
+// SPDX-License-Identifier: Apache-2.0
+// The torch op's CUDA path, in extensions built with SEQPAR_TORCH_CUDA=1 (python/setup.py): seqpar's
+// DistributedAttention with attention::CudaFlash on CUDA tensors, over backend::c10d::DeviceTransport
+// (the process group's NCCL backend), ordered after and before torch's current stream. Compiled in CI
+// (compile only); it has never run on a GPU.
+#pragma once
+
+#include <torch/extension.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace seqpar_torch {
+
+class CudaAttention {
+ public:
+  using Lengths = std::vector<std::vector<std::int64_t>>;
+
+  /// Not collective: the transport and engines are made at the first call, on q's device.
+  CudaAttention(std::string strategy, int heads_q, int heads_kv, int head_dim,
+                c10::intrusive_ptr<::c10d::ProcessGroup> group, std::chrono::milliseconds timeout, int ranks_per_node);
+  CudaAttention(const CudaAttention&) = delete;
+  CudaAttention& operator=(const CudaAttention&) = delete;
+  ~CudaAttention();
+
+  /// o (tokens, heads_q, head_dim) in q's dtype and lse (heads_q, tokens) in float32, on q's device;
+  /// fp32, fp16, bf16 (CudaFlash<float / __half / __nv_bfloat16>), head_dim 64 or 128.
+  std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const Lengths& lengths);
+  /// dq, dk, dv.
+  std::vector<at::Tensor> backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
+                                   const at::Tensor& lse, const at::Tensor& dout, const Lengths& lengths);
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace seqpar_torch

@@ -1,0 +1,151 @@
+// SPDX-License-Identifier: Apache-2.0
+// What the torch op's CPU and CUDA translation units share (python/src/ops.cpp, cuda_attention.cpp): the
+// strategies by name, an engine made from a name, views of tensors, the batch from lengths.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <seqpar/plan/selected_attention.hpp>
+#include <seqpar/replay/hardware.hpp>
+#include <seqpar/seqpar.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace seqpar_torch {
+
+namespace sp = seqpar;
+using Lengths = std::vector<std::vector<std::int64_t>>;
+
+// The strategies by the names `seqpar-plan` prints (plan/candidates.hpp), with the arguments its
+// candidates start from, and "auto": the planner's choice per batch.
+constexpr const char* kStrategies[] = {"ulysses",
+                                       "ring",
+                                       "zigzag-ring",
+                                       "zigzag-ring-aware",
+                                       "per-doc-aware",
+                                       "allgather",
+                                       "whole-doc",
+                                       "hybrid-aware",
+                                       "hybrid-allgather-aware",
+                                       "hierarchical",
+                                       "basp",
+                                       "basp-hybrid-hierarchical",
+                                       "auto"};
+
+template <class S, class Kernel, class Tr>
+std::unique_ptr<sp::runtime::AttentionEngine<Kernel>> engine(Tr& t, const sp::AttentionShape& shape,
+                                                             typename S::Arguments args, int ranks_per_node) {
+  args.ranks_per_node = ranks_per_node;
+  return std::make_unique<sp::DistributedAttention<S, Kernel>>(t, shape, args);
+}
+
+template <class Kernel, class Tr>
+std::unique_ptr<sp::runtime::AttentionEngine<Kernel>> make_engine(const std::string& name, Tr& t,
+                                                                  const sp::AttentionShape& shape, int rpn) {
+  using namespace sp::partition;
+  using sp::Strategy, sp::comm::AllGather, sp::comm::AllToAll, sp::comm::Ring;
+  using Hier = sp::comm::Hierarchical<AllToAll, Ring>;
+  if (name == "ulysses") return engine<Strategy<Uniform, AllToAll>, Kernel>(t, shape, {}, rpn);
+  if (name == "ring") return engine<Strategy<Uniform, Ring>, Kernel>(t, shape, {}, rpn);
+  if (name == "zigzag-ring") return engine<Strategy<Zigzag, Ring>, Kernel>(t, shape, {}, rpn);
+  if (name == "zigzag-ring-aware") {
+    Strategy<Zigzag, Ring>::Arguments a;
+    a.comm.sharding_aware = true;
+    return engine<Strategy<Zigzag, Ring>, Kernel>(t, shape, a, rpn);
+  }
+  if (name == "per-doc-aware") {
+    Strategy<PerDoc, Ring>::Arguments a;
+    a.comm.sharding_aware = true;
+    return engine<Strategy<PerDoc, Ring>, Kernel>(t, shape, a, rpn);
+  }
+  if (name == "allgather") return engine<Strategy<Zigzag, AllGather>, Kernel>(t, shape, {}, rpn);
+  if (name == "whole-doc") {
+    Strategy<WholeDoc, Ring>::Arguments a;
+    a.comm.sharding_aware = true;
+    return engine<Strategy<WholeDoc, Ring>, Kernel>(t, shape, a, rpn);
+  }
+  if (name == "hybrid-aware") {
+    Strategy<Hybrid, Ring>::Arguments a;
+    a.comm.sharding_aware = true;
+    return engine<Strategy<Hybrid, Ring>, Kernel>(t, shape, a, rpn);
+  }
+  if (name == "hybrid-allgather-aware") {
+    Strategy<Hybrid, AllGather>::Arguments a;
+    a.comm.sharding_aware = true;
+    return engine<Strategy<Hybrid, AllGather>, Kernel>(t, shape, a, rpn);
+  }
+  if (name == "hierarchical") {
+    Strategy<Zigzag, Hier>::Arguments a;
+    a.comm.outer.sharding_aware = true;
+    return engine<Strategy<Zigzag, Hier>, Kernel>(t, shape, a, rpn);
+  }
+  if (name == "basp") return engine<Strategy<BatchAware<Uniform>, AllToAll>, Kernel>(t, shape, {}, rpn);
+  if (name == "basp-hybrid-hierarchical") {
+    Strategy<BatchAware<Hybrid>, Hier>::Arguments a;
+    a.comm.outer.sharding_aware = true;
+    return engine<Strategy<BatchAware<Hybrid>, Hier>, Kernel>(t, shape, a, rpn);
+  }
+  if (name == "auto") {
+    // plan::SelectedAttention: every batch shape simulated on each candidate (an H100 SXM profile:
+    // the choice is the GPU's, whatever runs here) and the fastest run; every rank chooses the same
+    // without talking. The candidates: one of each family seqpar-plan compares.
+    using Selected =
+        sp::plan::SelectedAttention<Kernel, Strategy<Uniform, AllToAll>, Strategy<Zigzag, Ring>, Strategy<Hybrid, Ring>,
+                                    Strategy<Zigzag, Hier>, Strategy<BatchAware<Uniform>, AllToAll>>;
+    typename Selected::Arguments a;
+    a.names = {"ulysses", "zigzag-ring-aware", "hybrid-aware", "hierarchical", "basp"};
+    std::get<1>(a.strategies).comm.sharding_aware = true;
+    std::get<2>(a.strategies).comm.sharding_aware = true;
+    std::get<3>(a.strategies).comm.outer.sharding_aware = true;
+    a.simulation.hardware = sp::replay::profiles::h100_sxm();
+    a.ranks_per_node = rpn;
+    return std::make_unique<Selected>(t, shape, a);
+  }
+  std::string known;
+  for (const char* s : kStrategies) known += std::string(known.empty() ? "" : ", ") + s;
+  sp::detail::throw_invalid("seqpar.torch.DistributedAttention", "strategy", "'" + name + "'",
+                            "is not a strategy (one of: " + known + ")");
+}
+
+// A (tokens, heads, head_dim) view of `t`, which must be a tensor of `dtype` on `device` whose head_dim
+// axis is contiguous (token and head strides are the tensor's own: no copy).
+template <class T>
+sp::ThdView<T> thd(const at::Tensor& t, const char* name, at::ScalarType dtype, const c10::Device& device = at::kCPU) {
+  constexpr std::string_view where = "seqpar.torch.DistributedAttention";
+  sp::detail::require(t.defined(), where, name, "None", "must be a tensor");
+  sp::detail::require(
+      t.device() == device, where, std::string(name) + ".device", t.device().str(),
+      device.is_cpu() ? std::string("must be cpu (the CPU kernels run here)") : "must be " + device.str() + " like q");
+  sp::detail::require(t.scalar_type() == dtype, where, std::string(name) + ".dtype", c10::toString(t.scalar_type()),
+                      std::string("must be ") + c10::toString(dtype) + " like q");
+  sp::detail::require(t.dim() == 3, where, std::string(name) + ".dim()", t.dim(),
+                      "must be 3: (tokens, heads, head_dim)");
+  sp::detail::require(t.size(2) <= 1 || t.stride(2) == 1, where, std::string(name) + ".stride(2)", t.stride(2),
+                      "must be 1 (head_dim contiguous)");
+  return {static_cast<T*>(t.data_ptr()), t.size(0),   static_cast<int>(t.size(1)),
+          static_cast<int>(t.size(2)),   t.stride(0), t.stride(1)};
+}
+
+template <class T>
+sp::LseView<T> lse_view(const at::Tensor& t) {
+  return sp::LseView<T>::dense(static_cast<T*>(t.data_ptr()), static_cast<int>(t.size(0)), t.size(1));
+}
+
+inline sp::DocumentBatch make_batch(const Lengths& lengths) {
+  constexpr std::string_view where = "seqpar.torch.DistributedAttention";
+  sp::detail::require(!lengths.empty(), where, "lengths", "[]", "must hold at least one sequence");
+  for (std::size_t s = 0; s < lengths.size(); ++s) {
+    sp::detail::require(!lengths[s].empty(), where, "lengths[" + std::to_string(s) + "]", "[]",
+                        "must hold at least one document");
+    for (std::size_t d = 0; d < lengths[s].size(); ++d)
+      sp::detail::require(lengths[s][d] >= 1, where, "lengths[" + std::to_string(s) + "][" + std::to_string(d) + "]",
+                          lengths[s][d], "must be >= 1");
+  }
+  return sp::DocumentBatch(lengths);
+}
+
+}  // namespace seqpar_torch

@@ -67,7 +67,8 @@ bool contains(const std::string& s, const std::string& part) {
 }  // namespace
 
 TEST_SUITE("runtime") {
-  TEST_CASE("backward refuses O and LSE a forward of another batch wrote, on the rank that passed them; peers fail") {
+  TEST_CASE(
+      "backward refuses O and LSE a forward of another batch wrote, on the rank that passed them, its peers failing") {
     for (const int stale_rank : {0, 1}) {
       CAPTURE(stale_rank);
       const auto errors = run_world(2, [&](int rank, auto& t) {

@@ -44,9 +44,9 @@ namespace seqpar::train {
 /// @code
 /// auto plan = attn.plan(batch);
 /// ThdTensor<float> q(attn.local_tokens(batch), Hq, D);   // (local tokens, Hq, D)
-/// train::shard(plan, rank, q_global.view(), q.view());   // the rank's rows, plan order
+/// train::shard(batch, plan, rank, q_global.view(), q.view());   // the rank's rows, plan order
 /// attn.forward(batch, q.view(), k.view(), v.view(), o.view(), lse.view());
-/// train::unshard(transport, plan, o.view(), o_global.view());  // (total tokens, Hq, D) on every rank
+/// train::unshard(transport, batch, plan, o.view(), o_global.view());  // (total tokens, Hq, D) on every rank
 /// @endcode
 
 namespace detail_shard {
@@ -248,10 +248,12 @@ inline std::int64_t rows_in(std::span<const Range> rows, std::int64_t tokens, co
   std::int64_t n = 0;
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Range& r = rows[i];
-    seqpar::detail::require(r.begin >= 0 && r.begin <= r.end && r.end <= tokens, where,
-                            "rows[" + std::to_string(i) + "]",
-                            "[" + std::to_string(r.begin) + ", " + std::to_string(r.end) + ")",
-                            "must lie inside the global tensor's " + std::to_string(tokens) + " tokens");
+    if (r.begin < 0 || r.begin > r.end || r.end > tokens) {  // the message is built only when thrown
+      std::string range("[");  // appended, not prepended: GCC 12 -O3 warns (-Wrestrict) on "[" + string
+      range.append(std::to_string(r.begin)).append(", ").append(std::to_string(r.end)).append(")");
+      seqpar::detail::throw_invalid(where, "rows[" + std::to_string(i) + "]", range,
+                                    "must lie inside the global tensor's " + std::to_string(tokens) + " tokens");
+    }
     n += r.size();
   }
   return n;

@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
     const auto& plan = attn.plan(batch);
     const auto shard = [&](const ThdTensor<float>& g) {  // (local tokens, heads, d): owned rows in plan order
       ThdTensor<float> l(attn.local_tokens(batch), g.heads, g.head_dim);
-      train::shard(plan, t.rank(), g.view(), l.view());
+      train::shard(batch, plan, t.rank(), g.view(), l.view());  // refuses a plan of another batch
       return l;
     };
     const ThdTensor<float> lq = shard(q), lk = shard(k), lv = shard(v);
@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
 
     // Every rank's O back at its tokens (one all_gather_v over the MPI transport).
     ThdTensor<float> o(n, shape.heads_q, shape.head_dim);
-    train::unshard(t, plan, std::as_const(lo).view(), o.view());
+    train::unshard(t, batch, plan, std::as_const(lo).view(), o.view());
     std::vector<std::uint64_t> sent_by(static_cast<std::size_t>(t.size()));
     t.all_gather(as_bytes_of(std::span<const std::uint64_t>(&sent, 1)), as_writable_bytes_of(std::span(sent_by)));
     if (t.rank() != 0) return 0;

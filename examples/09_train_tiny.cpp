@@ -110,7 +110,7 @@ Run train_on(int ranks, const typename S::Arguments& args, const Setup& setup) {
       const train::TokenMeta meta = train::token_meta(batch, plan, t.rank());
       const auto n = static_cast<std::size_t>(meta.rows());
       std::vector<int> ids(n);
-      train::shard(plan, t.rank(), std::span<const int>(b.ids), std::span(ids));
+      train::shard(batch, plan, t.rank(), std::span<const int>(b.ids), std::span(ids));
       const std::vector<int> labels = train::labels(t, plan, meta, std::span<const int>(ids), -1);
       const std::span<const std::int64_t> positions(meta.position);
       const auto attend = [&](auto q, auto k, auto v, auto o, auto lse) { attn.forward(batch, q, k, v, o, lse); };

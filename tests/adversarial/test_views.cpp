@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -198,6 +199,42 @@ TEST_SUITE("adversarial") {
     CHECK_FALSE(strided_layout_ok(8, 3, std::int64_t{1} << 62, 4, 8, 4));  // bytes overflow
     CHECK(strided_layout_ok(1, 5, 1, 3, 5, 8));                            // LSE (H, T)
     CHECK_FALSE(strided_layout_ok(1, 5, 1, 3, 4, 8));
+    // Empty views (no tokens) take any stride whose row starts still fit (fuzz_api seeds 793882863 and
+    // 1475245705: an empty rank's LSE with head stride 2^62 - 1 over 4 heads overflowed h x stride).
+    CHECK(strided_layout_ok(1, 0, 1, 4, 1'000'000, 8));
+    CHECK(strided_layout_ok(1, 0, 1, 1, std::numeric_limits<std::int64_t>::max(), 8));  // one head: unused
+    CHECK_FALSE(strided_layout_ok(1, 0, 1, 4, std::numeric_limits<std::int64_t>::max() / 2, 8));
+    CHECK(strided_layout_ok(8, 0, std::int64_t{1} << 62, 4, 8, 4));  // token axis empty: its stride unused
+    CHECK_FALSE(strided_layout_ok(8, 0, 32, 3, std::numeric_limits<std::int64_t>::min(), 4));  // negative, too far
+  }
+
+  TEST_CASE("views: an empty rank's LSE whose head starts overflow is refused by name, not computed") {
+    // 3 tokens on 4 ranks under Uniform: rank 3 holds none; its LSE has a head stride (2^62 - 1) that
+    // addresses nothing but whose row starts h x stride leave int64.
+    const AttentionShape shape{4, 2, 8};
+    const DocumentBatch batch({{3}});
+    std::vector<std::string> errors(4);
+    std::mutex mu;
+    try {
+      backend::inproc::World(4, {.timeout = std::chrono::seconds(10)}).run([&](backend::inproc::Transport& t) {
+        DistributedAttention<Strategy<partition::Uniform, comm::AllGather>, attention::Reference<double>> attn(t,
+                                                                                                               shape);
+        const std::int64_t n = attn.local_tokens(batch);
+        AttentionTensors<double> l(n, shape);
+        LseView<double> lse = l.lse.view();
+        if (n == 0) lse.head_stride = std::numeric_limits<std::int64_t>::max() / 2;
+        try {
+          attn.forward(batch, l.q.view(), l.k.view(), l.v.view(), l.o.view(), lse);
+        } catch (const std::exception& e) {
+          std::lock_guard lock(mu);
+          errors[static_cast<std::size_t>(t.rank())] = e.what();
+        }
+      });
+    } catch (const std::exception&) {
+    }
+    CAPTURE(errors[3]);
+    CHECK(contains(errors[3], "DistributedAttention::forward: lse.head_stride = 4611686018427387903"));
+    for (int r = 0; r < 3; ++r) CHECK(contains(errors[static_cast<std::size_t>(r)], "rank 3 refused its arguments"));
   }
 
   TEST_CASE("sizes: documents whose causal area leaves int64 are refused, areas stay exact") {

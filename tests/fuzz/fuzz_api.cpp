@@ -17,7 +17,15 @@
 //  - DocumentBatch with random (also negative and huge) lengths: accepted with an exact causal area
 //    (checked against 128-bit arithmetic), or refused with std::invalid_argument;
 //  - the planning layers: DynamicChunk, one_f_one_b, the checkpointing greedy, validate_schedule and
-//    token_meta with random valid and invalid arguments (planner_case).
+//    token_meta with random valid and invalid arguments (planner_case);
+//  - runtime::ChunkedAttention over Zigzag x Ring on 1 to 3 in-process ranks (chunked_case): DynamicChunk's
+//    chunks give the reference's answer; a corrupted chunk plan, a chunk index out of range or out of
+//    order (on one rank or all), a transport of another size are refused with std::invalid_argument by
+//    the rank that made the mistake, its peers getting seqpar::Error (kPeerFailed), none waiting;
+//  - the GLPK checkpointing MILP (milp_case, when seqpar::glpk is built): random small problems, also
+//    with bad orders, non-finite models and bad options: refused, or a plan no worse than the greedy's;
+//  - train::shard / shard_rows / token_meta with random ranks, rows and plans of another batch
+//    (train_case): the rows the plan or the ranges name, or std::invalid_argument.
 // Exits non-zero on the first violation, printing the seed.
 //   fuzz_api [--seconds S] [--seed N] [--replay A,B,...]
 #include <seqpar/schedule/dynamic_chunk.hpp>
@@ -26,6 +34,11 @@
 #include <seqpar/train/token_meta.hpp>
 
 #include "fuzz_driver.hpp"
+#include "support/distributed_check.hpp"
+
+#ifdef SEQPAR_FUZZ_GLPK
+#include <seqpar/schedule/checkpoint_milp.hpp>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -34,10 +47,12 @@
 #include <limits>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace seqpar;
@@ -150,13 +165,16 @@ DrawnLse<A> draw_lse(std::mt19937& rng, int heads, std::int64_t tokens, double p
   std::int64_t hs = tokens + pick(rng, 3);
   if (std::uniform_real_distribution<double>(0, 1)(rng) < p_bad)
     hs = rng() % 2 ? pick(rng, std::max<std::int64_t>(tokens, 1)) : std::numeric_limits<std::int64_t>::max() / 2;
-  // One head, or no tokens: the stride addresses nothing, so any value is valid (the library's
-  // rule for every view; the span of an empty view is zero whatever its strides).
+  // One head: the stride is unused, any value is valid. No tokens: the view addresses nothing, but
+  // each head's row start (h x stride) is still formed, so it must fit in ptrdiff_t bytes (the
+  // library's rule for every view; seeds 793882863 and 1475245705 overflowed there).
   const std::int64_t hs_used = heads > 1 && tokens > 0 ? hs : 0;
   const bool small = hs_used <= 100000;
   d.buffer.assign(small ? static_cast<std::size_t>((heads - 1) * hs_used + tokens + 1) : 16, A(0));
   d.view = {d.buffer.data(), heads, tokens, hs};
-  d.valid = small && (heads <= 1 || tokens == 0 || hs >= tokens);
+  const bool starts_fit = heads <= 1 || static_cast<i128>(heads - 1) * hs * static_cast<i128>(sizeof(A)) <=
+                                            static_cast<i128>(std::numeric_limits<std::ptrdiff_t>::max());
+  d.valid = small && (heads <= 1 || (tokens == 0 ? starts_fit : hs >= tokens));
   return d;
 }
 
@@ -444,6 +462,317 @@ void planner_case(std::mt19937& rng) {
   }
 }
 
+// What the newer cases drew, printed with the summary (so that a run shows each path was taken).
+struct DrawnCounts {
+  long chunked_exact = 0, chunked_refused = 0, milp_solved = 0, milp_refused = 0, train_ok = 0, train_refused = 0;
+} g_counts;
+
+// How a rank's call ended: 0 returned, 1 std::invalid_argument, 2 kPeerFailed, 3 kMismatch, 4 other.
+template <class Body>
+std::vector<int> run_ranks(int world, Body body, std::vector<std::string>& errors) {
+  std::vector<int> kinds(static_cast<std::size_t>(world));
+  errors.assign(static_cast<std::size_t>(world), {});
+  std::mutex mu;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    backend::inproc::World(world, {.timeout = std::chrono::seconds(30)}).run([&](backend::inproc::Transport& t) {
+      int kind = 0;
+      std::string what;
+      try {
+        body(t);
+      } catch (const std::invalid_argument& e) {
+        kind = 1, what = e.what();
+      } catch (const Error& e) {
+        kind = e.errc() == Errc::kPeerFailed ? 2 : e.errc() == Errc::kMismatch ? 3 : 4, what = e.what();
+      } catch (const std::exception& e) {
+        kind = 4, what = e.what();
+      }
+      std::lock_guard lock(mu);
+      kinds[static_cast<std::size_t>(t.rank())] = kind;
+      errors[static_cast<std::size_t>(t.rank())] = what;
+    });
+  } catch (const std::exception& e) {
+    expect(false, std::string("World::run threw ") + e.what());
+  }
+  expect(std::chrono::steady_clock::now() - start < std::chrono::seconds(20), "a rank waited for a timeout");
+  return kinds;
+}
+
+// ChunkedAttention: DynamicChunk's chunks of a random batch, exact against the reference; or one
+// mistake (decided here), refused by name before any data moves.
+void chunked_case(std::mt19937& rng) {
+  using S = Strategy<partition::Zigzag, comm::Ring>;
+  using K = attention::Reference<double>;
+  std::vector<std::int64_t> lens(static_cast<std::size_t>(1 + pick(rng, 4)));
+  for (auto& l : lens) l = 1 + pick(rng, 40);
+  const DocumentBatch batch({lens});
+  const int world = 1 + pick(rng, 3);
+  const AttentionShape shape{2, 1, 8};
+  schedule::DynamicChunk sched;
+  sched.args.token_capacity = 8 + pick(rng, 24);
+  std::vector<Chunk> chunks;
+  try {
+    chunks = sched.chunks(batch);
+  } catch (const std::invalid_argument&) {
+    return;  // a capacity the slice limit cannot reach: planner_case's business
+  }
+  for (const Chunk& c : chunks)
+    if (!S::can_implement({}, c.batch, shape, Topology{world, world}).ok) return;  // refused alike everywhere
+  const int n = static_cast<int>(chunks.size());
+  int with_prefix = -1;  // a chunk that reads an earlier chunk's rows
+  for (int c = 0; c < n; ++c)
+    for (const Range& p : chunks[static_cast<std::size_t>(c)].prefix)
+      if (!p.empty() && with_prefix < 0) with_prefix = c;
+  const auto factory = [&](backend::inproc::Transport& t) -> std::unique_ptr<runtime::AttentionEngine<K>> {
+    return std::make_unique<DistributedAttention<S, K>>(t, shape);
+  };
+  const int mutation = pick(rng, 9);
+  if (mutation < 3) {  // valid: every chunk forward in order, backward in reverse, against the reference
+    const test::Errors err = test::distributed_check<K>(batch, chunks, test::forward_then_backward(chunks.size()),
+                                                        shape, world, factory, rng());
+    expect(err.max() < 1e-9, "ChunkedAttention differs from the reference: " + std::to_string(err.max()));
+    expect(err.bytes_match, "ChunkedAttention: declared bytes differ from the counted bytes");
+    ++g_counts.chunked_exact;
+    return;
+  }
+  // The calls of a run, with one mistake: bad_rank < 0 makes it on every rank.
+  const int bad_rank = rng() % 2 ? pick(rng, world) : -1;
+  std::vector<Chunk> given = chunks;
+  int bad_c = 0;           // mutation 4: the chunk index passed
+  bool expect_bad = true;  // the mistake is one the library must refuse
+  std::string must_name;
+  switch (mutation) {
+    case 3: {  // a corrupted chunk plan (the same on every rank)
+      const int c = pick(rng, n);
+      Chunk& ch = given[static_cast<std::size_t>(c)];
+      switch (pick(rng, 3)) {
+        case 0:
+          ch.prefix.push_back({});
+          must_name = ".prefix.size()";
+          break;
+        case 1:
+          if (with_prefix < 0) return;
+          for (Range& p : given[static_cast<std::size_t>(with_prefix)].prefix)
+            if (!p.empty()) p.end += 1;
+          must_name = ".prefix[";
+          break;
+        default:  // the chunk that reads a prefix moved first: its prefix only a later chunk holds
+          if (with_prefix < 0) return;
+          std::rotate(given.begin(), given.begin() + with_prefix, given.begin() + with_prefix + 1);
+          must_name = "only a later chunk holds";
+          break;
+      }
+      break;
+    }
+    case 4: {  // a chunk index out of range
+      const int bad[] = {-1, n, n + 7, std::numeric_limits<int>::min()};
+      bad_c = bad[pick(rng, 4)];
+      must_name = "c = ";
+      break;
+    }
+    case 5:  // a chunk's forward before the forward of the chunk its prefix reads
+      if (with_prefix < 0) return;
+      must_name = "whose forward has not run";
+      break;
+    case 6:  // a backward before the forward
+      must_name = "has not run forward";
+      break;
+    case 7:  // a chunk that is read as prefix goes backward before the chunk that reads it
+      if (with_prefix < 0) return;
+      must_name = "must run backward first";
+      break;
+    default:  // a transport of another size
+      if (world < 2) return;
+      must_name = "transport.size()";
+      break;
+  }
+  std::vector<std::string> errors;
+  const auto kinds = run_ranks(
+      world,
+      [&](backend::inproc::Transport& t) {
+        const bool me = bad_rank < 0 || t.rank() == bad_rank;
+        DistributedAttention<S, K> attn(t, shape);
+        std::optional<backend::inproc::Transport> sub;
+        if (mutation == 8) sub.emplace(t.split(t.rank() == 0 ? 0 : 1, t.rank()));  // sizes 1 and world - 1
+        runtime::ChunkedAttention<K> chunked(attn, mutation == 8 ? *sub : t);
+        chunked.begin(mutation == 3 ? given : chunks);
+        std::vector<AttentionTensors<double>> l;
+        for (int c = 0; c < n; ++c) l.emplace_back(chunked.local_tokens(c), shape);
+        const auto fwd = [&](int c) {
+          auto& x = l[static_cast<std::size_t>(c < 0 || c >= n ? 0 : c)];
+          chunked.forward(c, x.q.view(), x.k.view(), x.v.view(), x.o.view(), x.lse.view());
+        };
+        const auto bwd = [&](int c) {
+          auto& x = l[static_cast<std::size_t>(c)];
+          chunked.backward(c, x.q.view(), x.k.view(), x.v.view(), x.o.view(), x.lse.view(), x.dout.view(), x.dq.view(),
+                           x.dk.view(), x.dv.view());
+        };
+        if (mutation == 4 && me) fwd(bad_c);
+        if (mutation == 5 && me) fwd(with_prefix);  // with_prefix > 0: the chunk it reads is earlier
+        if (mutation == 6 && me) bwd(n - 1);
+        for (int c = 0; c < n; ++c) fwd(c);
+        if (mutation == 7 && me) bwd(with_prefix - 1);
+        for (int c = n - 1; c >= 0; --c) bwd(c);
+      },
+      errors);
+  (void)expect_bad;
+  for (int r = 0; r < world; ++r) {
+    const int got = kinds[static_cast<std::size_t>(r)];
+    const std::string at = "ChunkedAttention mutation " + std::to_string(mutation) + ", rank " + std::to_string(r) +
+                           " of " + std::to_string(world) + ": " + errors[static_cast<std::size_t>(r)];
+    // The plan and the transport are every rank's (a local refusal on each); a call's mistake is the bad
+    // rank's, and its peers learn it from the agreement.
+    const bool mine = mutation == 3 || mutation == 8 || bad_rank < 0 || r == bad_rank;
+    if (mine) {
+      expect(got == 1, at + " (expected std::invalid_argument)");
+      expect(errors[static_cast<std::size_t>(r)].find(must_name) != std::string::npos,
+             at + " (should name " + must_name + ")");
+    } else {
+      expect(got == 2, at + " (expected kPeerFailed)");
+    }
+  }
+  ++g_counts.chunked_refused;
+}
+
+#ifdef SEQPAR_FUZZ_GLPK
+// The GLPK checkpointing program on small random problems (also bad orders, non-finite models, bad
+// options): refused with std::invalid_argument, or a plan of the right size, within the model's
+// bounds, feasible whenever the greedy is and recomputing no more than it.
+void milp_case(std::mt19937& rng) {
+  const int n = 1 + pick(rng, 6), stages = 1 + pick(rng, 3);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<int> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  const bool permutation = pick(rng, 4) != 0;
+  if (!permutation) order[static_cast<std::size_t>(pick(rng, n))] = pick(rng, 2) == 0 ? n : -1;
+  schedule::PipelineModel m{.stages = stages,
+                            .layers_per_stage = 1 + pick(rng, 4),
+                            .static_bytes = static_cast<double>(pick(rng, 200)),
+                            .memory_cap = 200.0 + pick(rng, 2000),
+                            .activation_bytes_per_token = 10,
+                            .kept_bytes_per_token = 2,
+                            .seconds_per_cost = 1e-9};
+  const bool finite = pick(rng, 5) != 0;
+  if (!finite) (pick(rng, 2) == 0 ? m.memory_cap : m.static_bytes) = pick(rng, 2) == 0 ? nan : INFINITY;
+  schedule::CheckpointProblem prob{{}, m, order};
+  for (int k = 0; k < n; ++k) prob.tokens.push_back(1 + pick(rng, 60));
+  schedule::MilpOptions opt;
+  const double gaps[] = {0.0, 0.0, 0.02, -0.1, nan};
+  const double limits[] = {0.0, 0.0, 0.5, -1.0, INFINITY, 1e9, schedule::kMaxMilpSeconds};
+  opt.relative_gap = gaps[pick(rng, 5)];
+  opt.time_limit_s = limits[pick(rng, 7)];
+  opt.greedy_start = pick(rng, 2) == 0;
+  const bool options_ok =
+      opt.relative_gap >= 0 && opt.time_limit_s >= 0 && opt.time_limit_s <= schedule::kMaxMilpSeconds;
+  const bool ok = permutation && finite && options_ok;
+  schedule::CheckpointPlan got;
+  try {
+    got = schedule::solve_checkpointing_milp(prob, opt);
+    expect(ok, "solve_checkpointing_milp accepted a bad order, model or options");
+  } catch (const std::invalid_argument&) {
+    expect(!ok, "solve_checkpointing_milp refused a valid problem");
+    ++g_counts.milp_refused;
+    return;
+  }
+  expect(got.diagonals.size() == static_cast<std::size_t>(n + stages - 1), "solve_checkpointing_milp: decisions size");
+  for (int c : got.diagonals)
+    expect(c >= 0 && c <= m.layers_per_stage, "solve_checkpointing_milp: a decision out of bounds");
+  const schedule::CheckpointPlan greedy = schedule::solve_checkpointing(prob);
+  if (greedy.feasible) {
+    expect(got.feasible, "solve_checkpointing_milp: infeasible where the greedy is feasible");
+    expect(got.layers_recomputed <= greedy.layers_recomputed, "solve_checkpointing_milp: worse than the greedy");
+  }
+  ++g_counts.milp_solved;
+}
+#endif
+
+// train::shard (with the batch), shard_rows and token_meta on random ranks, rows and plans: the rows
+// named, or std::invalid_argument (decided here).
+void train_case(std::mt19937& rng) {
+  const DocumentBatch batch = random_batch(rng);
+  const std::int64_t n = batch.total_tokens();
+  const int world = 1 + pick(rng, 4);
+  using Z = Strategy<partition::Zigzag, comm::AllToAll>;
+  const Z::Planned planned = Z::plan({}, batch, {2, 2, 8}, Topology{world, world});
+  if (!planned.status) return;
+  const ShardPlan& plan = planned.plan;
+  // A batch of the same tokens with the documents rotated (maybe the same batch).
+  std::vector<std::vector<std::int64_t>> seqs;
+  for (int s = 0; s < batch.num_sequences(); ++s) {
+    seqs.emplace_back();
+    for (const Document& d : batch.documents())
+      if (d.sequence == s) seqs.back().push_back(d.tokens.size());
+    if (pick(rng, 2) == 0) std::rotate(seqs.back().begin(), seqs.back().begin() + 1, seqs.back().end());
+  }
+  const DocumentBatch other(seqs);
+  const int rank = pick(rng, world + 2) - 1;
+  const std::int64_t rows = n + (pick(rng, 4) == 0 ? (rng() % 2 ? 1 : -1) : 0);
+  ThdTensor<double> global(rows, 2, 3);
+  for (std::size_t i = 0; i < global.storage.size(); ++i) global.storage[i] = static_cast<double>(i);
+  const bool rank_ok = rank >= 0 && rank < world;
+  const std::int64_t local_rows = rank_ok ? plan.local_tokens(rank) + (pick(rng, 5) == 0 ? 1 : 0) : 1;
+  ThdTensor<float> local(local_rows, 2, 3);
+  const bool ok = rank_ok && rows == n && local_rows == plan.local_tokens(rank) && other == batch;
+  try {
+    train::shard(other, plan, rank, std::as_const(global).view(), local.view());
+    expect(ok, "train::shard accepted a bad rank, a tensor of other rows or a plan of another batch");
+  } catch (const std::invalid_argument&) {
+    expect(!ok, "train::shard refused a valid call");
+  }
+  ++(ok ? g_counts.train_ok : g_counts.train_refused);
+  if (ok) {
+    std::int64_t at = 0;
+    for (const Range& r : plan.owned[static_cast<std::size_t>(rank)])
+      for (std::int64_t t = r.begin; t < r.end; ++t, ++at)
+        for (int h = 0; h < 2; ++h)
+          for (int x = 0; x < 3; ++x)
+            expect(local.view()(at, h, x) == static_cast<float>(global.view()(t, h, x)), "train::shard: wrong row");
+  }
+  // Random ranges (also negative, reversed, past the end) through shard_rows and token_meta.
+  std::vector<Range> ranges(static_cast<std::size_t>(pick(rng, 4)));
+  bool ranges_ok = true;
+  std::int64_t count = 0;
+  for (Range& r : ranges) {
+    r.begin = static_cast<std::int64_t>(pick(rng, n + 4)) - 2;
+    r.end = pick(rng, 6) == 0 ? r.begin - 1 : r.begin + pick(rng, std::max<std::int64_t>(n - r.begin + 3, 1));
+    ranges_ok = ranges_ok && r.begin >= 0 && r.begin <= r.end && r.end <= n;
+    count += std::max<std::int64_t>(r.end - r.begin, 0);
+  }
+  ThdTensor<double> picked(ranges_ok ? count : 0, 2, 3), exact(n, 2, 3);
+  exact.storage = std::vector<double>(global.storage.begin(),
+                                      global.storage.begin() + static_cast<std::ptrdiff_t>(std::min(rows, n) * 6));
+  exact.storage.resize(static_cast<std::size_t>(n * 6));
+  try {
+    train::shard_rows(std::span<const Range>(ranges), std::as_const(exact).view(), picked.view());
+    expect(ranges_ok, "train::shard_rows accepted bad ranges");
+  } catch (const std::invalid_argument&) {
+    expect(!ranges_ok, "train::shard_rows refused valid ranges");
+  }
+  try {
+    const train::TokenMeta meta = train::token_meta(batch, std::span<const Range>(ranges));
+    expect(ranges_ok, "train::token_meta accepted bad ranges");
+    expect(meta.rows() == count, "train::token_meta: row count");
+    std::vector<std::int64_t> position(static_cast<std::size_t>(n)), doc(static_cast<std::size_t>(n));
+    for (std::size_t d = 0; d < batch.documents().size(); ++d) {
+      const Range r = batch.documents()[d].tokens;
+      for (std::int64_t t = r.begin; t < r.end; ++t)
+        position[static_cast<std::size_t>(t)] = t - r.begin,
+        doc[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(d);
+    }
+    std::int64_t at = 0;
+    for (const Range& r : ranges)
+      for (std::int64_t t = r.begin; t < r.end; ++t, ++at) {
+        const auto i = static_cast<std::size_t>(at), g = static_cast<std::size_t>(t);
+        expect(meta.global_index[i] == t && meta.position[i] == position[g] && meta.document[i] == doc[g],
+               "train::token_meta: wrong position or document");
+        expect(picked.view()(at, 1, 2) == exact.view()(t, 1, 2), "train::shard_rows: wrong row");
+      }
+  } catch (const std::invalid_argument&) {
+    expect(!ranges_ok, "train::token_meta refused valid ranges");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -461,10 +790,20 @@ int main(int argc, char** argv) {
         distributed_case<Strategy<partition::PerDoc, comm::AllGather>>(rng, "PerDoc x AllGather");
         break;
     }
-    planner_case(rng);  // last: the replayed seeds (CMakeLists) still draw the cases they were kept for
+    planner_case(rng);  // the replayed seeds (CMakeLists) still draw the cases they were kept for
+    chunked_case(rng);  // the cases added since draw after them
+#ifdef SEQPAR_FUZZ_GLPK
+    milp_case(rng);
+#endif
+    train_case(rng);
   });
   if (run.status != 0) return run.status;
-  std::printf("fuzz_api: %ld cases (batch, planner, kernel, distributed) in %.0f s (%s)\n", run.cases, run.seconds,
-              run.seeds().c_str());
+  std::printf("fuzz_api: %ld cases (batch, kernel, distributed, planner, chunked, milp, train) in %.0f s (%s)\n",
+              run.cases, run.seconds, run.seeds().c_str());
+  std::printf(
+      "fuzz_api: chunked %ld exact / %ld refused as expected; milp %ld solved / %ld refused; train::shard %ld "
+      "exact / %ld refused\n",
+      g_counts.chunked_exact, g_counts.chunked_refused, g_counts.milp_solved, g_counts.milp_refused, g_counts.train_ok,
+      g_counts.train_refused);
   return 0;
 }

@@ -252,6 +252,78 @@ TEST_SUITE("train") {
     CHECK(train::token_meta(batch, plan, 1).rows() == plan.local_tokens(1));  // its own batch: accepted
   }
 
+  TEST_CASE(
+      "shard, unshard_local and unshard given the batch refuse a plan of another batch with the same token count") {
+    using Zigzag = Strategy<partition::Zigzag, comm::AllToAll>;
+    const DocumentBatch batch({{10, 6}}), other({{6, 10}});  // 16 tokens each, other documents
+    const ShardPlan plan = Zigzag::plan({}, batch, AttentionShape{2, 2, 8}, Topology{2, 2}).plan;
+    const ThdTensor<double> g = coded(16, 2, 4);
+    ThdTensor<double> l(plan.local_tokens(0), 2, 4), back(16, 2, 4);
+    LseTensor<double> lg(2, 16), ll(2, plan.local_tokens(0));
+    std::vector<int> ids(16), local_ids(std::size_t(plan.local_tokens(0)));
+    const auto refused = [](const std::string& message, const char* where) {
+      CAPTURE(message);
+      CHECK(message.find(std::string(where) + ": plan.batch_fingerprint") != std::string::npos);
+      CHECK(message.find("belongs to another batch") != std::string::npos);
+    };
+    refused(test::invalid_message([&] { train::shard(other, plan, 0, g.view(), l.view()); }), "train::shard");
+    refused(test::invalid_message([&] { train::shard(other, plan, 0, lg.view(), ll.view()); }), "train::shard");
+    refused(test::invalid_message(
+                [&] { train::shard(other, plan, 0, std::span<const int>(ids), std::span<int>(local_ids)); }),
+            "train::shard");
+    refused(test::invalid_message([&] { train::unshard_local(other, plan, 0, l.view(), back.view()); }),
+            "train::unshard_local");
+    refused(test::invalid_message([&] { train::unshard_local(other, plan, 0, ll.view(), lg.view()); }),
+            "train::unshard_local");
+    CHECK(test::invalid_message([&] {
+            train::shard(DocumentBatch({{10, 7}}), plan, 0, g.view(), l.view());
+          }).find("train::shard: plan = 16 tokens: is not a plan of this batch (17 tokens)") != std::string::npos);
+    // Its own batch: accepted, the same rows as without it.
+    train::shard(batch, plan, 0, g.view(), l.view());
+    ThdTensor<double> want(plan.local_tokens(0), 2, 4);
+    train::shard(plan, 0, g.view(), want.view());
+    CHECK(l.storage == want.storage);
+    // unshard: every rank refuses before the gather (none waits), on the in-process world.
+    std::mutex mu;
+    std::vector<std::string> errors(2);
+    backend::inproc::World(2, {.timeout = std::chrono::seconds(5)}).run([&](backend::inproc::Transport& t) {
+      ThdTensor<double> mine(plan.local_tokens(t.rank()), 2, 4), all(16, 2, 4);
+      const std::string m = test::invalid_message([&] { train::unshard(t, other, plan, mine.view(), all.view()); });
+      std::lock_guard lock(mu);
+      errors[std::size_t(t.rank())] = m;
+    });
+    for (const std::string& e : errors) refused(e, "train::unshard");
+  }
+
+  TEST_CASE("labels refuse a TokenMeta of another rank, plan or batch before the gather") {
+    using Zigzag = Strategy<partition::Zigzag, comm::AllToAll>;
+    const DocumentBatch batch({{10, 6}}), other({{6, 10}});
+    const ShardPlan plan = Zigzag::plan({}, batch, AttentionShape{2, 2, 8}, Topology{2, 2}).plan;
+    const ShardPlan other_plan = Zigzag::plan({}, other, AttentionShape{2, 2, 8}, Topology{2, 2}).plan;
+    std::mutex mu;
+    std::vector<std::string> errors(4);
+    backend::inproc::World(2, {.timeout = std::chrono::seconds(5)}).run([&](backend::inproc::Transport& t) {
+      const int r = t.rank();
+      const train::TokenMeta peer = train::token_meta(batch, plan, 1 - r);     // another rank's rows
+      const train::TokenMeta stale = train::token_meta(other, other_plan, r);  // another batch's plan
+      std::vector<int> ids(std::size_t(plan.local_tokens(r)));
+      const std::string a =
+          test::invalid_message([&] { (void)train::labels(t, plan, peer, std::span<const int>(ids), -1); });
+      const std::string b =
+          test::invalid_message([&] { (void)train::labels(t, plan, stale, std::span<const int>(ids), -1); });
+      std::lock_guard lock(mu);
+      errors[std::size_t(2 * r)] = a, errors[std::size_t(2 * r + 1)] = b;
+    });
+    for (std::size_t i = 0; i < errors.size(); ++i) {
+      const std::string& e = errors[i];
+      CAPTURE(e);
+      // Zigzag gives both batches the same rows: the stale meta is told by its batch, the peer's by its rows.
+      CHECK(e.find(i % 2 == 0 ? "train::labels: meta = global_index[" : "train::labels: meta.batch_fingerprint = ") !=
+            std::string::npos);
+      CHECK(e.find("meta of another plan, batch or rank") != std::string::npos);
+    }
+  }
+
   TEST_CASE("token_meta rejects a plan of another batch and a rank outside the plan") {
     const DocumentBatch batch({{10, 6}});
     const ShardPlan plan = partition::Zigzag{}.plan(batch, Topology{2, 2});

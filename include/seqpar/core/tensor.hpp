@@ -117,10 +117,20 @@ namespace detail {
 /// elements and ptrdiff_t bytes of `elem` size. Accepts every non-overlapping layout (THD, HTD, a
 /// heads_slice of either); refuses negative strides, a zero stride on an axis of two or more, rows
 /// that overlap (a token stride smaller than heads x head_dim in THD) and sizes whose address
-/// arithmetic would overflow. Axes of count 0 or 1 take any stride.
+/// arithmetic would overflow. Axes of count 0 or 1 take any stride. An empty view addresses nothing,
+/// but code still forms the start of each of its rows (a head's LSE row, a heads_slice): on an axis of
+/// count two or more, (count - 1) x |stride| elements must fit in ptrdiff_t bytes even then.
 [[nodiscard]] constexpr bool strided_layout_ok(std::int64_t block, std::int64_t n1, std::int64_t s1, std::int64_t n2,
                                                std::int64_t s2, std::size_t elem) noexcept {
   if (block < 0 || n1 < 0 || n2 < 0) return false;
+  constexpr auto kMaxBytes = static_cast<std::uint64_t>(std::numeric_limits<std::ptrdiff_t>::max());
+  const auto reach_fits = [&](std::int64_t n, std::int64_t s) {
+    if (n < 2) return true;
+    const std::uint64_t magnitude =
+        s < 0 ? std::uint64_t{0} - static_cast<std::uint64_t>(s) : static_cast<std::uint64_t>(s);
+    return magnitude <= kMaxBytes / elem / static_cast<std::uint64_t>(n - 1);
+  };
+  if (!reach_fits(n1, s1) || !reach_fits(n2, s2)) return false;
   if (n1 == 0 || n2 == 0 || block == 0) return true;
   if ((n1 > 1 && s1 < 0) || (n2 > 1 && s2 < 0)) return false;
   // The axis with the smaller stride is inner: its blocks must not overlap, and the outer stride

@@ -90,7 +90,7 @@ struct DataOps<HostExec> {
     for (BufferId id : buffers) {
       if (comm::is_lse(id)) {
         const auto& v = b.lse_of(id);
-        for (int h = 0; h < v.heads; ++h) std::fill_n(&v(h, 0), v.tokens, A(0));
+        for (int h = 0; h < v.heads && v.tokens > 0; ++h) std::fill_n(&v(h, 0), v.tokens, A(0));
       } else {
         const auto& v = b[id];
         for (std::int64_t t = 0; t < v.tokens; ++t)
@@ -104,6 +104,7 @@ struct DataOps<HostExec> {
   static void fill_empty(const HostExec&, ThdView<T> o, LseView<A> lse) {
     for (std::int64_t t = 0; t < o.tokens; ++t)
       for (int h = 0; h < o.heads; ++h) std::fill_n(o.row(t, h), o.head_dim, T(0));
+    if (lse.tokens == 0) return;  // an empty view addresses nothing: form no row start
     for (int h = 0; h < lse.heads; ++h) std::fill_n(&lse(h, 0), lse.tokens, -std::numeric_limits<A>::infinity());
   }
 

@@ -18,6 +18,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "seqpar/attention/kernel.hpp"
@@ -178,6 +179,15 @@ class AttentionEngine {
   }
 
   /// dQ, dK, dV of the rank's local tokens (overwritten), from the forward's O and LSE and dO.
+  ///
+  /// O and LSE must be what a forward of `batch` wrote. The engine remembers its last kForwardRecords
+  /// forwards (where each wrote O and LSE, the batch's fingerprint, and a few of the values it wrote)
+  /// and refuses, as a bad argument naming `o` or `lse`, memory that still holds the output of a
+  /// forward of another batch (a stale buffer of an earlier step). Memory the engine did not write, or
+  /// that was overwritten since (copied, offloaded and brought back, recycled by an allocator), cannot
+  /// be told apart and is taken as given; so are O and LSE on a stream-ordered (device) context, whose
+  /// values the host cannot sample without a synchronizing copy. Layers interleave freely (forward of
+  /// layers 1..L, then backward of L..1): each forward has its own record.
   void backward(const DocumentBatch& batch, ThdView<const value_type> q, ThdView<const value_type> k,
                 ThdView<const value_type> v, ThdView<const value_type> o, LseView<const accum_type> lse,
                 ThdView<const value_type> dout, ThdView<value_type> dq, ThdView<value_type> dk, ThdView<value_type> dv,
@@ -231,6 +241,7 @@ class AttentionEngine {
     b.lse[idx(comm::BufferId::kLse)] = lse;
     run(e, e.forward, b, workspace);
     if (sinks != nullptr) SinkEpilogue<exec_type>::forward(exec_, o, lse, sinks->sinks);
+    remember_forward(batch, o, lse);  // what backward will be handed: the rows with the sinks
   }
 
   void backward_call(const DocumentBatch& batch, ThdView<const value_type> q, ThdView<const value_type> k,
@@ -263,6 +274,7 @@ class AttentionEngine {
       }
       check_workspace(where, workspace, found->backward.workspace_bytes(), q, k, v, o, lse, dout, dq, dk, dv);
       if (sinks != nullptr) SinkEpilogue<exec_type>::check(where, sinks->sinks, shape_.heads_q, sinks->dsinks, true);
+      check_forward_of(where, batch, o, lse);
     } catch (const std::exception&) {
       refused = std::current_exception();
     }
@@ -291,6 +303,12 @@ class AttentionEngine {
   [[nodiscard]] virtual std::span<const ArgumentWord> argument_words() const { return {}; }
   static constexpr std::size_t kArgumentWords = 24;
 
+ public:
+  /// Forwards remembered for backward's check of its O and LSE (per object: one object serving every
+  /// layer checks the last kForwardRecords layers' forwards).
+  static constexpr std::size_t kForwardRecords = 64;
+
+ protected:
   /// The strategy's part: plan `batch` on topology() and compile this rank's programs. Throws
   /// std::invalid_argument (naming the refusal) when the strategy cannot implement the batch.
   virtual void compile(const DocumentBatch& batch, ShardPlan& plan, comm::CompiledAttention& program) const = 0;
@@ -330,6 +348,77 @@ class AttentionEngine {
     const char* const names[] = {"q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv"};
     std::size_t i = 0;
     (seqpar::detail::check_disjoint(where, "workspace", workspace, names[i++], views), ...);
+  }
+
+  // Where the last forwards wrote O and LSE, for backward's check that they are a forward of its batch
+  // (a fixed ring: recording and checking allocate nothing). The samples tell memory that still holds
+  // a forward's output from memory overwritten since (a copy of another forward's output, a buffer an
+  // allocator recycled), which must not be refused.
+  struct ForwardRecord {
+    const void* o = nullptr;
+    const void* lse = nullptr;
+    std::int64_t rows = 0;
+    std::uint64_t batch = 0;  // DocumentBatch::fingerprint(); 0: empty slot
+    std::array<std::byte, 3 * sizeof(value_type)> o_samples{};
+    std::array<std::byte, 3 * sizeof(accum_type)> lse_samples{};
+  };
+
+  template <class V>
+  static std::array<std::byte, 3 * sizeof(std::remove_const_t<V>)> sample(const ThdView<V>& o) noexcept {
+    std::array<std::byte, 3 * sizeof(std::remove_const_t<V>)> out{};
+    const std::int64_t n = o.tokens;
+    const V* at[3] = {o.row(0, 0), o.row(n / 2, o.heads / 2) + o.head_dim / 2,
+                      o.row(n - 1, o.heads - 1) + o.head_dim - 1};
+    for (std::size_t i = 0; i < 3; ++i) std::memcpy(out.data() + i * sizeof(V), at[i], sizeof(V));
+    return out;
+  }
+  template <class V>
+  static std::array<std::byte, 3 * sizeof(std::remove_const_t<V>)> sample(const LseView<V>& lse) noexcept {
+    std::array<std::byte, 3 * sizeof(std::remove_const_t<V>)> out{};
+    const std::int64_t n = lse.tokens;
+    const V* at[3] = {&lse(0, 0), &lse(lse.heads / 2, n / 2), &lse(lse.heads - 1, n - 1)};
+    for (std::size_t i = 0; i < 3; ++i) std::memcpy(out.data() + i * sizeof(V), at[i], sizeof(V));
+    return out;
+  }
+
+  void remember_forward(const DocumentBatch& batch, ThdView<value_type> o, LseView<accum_type> lse) noexcept {
+    if constexpr (exec_type::kHostSynchronous) {
+      if (o.tokens == 0) return;
+      ForwardRecord& r = forwards_[next_forward_];
+      next_forward_ = (next_forward_ + 1) % kForwardRecords;
+      r = {o.data, lse.data, o.tokens, batch.fingerprint(), sample(o), sample(lse)};
+    }
+  }
+
+  // Refuses O or LSE that still hold what a forward of another batch wrote (most recent record first).
+  void check_forward_of(const char* where, const DocumentBatch& batch, ThdView<const value_type> o,
+                        LseView<const accum_type> lse) const {
+    if constexpr (exec_type::kHostSynchronous) {
+      if (o.tokens == 0) return;
+      const std::uint64_t mine = batch.fingerprint();
+      const auto o_now = sample(o);
+      const auto lse_now = sample(lse);
+      bool o_seen = false, lse_seen = false;
+      for (std::size_t i = 0; i < kForwardRecords && !(o_seen && lse_seen); ++i) {
+        const ForwardRecord& r = forwards_[(next_forward_ + kForwardRecords - 1 - i) % kForwardRecords];
+        if (r.batch == 0 || r.rows != o.tokens) continue;
+        const auto refuse = [&](const char* name, const void* data) {
+          seqpar::detail::throw_invalid(
+              where, name, data,
+              "holds the output of a forward of another batch (fingerprint " + std::to_string(r.batch) +
+                  ", this batch's " + std::to_string(mine) +
+                  "): pass the O and LSE a forward of this batch wrote (a stale buffer of an earlier step?)");
+        };
+        if (!o_seen && r.o == static_cast<const void*>(o.data) && r.o_samples == o_now) {
+          o_seen = true;
+          if (r.batch != mine) refuse("o", o.data);
+        }
+        if (!lse_seen && r.lse == static_cast<const void*>(lse.data) && r.lse_samples == lse_now) {
+          lse_seen = true;
+          if (r.batch != mine) refuse("lse", lse.data);
+        }
+      }
+    }
   }
 
   // An output (o and lse forward; dq, dk, dv backward) may not share memory with q, k or v.
@@ -676,6 +765,8 @@ class AttentionEngine {
   std::uint64_t last_bytes_sent_ = 0;
   std::vector<CallSignature> signatures_;
   SinkEpilogue<exec_type> sink_epilogue_;  // its gather buffer, grown on the first call with sinks
+  std::array<ForwardRecord, kForwardRecords> forwards_{};
+  std::size_t next_forward_ = 0;  // the slot the next forward records in
   std::atomic<bool> busy_{false};
 };
 

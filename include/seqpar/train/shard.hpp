@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "seqpar/core/document_batch.hpp"
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/range.hpp"
 #include "seqpar/core/shard_plan.hpp"
@@ -34,12 +35,18 @@ namespace seqpar::train {
 /// unshard moves bytes and needs one type. Per-token values (token ids, labels, losses) go through
 /// the std::span overloads (one value per token).
 ///
+/// A plan of another batch: each overload checks the plan against what it is given. Without the batch
+/// that is the global tensor's rows (the plan's token count), so a plan of another batch with the same
+/// token count cannot be told apart; the overloads that take the batch first (`shard(batch, plan, ...)`)
+/// also compare the plan's fingerprint (ShardPlan::batch_fingerprint) with the batch's and refuse a
+/// plan of another batch by name. Pass the batch wherever the caller has it.
+///
 /// @code
 /// auto plan = attn.plan(batch);
 /// ThdTensor<float> q(attn.local_tokens(batch), Hq, D);   // (local tokens, Hq, D)
-/// train::shard(plan, rank, q_global.view(), q.view());   // the rank's rows, plan order
+/// train::shard(batch, plan, rank, q_global.view(), q.view());   // the rank's rows, plan order
 /// attn.forward(batch, q.view(), k.view(), v.view(), o.view(), lse.view());
-/// train::unshard(transport, plan, o.view(), o_global.view());  // (total tokens, Hq, D) on every rank
+/// train::unshard(transport, batch, plan, o.view(), o_global.view());  // (total tokens, Hq, D) on every rank
 /// @endcode
 
 namespace detail_shard {
@@ -129,6 +136,20 @@ inline std::span<const Range> owned(const ShardPlan& plan, int rank) {
   return plan.owned[static_cast<std::size_t>(rank)];
 }
 
+/// The plan is one of `batch`: its token count, and its fingerprint when it carries one (a plan built
+/// by hand carries 0). O(documents), no allocation unless it throws.
+inline void check_batch(const DocumentBatch& batch, const ShardPlan& plan, const char* where) {
+  const std::int64_t tokens = total_tokens(plan);
+  if (tokens != batch.total_tokens())
+    seqpar::detail::throw_invalid(where, "plan", std::to_string(tokens) + " tokens",
+                                  "is not a plan of this batch (" + std::to_string(batch.total_tokens()) + " tokens)");
+  // A plan of another batch with the same token count passes the check above; the fingerprint catches it.
+  if (plan.batch_fingerprint != 0 && plan.batch_fingerprint != batch.fingerprint())
+    seqpar::detail::throw_invalid(where, "plan.batch_fingerprint", plan.batch_fingerprint,
+                                  "is not this batch's (" + std::to_string(batch.fingerprint()) +
+                                      "): the plan belongs to another batch (same token count, other documents)");
+}
+
 }  // namespace detail_shard
 
 /// Rank `rank`'s rows of `global` (every token of the plan's batch) into `local`
@@ -175,6 +196,44 @@ void unshard_local(const ShardPlan& plan, int rank, std::span<L> local, std::spa
   unshard_local(plan, rank, detail_shard::per_token(local), detail_shard::per_token(global));
 }
 
+/// shard / unshard_local with the batch the plan is of: the plan is refused (std::invalid_argument
+/// naming plan or plan.batch_fingerprint) when it is a plan of another batch, then as above.
+template <class G, class L>
+void shard(const DocumentBatch& batch, const ShardPlan& plan, int rank, const ThdView<G>& global,
+           const ThdView<L>& local) {
+  detail_shard::check_batch(batch, plan, "train::shard");
+  shard(plan, rank, global, local);
+}
+template <class G, class L>
+void shard(const DocumentBatch& batch, const ShardPlan& plan, int rank, const LseView<G>& global,
+           const LseView<L>& local) {
+  detail_shard::check_batch(batch, plan, "train::shard");
+  shard(plan, rank, global, local);
+}
+template <class G, class L>
+void shard(const DocumentBatch& batch, const ShardPlan& plan, int rank, std::span<G> global, std::span<L> local) {
+  detail_shard::check_batch(batch, plan, "train::shard");
+  shard(plan, rank, global, local);
+}
+template <class L, class G>
+void unshard_local(const DocumentBatch& batch, const ShardPlan& plan, int rank, const ThdView<L>& local,
+                   const ThdView<G>& global) {
+  detail_shard::check_batch(batch, plan, "train::unshard_local");
+  unshard_local(plan, rank, local, global);
+}
+template <class L, class G>
+void unshard_local(const DocumentBatch& batch, const ShardPlan& plan, int rank, const LseView<L>& local,
+                   const LseView<G>& global) {
+  detail_shard::check_batch(batch, plan, "train::unshard_local");
+  unshard_local(plan, rank, local, global);
+}
+template <class L, class G>
+void unshard_local(const DocumentBatch& batch, const ShardPlan& plan, int rank, std::span<L> local,
+                   std::span<G> global) {
+  detail_shard::check_batch(batch, plan, "train::unshard_local");
+  unshard_local(plan, rank, local, global);
+}
+
 /// Rows listed by their global ranges, for layouts that are not a rank's plan: a DPP chunk's rows on
 /// this rank (runtime::ChunkedAttention::owned_global(c)), a micro-batch of one's own. `local` holds
 /// the listed rows concatenated in the order given; each range must lie inside `global`'s tokens.
@@ -189,10 +248,12 @@ inline std::int64_t rows_in(std::span<const Range> rows, std::int64_t tokens, co
   std::int64_t n = 0;
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Range& r = rows[i];
-    seqpar::detail::require(r.begin >= 0 && r.begin <= r.end && r.end <= tokens, where,
-                            "rows[" + std::to_string(i) + "]",
-                            "[" + std::to_string(r.begin) + ", " + std::to_string(r.end) + ")",
-                            "must lie inside the global tensor's " + std::to_string(tokens) + " tokens");
+    if (r.begin < 0 || r.begin > r.end || r.end > tokens) {  // the message is built only when thrown
+      std::string range("[");  // appended, not prepended: GCC 12 -O3 warns (-Wrestrict) on "[" + string
+      range.append(std::to_string(r.begin)).append(", ").append(std::to_string(r.end)).append(")");
+      seqpar::detail::throw_invalid(where, "rows[" + std::to_string(i) + "]", range,
+                                    "must lie inside the global tensor's " + std::to_string(tokens) + " tokens");
+    }
     n += r.size();
   }
   return n;
@@ -303,6 +364,30 @@ template <Transport Tr, class L, class T>
 requires std::is_same_v<std::remove_const_t<L>, T> && std::is_trivially_copyable_v<T>
 void unshard(Tr& transport, const ShardPlan& plan, std::span<L> local, std::span<T> global) {
   unshard(transport, plan, detail_shard::per_token(local), detail_shard::per_token(global));
+}
+
+/// unshard with the batch the plan is of: a plan of another batch is refused on every rank before the
+/// gather (every rank passes the same batch and plan, so every rank refuses; none is left waiting).
+template <Transport Tr, class L, class T>
+requires std::is_same_v<std::remove_const_t<L>, T> && std::is_trivially_copyable_v<T>
+void unshard(Tr& transport, const DocumentBatch& batch, const ShardPlan& plan, const ThdView<L>& local,
+             const ThdView<T>& global) {
+  detail_shard::check_batch(batch, plan, "train::unshard");
+  unshard(transport, plan, local, global);
+}
+template <Transport Tr, class L, class T>
+requires std::is_same_v<std::remove_const_t<L>, T> && std::is_trivially_copyable_v<T>
+void unshard(Tr& transport, const DocumentBatch& batch, const ShardPlan& plan, const LseView<L>& local,
+             const LseView<T>& global) {
+  detail_shard::check_batch(batch, plan, "train::unshard");
+  unshard(transport, plan, local, global);
+}
+template <Transport Tr, class L, class T>
+requires std::is_same_v<std::remove_const_t<L>, T> && std::is_trivially_copyable_v<T>
+void unshard(Tr& transport, const DocumentBatch& batch, const ShardPlan& plan, std::span<L> local,
+             std::span<T> global) {
+  detail_shard::check_batch(batch, plan, "train::unshard");
+  unshard(transport, plan, local, global);
 }
 
 }  // namespace seqpar::train

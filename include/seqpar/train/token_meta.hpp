@@ -43,6 +43,9 @@ struct TokenMeta {
   std::vector<std::int64_t> cu_seqlens;
   std::int64_t max_seqlen = 0;   ///< longest piece
   std::int64_t label_count = 0;  ///< rows with a label (the loss's token count on this rank)
+  /// DocumentBatch::fingerprint() of the batch described: labels(transport, plan, ...) refuses a meta
+  /// whose batch is not the plan's.
+  std::uint64_t batch_fingerprint = 0;
 
   [[nodiscard]] std::int64_t rows() const noexcept { return static_cast<std::int64_t>(global_index.size()); }
 };
@@ -53,15 +56,7 @@ struct TokenMeta {
 [[nodiscard]] inline TokenMeta token_meta(const DocumentBatch& batch, const ShardPlan& plan, int rank) {
   constexpr const char* where = "train::token_meta";
   detail_shard::check_rank(plan, rank, where);
-  seqpar::detail::require(detail_shard::total_tokens(plan) == batch.total_tokens(), where, "plan",
-                          std::to_string(detail_shard::total_tokens(plan)) + " tokens",
-                          "is not a plan of this batch (" + std::to_string(batch.total_tokens()) + " tokens)");
-  // A plan of another batch with the same token count would pass the check above and give most rows
-  // wrong positions and labels; the fingerprint catches it when the plan carries one.
-  if (plan.batch_fingerprint != 0 && plan.batch_fingerprint != batch.fingerprint())
-    seqpar::detail::throw_invalid(where, "plan.batch_fingerprint", plan.batch_fingerprint,
-                                  "is not this batch's (" + std::to_string(batch.fingerprint()) +
-                                      "): the plan belongs to another batch (same token count, other documents)");
+  detail_shard::check_batch(batch, plan, where);
   return token_meta(batch, std::span<const Range>(plan.owned[static_cast<std::size_t>(rank)]));
 }
 
@@ -71,6 +66,7 @@ struct TokenMeta {
 [[nodiscard]] inline TokenMeta token_meta(const DocumentBatch& batch, std::span<const Range> rows) {
   (void)detail_shard::rows_in(rows, batch.total_tokens(), "train::token_meta");
   TokenMeta m;
+  m.batch_fingerprint = batch.fingerprint();
   std::size_t n = 0;
   for (const Range& r : rows) n += static_cast<std::size_t>(r.size());
   m.global_index.reserve(n), m.sequence.reserve(n), m.document.reserve(n), m.position.reserve(n);
@@ -129,8 +125,26 @@ template <class Id>
 template <Transport Tr, class Id>
 [[nodiscard]] std::vector<Id> labels(Tr& transport, const ShardPlan& plan, const TokenMeta& meta,
                                      std::span<const Id> local_ids, Id ignore) {
-  seqpar::detail::require(static_cast<std::int64_t>(local_ids.size()) == meta.rows(), "train::labels",
-                          "local_ids.size()", local_ids.size(), "expected " + std::to_string(meta.rows()));
+  constexpr const char* where = "train::labels";
+  // meta must describe this rank's rows of this plan (a meta of another plan or rank picks wrong ids).
+  detail_shard::check_rank(plan, transport.rank(), where);
+  if (plan.batch_fingerprint != 0 && meta.batch_fingerprint != 0 && meta.batch_fingerprint != plan.batch_fingerprint)
+    seqpar::detail::throw_invalid(where, "meta.batch_fingerprint", meta.batch_fingerprint,
+                                  "is not the plan's batch (" + std::to_string(plan.batch_fingerprint) +
+                                      "): meta of another plan, batch or rank");
+  std::size_t row = 0;
+  for (const Range& r : detail_shard::owned(plan, transport.rank()))
+    for (std::int64_t t = r.begin; t < r.end; ++t, ++row)
+      if (row >= meta.global_index.size() || meta.global_index[row] != t)
+        seqpar::detail::throw_invalid(where, "meta", "global_index[" + std::to_string(row) + "]",
+                                      "is not rank " + std::to_string(transport.rank()) + "'s row " +
+                                          std::to_string(row) + " of the plan (global token " + std::to_string(t) +
+                                          "): meta of another plan, batch or rank");
+  seqpar::detail::require(
+      row == meta.global_index.size(), where, "meta.rows()", meta.rows(),
+      "expected the plan's " + std::to_string(row) + " rows of rank " + std::to_string(transport.rank()));
+  seqpar::detail::require(static_cast<std::int64_t>(local_ids.size()) == meta.rows(), where, "local_ids.size()",
+                          local_ids.size(), "expected " + std::to_string(meta.rows()));
   std::vector<Id> all(static_cast<std::size_t>(detail_shard::total_tokens(plan)));
   unshard(transport, plan, local_ids, std::span<Id>(all));
   return labels(meta, std::span<const Id>(all), ignore);

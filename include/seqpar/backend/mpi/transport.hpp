@@ -148,7 +148,8 @@ class Transport {
 
   /// Duplicates `comm` (collective over `comm`) with the default Options.
   explicit Transport(MPI_Comm comm) : Transport(comm, Options{}) {}
-  /// Duplicates `comm` (collective over `comm`).
+  /// Duplicates `comm` (collective over `comm`, under options.timeout: a rank that never constructs its
+  /// transport makes the others throw Errc::kTimeout instead of hanging in MPI_Comm_dup).
   Transport(MPI_Comm comm, Options options) : options_(options) {
     constexpr std::string_view where = "mpi::Transport";
     seqpar::detail::require(options.timeout.count() > 0, where, "options.timeout",
@@ -162,6 +163,7 @@ class Transport {
     MPI_Finalized(&finalized);
     if (!initialized || finalized)
       throw Error(Errc::kTransport, "mpi::Transport: MPI is not initialized (construct an mpi::Environment first)");
+    meet_before_dup(comm);
     MPI_Comm dup = MPI_COMM_NULL;
     if (const int rc = MPI_Comm_dup(comm, &dup); rc != MPI_SUCCESS)
       throw Error(std::error_code(rc, mpi_category()), "mpi::Transport: MPI_Comm_dup: " + detail::error_string(rc));
@@ -338,6 +340,31 @@ class Transport {
   using clock = std::chrono::steady_clock;
 
   explicit Transport(Options options) noexcept : options_(options) {}
+
+  // MPI_Comm_dup blocks without a deadline: a rank that never constructs its transport (never enters
+  // run_or_abort) would hold every other rank there forever, where no timeout fires and run_or_abort
+  // cannot end the job. The ranks meet under the deadline first (a non-blocking barrier, as split
+  // does), so such a rank makes the others throw Errc::kTimeout, and run_or_abort abort the job.
+  void meet_before_dup(MPI_Comm comm) const {
+    int rank = -1;
+    MPI_Comm_rank(comm, &rank);
+    const std::string who = "mpi::Transport: rank " + std::to_string(rank);
+    MPI_Request meet = MPI_REQUEST_NULL;
+    if (const int rc = MPI_Ibarrier(comm, &meet); rc != MPI_SUCCESS)
+      throw Error(std::error_code(rc, mpi_category()), who + ": MPI_Ibarrier: " + detail::error_string(rc));
+    int rc = MPI_SUCCESS;
+    const bool met = detail::poll_until(clock::now() + options_.timeout, [&] {
+      int flag = 0;
+      rc = MPI_Test(&meet, &flag, MPI_STATUS_IGNORE);
+      return flag != 0 || rc != MPI_SUCCESS;
+    });
+    if (!met)  // the barrier cannot be cancelled: the communicator is unusable, end the job
+      throw Error(Errc::kTimeout, who + ": construction timed out after " + std::to_string(options_.timeout.count()) +
+                                      " ms waiting for every rank of the communicator to construct its transport "
+                                      "(a rank that never calls?)");
+    if (rc != MPI_SUCCESS)
+      throw Error(std::error_code(rc, mpi_category()), who + ": MPI_Ibarrier: " + detail::error_string(rc));
+  }
 
   // Takes ownership of `comm`: error handler, rank, size, tag bound, world rank.
   void adopt(MPI_Comm comm) {

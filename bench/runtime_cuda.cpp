@@ -585,18 +585,23 @@ std::vector<OpRow> run_data_ops(const Batch& batch, const Options& opt, double& 
     rows.push_back(r);
   };
   const auto fb = [](std::uint64_t x) { return static_cast<double>(x); };
-  add_row("pack: K, V row chunks (ring, all-gather)", 2 * fb(rows_bytes),
-          [&] { Ops::pack(exec, b, slice_of(rows_span), region.data(), d); });
-  add_row("pack: K, V head groups (Ulysses)", 2 * fb(heads_bytes),
-          [&] { Ops::pack(exec, b, slice_of(heads_span), region.data(), d); });
-  add_row("unpack: K, V row chunks", 2 * fb(rows_bytes),
-          [&] { Ops::unpack(exec, b, slice_of(rows_span), region.data(), d); });
-  add_row("unpack: K, V head groups", 2 * fb(heads_bytes),
-          [&] { Ops::unpack(exec, b, slice_of(heads_span), region.data(), d); });
+  add_row("pack: K, V row chunks (ring, all-gather)", 2 * fb(rows_bytes), [&] {
+    Ops::pack(exec, b, slice_of(rows_span), region.data(), comm::HeadWidths{d, d});
+  });
+  add_row("pack: K, V head groups (Ulysses)", 2 * fb(heads_bytes), [&] {
+    Ops::pack(exec, b, slice_of(heads_span), region.data(), comm::HeadWidths{d, d});
+  });
+  add_row("unpack: K, V row chunks", 2 * fb(rows_bytes), [&] {
+    Ops::unpack(exec, b, slice_of(rows_span), region.data(), comm::HeadWidths{d, d});
+  });
+  add_row("unpack: K, V head groups", 2 * fb(heads_bytes), [&] {
+    Ops::unpack(exec, b, slice_of(heads_span), region.data(), comm::HeadWidths{d, d});
+  });
   // Adding every peer's gradient of the same rows: one launch per peer, each reading the message and
   // the gradient and writing the gradient.
-  add_row("unpack + accumulate: 8 peers' dK of one chunk", 3 * fb(sum_bytes),
-          [&] { Ops::unpack(exec, b, slice_of(sum_span), region.data(), d); });
+  add_row("unpack + accumulate: 8 peers' dK of one chunk", 3 * fb(sum_bytes), [&] {
+    Ops::unpack(exec, b, slice_of(sum_span), region.data(), comm::HeadWidths{d, d});
+  });
   // Merge: reads O, O_part, LSE, LSE_part and writes O, LSE. Every LSE is finite (0 at first, the
   // merged one grows by about log 2 per call), so every element is a weighted sum: no empty-side shortcut.
   const double merge_bytes = 3.0 * static_cast<double>(elems * sizeof(T)) + 3.0 * static_cast<double>(n * heads * 4);

@@ -6,10 +6,10 @@
 #define SEQPAR_DATA_OPS_INSTANCES(T)                                                                                  \
   template void seqpar::runtime::DataOps<seqpar::gpu::CudaExec>::pack<T, float>(                                      \
       const seqpar::gpu::CudaExec&, const seqpar::runtime::BufferTable<T, float>&,                                    \
-      seqpar::runtime::TableSlice<seqpar::runtime::PieceCopy>, std::byte*, int);                                      \
+      seqpar::runtime::TableSlice<seqpar::runtime::PieceCopy>, std::byte*, seqpar::comm::HeadWidths);                 \
   template void seqpar::runtime::DataOps<seqpar::gpu::CudaExec>::unpack<T, float>(                                    \
       const seqpar::gpu::CudaExec&, const seqpar::runtime::BufferTable<T, float>&,                                    \
-      seqpar::runtime::TableSlice<seqpar::runtime::PieceCopy>, const std::byte*, int);                                \
+      seqpar::runtime::TableSlice<seqpar::runtime::PieceCopy>, const std::byte*, seqpar::comm::HeadWidths);           \
   template void seqpar::runtime::DataOps<seqpar::gpu::CudaExec>::zero<T, float>(                                      \
       const seqpar::gpu::CudaExec&, const seqpar::runtime::BufferTable<T, float>&,                                    \
       std::span<const seqpar::runtime::BufferId>);                                                                    \

@@ -58,6 +58,12 @@ TEST_SUITE("attention") {
     kc::run_cases<Harness<T>>(large, kTolerance<T>);
     kc::run_cases<Harness<T>>(small, kTolerance<T>);
   }
+  TEST_CASE_TEMPLATE("CpuFlash: unequal q/k and v head sizes (MLA 192/128, 576/512 and odd pairs)", T, float, double,
+                     attention::bf16) {
+    attention::CpuFlash<T> large({1, 576, 192}), small({2, 12, 6});
+    CHECK(kc::run_head_size_cases<Harness<T>>(large, kTolerance<T>) == kc::head_size_cases().size());
+    CHECK(kc::run_head_size_cases<Harness<T>>(small, kTolerance<T>) == kc::head_size_cases().size());
+  }
   TEST_CASE_TEMPLATE("CpuFlash: the long kernel conformance cases", T, float, double) {
     attention::CpuFlash<T> flash({2, 96, 48});
     kc::run_long_cases<Harness<T>>(flash, kTolerance<T>, std::is_same_v<T, double> ? 2 : 3);  // CI time

@@ -166,6 +166,10 @@ TEST_SUITE("cuda") {
     // Both built head dims fit this device's shared memory (can_implement asks it through the context).
     CHECK(flash.can_implement({2, 2, 64, 0}));
     CHECK(flash.can_implement({2, 2, 128, 0}));
+    // Instantiated for one head size: MLA's 192/128 is refused by name.
+    const Status split = flash.can_implement({2, 2, 192, 0, 128});
+    CHECK_FALSE(split);
+    CHECK(split.reason.find("shape.head_dim_v = 128") != std::string::npos);
     CHECK(attention::CudaFlash<float>::shared_bytes(128) <= static_cast<std::size_t>(flash.exec().max_shared_bytes()));
     const AttentionShape shape{2, 2, 64, 0};
     gpu::DeviceArray<float> y(static_cast<std::size_t>(8 * 2 * 64));

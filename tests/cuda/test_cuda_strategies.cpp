@@ -213,14 +213,15 @@ void check_data_ops(int head_dim, std::uint32_t seed) {
   {  // pack: the same bytes
     std::vector<std::byte> want(pack_bytes);
     gpu::DeviceBytes region(pack_bytes + 64);
-    Host::pack(host_exec, host_table(), pack_host, want.data(), head_dim);
-    Device::pack(exec, device_table(), pack_dev, region.data() + 16, head_dim);  // region 16-byte aligned
+    Host::pack(host_exec, host_table(), pack_host, want.data(), comm::HeadWidths{head_dim, head_dim});
+    Device::pack(exec, device_table(), pack_dev, region.data() + 16,
+                 comm::HeadWidths{head_dim, head_dim});  // region 16-byte aligned
     SEQPAR_CUDA_CHECK(cudaStreamSynchronize(exec.stream()), "test");
     std::vector<std::byte> got(pack_bytes);
     SEQPAR_CUDA_CHECK(cudaMemcpy(got.data(), region.data() + 16, pack_bytes, cudaMemcpyDeviceToHost), "test");
     CHECK_MESSAGE(got == want, "pack: the message differs from the host's");
     // A region at an odd address: every window is misaligned.
-    Device::pack(exec, device_table(), pack_dev, region.data() + 3, head_dim);
+    Device::pack(exec, device_table(), pack_dev, region.data() + 3, comm::HeadWidths{head_dim, head_dim});
     SEQPAR_CUDA_CHECK(cudaStreamSynchronize(exec.stream()), "test");
     SEQPAR_CUDA_CHECK(cudaMemcpy(got.data(), region.data() + 3, pack_bytes, cudaMemcpyDeviceToHost), "test");
     CHECK_MESSAGE(got == want, "pack into a misaligned region: the message differs from the host's");
@@ -244,8 +245,8 @@ void check_data_ops(int head_dim, std::uint32_t seed) {
     gpu::DeviceBytes region(uoff + 64);
     SEQPAR_CUDA_CHECK(cudaMemcpy(region.data(), message.data(), uoff, cudaMemcpyHostToDevice), "test");
     SEQPAR_CUDA_CHECK(cudaDeviceSynchronize(), "test");  // pageable copies may finish after cudaMemcpy returns
-    Host::unpack(host_exec, host_table(), unpack_host, message.data(), head_dim);
-    Device::unpack(exec, device_table(), unpack_dev, region.data(), head_dim);
+    Host::unpack(host_exec, host_table(), unpack_host, message.data(), comm::HeadWidths{head_dim, head_dim});
+    Device::unpack(exec, device_table(), unpack_dev, region.data(), comm::HeadWidths{head_dim, head_dim});
     expect_same("unpack");
   }
   {  // zero a strided view and an LSE view; fill_empty the same

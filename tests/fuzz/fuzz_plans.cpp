@@ -87,7 +87,7 @@ void check(const std::string& name, const DocumentBatch& batch, const AttentionS
       pairs += p.head_pairs();
       // Bytes as the executor and the replay count them (2-byte values, 4-byte LSE).
       const auto bytes_of = [&](comm::BufferId b, const comm::Piece& piece) {
-        return static_cast<std::int64_t>(comm::piece_bytes(b, piece, p.head_dim, 2, 4));
+        return static_cast<std::int64_t>(comm::piece_bytes(b, piece, p.widths(), 2, 4));
       };
       for (const comm::Step& step : p.steps) {
         std::visit(

@@ -176,6 +176,11 @@ TEST_SUITE("kokkos") {
     CHECK_FALSE(flash.can_implement({1, 1, 8, 1e-60}));
     CHECK(attention::KokkosFlash<Space, double>().can_implement(huge));
     CHECK(flash.can_implement({1, 1, 8, 1e30}));  // finite in float: the kernel runs it
+    // One head size: unequal q/k and v sizes (MLA) are refused by name, not run with the wrong width.
+    const Status split = flash.can_implement({1, 1, 8, 0.0, 4});
+    REQUIRE_FALSE(split);
+    CHECK(split.reason.find("shape.head_dim_v = 4") != std::string::npos);
+    CHECK(flash.can_implement({1, 1, 8, 0.0, 8}));  // equal, spelled out
 
     ThdTensor<float> q(4, 1, 8), k(4, 1, 8), v(4, 1, 8), o(4, 1, 8), dq(4, 1, 8), dk(4, 1, 8), dv(4, 1, 8);
     LseTensor<float> lse(1, 4);

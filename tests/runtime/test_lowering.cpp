@@ -103,7 +103,8 @@ void check_lowered(const comm::Program& program, std::uint64_t inputs) {
   for (const comm::BufferSpec& s : lp.staging)
     regions.push_back({l.staging[static_cast<std::size_t>(s.id)],
                        static_cast<std::uint64_t>(s.rows) * static_cast<std::uint64_t>(s.heads) *
-                           (comm::is_lse(s.id) ? 1u : static_cast<std::uint64_t>(lp.head_dim)) * sizeof(float)});
+                           (comm::is_lse(s.id) ? 1u : static_cast<std::uint64_t>(lp.widths().of(s.id))) *
+                           sizeof(float)});
   std::sort(regions.begin(), regions.end());
   for (std::size_t i = 1; i < regions.size(); ++i)
     CHECK(regions[i - 1].first + regions[i - 1].second <= regions[i].first);

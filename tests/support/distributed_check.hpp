@@ -21,6 +21,7 @@
 #include <mutex>
 #include <random>
 #include <span>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -140,7 +141,7 @@ inline void sink_reference(const DocumentBatch& batch, const AttentionShape& sha
                            const std::vector<double>& sinks, ThdTensor<double>& o, LseTensor<double>& lse,
                            ThdTensor<double>& dq, ThdTensor<double>& dk, ThdTensor<double>& dv,
                            std::vector<double>& dsinks) {
-  const int d = shape.head_dim, group = shape.heads_q / shape.heads_kv;
+  const int d = shape.qk_dim(), d_v = shape.v_dim(), group = shape.heads_q / shape.heads_kv;
   const double scale = shape.scale();
   std::fill(dq.storage.begin(), dq.storage.end(), 0.0);
   std::fill(dk.storage.begin(), dk.storage.end(), 0.0);
@@ -168,7 +169,7 @@ inline void sink_reference(const DocumentBatch& batch, const AttentionShape& sha
         for (double& x : p) x /= z;
         const double p_sink = m == -INFINITY ? 0.0 : std::exp(sink - m) / z;
         lse.view()(h, i) = m + std::log(z);
-        for (int x = 0; x < d; ++x) {
+        for (int x = 0; x < d_v; ++x) {
           double acc = 0;
           for (std::size_t j = 0; j < n; ++j) acc += p[j] * v.view()(lo + static_cast<std::int64_t>(j), g, x);
           o.view()(i, h, x) = acc;
@@ -177,7 +178,8 @@ inline void sink_reference(const DocumentBatch& batch, const AttentionShape& sha
         dp.assign(n, 0.0);
         double mean = 0;
         for (std::size_t j = 0; j < n; ++j) {
-          for (int x = 0; x < d; ++x) dp[j] += dout.view()(i, h, x) * v.view()(lo + static_cast<std::int64_t>(j), g, x);
+          for (int x = 0; x < d_v; ++x)
+            dp[j] += dout.view()(i, h, x) * v.view()(lo + static_cast<std::int64_t>(j), g, x);
           mean += p[j] * dp[j];
         }
         dsinks[static_cast<std::size_t>(h)] -= p_sink * mean;
@@ -187,8 +189,8 @@ inline void sink_reference(const DocumentBatch& batch, const AttentionShape& sha
           for (int x = 0; x < d; ++x) {
             dq.view()(i, h, x) += ds * k.view()(t, g, x);
             dk.view()(t, g, x) += ds * q.view()(i, h, x);
-            dv.view()(t, g, x) += p[j] * dout.view()(i, h, x);
           }
+          for (int x = 0; x < d_v; ++x) dv.view()(t, g, x) += p[j] * dout.view()(i, h, x);
         }
       }
     }
@@ -196,7 +198,8 @@ inline void sink_reference(const DocumentBatch& batch, const AttentionShape& sha
 
 /// The whole batch: inputs drawn from N(0, 1) and rounded to T (what the ranks hold), the fp64 reference's
 /// outputs on them, and the outputs gathered from the ranks. With `sinks` (one logit per query head,
-/// rounded to the accumulation type by the caller), the reference is sink_reference's.
+/// rounded to the accumulation type by the caller), the reference is sink_reference's. q, k, dq, dk have
+/// shape.qk_dim() values per head; v, dout, o, dv shape.v_dim().
 struct WholeBatch {
   ThdTensor<double> q, k, v, dout, o_ref, dq_ref, dk_ref, dv_ref, o, dq, dk, dv;
   LseTensor<double> lse_ref, lse;
@@ -208,17 +211,18 @@ struct WholeBatch {
              std::type_identity<T>, std::vector<double> sink_logits = {})
       : sinks(std::move(sink_logits)) {
     const std::int64_t n = batch.total_tokens();
-    const int d = shape.head_dim, hq = shape.heads_q, hkv = shape.heads_kv;
+    const int d = shape.qk_dim(), d_v = shape.v_dim(), hq = shape.heads_q, hkv = shape.heads_kv;
     std::mt19937 rng(seed);
     std::normal_distribution<double> normal(0.0, 1.0);
-    for (auto [t, heads] : {std::pair{&q, hq}, std::pair{&k, hkv}, std::pair{&v, hkv}, std::pair{&dout, hq}}) {
-      *t = ThdTensor<double>(n, heads, d);
+    for (auto [t, heads, width] :
+         {std::tuple{&q, hq, d}, std::tuple{&k, hkv, d}, std::tuple{&v, hkv, d_v}, std::tuple{&dout, hq, d_v}}) {
+      *t = ThdTensor<double>(n, heads, width);
       for (double& x : t->storage) x = Storage::to_double(Storage::template from_double<T>(normal(rng)));
     }
-    for (auto [t, heads] :
-         {std::pair{&o_ref, hq}, std::pair{&dq_ref, hq}, std::pair{&dk_ref, hkv}, std::pair{&dv_ref, hkv},
-          std::pair{&o, hq}, std::pair{&dq, hq}, std::pair{&dk, hkv}, std::pair{&dv, hkv}})
-      *t = ThdTensor<double>(n, heads, d);
+    for (auto [t, heads, width] : {std::tuple{&o_ref, hq, d_v}, std::tuple{&dq_ref, hq, d}, std::tuple{&dk_ref, hkv, d},
+                                   std::tuple{&dv_ref, hkv, d_v}, std::tuple{&o, hq, d_v}, std::tuple{&dq, hq, d},
+                                   std::tuple{&dk, hkv, d}, std::tuple{&dv, hkv, d_v}})
+      *t = ThdTensor<double>(n, heads, width);
     lse_ref = LseTensor<double>(hq, n);
     lse = LseTensor<double>(hq, n);
     if (!sinks.empty()) {
@@ -250,30 +254,33 @@ struct Shard {
   using T = typename Kernel::value_type;
   using A = typename Kernel::accum_type;
   std::int64_t rows = 0;
-  int d = 0, hq = 0, hkv = 0;
+  int d = 0, d_v = 0, hq = 0, hkv = 0;  // d: q, k, dq, dk; d_v: v, o, dout, dv
   typename Storage::template Buffer<T> q, k, v, dout, o, dq, dk, dv;
   typename Storage::template Buffer<A> lse;
 
   template <class Exec>
   Shard(const WholeBatch& g, const std::vector<Range>& owned, std::int64_t local, const Exec& exec)
-      : rows(local), d(g.q.head_dim), hq(g.q.heads), hkv(g.k.heads) {
+      : rows(local), d(g.q.head_dim), d_v(g.v.head_dim), hq(g.q.heads), hkv(g.k.heads) {
     const auto gather = [&](const ThdTensor<double>& t) {
       std::vector<T> l;
-      l.reserve(static_cast<std::size_t>(rows * t.heads * d));
+      l.reserve(static_cast<std::size_t>(rows * t.heads * t.head_dim));
       for (const Range& r : owned)
         for (std::int64_t tok = r.begin; tok < r.end; ++tok)
           for (int h = 0; h < t.heads; ++h)
-            for (int x = 0; x < d; ++x) l.push_back(Storage::template from_double<T>(t.view()(tok, h, x)));
+            for (int x = 0; x < t.head_dim; ++x) l.push_back(Storage::template from_double<T>(t.view()(tok, h, x)));
       return Storage::upload(l, exec);
     };
     q = gather(g.q), k = gather(g.k), v = gather(g.v), dout = gather(g.dout);
-    const auto nq = static_cast<std::size_t>(rows * hq * d), nkv = static_cast<std::size_t>(rows * hkv * d);
-    o = Storage::template poisoned<T>(nq, exec), dq = Storage::template poisoned<T>(nq, exec);
-    dk = Storage::template poisoned<T>(nkv, exec), dv = Storage::template poisoned<T>(nkv, exec);
+    const auto poisoned = [&](int heads, int width) {
+      return Storage::template poisoned<T>(static_cast<std::size_t>(rows * heads * width), exec);
+    };
+    o = poisoned(hq, d_v), dq = poisoned(hq, d), dk = poisoned(hkv, d), dv = poisoned(hkv, d_v);
     lse = Storage::template poisoned<A>(static_cast<std::size_t>(rows * hq), exec);
   }
+  /// A dense view of one of this shard's buffers (v, o, dout, dv at d_v values per head, the others at d).
   ThdView<T> view(typename Storage::template Buffer<T>& b, int heads) {
-    return ThdView<T>::dense(Storage::data(b), rows, heads, d);
+    const bool v_width = &b == &v || &b == &o || &b == &dout || &b == &dv;
+    return ThdView<T>::dense(Storage::data(b), rows, heads, v_width ? d_v : d);
   }
   LseView<A> lse_view() { return LseView<A>::dense(Storage::data(lse), hq, rows); }
 
@@ -285,7 +292,7 @@ struct Shard {
       for (const Range& r : owned)
         for (std::int64_t tok = r.begin; tok < r.end; ++tok)
           for (int hd = 0; hd < t.heads; ++hd)
-            for (int x = 0; x < d; ++x) t.view()(tok, hd, x) = Storage::to_double(h[at++]);
+            for (int x = 0; x < t.head_dim; ++x) t.view()(tok, hd, x) = Storage::to_double(h[at++]);
     };
     put(o, g.o), put(dq, g.dq), put(dk, g.dk), put(dv, g.dv);
     const std::vector<A> l = Storage::download(lse);

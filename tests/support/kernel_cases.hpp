@@ -137,6 +137,37 @@ inline std::vector<Case> cases() {
   return cs;
 }
 
+/// Unequal query/key and value head sizes (AttentionShape::head_dim_v; MLA: 192/128, 576/512 absorbed), for
+/// the kernels that run them (CpuFlash; the others refuse such shapes by name): d_v smaller and larger than
+/// d_qk, widths off the 16-value panels, GQA, causal, windows and documents across key tiles.
+inline std::vector<Case> head_size_cases() {
+  const auto one = [](std::int64_t q, std::int64_t k, Mask m) { return std::vector<AttnSlice>{{{0, q}, {0, k}, m}}; };
+  const auto shape = [](int hq, int hkv, int d, int d_v) {
+    AttentionShape s{hq, hkv, d};
+    s.head_dim_v = d_v;
+    return s;
+  };
+  std::vector<Case> cs;
+  cs.push_back({"MLA 192/128 causal, GQA 4:2", shape(4, 2, 192, 128), 150, 150, one(150, 150, Mask::causal())});
+  cs.push_back(
+      {"MLA absorbed 576/512 documents", shape(2, 1, 576, 512), 140, 140, documents({1, 60, 79}, Mask::causal())});
+  cs.push_back({"24/16 full 37x53", shape(2, 2, 24, 16), 37, 53, one(37, 53, Mask::full())});
+  cs.push_back({"16/40 (d_v > d_qk) sliding window 9, offset 16", shape(4, 2, 16, 40), 70, 86,
+                one(70, 86, Mask::sliding_window(9, 16))});
+  cs.push_back({"20/12 documents across key tiles, strided", shape(4, 2, 20, 12), 400, 400,
+                documents({127, 1, 129, 143}, Mask::causal()), true});
+  cs.push_back({"8/1 MQA causal offset -5", shape(3, 1, 8, 1), 37, 53, one(37, 53, Mask::causal(-5))});
+  return cs;
+}
+
+/// Every case of head_size_cases() on `kernel`; returns how many were checked.
+template <class H>
+std::size_t run_head_size_cases(typename H::kernel_type& kernel, Tolerance tol) {
+  std::size_t checked = 0;
+  for (const Case& c : head_size_cases()) checked += check_case<H>(c, kernel, tol) ? 1 : 0;
+  return checked;
+}
+
 /// Longer cases, run with one kernel configuration (a prefix of the list where a kernel is slow: the fp64
 /// reference alone costs O(pairs x d)): 1111 tokens (odd, many tiles) causal and in documents, full, and
 /// two packed sequences of documents up to 1000 tokens.
@@ -238,9 +269,11 @@ bool check_case(const Case& c, typename H::kernel_type& kernel, Tolerance tol) {
   }
   const AttentionShape shape = H::adapt(c.shape);
   CAPTURE(shape.head_dim);
-  const int hq = shape.heads_q, hkv = shape.heads_kv, d = shape.head_dim, pad = c.strided ? 3 : 0;
+  CAPTURE(shape.head_dim_v);
+  // d: q, k, dq, dk; d_v: v, dout, o, dv (equal unless the case sets head_dim_v)
+  const int hq = shape.heads_q, hkv = shape.heads_kv, d = shape.qk_dim(), d_v = shape.v_dim(), pad = c.strided ? 3 : 0;
   std::mt19937_64 rng(1234);
-  Thd q(c.q_rows, hq, d, pad), k(c.k_rows, hkv, d, pad), v(c.k_rows, hkv, d, pad), dout(c.q_rows, hq, d, pad);
+  Thd q(c.q_rows, hq, d, pad), k(c.k_rows, hkv, d, pad), v(c.k_rows, hkv, d_v, pad), dout(c.q_rows, hq, d_v, pad);
   const auto qd = put(q, normal_tensor(c.q_rows, hq, d, rng));
   auto kn = normal_tensor(c.k_rows, hkv, d, rng);
   if (c.k_ramp != 0.0)
@@ -250,18 +283,18 @@ bool check_case(const Case& c, typename H::kernel_type& kernel, Tolerance tol) {
         for (int x = 0; x < d; ++x) kn.view()(t, h, x) *= f;
     }
   const auto kd = put(k, kn);
-  const auto vd = put(v, normal_tensor(c.k_rows, hkv, d, rng));
-  const auto dod = put(dout, normal_tensor(c.q_rows, hq, d, rng));
+  const auto vd = put(v, normal_tensor(c.k_rows, hkv, d_v, rng));
+  const auto dod = put(dout, normal_tensor(c.q_rows, hq, d_v, rng));
 
-  ThdTensor<double> o_ref(c.q_rows, hq, d);
+  ThdTensor<double> o_ref(c.q_rows, hq, d_v);
   LseTensor<double> lse_ref(hq, c.q_rows);
   const attention::Reference<double> ref;
   ref.forward(shape, qd.view(), kd.view(), vd.view(), c.slices, o_ref.view(), lse_ref.view());
 
   const typename H::Slices slices(c.slices, c.q_rows, c.k_rows);
   typename H::Bytes ws(kernel.workspace_bytes(shape, c.q_rows, c.k_rows));
-  Thd o(c.q_rows, hq, d, pad);
-  o.write(normal_tensor(c.q_rows, hq, d, rng, 3.0));  // garbage: the forward writes every row
+  Thd o(c.q_rows, hq, d_v, pad);
+  o.write(normal_tensor(c.q_rows, hq, d_v, rng, 3.0));  // garbage: the forward writes every row
   typename H::Lse lse(hq, c.q_rows);
   LseTensor<double> sevens(hq, c.q_rows);
   std::fill(sevens.storage.begin(), sevens.storage.end(), 7.0);
@@ -274,10 +307,10 @@ bool check_case(const Case& c, typename H::kernel_type& kernel, Tolerance tol) {
 
   // The backward adds onto what dQ, dK, dV hold; the reference starts from the same values, and reads the
   // kernel's own O (as training does: rounded to T) with the reference LSE.
-  Thd dq(c.q_rows, hq, d, pad), dk(c.k_rows, hkv, d, pad), dv(c.k_rows, hkv, d, pad);
+  Thd dq(c.q_rows, hq, d, pad), dk(c.k_rows, hkv, d, pad), dv(c.k_rows, hkv, d_v, pad);
   auto dq_ref = put(dq, normal_tensor(c.q_rows, hq, d, rng, 0.0, 0.5));
   auto dk_ref = put(dk, normal_tensor(c.k_rows, hkv, d, rng, 0.0, 0.5));
-  auto dv_ref = put(dv, normal_tensor(c.k_rows, hkv, d, rng, 0.0, 0.5));
+  auto dv_ref = put(dv, normal_tensor(c.k_rows, hkv, d_v, rng, 0.0, 0.5));
   kernel.backward(shape, q.view(), k.view(), v.view(), o.view(), LseView<const A>(lse.view()), dout.view(),
                   slices.span(), dq.view(), dk.view(), dv.view(), ws.span());
   H::finish(kernel);

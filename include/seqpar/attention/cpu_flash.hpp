@@ -38,7 +38,11 @@
 /// heads_q * q_rows accumulators for D, tile lists of O(q_rows) entries, and the backward's fp32
 /// accumulators: lanes x q_rows x head_dim for dQ and 2 x k_rows x head_dim for dK/dV (the forward packs one
 /// KV head's K^T and V there), and 2 x q_rows x head_dim for one head's packed Q and dO, e.g. 32 MiB at 8K
-/// tokens, d 128, 1-4 threads).
+/// tokens, d 128, 1-4 threads). With unequal head sizes (head_dim_v != head_dim, MLA) every region is sized
+/// for the larger of the two.
+///
+/// **Head sizes.** Any pair: Q K^T runs over shape.qk_dim(), P V, dP = dO V^T and dV over shape.v_dim() (e.g.
+/// 192/128 and 576/512 for MLA); the tiles take the width at run time.
 ///
 /// **Requirements.** Views as `Reference` (head_dim contiguous, any token/head strides); q_ranges of one
 /// call disjoint; precision: accumulation in `accum_type` (float for float, double for double); exp2 by a
@@ -152,7 +156,7 @@ class CpuFlash {
     for (int h = 0; h < shape.heads_q; ++h)
       for (std::int64_t t = 0; t < q.tokens; ++t) {
         lse(h, t) = -std::numeric_limits<accum_type>::infinity();
-        std::fill_n(o.row(t, h), shape.head_dim, T(0));
+        std::fill_n(o.row(t, h), shape.v_dim(), T(0));
       }
     const Work w = carve(shape, q.tokens, k.tokens, workspace);
     const std::int64_t n_tiles = query_tiles(slices, w.tiles);
@@ -168,11 +172,11 @@ class CpuFlash {
           for (std::int64_t t = next.fetch_add(1, std::memory_order_relaxed); t < n_kt;
                t = next.fetch_add(1, std::memory_order_relaxed)) {
             const int nk = static_cast<int>(std::min<std::int64_t>(kKT, k.tokens - t * kKT));
-            A* kt = w.k_pack + t * tile_elems(shape.head_dim);
-            A* vp = w.v_pack + t * tile_elems(shape.head_dim);
-            pack_keys(k, t * kKT, nk, hk, shape.head_dim, kt, nullptr);
-            pack_panels(v, t * kKT, nk, hk, shape.head_dim, vp);
-            w.v_finite[t] = panels_finite(vp, 0, nk, shape.head_dim) ? 1 : 0;
+            A* kt = w.k_pack + t * tile_elems(shape.qk_dim());
+            A* vp = w.v_pack + t * tile_elems(shape.v_dim());
+            pack_keys(k, t * kKT, nk, hk, shape.qk_dim(), kt, nullptr);
+            pack_panels(v, t * kKT, nk, hk, shape.v_dim(), vp);
+            w.v_finite[t] = panels_finite(vp, 0, nk, shape.v_dim()) ? 1 : 0;
           }
         };
         exec.parallel(body);
@@ -209,15 +213,15 @@ class CpuFlash {
     detail::check_backward_views(where, shape, q, k, v, o, lse, dout, dq, dk, dv, workspace);
 
     const Work w = carve(shape, q.tokens, k.tokens, workspace);
-    const int d = shape.head_dim;
-    {  // D = rowsum(dO * O), per query head
+    const int d = shape.qk_dim(), d_v = shape.v_dim();  // q, k, dq, dk rows; v, o, dout, dv rows
+    {                                                   // D = rowsum(dO * O), per query head
       std::atomic<int> next{0};
       auto body = [&](int) {
         for (int h = next.fetch_add(1); h < shape.heads_q; h = next.fetch_add(1))
           for (std::int64_t t = 0; t < q.tokens; ++t) {
             const T* a = dout.row(t, h);
             const T* b = o.row(t, h);
-            w.delta[h * q.tokens + t] = detail::dot<A>(a, b, d);
+            w.delta[h * q.tokens + t] = detail::dot<A>(a, b, d_v);
           }
       };
       exec.parallel(body);
@@ -257,13 +261,13 @@ class CpuFlash {
                r0 = next.fetch_add(kChunk, std::memory_order_relaxed)) {
             const std::int64_t nr = std::min(kChunk, q.tokens - r0);
             A* qr = w.qp + r0 * d;
-            A* orow = w.op + r0 * d;
+            A* orow = w.op + r0 * d_v;
             pack_rows(q, r0, nr, h, d, c, qr);
-            pack_rows(dout, r0, nr, h, d, A(1), orow);
+            pack_rows(dout, r0, nr, h, d_v, A(1), orow);
             rows_to_panels(qr, nr, d, w.qpp + r0 * kP, q.tokens * kP);
-            rows_to_panels(orow, nr, d, w.opp + r0 * kP, q.tokens * kP);
+            rows_to_panels(orow, nr, d_v, w.opp + r0 * kP, q.tokens * kP);
             if (!detail::all_finite(qr, nr * d)) q_finite.store(false, std::memory_order_relaxed);
-            if (!detail::all_finite(orow, nr * d)) o_finite.store(false, std::memory_order_relaxed);
+            if (!detail::all_finite(orow, nr * d_v)) o_finite.store(false, std::memory_order_relaxed);
           }
         };
         exec.parallel(body);
@@ -315,9 +319,9 @@ class CpuFlash {
             } else {
               const Tile& tile = w.tiles[idx - n_qt];
               for (std::int64_t j = tile.row0; j < tile.row1; ++j) {
-                const std::size_t at = static_cast<std::size_t>(j) * static_cast<std::size_t>(d);
-                detail::add_scaled_store(dk.row(j, hk), w.dk_acc + at, d, dk_scale);
-                detail::add_scaled_store(dv.row(j, hk), w.dv_acc + at, d, A(1));
+                const auto row = static_cast<std::size_t>(j);
+                detail::add_scaled_store(dk.row(j, hk), w.dk_acc + row * static_cast<std::size_t>(d), d, dk_scale);
+                detail::add_scaled_store(dv.row(j, hk), w.dv_acc + row * static_cast<std::size_t>(d_v), d_v, A(1));
               }
             }
           }
@@ -384,7 +388,7 @@ class CpuFlash {
   [[nodiscard]] int lanes() const noexcept { return std::max(4, args_.threads); }
 
   [[nodiscard]] Layout layout(const AttentionShape& shape, std::int64_t q_rows, std::int64_t k_rows) const noexcept {
-    const std::int64_t d = std::max(shape.head_dim, 1);
+    const std::int64_t d = std::max({shape.qk_dim(), shape.v_dim(), 1});  // every region fits either width
     const std::int64_t br = q_tile_rows();
     const std::int64_t rq = q_block_rows();
     const std::size_t fwd = 2 * round16(br * d) + round16(kSB * kKT) + 2 * round16(br);
@@ -502,9 +506,9 @@ class CpuFlash {
              ThdView<const T> v, std::span<const AttnSlice> slices, std::span<std::byte> workspace,
              const char* where) const {
     seqpar::detail::throw_if_refused(implementable(exec, shape, where));
-    seqpar::detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.head_dim);
-    seqpar::detail::check_view(k, where, "k", k.tokens, shape.heads_kv, shape.head_dim);
-    seqpar::detail::check_view(v, where, "v", k.tokens, shape.heads_kv, shape.head_dim);
+    seqpar::detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.qk_dim());
+    seqpar::detail::check_view(k, where, "k", k.tokens, shape.heads_kv, shape.qk_dim());
+    seqpar::detail::check_view(v, where, "v", k.tokens, shape.heads_kv, shape.v_dim());
     validate_slices(slices, q.tokens, k.tokens, where);
     const std::size_t need = workspace_bytes(shape, q.tokens, k.tokens);
     if (workspace.size() < need)
@@ -679,18 +683,18 @@ class CpuFlash {
   /// v_finite): the buffer's 128-key tiles that the rows see, each restricted to the slice's visible keys.
   void forward_tile(const AttentionShape& shape, ThdView<const T> q, std::int64_t k_rows, const Work& w,
                     const AttnSlice& sl, const Tile& tile, int h, ThdView<T> o, LseView<A> lse, A* ws) const noexcept {
-    const int d = shape.head_dim;
+    const int d = shape.qk_dim(), dv = shape.v_dim();  // Q K^T over d, P V over dv
     const int n = static_cast<int>(tile.row1 - tile.row0);
     const std::int64_t br = q_tile_rows();
-    const std::int64_t te = tile_elems(d);
+    const std::int64_t dm = std::max(d, dv);  // the layout's width
     A* qs = ws;
-    A* acc = qs + round16(br * d);
-    A* s = acc + round16(br * d);
+    A* acc = qs + round16(br * dm);
+    A* s = acc + round16(br * dm);
     A* m = s + round16(kSB * kKT);
     A* l = m + round16(br);
     const std::int64_t i0 = sl.q_range.begin + tile.row0;
     pack_rows(q, i0, n, h, d, A(shape.scale()) * kLog2e, qs);
-    std::fill_n(acc, static_cast<std::size_t>(n) * static_cast<std::size_t>(d), A(0));
+    std::fill_n(acc, static_cast<std::size_t>(n) * static_cast<std::size_t>(dv), A(0));
     std::fill_n(m, n, -std::numeric_limits<A>::infinity());
     std::fill_n(l, n, A(0));
 
@@ -700,8 +704,8 @@ class CpuFlash {
     for (std::int64_t t = (ks + keys.begin) / kKT; t * kKT < ks + keys.end; ++t) {
       const std::int64_t kt0 = t * kKT - ks;  // slice-relative key of tile column 0 (may be negative)
       const int nk = static_cast<int>(std::min<std::int64_t>(kKT, k_rows - t * kKT));
-      const A* kt = w.k_pack + t * te;
-      const A* vp = w.v_pack + t * te;
+      const A* kt = w.k_pack + t * tile_elems(d);
+      const A* vp = w.v_pack + t * tile_elems(dv);
       const bool v_finite = w.v_finite[t] != 0;
       for (int g0 = 0; g0 < n; g0 += kSB) {
         int rows = std::min(kSB, n - g0);
@@ -731,22 +735,22 @@ class CpuFlash {
             continue;
           }
           const A alpha = detail::softmax_row(sr, lo[r], hi[r], m[g0 + r], l[g0 + r]);
-          if (alpha != A(1)) detail::scale_row(acc + (g0 + r) * d, d, alpha);
+          if (alpha != A(1)) detail::scale_row(acc + (g0 + r) * dv, dv, alpha);
         }
         if (v_finite) {
-          detail::gemm(nr, d, kKT, s + ra * kKT, kKT, 1, vp, kP, kRowPanel, acc + (g0 + ra) * d, d, true,
+          detail::gemm(nr, dv, kKT, s + ra * kKT, kKT, 1, vp, kP, kRowPanel, acc + (g0 + ra) * dv, dv, true,
                        {nullptr, nullptr, k_lo, k_hi});
         } else {  // exact per-row key ranges: a masked P is 0, but 0 * (NaN or inf in V) is not
           for (int r = ra; r < rows; ++r)
             if (lo[r] < hi[r])
-              detail::gemm(1, d, hi[r] - lo[r], s + r * kKT + lo[r], kKT, 1, vp + lo[r] * kP, kP, kRowPanel,
-                           acc + (g0 + r) * d, d, true);
+              detail::gemm(1, dv, hi[r] - lo[r], s + r * kKT + lo[r], kKT, 1, vp + lo[r] * kP, kP, kRowPanel,
+                           acc + (g0 + r) * dv, dv, true);
         }
       }
     }
     for (int r = 0; r < n; ++r) {
       if (l[r] == A(0)) continue;  // fully masked row: O = 0, LSE = -inf from the prefill
-      detail::store_scaled(o.row(i0 + r, h), acc + r * d, d, A(1) / l[r]);
+      detail::store_scaled(o.row(i0 + r, h), acc + r * dv, dv, A(1) / l[r]);
       lse(h, i0 + r) = (m[r] + std::log2(l[r])) * kLn2;
     }
   }
@@ -780,26 +784,27 @@ class CpuFlash {
   void backward_tile(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
                      LseView<const A> lse, const Packed& packed, std::span<const AttnSlice> slices, const Tile& tile,
                      int h, bool first, const A* delta, A* dk_acc, A* dv_acc, A* dq_lane, A* ws) const noexcept {
-    const int d = shape.head_dim;
+    const int d = shape.qk_dim(), d_v = shape.v_dim();  // S, dK, dQ over d; dP, dV over d_v
     const int hk = h / shape.group_size();
     const std::int64_t rq = q_block_rows();
     const int nk = static_cast<int>(tile.row1 - tile.row0);
+    const std::size_t te = round16(tile_elems(std::max(d, d_v)));  // the layout's tile
     A* kt = ws;
-    A* vt = kt + round16(tile_elems(d));
-    A* kn = vt + round16(tile_elems(d));
-    A* pb = kn + round16(tile_elems(d));
+    A* vt = kt + te;
+    A* kn = vt + te;
+    A* pb = kn + te;
     A* sb = pb + round16(rq * kKT);
     // Per register block of the query block: the keys (relative to the slice's first tile column c0) its dQ
     // product sums over.
     int* dq_lo = reinterpret_cast<int*>(sb + round16(rq * kKT));
     int* dq_hi = dq_lo + (rq / kRB + 1);
     A* dka = dk_acc + tile.row0 * d;
-    A* dva = dv_acc + tile.row0 * d;
+    A* dva = dv_acc + tile.row0 * d_v;
     pack_keys(k, tile.row0, nk, hk, d, kt, kn);
-    pack_keys(v, tile.row0, nk, hk, d, vt, nullptr);
+    pack_keys(v, tile.row0, nk, hk, d_v, vt, nullptr);
     if (first) {
       std::fill_n(dka, static_cast<std::size_t>(nk) * static_cast<std::size_t>(d), A(0));
-      std::fill_n(dva, static_cast<std::size_t>(nk) * static_cast<std::size_t>(d), A(0));
+      std::fill_n(dva, static_cast<std::size_t>(nk) * static_cast<std::size_t>(d_v), A(0));
     }
     int lo[kSB], hi[kSB];
     int col_lo[kSB / kRB], col_hi[kSB / kRB];
@@ -817,7 +822,7 @@ class CpuFlash {
         const int nb = static_cast<int>(std::min<std::int64_t>(rq, rows_all.end - b0));
         const std::int64_t i0 = sl.q_range.begin + b0;
         const A* qb = packed.q + i0 * d;
-        const A* ob = packed.o + i0 * d;
+        const A* ob = packed.o + i0 * d_v;
         for (int g0 = 0; g0 < nb; g0 += kSB) {
           const int rows = std::min(kSB, nb - g0);
           A* p = pb + g0 * kKT;
@@ -845,7 +850,7 @@ class CpuFlash {
           }
           const detail::BlockRanges cols{col_lo, col_hi, nullptr, nullptr};
           detail::gemm(rows, kKT, d, qb + g0 * d, d, 1, kt, kP, std::int64_t{d} * kP, p, kKT, false, cols);
-          detail::gemm(rows, kKT, d, ob + g0 * d, d, 1, vt, kP, std::int64_t{d} * kP, ds, kKT, false, cols);
+          detail::gemm(rows, kKT, d_v, ob + g0 * d_v, d_v, 1, vt, kP, std::int64_t{d_v} * kP, ds, kKT, false, cols);
           for (int r = 0; r < rows; ++r) {
             const std::int64_t i = i0 + g0 + r;
             if (lo[r] >= hi[r]) {
@@ -864,11 +869,11 @@ class CpuFlash {
           kv_hi[kb] = seen.empty() ? 0 : static_cast<int>(seen.end - b0);
         }
         const detail::BlockRanges key_rows{nullptr, nullptr, kv_lo, kv_hi};
-        if (packed.o_finite || detail::all_finite(ob, std::int64_t{nb} * d))  // dV += P^T dO
-          detail::gemm(c1 - c0, d, nb, pb + c0, 1, kKT, packed.op + i0 * kP, kP, packed.panel, dva + c0 * d, d, true,
-                       key_rows);
+        if (packed.o_finite || detail::all_finite(ob, std::int64_t{nb} * d_v))  // dV += P^T dO
+          detail::gemm(c1 - c0, d_v, nb, pb + c0, 1, kKT, packed.op + i0 * kP, kP, packed.panel, dva + c0 * d_v, d_v,
+                       true, key_rows);
         else
-          exact_key_update(sl, koff, b0, nb, c0, c1, pb, ob, d, dva);
+          exact_key_update(sl, koff, b0, nb, c0, c1, pb, ob, d_v, dva);
         if (packed.q_finite || detail::all_finite(qb, std::int64_t{nb} * d))  // dK += dS^T (c Q)
           detail::gemm(c1 - c0, d, nb, sb + c0, 1, kKT, packed.qp + i0 * kP, kP, packed.panel, dka + c0 * d, d, true,
                        key_rows);

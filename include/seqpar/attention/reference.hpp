@@ -56,14 +56,14 @@ class Reference {
     check(shape, q, k, v, slices, "Reference::forward");
     // the flash kernels' output checks: o is written while v is still read, so an alias is a wrong answer here too
     detail::check_forward_outputs("Reference::forward", shape, q, k, v, o, lse, workspace);
-    const int d = shape.head_dim;
+    const int d = shape.qk_dim(), dv = shape.v_dim();
     const double scale = shape.scale();
     for (int h = 0; h < shape.heads_q; ++h)
       for (std::int64_t t = 0; t < q.tokens; ++t) {
         lse(h, t) = -std::numeric_limits<double>::infinity();
-        for (int x = 0; x < d; ++x) o(t, h, x) = T(0);
+        for (int x = 0; x < dv; ++x) o(t, h, x) = T(0);
       }
-    std::vector<double> s, acc(static_cast<std::size_t>(d));
+    std::vector<double> s, acc(static_cast<std::size_t>(dv));
     for (const AttnSlice& sl : slices)
       for (int h = 0; h < shape.heads_q; ++h) {
         const int hk = h / shape.group_size();
@@ -86,9 +86,9 @@ class Reference {
             const double p = std::exp(s[static_cast<std::size_t>(kj - vis.begin)] - m);
             sum += p;
             const std::int64_t j = sl.k_range.begin + kj;
-            for (int x = 0; x < d; ++x) acc[static_cast<std::size_t>(x)] += p * double(v(j, hk, x));
+            for (int x = 0; x < dv; ++x) acc[static_cast<std::size_t>(x)] += p * double(v(j, hk, x));
           }
-          for (int x = 0; x < d; ++x) o(i, h, x) = T(acc[static_cast<std::size_t>(x)] / sum);
+          for (int x = 0; x < dv; ++x) o(i, h, x) = T(acc[static_cast<std::size_t>(x)] / sum);
           lse(h, i) = m + std::log(sum);
         }
       }
@@ -100,7 +100,7 @@ class Reference {
     constexpr const char* where = "Reference::backward";
     check(shape, q, k, v, slices, where);
     detail::check_backward_views(where, shape, q, k, v, o, lse, dout, dq, dk, dv, workspace);
-    const int d = shape.head_dim;
+    const int d = shape.qk_dim(), d_v = shape.v_dim();
     const double scale = shape.scale();
     std::vector<double> dqi(static_cast<std::size_t>(d));
     for (const AttnSlice& sl : slices)
@@ -111,19 +111,17 @@ class Reference {
           const Range vis = sl.mask.visible_keys(qi, sl.k_range.size());
           if (vis.empty()) continue;
           double delta = 0;  // D_i = rowsum(dO * O)
-          for (int x = 0; x < d; ++x) delta += double(dout(i, h, x)) * double(o(i, h, x));
+          for (int x = 0; x < d_v; ++x) delta += double(dout(i, h, x)) * double(o(i, h, x));
           std::fill(dqi.begin(), dqi.end(), 0.0);
           for (std::int64_t kj = vis.begin; kj < vis.end; ++kj) {
             const std::int64_t j = sl.k_range.begin + kj;
             double dot = 0, dp = 0;
-            for (int x = 0; x < d; ++x) {
-              dot += double(q(i, h, x)) * double(k(j, hk, x));
-              dp += double(dout(i, h, x)) * double(v(j, hk, x));
-            }
+            for (int x = 0; x < d; ++x) dot += double(q(i, h, x)) * double(k(j, hk, x));
+            for (int x = 0; x < d_v; ++x) dp += double(dout(i, h, x)) * double(v(j, hk, x));
             const double p = std::exp(dot * scale - lse(h, i));
             const double ds = p * (dp - delta) * scale;
+            for (int x = 0; x < d_v; ++x) dv(j, hk, x) = T(double(dv(j, hk, x)) + p * double(dout(i, h, x)));
             for (int x = 0; x < d; ++x) {
-              dv(j, hk, x) = T(double(dv(j, hk, x)) + p * double(dout(i, h, x)));
               dk(j, hk, x) = T(double(dk(j, hk, x)) + ds * double(q(i, h, x)));
               dqi[static_cast<std::size_t>(x)] += ds * double(k(j, hk, x));
             }
@@ -137,9 +135,9 @@ class Reference {
   static void check(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
                     std::span<const AttnSlice> slices, const char* where) {
     shape.validate(where);
-    seqpar::detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.head_dim);
-    seqpar::detail::check_view(k, where, "k", k.tokens, shape.heads_kv, shape.head_dim);
-    seqpar::detail::check_view(v, where, "v", k.tokens, shape.heads_kv, shape.head_dim);
+    seqpar::detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.qk_dim());
+    seqpar::detail::check_view(k, where, "k", k.tokens, shape.heads_kv, shape.qk_dim());
+    seqpar::detail::check_view(v, where, "v", k.tokens, shape.heads_kv, shape.v_dim());
     validate_slices(slices, q.tokens, k.tokens, where);
   }
 };

@@ -273,7 +273,8 @@ class ChunkCarry {
   [[nodiscard]] Program base(int c, int rank) const {
     Program p;
     p.rank = rank;
-    p.head_dim = shape_.head_dim;
+    p.head_dim = shape_.qk_dim();
+    p.head_dim_v = shape_.v_dim();
     p.softmax_scale = shape_.scale();
     p.local_tokens = c < 0 ? 0 : local_tokens(c, rank);
     p.carry_rows = carry_rows(rank);

@@ -30,7 +30,8 @@ struct GroupPosition {
 [[nodiscard]] inline Program empty_program(const ShardPlan& plan, const AttentionShape& shape, int rank) {
   Program p;
   p.rank = rank;
-  p.head_dim = shape.head_dim;
+  p.head_dim = shape.qk_dim();
+  p.head_dim_v = shape.v_dim();
   p.softmax_scale = shape.scale();
   p.local_tokens = plan.local_tokens(rank);
   return p;

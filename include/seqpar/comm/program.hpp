@@ -72,19 +72,57 @@ inline constexpr int kNumBuffers = static_cast<int>(BufferId::kCount);
   return static_cast<int>(b) >= static_cast<int>(BufferId::kKCarry) &&
          static_cast<int>(b) <= static_cast<int>(BufferId::kDvCarry);
 }
+/// Buffers that hold values, outputs or their gradients (V, O, dO, dV and their staging copies): rows of
+/// AttentionShape::v_dim() values per head; the others hold q/k-sized rows (or LSE entries).
+[[nodiscard]] constexpr bool has_v_width(BufferId b) noexcept {
+  switch (b) {
+    case BufferId::kV:
+    case BufferId::kO:
+    case BufferId::kDout:
+    case BufferId::kDv:
+    case BufferId::kVCarry:
+    case BufferId::kDvCarry:
+    case BufferId::kVHeads:
+    case BufferId::kOHeads:
+    case BufferId::kDoutHeads:
+    case BufferId::kDvHeads:
+    case BufferId::kOPart:
+    case BufferId::kVRing0:
+    case BufferId::kVRing1:
+    case BufferId::kDvPart:
+    case BufferId::kVGather:
+    case BufferId::kDvGather:
+    case BufferId::kVPrefix:
+    case BufferId::kDvPrefix:
+      return true;
+    default:
+      return false;
+  }
+}
+
+/// The head sizes of a program's buffers: `qk` for Q, K and their gradients, `v` for V, O, dO, dV
+/// (AttentionShape::qk_dim, v_dim).
+struct HeadWidths {
+  int qk = 0;
+  int v = 0;
+  /// Values per head of a row of THD buffer `b`.
+  [[nodiscard]] constexpr int of(BufferId b) const noexcept { return has_v_width(b) ? v : qk; }
+  friend bool operator==(const HeadWidths&, const HeadWidths&) = default;
+};
+
 /// Buffers whose memory the program's runner binds (not placed in the executor's workspace).
 [[nodiscard]] constexpr bool is_bound_buffer(BufferId b) noexcept {
   return is_caller_buffer(b) || is_carry_buffer(b);
 }
 
-/// A staging buffer: rows x heads (x head_dim, unless it holds LSE values).
+/// A staging buffer: rows x heads (x its HeadWidths::of width, unless it holds LSE values).
 struct BufferSpec {
   BufferId id{};
   std::int64_t rows = 0;
   int heads = 0;
 };
 
-/// A box of a buffer: rows x heads (x head_dim). Moved as one contiguous run in the packed message,
+/// A box of a buffer: rows x heads (x the buffer's head width). Moved as one contiguous run in the packed message,
 /// rows outer, heads inner for THD buffers; heads outer, rows inner for LSE buffers.
 struct Piece {
   Range rows;
@@ -208,10 +246,11 @@ using Step = std::variant<ExchangeStep, ZeroStep, ComputeStep, PostStep, WaitSte
 }
 
 /// Bytes of one piece of buffer `b` in a message: elements of `value_bytes` (LSE entries of
-/// `lse_bytes`). The one definition the executor, the byte accounting and the simulator share.
-[[nodiscard]] inline std::uint64_t piece_bytes(BufferId b, const Piece& p, int head_dim, std::size_t value_bytes,
+/// `lse_bytes`; a THD row of `widths.of(b)` values per head). The one definition the executor, the byte
+/// accounting and the simulator share.
+[[nodiscard]] inline std::uint64_t piece_bytes(BufferId b, const Piece& p, HeadWidths widths, std::size_t value_bytes,
                                                std::size_t lse_bytes) noexcept {
-  return static_cast<std::uint64_t>(p.elements(head_dim, is_lse(b))) * (is_lse(b) ? lse_bytes : value_bytes);
+  return static_cast<std::uint64_t>(p.elements(widths.of(b), is_lse(b))) * (is_lse(b) ? lse_bytes : value_bytes);
 }
 
 /// Calls fn(peer, buffer, piece) for every piece this step sends to another rank of its level
@@ -237,8 +276,9 @@ void for_each_sent_piece(const Step& step, Fn&& fn) {
 /// The per-rank list of steps a communicator compiles from a plan; run by `Executor`, or replayed by
 /// the simulator. Depends only on document lengths, plan and shape: compiled once per batch shape.
 struct Program {
-  int rank = 0;  ///< rank in the world
-  int head_dim = 0;
+  int rank = 0;        ///< rank in the world
+  int head_dim = 0;    ///< q/k head size (AttentionShape::qk_dim)
+  int head_dim_v = 0;  ///< v/o head size (AttentionShape::v_dim; 0 = head_dim)
   double softmax_scale = 0;
   std::int64_t local_tokens = 0;
   std::int64_t carry_rows = 0;  ///< rows of the carry buffers (kKCarry..kDvCarry) on this rank
@@ -254,6 +294,9 @@ struct Program {
   /// World ranks of each level's transport, by level rank (empty: level unused).
   std::array<std::vector<int>, kNumLevels> level_members{};
 
+  /// The head sizes of this program's buffers.
+  [[nodiscard]] HeadWidths widths() const noexcept { return {head_dim, head_dim_v != 0 ? head_dim_v : head_dim}; }
+
   /// Bytes this rank sends to each world rank (index), for link-class accounting (intra/inter node).
   [[nodiscard]] std::vector<std::uint64_t> bytes_to(int world_size, std::size_t value_bytes,
                                                     std::size_t lse_bytes) const {
@@ -261,13 +304,13 @@ struct Program {
     for (const Step& step : steps)
       for_each_sent_piece(step, [&](Level l, int peer, BufferId b, const Piece& p) {
         const auto world = level_members[static_cast<std::size_t>(l)].at(static_cast<std::size_t>(peer));
-        out[static_cast<std::size_t>(world)] += piece_bytes(b, p, head_dim, value_bytes, lse_bytes);
+        out[static_cast<std::size_t>(world)] += piece_bytes(b, p, widths(), value_bytes, lse_bytes);
       });
     return out;
   }
 
   /// Attention (query, key) pairs this rank computes, summed over its query heads: FLOPs are
-  /// 4 * head_dim * pairs forward, 2.5x that backward.
+  /// 2 * (head_dim + head_dim_v) * pairs forward, 2.5x that backward.
   [[nodiscard]] std::int64_t head_pairs() const noexcept {
     std::int64_t total = 0;
     for (const Step& step : steps)
@@ -291,7 +334,7 @@ struct Program {
     std::uint64_t total = 0;
     for (const Step& step : steps)
       for_each_sent_piece(step, [&](Level, int, BufferId b, const Piece& p) {
-        total += piece_bytes(b, p, head_dim, value_bytes, lse_bytes);
+        total += piece_bytes(b, p, widths(), value_bytes, lse_bytes);
       });
     return total;
   }

@@ -46,12 +46,13 @@ namespace seqpar::plan {
     // A ring step: the link's alpha and one call with one peer (HardwareProfile::fixed_comm_seconds).
     const double latency =
         spans_nodes ? hw.inter.latency + hw.fixed_comm_seconds(0, 1) : hw.intra.latency + hw.fixed_comm_seconds(1, 0);
-    const double kv_token_bytes = 2.0 * shape.heads_kv * shape.head_dim * hw.value_bytes;
+    const double kv_token_bytes = double(shape.heads_kv) * (shape.qk_dim() + shape.v_dim()) * hw.value_bytes;  // K + V
     double worst = 0;
     for (std::size_t r = 0; r < c.area.size(); ++r) {
       const auto& slices = c.plan.slices[r];
-      const double compute = replay::attention_seconds(hw, slices, shape.heads_q, shape.head_dim, false) +
-                             replay::attention_seconds(hw, slices, shape.heads_q, shape.head_dim, true);
+      const double compute =
+          replay::attention_seconds(hw, slices, shape.heads_q, shape.qk_dim(), false, shape.v_dim()) +
+          replay::attention_seconds(hw, slices, shape.heads_q, shape.qk_dim(), true, shape.v_dim());
       const double comm = 3.0 * static_cast<double>(c.received_kv_tokens[r]) * kv_token_bytes / link;
       const double steps = std::max(1, p - 1);
       worst = std::max(worst, std::max(compute, comm) + (comm > 0 ? comm / steps + steps * latency : 0.0) +

@@ -341,7 +341,7 @@ class ShiftCachedReplay {
       const comm::Program& p = (*progs)[static_cast<std::size_t>(r)];
       double s = 0;
       for (const comm::BufferSpec& b : p.staging)
-        s += static_cast<double>(b.rows) * b.heads * (comm::is_lse(b.id) ? 4.0 : vb * p.head_dim);
+        s += static_cast<double>(b.rows) * b.heads * (comm::is_lse(b.id) ? 4.0 : vb * p.widths().of(b.id));
       staging = std::max(staging, s);
     }
     const double logits = tok * m.vocab * 4.0;

@@ -12,10 +12,12 @@
 
 namespace seqpar::replay {
 
-/// FLOPs of attention over `head_pairs` (query, key) pairs summed over query heads: 4 * d per pair
-/// forward (QK^T and PV), 2.5x that backward (FlashAttention-2's convention, which recomputes P).
-[[nodiscard]] constexpr double attention_flops(double head_pairs, int head_dim, bool backward) noexcept {
-  return 4.0 * head_dim * head_pairs * (backward ? 2.5 : 1.0);
+/// FLOPs of attention over `head_pairs` (query, key) pairs summed over query heads: 2 * d_qk (QK^T) +
+/// 2 * d_v (PV) per pair forward, 4 * d with one head size, 2.5x that backward (FlashAttention-2's convention,
+/// which recomputes P). head_dim_v = 0: the same as head_dim.
+[[nodiscard]] constexpr double attention_flops(double head_pairs, int head_dim, bool backward,
+                                               int head_dim_v = 0) noexcept {
+  return 2.0 * (head_dim + (head_dim_v != 0 ? head_dim_v : head_dim)) * head_pairs * (backward ? 2.5 : 1.0);
 }
 
 /// (query, key) slots the kernel computes for `s`: whole tile x tile blocks touched by visible pairs, plus
@@ -55,12 +57,12 @@ namespace seqpar::replay {
 /// Seconds of one attention kernel call over `slices` for `heads` query heads, on one rank of `hw`:
 /// FLOPs of the tile slots the kernel computes (attention_slots) at the profile's rate.
 [[nodiscard]] inline double attention_seconds(const HardwareProfile& hw, std::span<const AttnSlice> slices, int heads,
-                                              int head_dim, bool backward) noexcept {
+                                              int head_dim, bool backward, int head_dim_v = 0) noexcept {
   double s = 0.0;
   for (const AttnSlice& slice : slices) {
     const double slots = attention_slots(slice, hw.attention_tile, hw.attention_tile_overhead);
     if (slots > 0)
-      s += attention_flops(slots * heads, head_dim, backward) /
+      s += attention_flops(slots * heads, head_dim, backward, head_dim_v) /
            hw.attention_rate(static_cast<double>(slice.q_range.size()), backward);
   }
   return s + hw.kernel_launch;

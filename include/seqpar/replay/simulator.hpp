@@ -387,9 +387,10 @@ class Replay {
     for (int r = 0; r < n; ++r) {
       const runtime::LoweredProgram& p = programs[static_cast<std::size_t>(r)];
       LoweredRank& lr = ranks_[static_cast<std::size_t>(r)];
-      const int d = p.head_dim;
+      const int d = p.head_dim, dv = p.widths().v;
+      const comm::HeadWidths widths = p.widths();
       for (const comm::BufferSpec& s : p.staging)
-        lr.staging_bytes += static_cast<double>(s.rows) * s.heads * (comm::is_lse(s.id) ? lb : vb * d);
+        lr.staging_bytes += static_cast<double>(s.rows) * s.heads * (comm::is_lse(s.id) ? lb : vb * widths.of(s.id));
       const auto world_of = [&](comm::Level l, int peer) {
         const auto& members = p.level_members[static_cast<std::size_t>(l)];
         detail::require(peer >= 0 && static_cast<std::size_t>(peer) < members.size(), "replay::Replay", "peer", peer,
@@ -401,11 +402,11 @@ class Replay {
       const auto buffer_bytes = [&](comm::BufferId b) {
         using comm::BufferId;
         if (const comm::BufferSpec* s = find_staging(p, b))
-          return static_cast<double>(s->rows) * s->heads * (comm::is_lse(b) ? lb : vb * d);
-        if (comm::is_carry_buffer(b)) return static_cast<double>(p.carry_rows) * shape.heads_kv * vb * d;
+          return static_cast<double>(s->rows) * s->heads * (comm::is_lse(b) ? lb : vb * widths.of(b));
+        if (comm::is_carry_buffer(b)) return static_cast<double>(p.carry_rows) * shape.heads_kv * vb * widths.of(b);
         const bool kv = b == BufferId::kK || b == BufferId::kV || b == BufferId::kDk || b == BufferId::kDv;
         if (b == BufferId::kLse) return static_cast<double>(p.local_tokens) * shape.heads_q * lb;
-        return static_cast<double>(p.local_tokens) * (kv ? shape.heads_kv : shape.heads_q) * vb * d;
+        return static_cast<double>(p.local_tokens) * (kv ? shape.heads_kv : shape.heads_q) * vb * widths.of(b);
       };
       std::array<std::pair<int, int>, comm::kNumSlots> slot_msgs{};  // msgs range of the slot's last post
       std::array<double, comm::kNumSlots> slot_unpack{};             // bytes it receives (unpacked at the wait)
@@ -417,9 +418,9 @@ class Replay {
                   const auto slices = p.view(p.slices, a.slices);
                   const int heads = static_cast<int>(a.heads.q_heads.size());
                   const double pairs = static_cast<double>(total_area(slices)) * heads;
-                  lr.ops.push_back({OpKind::kCompute, attention_seconds(hw, slices, heads, d, a.backward) * share, 0, 0,
-                                    a.backward ? "attention bwd" : "attention fwd",
-                                    attention_flops(pairs, d, a.backward)});
+                  lr.ops.push_back({OpKind::kCompute, attention_seconds(hw, slices, heads, d, a.backward, dv) * share,
+                                    0, 0, a.backward ? "attention bwd" : "attention fwd",
+                                    attention_flops(pairs, d, a.backward, dv)});
                   lr.kernel_calls += 1;
                   lr.slices += static_cast<std::int64_t>(slices.size());
                   lr.head_pairs += static_cast<std::int64_t>(total_area(slices)) * heads;
@@ -428,14 +429,14 @@ class Replay {
                   double merged = 0;
                   for (const AttnSlice& s : p.view(p.slices, m.slices))
                     merged += static_cast<double>(s.q_range.size()) * static_cast<double>(m.heads.q_heads.size()) *
-                              (d * vb + lb);
+                              (dv * vb + lb);
                   // Reads the partial and the result, writes the result.
                   lr.ops.push_back({OpKind::kCopy, copy_seconds(hw, 1.5 * merged), 0, 0, "merge", merged});
                   lr.merges += 1;
                 },
                 [&](const runtime::FillEmptyOp& f) {
-                  const double bytes =
-                      static_cast<double>(p.local_tokens) * static_cast<double>(f.heads.q_heads.size()) * (d * vb + lb);
+                  const double bytes = static_cast<double>(p.local_tokens) *
+                                       static_cast<double>(f.heads.q_heads.size()) * (dv * vb + lb);
                   lr.ops.push_back({OpKind::kCopy, fill_seconds(hw, bytes), 0, 0, "fill", bytes});
                 },
                 [&](const runtime::ZeroOp& z) {

@@ -280,10 +280,13 @@ class ChunkedAttention {
   Buffers bind_carry(Buffers b) {
     const AttentionShape& s = attention_.shape();
     const std::int64_t rows = carry_rows();
-    for (int i = 0; i < 4; ++i)
-      b.thd[idx(BufferId::kKCarry) + static_cast<std::size_t>(i)] = ThdView<T>::dense(
+    const comm::HeadWidths widths{s.qk_dim(), s.v_dim()};
+    for (int i = 0; i < 4; ++i) {  // kKCarry, kVCarry, kDkCarry, kDvCarry
+      const auto id = static_cast<BufferId>(static_cast<int>(BufferId::kKCarry) + i);
+      b.thd[idx(id)] = ThdView<T>::dense(
           reinterpret_cast<T*>(carry_mem_.span().data() + static_cast<std::size_t>(i) * carry_stride_), rows,
-          s.heads_kv, s.head_dim);
+          s.heads_kv, widths.of(id));
+    }
     return b;
   }
 
@@ -338,7 +341,7 @@ class ChunkedAttention {
     if (workspace_.size() < need) workspace_ = Ops::allocate(attention_.exec(), need);
     const AttentionShape& s = attention_.shape();
     const auto bytes = static_cast<std::size_t>(carry_rows()) * static_cast<std::size_t>(s.heads_kv) *
-                       static_cast<std::size_t>(s.head_dim) * sizeof(T);
+                       static_cast<std::size_t>(std::max(s.qk_dim(), s.v_dim())) * sizeof(T);  // K or V rows
     carry_stride_ = (bytes + 63) / 64 * 64;
     if (carry_mem_.size() < 4 * carry_stride_) carry_mem_ = Ops::allocate(attention_.exec(), 4 * carry_stride_);
     forward_done_.assign(chunks_.size(), false);

@@ -74,15 +74,16 @@ struct DataOps<HostExec> {
   /// Copies the pieces of `copies` out of their buffers into `region` at their offsets.
   template <class T, class A>
   static void pack(const HostExec&, const BufferTable<T, A>& b, TableSlice<PieceCopy> copies, std::byte* region,
-                   int head_dim) {
-    for (const PieceCopy& c : copies.host) move_piece<false>(b, c, region + c.offset, head_dim);
+                   comm::HeadWidths widths) {
+    for (const PieceCopy& c : copies.host) move_piece<false>(b, c, region + c.offset, widths.of(c.buffer));
   }
 
   /// Copies (or, with PieceCopy::accumulate, adds) the pieces of `copies` from `region` into their buffers.
   template <class T, class A>
   static void unpack(const HostExec&, const BufferTable<T, A>& b, TableSlice<PieceCopy> copies, const std::byte* region,
-                     int head_dim) {
-    for (const PieceCopy& c : copies.host) move_piece<true>(b, c, const_cast<std::byte*>(region) + c.offset, head_dim);
+                     comm::HeadWidths widths) {
+    for (const PieceCopy& c : copies.host)
+      move_piece<true>(b, c, const_cast<std::byte*>(region) + c.offset, widths.of(c.buffer));
   }
 
   template <class T, class A>

@@ -257,10 +257,10 @@ class AttentionEngine {
       require_kernel(where, found->backward_kernel);
       const std::int64_t n = found->plan.local_tokens(rank());
       check_forward_views(where, n, q, k, v, o, lse);
-      seqpar::detail::check_view(dout, where, "dout", n, shape_.heads_q, shape_.head_dim);
-      seqpar::detail::check_view(dq, where, "dq", n, shape_.heads_q, shape_.head_dim);
-      seqpar::detail::check_view(dk, where, "dk", n, shape_.heads_kv, shape_.head_dim);
-      seqpar::detail::check_view(dv, where, "dv", n, shape_.heads_kv, shape_.head_dim);
+      seqpar::detail::check_view(dout, where, "dout", n, shape_.heads_q, shape_.v_dim());
+      seqpar::detail::check_view(dq, where, "dq", n, shape_.heads_q, shape_.qk_dim());
+      seqpar::detail::check_view(dk, where, "dk", n, shape_.heads_kv, shape_.qk_dim());
+      seqpar::detail::check_view(dv, where, "dv", n, shape_.heads_kv, shape_.v_dim());
       // dq, dk, dv are written while every input (and one another) is still read.
       const char* const outs[] = {"dq", "dk", "dv"};
       const ThdView<value_type> out_views[] = {dq, dk, dv};
@@ -331,10 +331,10 @@ class AttentionEngine {
   template <class O, class L>
   void check_forward_views(const char* where, std::int64_t n, ThdView<const value_type> q, ThdView<const value_type> k,
                            ThdView<const value_type> v, const O& o, const L& lse) const {
-    seqpar::detail::check_view(q, where, "q", n, shape_.heads_q, shape_.head_dim);
-    seqpar::detail::check_view(k, where, "k", n, shape_.heads_kv, shape_.head_dim);
-    seqpar::detail::check_view(v, where, "v", n, shape_.heads_kv, shape_.head_dim);
-    seqpar::detail::check_view(o, where, "o", n, shape_.heads_q, shape_.head_dim);
+    seqpar::detail::check_view(q, where, "q", n, shape_.heads_q, shape_.qk_dim());
+    seqpar::detail::check_view(k, where, "k", n, shape_.heads_kv, shape_.qk_dim());
+    seqpar::detail::check_view(v, where, "v", n, shape_.heads_kv, shape_.v_dim());
+    seqpar::detail::check_view(o, where, "o", n, shape_.heads_q, shape_.v_dim());
     seqpar::detail::check_view(lse, where, "lse", shape_.heads_q, n);
   }
 
@@ -435,7 +435,7 @@ class AttentionEngine {
   struct CallSignature {
     std::uint64_t batch = 0, strategy = 0;
     std::int64_t tokens = 0, documents = 0;
-    std::int32_t heads_q = 0, heads_kv = 0, head_dim = 0, pass = 0, sinks = 0;
+    std::int32_t heads_q = 0, heads_kv = 0, head_dim = 0, head_dim_v = 0, pass = 0, sinks = 0;
     double scale = 0;
     std::uint64_t arguments[kArgumentWords + 1] = {};  // the last: hash of the words past kArgumentWords
     std::int32_t refused = 0;
@@ -472,6 +472,7 @@ class AttentionEngine {
     mine.tokens = batch.total_tokens();
     mine.documents = static_cast<std::int64_t>(batch.documents().size());
     mine.heads_q = shape_.heads_q, mine.heads_kv = shape_.heads_kv, mine.head_dim = shape_.head_dim;
+    mine.head_dim_v = shape_.v_dim();
     mine.pass = pass;
     mine.sinks = sinks ? 1 : 0;
     mine.scale = shape_.scale();
@@ -510,6 +511,7 @@ class AttentionEngine {
       if (other.heads_q != mine.heads_q) fail("shape.heads_q", other.heads_q, mine.heads_q);
       if (other.heads_kv != mine.heads_kv) fail("shape.heads_kv", other.heads_kv, mine.heads_kv);
       if (other.head_dim != mine.head_dim) fail("shape.head_dim", other.head_dim, mine.head_dim);
+      if (other.head_dim_v != mine.head_dim_v) fail("shape.head_dim_v", other.head_dim_v, mine.head_dim_v);
       if (other.scale != mine.scale) fail("shape.softmax_scale", other.scale, mine.scale);
       if (other.strategy != mine.strategy) fail("the strategy (type or ranks_per_node)", other.strategy, mine.strategy);
       for (std::size_t i = 0; i < std::min(words.size(), kArgumentWords); ++i)

@@ -83,10 +83,10 @@ class Executor {
   }
 
   /// The shape of the kernel call an attention op makes: its head group's heads, the program's head
-  /// dim and softmax scale.
+  /// sizes and softmax scale.
   [[nodiscard]] static AttentionShape kernel_shape(const LoweredProgram& lp, const AttentionOp& op) noexcept {
     return {static_cast<int>(op.heads.q_heads.size()), static_cast<int>(op.heads.kv_heads.size()), lp.head_dim,
-            lp.softmax_scale};
+            lp.softmax_scale, lp.head_dim_v};
   }
 
   /// The kernel's answer (`attention::can_implement` on `exec`) for every kernel call of the lowered
@@ -109,7 +109,6 @@ class Executor {
     if (workspace.size() < lay.total)
       throw std::invalid_argument("runtime::Executor::run: workspace.size() = " + std::to_string(workspace.size()) +
                                   ": needs " + std::to_string(lay.total) + " bytes");
-    const int d = lp.head_dim;
     for (const comm::BufferSpec& s : lp.staging) {
       std::byte* base = workspace.data() + lay.staging[static_cast<std::size_t>(s.id)];
       if (comm::is_lse(s.id))
@@ -117,7 +116,7 @@ class Executor {
             LseView<accum_type>::dense(reinterpret_cast<accum_type*>(base), s.heads, s.rows);
       else
         buffers.thd[static_cast<std::size_t>(s.id)] =
-            ThdView<value_type>::dense(reinterpret_cast<value_type*>(base), s.rows, s.heads, d);
+            ThdView<value_type>::dense(reinterpret_cast<value_type*>(base), s.rows, s.heads, lp.widths().of(s.id));
     }
     for (auto& r : requests_) r.clear();  // left over by a failed run (the failure has reached every rank)
     next_params_ = 0;
@@ -205,20 +204,20 @@ class Executor {
                              " peers on a transport of " + std::to_string(t.size()));
     std::byte* send = c.at(c.lp.layout.pack_send);
     std::byte* recv = c.at(c.lp.layout.pack_recv);
-    Ops::pack(c.exec, c.b, copies(op.pack), send, c.lp.head_dim);
+    Ops::pack(c.exec, c.b, copies(op.pack), send, c.lp.widths());
     c.before_transport(t);
     t.all_to_all_v(std::span<const std::byte>(send, op.send_bytes), send_counts,
                    std::span<std::byte>(recv, op.recv_bytes), recv_counts);
     c.after_transport(t);
-    Ops::unpack(c.exec, c.b, copies(op.unpack), recv, c.lp.head_dim);
+    Ops::unpack(c.exec, c.b, copies(op.unpack), recv, c.lp.widths());
   }
 
   // A local copy bounces through the exchange's send region: the same pack and unpack an exchange
   // runs, so every context's DataOps serves it.
   void execute(const Context& c, const CopyOp& op) {
     std::byte* region = c.at(c.lp.layout.pack_send);
-    Ops::pack(c.exec, c.b, copies(op.pack), region, c.lp.head_dim);
-    Ops::unpack(c.exec, c.b, copies(op.unpack), region, c.lp.head_dim);
+    Ops::pack(c.exec, c.b, copies(op.pack), region, c.lp.widths());
+    Ops::unpack(c.exec, c.b, copies(op.unpack), region, c.lp.widths());
   }
 
   void execute(const Context& c, const ZeroOp& op) { Ops::zero(c.exec, c.b, c.lp.view(c.lp.buffers, op.buffers)); }
@@ -279,7 +278,7 @@ class Executor {
     std::byte* send = c.at(c.lp.layout.slot_send[slot]);
     std::byte* recv = c.at(c.lp.layout.slot_recv[slot]);
     const auto sends = c.lp.view(c.lp.transfers, op.sends);
-    for (const TransferEntry& e : sends) Ops::pack(c.exec, c.b, copies(e.copies), send, c.lp.head_dim);
+    for (const TransferEntry& e : sends) Ops::pack(c.exec, c.b, copies(e.copies), send, c.lp.widths());
     c.before_transport(t);
     for (const TransferEntry& e : sends)
       requests_[slot].push_back(t.isend(std::span<const std::byte>(send + e.offset, e.bytes), e.peer, op.tag));
@@ -293,7 +292,7 @@ class Executor {
     for (auto& r : requests_[slot]) t->wait(r);
     requests_[slot].clear();
     c.after_transport(*t);
-    Ops::unpack(c.exec, c.b, copies(op.unpack), c.at(c.lp.layout.slot_recv[slot]), c.lp.head_dim);
+    Ops::unpack(c.exec, c.b, copies(op.unpack), c.at(c.lp.layout.slot_recv[slot]), c.lp.widths());
   }
 
   LoweredProgram lowered_;

@@ -170,7 +170,8 @@ struct WorkspaceLayout {
 /// The lowered form of one rank's program.
 struct LoweredProgram {
   int rank = 0;
-  int head_dim = 0;
+  int head_dim = 0;    ///< q/k head size
+  int head_dim_v = 0;  ///< v/o head size (0 = head_dim)
   double softmax_scale = 0;
   std::int64_t local_tokens = 0;
   std::int64_t carry_rows = 0;
@@ -189,6 +190,9 @@ struct LoweredProgram {
   std::array<std::size_t, comm::kNumLevels> receives{};
   std::array<std::uint64_t, comm::kNumLevels> largest_receive{};
   WorkspaceLayout layout;
+
+  /// The head size of each buffer's rows.
+  [[nodiscard]] comm::HeadWidths widths() const noexcept { return {head_dim, head_dim_v != 0 ? head_dim_v : head_dim}; }
 
   template <class T>
   [[nodiscard]] std::span<const T> view(const std::vector<T>& table, TableSpan s) const noexcept {
@@ -213,6 +217,7 @@ class Lowering {
       : p_(program), value_bytes_(value_bytes), lse_bytes_(lse_bytes) {
     out_.rank = program.rank;
     out_.head_dim = program.head_dim;
+    out_.head_dim_v = program.widths().v;
     out_.softmax_scale = program.softmax_scale;
     out_.local_tokens = program.local_tokens;
     out_.carry_rows = program.carry_rows;
@@ -239,7 +244,7 @@ class Lowering {
 
  private:
   [[nodiscard]] std::uint64_t bytes(BufferId b, const comm::Piece& piece) const noexcept {
-    return comm::piece_bytes(b, piece, p_.head_dim, value_bytes_, lse_bytes_);
+    return comm::piece_bytes(b, piece, p_.widths(), value_bytes_, lse_bytes_);
   }
   void emit(Op op, Access a) { out_.ops.push_back({std::move(op), a, step_, kind_}); }
   std::uint64_t add_copy(BufferId b, const comm::Piece& piece, bool accumulate, std::uint64_t offset) {
@@ -346,7 +351,7 @@ class Lowering {
     const auto inputs = access::bit(c.q) | access::bit(c.k) | access::bit(c.v);
     for (const comm::HeadGroup& g : c.head_groups) {
       const AttentionShape shape{static_cast<int>(g.q_heads.size()), static_cast<int>(g.kv_heads.size()), p_.head_dim,
-                                 p_.softmax_scale};
+                                 p_.softmax_scale, p_.widths().v};
       out_.layout.kernel_bytes =
           std::max<std::uint64_t>(out_.layout.kernel_bytes, kernel_bytes(shape, rows(c.q), rows(c.k)));
       if (c.backward) {
@@ -432,7 +437,7 @@ class Lowering {
     for (const comm::BufferSpec& s : out_.staging) {
       l.staging[static_cast<std::size_t>(s.id)] = off;
       const auto elems = static_cast<std::uint64_t>(s.rows) * static_cast<std::uint64_t>(s.heads) *
-                         (comm::is_lse(s.id) ? 1u : static_cast<std::uint64_t>(p_.head_dim));
+                         (comm::is_lse(s.id) ? 1u : static_cast<std::uint64_t>(p_.widths().of(s.id)));
       off += round_up(elems * (comm::is_lse(s.id) ? lse_bytes_ : value_bytes_));
     }
     const auto region = [&](std::uint64_t& at, std::uint64_t bytes) {

@@ -27,8 +27,8 @@
 /// - cuDNN's own workspace and handle are the kernel's, one per stream (a context is one stream);
 ///   `workspace_bytes` covers the statistics and the gradient scratch.
 /// - Requirements (`can_implement`): cuDNN 9 at run time, head dims multiples of 8 up to 256 (the
-///   fused kernels' range), any GQA ratio, a finite non-zero softmax scale; buffers of fewer than
-///   2^31 elements (int32 ragged offsets).
+///   fused kernels' range), one head size for q/k and v (head_dim_v unequal is refused), any GQA ratio, a finite
+///   non-zero softmax scale; buffers of fewer than 2^31 elements (int32 ragged offsets).
 ///
 /// @code
 /// attention::CudnnSdpa<__nv_bfloat16> sdpa;                 // streams of its own on the current device

@@ -281,6 +281,10 @@ CudnnSdpa<T>::CudnnSdpa(gpu::CudaExec exec)
 template <class T>
 Status CudnnSdpa<T>::can_implement(const AttentionShape& shape) const {
   if (Status s = shape.status("CudnnSdpa"); !s) return s;
+  if (shape.split_dims())
+    return seqpar::detail::refuse_invalid("CudnnSdpa", "shape.head_dim_v", shape.head_dim_v,
+                                          "must equal head_dim = " + std::to_string(shape.head_dim) +
+                                              " (this adapter builds one head size; CpuFlash runs unequal ones)");
   if (shape.head_dim % 8 != 0 || shape.head_dim > 256)
     return seqpar::detail::refuse_invalid("CudnnSdpa", "shape.head_dim", shape.head_dim,
                                           "cuDNN's fused attention takes head dims that are multiples of 8 up to 256");

@@ -72,6 +72,7 @@ struct Buffers {
     T* data;
     std::int64_t token_stride;
     std::int64_t head_stride;
+    int head_dim;  // values per head of this buffer's rows (comm::HeadWidths::of)
   };
   struct Lse {
     A* data;
@@ -92,13 +93,14 @@ template <class T>
 }
 
 template <class T, class A>
-[[nodiscard]] Buffers<T, A> buffers_of(const runtime::BufferTable<T, A>& b, int head_dim) noexcept {
+[[nodiscard]] Buffers<T, A> buffers_of(const runtime::BufferTable<T, A>& b, comm::HeadWidths widths) noexcept {
   Buffers<T, A> out{};
   for (int i = 0; i < kNumBuffers; ++i) {
     const auto id = static_cast<BufferId>(i);
     const ThdView<T>& v = b[id];
     const LseView<A>& l = b.lse_of(id);
-    out.thd[i] = {v.data, v.token_stride, v.head_stride};
+    const int head_dim = widths.of(id);
+    out.thd[i] = {v.data, v.token_stride, v.head_stride, head_dim};
     out.lse[i] = {l.data, l.head_stride};
     if (comm::is_lse(id)) out.is_lse |= std::uint64_t{1} << i;
     if (vector_rows(v, head_dim)) out.vectorized |= std::uint64_t{1} << i;
@@ -115,7 +117,6 @@ struct PieceRun {
   std::int64_t begin, end;
   std::uintptr_t first_window;
   std::uint64_t windows;
-  int head_dim;
 };
 
 // Conversions of the storage types, on either side (the per-item functions below are host-device,
@@ -194,7 +195,6 @@ template <bool kUnpack, class T, class A>
 __host__ __device__ __forceinline__ int move_window(const Buffers<T, A>& b, const PieceRun& run, std::uint64_t w,
                                                     int hint) {
   const auto region = reinterpret_cast<std::uintptr_t>(run.region);
-  const int d = run.head_dim;
   // The window is [lo, lo + 16) in region offsets; its part in the run is [from, to).
   const std::int64_t lo =
       static_cast<std::int64_t>(run.first_window + w * kVecBytes) - static_cast<std::int64_t>(region);
@@ -215,6 +215,7 @@ __host__ __device__ __forceinline__ int move_window(const Buffers<T, A>& b, cons
     const int id = static_cast<int>(c.buffer);
     const auto start = static_cast<std::int64_t>(c.offset);
     const bool lse = (b.is_lse >> id) & 1u;
+    const int d = b.thd[id].head_dim;
     if (!lse && lo >= start && lo + kVecBytes <= start + piece_bytes<T, A>(c, false, d) &&
         ((b.vectorized >> id) & 1u) && (region + static_cast<std::uintptr_t>(start)) % kVecBytes == 0) {
       // 16 bytes of one head_dim run of the buffer, aligned on both sides.
@@ -243,6 +244,7 @@ __host__ __device__ __forceinline__ int move_window(const Buffers<T, A>& b, cons
     const auto start = static_cast<std::int64_t>(c.offset);
     if (start >= to) break;
     const bool lse = (b.is_lse >> static_cast<int>(c.buffer)) & 1u;
+    const int d = b.thd[static_cast<int>(c.buffer)].head_dim;
     const std::int64_t stop = start + piece_bytes<T, A>(c, lse, d);
     const std::int64_t first = from > start ? from : start, end = to < stop ? to : stop;
     if (first >= end) continue;
@@ -431,19 +433,19 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const MergeParams<T> p)
 /// 16-byte windows that cover their bytes (windows == 0: nothing to move).
 template <class T, class A>
 [[nodiscard]] PieceRun piece_run(runtime::TableSlice<PieceCopy> copies, std::size_t first, std::size_t last,
-                                 std::byte* region, int head_dim) noexcept {
+                                 std::byte* region, comm::HeadWidths widths) noexcept {
   PieceRun run{};
   if (last <= first) return run;
   const PieceCopy& tail = copies.host[last - 1];
   const std::int64_t n = tail.rows.size() * tail.heads.size();
-  const std::int64_t tail_bytes = comm::is_lse(tail.buffer) ? n * static_cast<std::int64_t>(sizeof(A))
-                                                            : n * head_dim * static_cast<std::int64_t>(sizeof(T));
+  const std::int64_t tail_bytes = comm::is_lse(tail.buffer)
+                                      ? n * static_cast<std::int64_t>(sizeof(A))
+                                      : n * widths.of(tail.buffer) * static_cast<std::int64_t>(sizeof(T));
   run.pieces = copies.mirror + first;
   run.count = static_cast<int>(last - first);
   run.region = region;
   run.begin = static_cast<std::int64_t>(copies.host[first].offset);
   run.end = static_cast<std::int64_t>(tail.offset) + tail_bytes;
-  run.head_dim = head_dim;
   if (run.end <= run.begin) return run;
   constexpr std::uintptr_t align = kVecBytes;
   const auto base = reinterpret_cast<std::uintptr_t>(region);
@@ -638,28 +640,28 @@ namespace seqpar::runtime {
 
 template <class T, class A>
 void DataOps<gpu::CudaExec>::pack(const gpu::CudaExec& exec, const BufferTable<T, A>& b, TableSlice<PieceCopy> copies,
-                                  std::byte* region, int head_dim) {
+                                  std::byte* region, comm::HeadWidths widths) {
   namespace ops = gpu::detail::data_ops;
   ops::check_types<T, A>();
   if (copies.host.empty()) return;
   constexpr const char* where = "DataOps<CudaExec>::pack";
   SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
-  ops::launch_pieces<false>(exec, ops::buffers_of(b, head_dim),
-                            ops::piece_run<T, A>(copies, 0, copies.host.size(), region, head_dim), where);
+  ops::launch_pieces<false>(exec, ops::buffers_of(b, widths),
+                            ops::piece_run<T, A>(copies, 0, copies.host.size(), region, widths), where);
 }
 
 template <class T, class A>
 void DataOps<gpu::CudaExec>::unpack(const gpu::CudaExec& exec, const BufferTable<T, A>& b, TableSlice<PieceCopy> copies,
-                                    const std::byte* region, int head_dim) {
+                                    const std::byte* region, comm::HeadWidths widths) {
   namespace ops = gpu::detail::data_ops;
   ops::check_types<T, A>();
   if (copies.host.empty()) return;
   constexpr const char* where = "DataOps<CudaExec>::unpack";
   SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
-  const auto buffers = ops::buffers_of(b, head_dim);
+  const auto buffers = ops::buffers_of(b, widths);
   auto* message = const_cast<std::byte*>(region);  // only read: the kernel is pack's too
   ops::for_each_launch(copies.host, [&](std::size_t first, std::size_t last) {
-    ops::launch_pieces<true>(exec, buffers, ops::piece_run<T, A>(copies, first, last, message, head_dim), where);
+    ops::launch_pieces<true>(exec, buffers, ops::piece_run<T, A>(copies, first, last, message, widths), where);
   });
 }
 

@@ -115,13 +115,13 @@ struct DataOps<gpu::CudaExec> {
   /// Copies the pieces of `copies` out of their buffers into `region` (device memory) at their offsets.
   template <class T, class A>
   static void pack(const gpu::CudaExec& exec, const BufferTable<T, A>& b, TableSlice<PieceCopy> copies,
-                   std::byte* region, int head_dim);
+                   std::byte* region, comm::HeadWidths widths);
 
   /// Copies (or, with PieceCopy::accumulate, adds) the pieces of `copies` from `region` into their
   /// buffers; accumulations into the same elements in table order (one launch per such layer).
   template <class T, class A>
   static void unpack(const gpu::CudaExec& exec, const BufferTable<T, A>& b, TableSlice<PieceCopy> copies,
-                     const std::byte* region, int head_dim);
+                     const std::byte* region, comm::HeadWidths widths);
 
   template <class T, class A>
   static void zero(const gpu::CudaExec& exec, const BufferTable<T, A>& b, std::span<const BufferId> buffers);

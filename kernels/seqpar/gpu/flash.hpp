@@ -24,8 +24,8 @@
 ///   (`prepare`, the kernel's per-program `Params`, uploaded with a copy of the call's slices); a
 ///   direct call without `Params` builds it on the device each call (CUB scan + radix sort,
 ///   detail/tile_table.cuh). Both are the same table.
-/// - `can_implement(shape)`: head dims 64 and 128 (what the kernels are instantiated for); the calls
-///   refuse what it refuses, with the same message.
+/// - `can_implement(shape)`: head dims 64 and 128 (what the kernels are instantiated for), equal for q/k and
+///   v (head_dim_v unequal, MLA, is refused by name); the calls refuse what it refuses, with the same message.
 /// - Forward writes O and LSE on every query row (rows in no slice: O = 0, LSE = -inf). Backward
 ///   adds (+=) into dQ, dK, dV, deterministically (detail/flash_backward.cuh).
 /// - Everything is enqueued on `exec.stream()`; nothing waits on the host; the workspace
@@ -59,6 +59,10 @@ namespace seqpar::attention {
 /// What CudaFlash can run and its calls accept: a well-formed shape with head dim 64 or 128.
 [[nodiscard]] inline Status cuda_flash_shape_status(const AttentionShape& shape, const char* where) {
   if (Status s = shape.status(where); !s) return s;
+  if (shape.split_dims())
+    return seqpar::detail::refuse_invalid(where, "shape.head_dim_v", shape.head_dim_v,
+                                          "must equal head_dim = " + std::to_string(shape.head_dim) +
+                                              " (CudaFlash runs one head size; CpuFlash runs unequal q/k and v sizes)");
   if (shape.head_dim != 64 && shape.head_dim != 128)
     return seqpar::detail::refuse_invalid(where, "shape.head_dim", shape.head_dim,
                                           "the CUDA kernels are built for head dims 64 and 128");

@@ -80,15 +80,15 @@ struct DataOps<kokkos::KokkosExec<ExecSpace>> {
 
   template <class T, class A>
   static void pack(const Exec& e, const BufferTable<T, A>& b, TableSlice<PieceCopy> copies, std::byte* region,
-                   int head_dim) {
+                   comm::HeadWidths widths) {
     e.synchronize();
-    Host::pack(inline_host(), b, copies, region, head_dim);
+    Host::pack(inline_host(), b, copies, region, widths);
   }
   template <class T, class A>
   static void unpack(const Exec& e, const BufferTable<T, A>& b, TableSlice<PieceCopy> copies, const std::byte* region,
-                     int head_dim) {
+                     comm::HeadWidths widths) {
     e.synchronize();
-    Host::unpack(inline_host(), b, copies, region, head_dim);
+    Host::unpack(inline_host(), b, copies, region, widths);
   }
   template <class T, class A>
   static void zero(const Exec& e, const BufferTable<T, A>& b, std::span<const BufferId> buffers) {

@@ -102,7 +102,7 @@ class KokkosFlash {
 
   /// Whether the kernel runs `shape`: a well-formed shape whose softmax scale stays finite and nonzero
   /// in accum_type and whose tiles (args.q_tile x args.k_tile at shape.head_dim) fit the space's team
-  /// scratch in every pass. The calls refuse the same.
+  /// scratch in every pass; one head size (head_dim_v unequal is refused by name). The calls refuse the same.
   [[nodiscard]] Status can_implement(const AttentionShape& shape) const {
     return implementable(shape, "KokkosFlash", true, true);
   }
@@ -262,6 +262,10 @@ class KokkosFlash {
   [[nodiscard]] Status implementable(const AttentionShape& shape, const char* where, bool forward,
                                      bool backward) const {
     if (Status s = shape.status(where); !s) return s;
+    if (shape.split_dims())
+      return seqpar::detail::refuse_invalid(where, "shape.head_dim_v", shape.head_dim_v,
+                                            "must equal head_dim = " + std::to_string(shape.head_dim) +
+                                                " (KokkosFlash runs one head size; CpuFlash runs unequal ones)");
     // The scale is applied in accum_type (Q is loaded pre-scaled): it must stay finite and nonzero there,
     // or every score is Inf or 0 and the outputs NaN.
     const double sc = shape.scale();

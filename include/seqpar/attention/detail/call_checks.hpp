@@ -21,7 +21,7 @@ template <class T, class A>
 void check_forward_outputs(const char* where, const AttentionShape& shape, const ThdView<const T>& q,
                            const ThdView<const T>& k, const ThdView<const T>& v, const ThdView<T>& o,
                            const LseView<A>& lse, std::span<std::byte> workspace) {
-  seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
+  seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.v_dim());
   seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
   seqpar::detail::check_disjoint_from(where, "o", o, "q", q, "k", k, "v", v);
   seqpar::detail::check_disjoint_from(where, "lse", lse, "q", q, "k", k, "v", v, "o", o);
@@ -33,12 +33,12 @@ void check_backward_views(const char* where, const AttentionShape& shape, const 
                           const ThdView<const T>& k, const ThdView<const T>& v, const ThdView<const T>& o,
                           const LseView<const A>& lse, const ThdView<const T>& dout, const ThdView<T>& dq,
                           const ThdView<T>& dk, const ThdView<T>& dv, std::span<std::byte> workspace) {
-  seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
-  seqpar::detail::check_view(dout, where, "dout", q.tokens, shape.heads_q, shape.head_dim);
+  seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.v_dim());
+  seqpar::detail::check_view(dout, where, "dout", q.tokens, shape.heads_q, shape.v_dim());
   seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
-  seqpar::detail::check_view(dq, where, "dq", q.tokens, shape.heads_q, shape.head_dim);
-  seqpar::detail::check_view(dk, where, "dk", k.tokens, shape.heads_kv, shape.head_dim);
-  seqpar::detail::check_view(dv, where, "dv", k.tokens, shape.heads_kv, shape.head_dim);
+  seqpar::detail::check_view(dq, where, "dq", q.tokens, shape.heads_q, shape.qk_dim());
+  seqpar::detail::check_view(dk, where, "dk", k.tokens, shape.heads_kv, shape.qk_dim());
+  seqpar::detail::check_view(dv, where, "dv", k.tokens, shape.heads_kv, shape.v_dim());
   seqpar::detail::check_disjoint_from(where, "dq", dq, "q", q, "k", k, "v", v, "o", o, "lse", lse, "dout", dout);
   seqpar::detail::check_disjoint_from(where, "dk", dk, "q", q, "k", k, "v", v, "o", o, "lse", lse, "dout", dout, "dq",
                                       dq);

@@ -2,6 +2,7 @@
 // seqpar: exact distributed attention over packed long-context batches.
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +17,12 @@ struct TrafficCounters {
   std::uint64_t bytes_sent = 0;
   std::uint64_t messages_sent = 0;
   std::vector<std::uint64_t> bytes_to_peer;
+  /// Zero, keeping one entry per peer (a transport's reset_counters()).
+  void reset() noexcept {
+    bytes_sent = 0;
+    messages_sent = 0;
+    std::fill(bytes_to_peer.begin(), bytes_to_peer.end(), std::uint64_t{0});
+  }
 };
 
 /// The run-time object every communicator runs over (in-process threads, MPI, NCCL).

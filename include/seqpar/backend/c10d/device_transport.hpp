@@ -256,10 +256,7 @@ class DeviceTransport {
   void all_to_all(std::span<const std::byte> s, std::span<std::byte> r) {
     constexpr std::string_view where = "c10d::DeviceTransport::all_to_all";
     const auto n = static_cast<std::size_t>(size_);
-    seqpar::detail::require(r.size() == s.size(), where, "r.size()", r.size(),
-                            "must equal s.size() = " + std::to_string(s.size()));
-    seqpar::detail::require(s.size() % n == 0, where, "s.size()", s.size(),
-                            "must be a multiple of size() = " + std::to_string(n));
+    seqpar::detail::require_equal_blocks(where, s.size(), r.size(), size_);
     const std::vector<std::size_t> counts(n, s.size() / n);
     exchange(s, counts, r, counts, "all_to_all");
   }
@@ -357,11 +354,7 @@ class DeviceTransport {
   }
 
   [[nodiscard]] const TrafficCounters& counters() const noexcept { return counters_; }
-  void reset_counters() noexcept {
-    counters_.bytes_sent = 0;
-    counters_.messages_sent = 0;
-    std::fill(counters_.bytes_to_peer.begin(), counters_.bytes_to_peer.end(), std::uint64_t{0});
-  }
+  void reset_counters() noexcept { counters_.reset(); }
 
  private:
   struct Posted {

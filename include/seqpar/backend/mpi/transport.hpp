@@ -233,10 +233,7 @@ class Transport {
   void all_to_all(std::span<const std::byte> s, std::span<std::byte> r) {
     constexpr std::string_view where = "mpi::Transport::all_to_all";
     const auto n = static_cast<std::size_t>(size_);
-    seqpar::detail::require(r.size() == s.size(), where, "r.size()", r.size(),
-                            "must equal s.size() = " + std::to_string(s.size()));
-    seqpar::detail::require(s.size() % n == 0, where, "s.size()", s.size(),
-                            "must be a multiple of size() = " + std::to_string(n));
+    seqpar::detail::require_equal_blocks(where, s.size(), r.size(), size_);
     require_disjoint(where, s, r);
     const std::size_t block = s.size() / n;
     const detail::UnitType unit = unit_type(block > options_.max_bytes_per_call ? block : 1, "all_to_all");
@@ -330,11 +327,7 @@ class Transport {
 
   /// Bytes and messages this object sent to other ranks since construction or reset_counters().
   [[nodiscard]] const TrafficCounters& counters() const noexcept { return counters_; }
-  void reset_counters() noexcept {
-    counters_.bytes_sent = 0;
-    counters_.messages_sent = 0;
-    std::fill(counters_.bytes_to_peer.begin(), counters_.bytes_to_peer.end(), std::uint64_t{0});
-  }
+  void reset_counters() noexcept { counters_.reset(); }
 
  private:
   using clock = std::chrono::steady_clock;

@@ -378,10 +378,7 @@ class Transport {
     return s_ ? s_->counters : none;
   }
   void reset_counters() noexcept {
-    if (!s_) return;
-    s_->counters.bytes_sent = 0;
-    s_->counters.messages_sent = 0;
-    std::fill(s_->counters.bytes_to_peer.begin(), s_->counters.bytes_to_peer.end(), std::uint64_t{0});
+    if (s_) s_->counters.reset();
   }
 
  private:

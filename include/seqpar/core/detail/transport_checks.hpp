@@ -4,7 +4,8 @@
 
 /// @file
 /// The argument checks every transport (inproc, MPI, c10d) runs on a collective before any message, in
-/// one place so that their messages match: counts of a variable collective, and in-place buffers.
+/// one place so that their messages match: equal blocks, counts of a variable collective, and in-place
+/// buffers.
 
 #include <cstddef>
 #include <functional>
@@ -29,6 +30,14 @@ inline void require_counts(std::string_view where, std::string_view name, std::s
   if (sum != buffer_size)
     throw_invalid(where, "sum(" + std::string(name) + ")", sum,
                   "must equal " + std::string(buffer) + " = " + std::to_string(buffer_size));
+}
+
+/// An all_to_all's equal blocks: `r` as large as `s`, and `s` a whole number of blocks for a group of
+/// `size` ranks (if + throw: nothing is built unless it throws).
+inline void require_equal_blocks(std::string_view where, std::size_t s_size, std::size_t r_size, int size) {
+  if (r_size != s_size) throw_invalid(where, "r.size()", r_size, "must equal s.size() = " + std::to_string(s_size));
+  if (s_size % static_cast<std::size_t>(size) != 0)
+    throw_invalid(where, "s.size()", s_size, "must be a multiple of size() = " + std::to_string(size));
 }
 
 /// The send buffer `s` and the receive buffer `r` of a collective do not overlap (in-place collectives

@@ -71,10 +71,7 @@ inline void exchange(State& st, std::string_view where, const char* op, std::spa
 inline void all_to_all(State& st, std::span<const std::byte> s, std::span<std::byte> r) {
   constexpr std::string_view where = "nccl::Transport::all_to_all";
   const auto n = static_cast<std::size_t>(st.size);
-  seqpar::detail::require(r.size() == s.size(), where, "r.size()", r.size(),
-                          "must equal s.size() = " + std::to_string(s.size()));
-  seqpar::detail::require(s.size() % n == 0, where, "s.size()", s.size(),
-                          "must be a multiple of size() = " + std::to_string(n));
+  seqpar::detail::require_equal_blocks(where, s.size(), r.size(), st.size);
   st.counts.assign(n, s.size() / n);
   exchange(st, where, "all_to_all", s, st.counts, r, st.counts);
 }

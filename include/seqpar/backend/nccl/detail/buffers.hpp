@@ -18,6 +18,7 @@
 #include "seqpar/backend/nccl/detail/failure.hpp"
 #include "seqpar/backend/nccl/detail/progress.hpp"
 #include "seqpar/backend/nccl/detail/state.hpp"
+#include "seqpar/core/detail/transport_checks.hpp"
 #include "seqpar/core/error.hpp"
 
 namespace seqpar::backend::nccl::detail {
@@ -36,23 +37,9 @@ namespace seqpar::backend::nccl::detail {
   return false;
 }
 
-/// `counts` has one entry per rank and sums to the buffer's size.
-inline void require_counts(std::string_view where, std::string_view name, std::span<const std::size_t> counts,
-                           std::string_view buffer, std::size_t buffer_size, int n) {
-  seqpar::detail::require(counts.size() == static_cast<std::size_t>(n), where, std::string(name) + ".size()",
-                          counts.size(), "must equal size() = " + std::to_string(n));
-  const std::size_t sum = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-  seqpar::detail::require(sum == buffer_size, where, "sum(" + std::string(name) + ")", sum,
-                          "must equal " + std::string(buffer) + " = " + std::to_string(buffer_size));
-}
-
-/// Send and receive buffers do not overlap (NCCL's in-place forms are not used).
-inline void require_disjoint(std::string_view where, std::span<const std::byte> s, std::span<std::byte> r) {
-  if (s.empty() || r.empty()) return;
-  const std::less<const std::byte*> before;
-  const bool overlap = before(s.data(), r.data() + r.size()) && before(r.data(), s.data() + s.size());
-  seqpar::detail::require(!overlap, where, "r", "<buffer>", "overlaps s (in-place collectives are not supported)");
-}
+// The argument checks every transport shares (core/detail/transport_checks.hpp).
+using seqpar::detail::require_counts;
+using seqpar::detail::require_disjoint;
 
 /// Where a collective runs: the caller's device buffers in place on the queue; host buffers through
 /// staging blocks. A call with host buffers only runs on the transport's own stream (the caller's

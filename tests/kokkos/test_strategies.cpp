@@ -3,16 +3,18 @@
 // host space, double> as every rank's kernel (DistributedAttention on its KokkosExec context, the
 // executor's DataOps<KokkosExec>), on in-process worlds of 1..8 ranks, forward and backward against
 // the fp64 reference over the unsharded batch, at one head size and at d_qk 8 / d_v 12; and 24/16 in fp64,
-// 192/128 in fp32 through ring, Ulysses, all-gather and hierarchical.
+// 192/128 in fp32 through ring, Ulysses, all-gather and hierarchical, 24/16 with sinks and chunk by chunk.
 #include <doctest/doctest.h>
 
 #include <seqpar/kokkos.hpp>
+#include <seqpar/schedule/dynamic_chunk.hpp>
 #include <seqpar/seqpar.hpp>
 
 #include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -179,6 +181,38 @@ TEST_SUITE("kokkos") {
       CHECK(e.dv < 1e-4);
       CHECK(e.bytes_match);
     }
+  }
+
+  // The sink epilogue rescales O rows of d_v values on DataOps<KokkosExec>; chunk by chunk, the carry holds
+  // K and V rows of their own widths.
+  TEST_CASE("KokkosFlash with d_qk != d_v: attention sinks, and chunk by chunk through the ring") {
+    std::mt19937 rng(12);
+    const DocumentBatch batch({test::lognormal_docs(90, 9.0, 1.0, rng), {40, 5, 1, 14}});
+    AttentionShape shape{4, 2, 24};
+    shape.head_dim_v = 16;
+    using Ring = Strategy<partition::Zigzag, comm::Ring>;
+    using Hier = Strategy<partition::Hybrid, comm::Hierarchical<comm::AllToAll, comm::Ring>>;
+    Hier::Arguments hier;
+    hier.ranks_per_node = 2;
+    const std::vector<double> sinks{2.0, -0.5, 0.75, -std::numeric_limits<double>::infinity()};
+    for (const test::Errors& e :
+         {test::check_strategy<Ring, Kernel>(batch, shape, 3, {}, kernel(), 5, sinks),
+          test::check_strategy<Hier, Kernel>(batch.with_window(6), shape, 4, hier, kernel(), 5, sinks)}) {
+      MESSAGE("24/16 with sinks: max error " << e.max());
+      CHECK(e.max() < kTol);
+      CHECK(e.bytes_match);
+    }
+    const auto chunks = schedule::DynamicChunk{{.token_capacity = 32}}.chunks(batch);
+    REQUIRE(chunks.size() >= 4);
+    const auto err = test::distributed_check<Kernel>(
+        batch, chunks, test::forward_then_backward(chunks.size()), shape, 4,
+        [&](backend::inproc::Transport& t) -> std::unique_ptr<runtime::AttentionEngine<Kernel>> {
+          return std::make_unique<DistributedAttention<Ring, Kernel>>(t, shape, Ring::Arguments{}, kernel());
+        },
+        13);
+    MESSAGE("24/16 chunked (" << chunks.size() << " chunks): max error " << err.max());
+    CHECK(err.max() < kTol);
+    CHECK(err.bytes_match);
   }
 
   TEST_CASE("KokkosFlash with attention sinks: the epilogue on DataOps<KokkosExec>, exact vs the fp64 oracle") {

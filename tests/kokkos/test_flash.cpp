@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // attention::KokkosFlash<Kokkos::DefaultHostExecutionSpace, T>: the shared kernel conformance cases
-// (tests/support/kernel_cases.hpp, through a harness of Kokkos::Views) on several tile sizes, non-finite
+// (tests/support/kernel_cases.hpp, through a harness of Kokkos::Views) on several tile sizes, the
+// unequal query/key and value head-size cases (MLA 192/128, 576/512, and small odd pairs), non-finite
 // isolation, refusals and aliasing; and what is KokkosFlash's own: Kokkos::View interop without copies,
 // determinism, and its tile refusals. Tolerances (max abs error / max(1, max|ref|)): double 1e-12, float 2e-5.
 #include <doctest/doctest.h>
@@ -155,6 +156,19 @@ TEST_SUITE("kokkos") {
       kc::run_cases<Harness<T>>(flash, kTolerance<T>);
     }
   }
+  // d_qk != d_v (kernel_cases::head_size_cases: 192/128 causal GQA, 576/512 documents, 24/16 full, 16/40
+  // sliding window, 20/12 strided documents across key tiles, 8/1 MQA): one tile per slice, many partial
+  // tiles, and a key tile wider than the slices, in fp64 and fp32.
+  TEST_CASE_TEMPLATE("KokkosFlash: unequal query/key and value head sizes, forward and backward", T, double, float) {
+    const std::vector<attention::KokkosFlashArguments> tilings{
+        {}, {.q_tile = 7, .k_tile = 5}, {.q_tile = 16, .k_tile = 128}};
+    for (const attention::KokkosFlashArguments& args : tilings) {
+      CAPTURE(args.q_tile);
+      CAPTURE(args.k_tile);
+      attention::KokkosFlash<Space, T> flash(args);
+      CHECK(kc::run_head_size_cases<Harness<T>>(flash, kTolerance<T>) == kc::head_size_cases().size());
+    }
+  }
   TEST_CASE("KokkosFlash: the long kernel conformance cases") {
     attention::KokkosFlash<Space, float> flash;
     kc::run_long_cases<Harness<float>>(flash, kTolerance<float>, 1);  // 1111 causal (CI time)
@@ -176,11 +190,6 @@ TEST_SUITE("kokkos") {
     CHECK_FALSE(flash.can_implement({1, 1, 8, 1e-60}));
     CHECK(attention::KokkosFlash<Space, double>().can_implement(huge));
     CHECK(flash.can_implement({1, 1, 8, 1e30}));  // finite in float: the kernel runs it
-    // One head size: unequal q/k and v sizes (MLA) are refused by name, not run with the wrong width.
-    const Status split = flash.can_implement({1, 1, 8, 0.0, 4});
-    REQUIRE_FALSE(split);
-    CHECK(split.reason.find("shape.head_dim_v = 4") != std::string::npos);
-    CHECK(flash.can_implement({1, 1, 8, 0.0, 8}));  // equal, spelled out
 
     ThdTensor<float> q(4, 1, 8), k(4, 1, 8), v(4, 1, 8), o(4, 1, 8), dq(4, 1, 8), dk(4, 1, 8), dv(4, 1, 8);
     LseTensor<float> lse(1, 4);
@@ -191,6 +200,65 @@ TEST_SUITE("kokkos") {
     CHECK_THROWS_WITH_AS(flash.backward(huge, q.view(), k.view(), v.view(), o.view(), lse.view(), q.view(), sl,
                                         dq.view(), dk.view(), dv.view(), ws),
                          doctest::Contains("softmax_scale"), std::invalid_argument);
+  }
+  TEST_CASE(
+      "KokkosFlash accepts any pair of head sizes it can hold, and refuses the others and views of the wrong size") {
+    const attention::KokkosFlash<Space, float> flash;
+    for (const int d_v : {0, 1, 4, 8, 40, 512, 1024}) {
+      CAPTURE(d_v);
+      CHECK(flash.can_implement({2, 1, 24, 0.0, d_v}));
+    }
+    CHECK(flash.can_implement({2, 1, 576, 0.0, 512}));
+    for (const int d_v : {-1, 1025}) {
+      const Status s = flash.can_implement({2, 1, 24, 0.0, d_v});
+      REQUIRE_FALSE(s);
+      CHECK(s.reason == "KokkosFlash: head_dim_v = " + std::to_string(d_v) + ": must be in [0, 1024] (0 = head_dim)");
+    }
+    // Team scratch counts each width: tiles that hold 8/8 refuse 8/1024 (V, O, dO tiles at 1024 values).
+    const attention::KokkosFlash<Space, float> wide_tiles({.q_tile = 4096, .k_tile = 256});
+    CHECK(wide_tiles.can_implement({1, 1, 8, 0.0, 8}));
+    const Status scratch = wide_tiles.can_implement({1, 1, 8, 0.0, 1024});
+    REQUIRE_FALSE(scratch);
+    CHECK(scratch.reason.find("args.q_tile/k_tile = 4096/256: team scratch of") != std::string::npos);
+    {  // and each call refuses for its own pass (the forward's O accumulator alone is 4096 x 1024 floats)
+      AttentionShape narrow_qk{1, 1, 8};
+      narrow_qk.head_dim_v = 1024;
+      ThdTensor<float> q(3, 1, 8), v(3, 1, 1024), o(3, 1, 1024), dq(3, 1, 8), dk(3, 1, 8), dv(3, 1, 1024);
+      LseTensor<float> lse(1, 3);
+      const std::vector<AttnSlice> sl{{{0, 3}, {0, 3}, Mask::full()}};
+      std::vector<std::byte> ws(wide_tiles.workspace_bytes(narrow_qk, 3, 3));
+      CHECK_THROWS_WITH_AS(wide_tiles.forward(narrow_qk, q.view(), q.view(), v.view(), sl, o.view(), lse.view(), ws),
+                           doctest::Contains("args.q_tile/k_tile = 4096/256"), std::invalid_argument);
+      CHECK_THROWS_WITH_AS(wide_tiles.backward(narrow_qk, q.view(), q.view(), v.view(), o.view(), lse.view(), o.view(),
+                                               sl, dq.view(), dk.view(), dv.view(), ws),
+                           doctest::Contains("args.q_tile/k_tile = 4096/256"), std::invalid_argument);
+    }
+
+    // 24/16: q, k, dq, dk hold 24 values per head, v, o, dout, dv 16; a view of the other width is named.
+    AttentionShape shape{2, 1, 24};
+    shape.head_dim_v = 16;
+    ThdTensor<float> q(6, 2, 24), k(6, 1, 24), v(6, 1, 16), o(6, 2, 16), dout(6, 2, 16), dq(6, 2, 24), dk(6, 1, 24),
+        dv(6, 1, 16), v24(6, 1, 24), o24(6, 2, 24), dq16(6, 2, 16), dv24(6, 1, 24);
+    LseTensor<float> lse(2, 6);
+    const std::vector<AttnSlice> sl{{{0, 6}, {0, 6}, Mask::causal()}};
+    std::vector<std::byte> ws(flash.workspace_bytes(shape, 6, 6));
+    flash.forward(shape, q.view(), k.view(), v.view(), sl, o.view(), lse.view(), ws);
+    flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), sl, dq.view(), dk.view(),
+                   dv.view(), ws);
+    CHECK_THROWS_WITH_AS(flash.forward(shape, q.view(), k.view(), v24.view(), sl, o.view(), lse.view(), ws),
+                         doctest::Contains("v.head_dim = 24: expected 16"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(flash.forward(shape, q.view(), k.view(), v.view(), sl, o24.view(), lse.view(), ws),
+                         doctest::Contains("o.head_dim = 24: expected 16"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), sl,
+                                        dq16.view(), dk.view(), dv.view(), ws),
+                         doctest::Contains("dq.head_dim = 16: expected 24"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), sl,
+                                        dq.view(), dk.view(), dv24.view(), ws),
+                         doctest::Contains("dv.head_dim = 24: expected 16"), std::invalid_argument);
+    AttentionShape bad = shape;
+    bad.head_dim_v = 1025;
+    CHECK_THROWS_WITH_AS(flash.forward(bad, q.view(), k.view(), v.view(), sl, o.view(), lse.view(), ws),
+                         doctest::Contains("head_dim_v = 1025"), std::invalid_argument);
   }
   TEST_CASE("KokkosFlash refuses bad input and aliased outputs") {
     attention::KokkosFlash<Space, float> flash;

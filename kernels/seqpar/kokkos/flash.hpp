@@ -6,7 +6,8 @@
 /// `attention::KokkosFlash<ExecSpace, T>`: the attention kernel on any Kokkos execution space.
 ///
 /// **What.** Forward (O, LSE) and backward (dQ, dK, dV accumulated) over a slice list (disjoint query
-/// ranges; masks full / causal with offset / sliding window), GQA without copying KV: the same
+/// ranges; masks full / causal with offset / sliding window), GQA without copying KV, any pair of head
+/// sizes (MLA: q, k, dq, dk of `shape.qk_dim()`, v, o, dout, dv of `shape.v_dim()`): the same
 /// contract as `attention::Reference` and `CpuFlash` (`AttentionKernel`), on the execution context
 /// `kokkos::KokkosExec<ExecSpace>`, so every strategy runs on it (`DistributedAttention<S, KokkosFlash<...>>`).
 ///
@@ -15,10 +16,11 @@
 /// forward is a TeamPolicy over (query tile, query head): the scaled Q tile and an accumulator stay in
 /// team scratch while the key tiles the rows see (`k_tile` keys, K^T and V in team scratch) stream
 /// past, with an online softmax (running max and sum, rescaled accumulator). Backward recomputes
-/// P = exp(S - LSE) with D = rowsum(dO * O), dS = P * (dP - D), deterministically and without atomics:
-/// one TeamPolicy over (key tile of the buffer, KV head) accumulates dV += P^T dO and dK += dS^T Q over
-/// every query head of the group and every slice reading the tile; one over (query tile, query head)
-/// accumulates dQ += dS K.
+/// P = exp(S - LSE) with D = rowsum(dO * O) (over v_dim), dS = P * (dP - D), deterministically and
+/// without atomics: one TeamPolicy over (key tile of the buffer, KV head) accumulates dV += P^T dO and dK += dS^T Q
+/// over every query head of the group and every slice reading the tile; one over (query tile, query head) accumulates
+/// dQ += dS K. S = Q K^T contracts over qk_dim, dP = dO V^T over v_dim; each team-scratch tile is as wide as the tensor
+/// it holds, so a 576/512 head costs the scratch of its two widths.
 ///
 /// **Memory.** The calls never allocate: the caller's workspace (in the space's memory,
 /// `workspace_bytes`) holds the tile table and D; tiles live in Kokkos team scratch (level 0 when
@@ -34,6 +36,7 @@
 /// @code
 /// Kokkos::ScopeGuard guard(argc, argv);
 /// attention::KokkosFlash<Kokkos::Serial, double> flash;
+/// // shape {.heads_q = 16, .heads_kv = 16, .head_dim = 192, .head_dim_v = 128} (MLA): q, k 192 wide, v, o 128
 /// std::vector<std::byte> ws(flash.workspace_bytes(shape, q.tokens, k.tokens));
 /// flash.forward(shape, q, k, v, slices, o, lse, ws);   // or kokkos::as_thd(view) for Kokkos::Views
 /// @endcode
@@ -100,9 +103,9 @@ class KokkosFlash {
     return 64 + align64(rows * sizeof(kokkos::detail::QTile)) + heads * rows * sizeof(accum_type);
   }
 
-  /// Whether the kernel runs `shape`: a well-formed shape whose softmax scale stays finite and nonzero
-  /// in accum_type and whose tiles (args.q_tile x args.k_tile at shape.head_dim) fit the space's team
-  /// scratch in every pass; one head size (head_dim_v unequal is refused by name). The calls refuse the same.
+  /// Whether the kernel runs `shape`: a well-formed shape (each head size in [1, 1024]) whose softmax
+  /// scale stays finite and nonzero in accum_type and whose tiles (args.q_tile x args.k_tile, Q/K tiles
+  /// at qk_dim and V/O tiles at v_dim) fit the space's team scratch in every pass. The calls refuse the same.
   [[nodiscard]] Status can_implement(const AttentionShape& shape) const {
     return implementable(shape, "KokkosFlash", true, true);
   }
@@ -125,7 +128,7 @@ class KokkosFlash {
     const std::int64_t cells = q.tokens * shape.heads_q;
     if (cells > 0)
       Kokkos::parallel_for("seqpar::KokkosFlash::prefill", Range(space, 0, cells),
-                           kokkos::detail::Prefill<T, A>{rows(o), lse_rows(lse), shape.heads_q, shape.head_dim,
+                           kokkos::detail::Prefill<T, A>{rows(o), lse_rows(lse), shape.heads_q, shape.v_dim(),
                                                          -std::numeric_limits<A>::infinity()});
     const Work w = carve(shape, q.tokens, workspace);
     const std::int64_t n_tiles = query_tiles(space, slices, w.tiles);
@@ -161,7 +164,7 @@ class KokkosFlash {
     if (cells > 0)
       Kokkos::parallel_for(
           "seqpar::KokkosFlash::delta", Range(space, 0, cells),
-          kokkos::detail::RowDot<T, A>{rows(dout), rows(o), w.delta, q.tokens, shape.heads_q, shape.head_dim});
+          kokkos::detail::RowDot<T, A>{rows(dout), rows(o), w.delta, q.tokens, shape.heads_q, shape.v_dim()});
     const std::int64_t n_tiles = query_tiles(space, slices, w.tiles);
     const std::int64_t key_tiles = (k.tokens + args_.k_tile - 1) / args_.k_tile;
     if (n_tiles > 0 && key_tiles > 0) {
@@ -209,7 +212,7 @@ class KokkosFlash {
 
   template <class K>
   void base(K& f, const AttentionShape& shape) const {
-    f.set_tiles(shape.head_dim, args_.q_tile, args_.k_tile), f.scale = A(shape.scale());
+    f.set_tiles(shape.qk_dim(), shape.v_dim(), args_.q_tile, args_.k_tile), f.scale = A(shape.scale());
   }
 
   template <class K>
@@ -258,14 +261,10 @@ class KokkosFlash {
   }
 
   // What can_implement answers (both passes) and a call refuses (its pass): the shape, then the team
-  // scratch of the pass's kernels at this head dim (launch checks each kernel with scratch_status too).
+  // scratch of the pass's kernels at these head sizes (launch checks each kernel with scratch_status too).
   [[nodiscard]] Status implementable(const AttentionShape& shape, const char* where, bool forward,
                                      bool backward) const {
     if (Status s = shape.status(where); !s) return s;
-    if (shape.split_dims())
-      return seqpar::detail::refuse_invalid(where, "shape.head_dim_v", shape.head_dim_v,
-                                            "must equal head_dim = " + std::to_string(shape.head_dim) +
-                                                " (KokkosFlash runs one head size; CpuFlash runs unequal ones)");
     // The scale is applied in accum_type (Q is loaded pre-scaled): it must stay finite and nonzero there,
     // or every score is Inf or 0 and the outputs NaN.
     const double sc = shape.scale();
@@ -277,14 +276,14 @@ class KokkosFlash {
     std::size_t bytes = 0;
     if (forward) {
       kokkos::detail::ForwardKernel<ExecSpace, T, A> f;
-      f.set_tiles(shape.head_dim, args_.q_tile, args_.k_tile);
+      base(f, shape);
       bytes = f.scratch_bytes();
     }
     if (backward) {
       kokkos::detail::BackwardKVKernel<ExecSpace, T, A> kv;
       kokkos::detail::BackwardQKernel<ExecSpace, T, A> dq;
-      kv.set_tiles(shape.head_dim, args_.q_tile, args_.k_tile);
-      dq.set_tiles(shape.head_dim, args_.q_tile, args_.k_tile);
+      base(kv, shape);
+      base(dq, shape);
       bytes = std::max({bytes, kv.scratch_bytes(), dq.scratch_bytes()});
     }
     return scratch_status(bytes, where);
@@ -293,9 +292,9 @@ class KokkosFlash {
   void check(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
              std::span<const AttnSlice> slices, std::span<std::byte> workspace, const char* where, bool forward) const {
     seqpar::detail::throw_if_refused(implementable(shape, where, forward, !forward));
-    seqpar::detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.head_dim);
-    seqpar::detail::check_view(k, where, "k", k.tokens, shape.heads_kv, shape.head_dim);
-    seqpar::detail::check_view(v, where, "v", k.tokens, shape.heads_kv, shape.head_dim);
+    seqpar::detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.qk_dim());
+    seqpar::detail::check_view(k, where, "k", k.tokens, shape.heads_kv, shape.qk_dim());
+    seqpar::detail::check_view(v, where, "v", k.tokens, shape.heads_kv, shape.v_dim());
     if constexpr (kokkos::kHostAccessible<ExecSpace>) validate_slices(slices, q.tokens, k.tokens, where);
     const std::size_t need = workspace_bytes(shape, q.tokens, k.tokens);
     if (workspace.size() < need)

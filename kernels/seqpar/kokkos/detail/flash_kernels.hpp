@@ -8,7 +8,10 @@
 /// (forward, dQ) or a key tile of the buffer and one KV head (dK/dV); threads of the team own rows
 /// (TeamThreadRange), vector lanes own columns (ThreadVectorRange). Tiles live in team scratch:
 /// K^T / V^T as [d][k_tile] (the score loop runs along keys, a stride-1 vector loop), V and K as
-/// [k_tile][d] and accumulators as [rows][d] (the update loop runs along head_dim).
+/// [k_tile][d] and accumulators as [rows][d] (the update loop runs along the head size).
+/// Two head sizes (MLA): Q, K and their gradients have d_qk columns, V, O, dO and dV have d_v; every
+/// tile is sized and strided by the width of the tensor it holds (S = Q K^T and dP = dO V^T contract
+/// over d_qk and d_v respectively, O and dV accumulate d_v columns, dQ and dK d_qk).
 /// Non-finite isolation: every sum runs over only the (row, key) pairs the mask and the slice admit;
 /// masked or out-of-slice entries are skipped, never multiplied by a zero weight (0 * Inf is NaN).
 /// Only std-free, KOKKOS_INLINE_FUNCTION code runs inside the kernels (no std::clamp, no
@@ -104,7 +107,7 @@ struct TileScan {
   }
 };
 
-/// O = 0, LSE = -inf on every row (rows no slice covers keep them).
+/// O = 0, LSE = -inf on every row (rows no slice covers keep them); O rows have d = d_v values.
 template <class T, class A>
 struct Prefill {
   Rows<T> o;
@@ -120,7 +123,7 @@ struct Prefill {
   }
 };
 
-/// D = rowsum(dO * O) per (query head, row), into delta[h * tokens + t].
+/// D = rowsum(dO * O) per (query head, row), into delta[h * tokens + t]; over d = d_v values.
 template <class T, class A>
 struct RowDot {
   Rows<const T> dout, o;
@@ -146,14 +149,17 @@ struct TeamBase {
   /// Columns per register block: the inner loops run over kW consecutive elements with kW
   /// independent accumulators (a fixed trip count, so compilers vectorise them at -O2 on the host).
   static constexpr int kW = 8;
-  int d = 0, br = 0, bc = 0, level = 0;
-  int ld = 0;   ///< row stride of [rows][head_dim] tiles: d rounded up to kW (padding is zero)
-  int ldc = 0;  ///< row stride of [head_dim][keys] and [rows][keys] tiles: bc rounded up to kW
+  int d_qk = 0;  ///< values per head of Q, K, dQ, dK
+  int d_v = 0;   ///< values per head of V, O, dO, dV
+  int br = 0, bc = 0, level = 0;
+  int ld_qk = 0;  ///< row stride of [rows][d_qk] tiles: d_qk rounded up to kW (padding is zero)
+  int ld_v = 0;   ///< row stride of [rows][d_v] tiles: d_v rounded up to kW (padding is zero)
+  int ldc = 0;    ///< row stride of [d][keys] and [rows][keys] tiles: bc rounded up to kW
   A scale = 0;
 
   static constexpr int pad(int n) { return (n + kW - 1) / kW * kW; }
-  void set_tiles(int head_dim, int q_tile, int k_tile) {
-    d = head_dim, br = q_tile, bc = k_tile, ld = pad(head_dim), ldc = pad(k_tile);
+  void set_tiles(int qk_dim, int v_dim, int q_tile, int k_tile) {
+    d_qk = qk_dim, d_v = v_dim, br = q_tile, bc = k_tile, ld_qk = pad(qk_dim), ld_v = pad(v_dim), ldc = pad(k_tile);
   }
 
   /// Carves n elements of team scratch.
@@ -165,26 +171,26 @@ struct TeamBase {
   /// dst[r * ld + x] = src(row i0 + r, head h)[x] * mul for r < n, x < d; 0 for d <= x < ld (team-wide).
   template <class T>
   KOKKOS_INLINE_FUNCTION void load_rows(const member_type& team, Rows<const T> src, std::int64_t i0, int n, int h,
-                                        A mul, A* dst) const {
+                                        A mul, int d, int ld, A* dst) const {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), [&](int r) {
       const T* row = src.row(i0 + r, h);
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, ld),
                            [&](int x) { dst[r * ld + x] = x < d ? A(row[x]) * mul : A(0); });
     });
   }
-  /// dst[x * ldc + c] = src(row j0 + c, head h)[x] for c < n: a transposed key tile.
+  /// dst[x * ldc + c] = src(row j0 + c, head h)[x] for c < n, x < d: a transposed key tile.
   template <class T>
   KOKKOS_INLINE_FUNCTION void load_cols(const member_type& team, Rows<const T> src, std::int64_t j0, int n, int h,
-                                        A* dst) const {
+                                        int d, A* dst) const {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), [&](int c) {
       const T* row = src.row(j0 + c, h);
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d), [&](int x) { dst[x * ldc + c] = A(row[x]); });
     });
   }
-  /// out[c] = sum_x a[x] * bt[x * ldc + c] for c in [c0, c1) (one thread's vector lanes), kW columns
-  /// at a time (columns of a block outside [c0, c1) are computed from whatever the tile holds there
-  /// and not stored).
-  KOKKOS_INLINE_FUNCTION void row_times_tile(const member_type& team, const A* a, const A* bt, int c0, int c1,
+  /// out[c] = sum_{x < d} a[x] * bt[x * ldc + c] for c in [c0, c1) (one thread's vector lanes), kW
+  /// columns at a time (columns of a block outside [c0, c1) are computed from whatever the tile holds
+  /// there and not stored).
+  KOKKOS_INLINE_FUNCTION void row_times_tile(const member_type& team, const A* a, const A* bt, int d, int c0, int c1,
                                              A* out) const {
     Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c0 / kW, (c1 + kW - 1) / kW), [&](int g) {
       A s[kW] = {};
@@ -201,8 +207,8 @@ struct TeamBase {
     });
   }
   /// acc[x] += sum_c w[c] * rows[c * ld + x] for c in [c0, c1), x < ld, kW columns of acc in registers.
-  KOKKOS_INLINE_FUNCTION void accumulate_rows(const member_type& team, const A* w, const A* rows, int c0, int c1,
-                                              A* acc) const {
+  KOKKOS_INLINE_FUNCTION void accumulate_rows(const member_type& team, const A* w, const A* rows, int ld, int c0,
+                                              int c1, A* acc) const {
     Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, ld / kW), [&](int g) {
       A a[kW];
       for (int u = 0; u < kW; ++u) a[u] = acc[g * kW + u];
@@ -228,30 +234,33 @@ struct ForwardKernel : TeamBase<ExecSpace, A> {
   const QTile* tiles = nullptr;
   int heads_q = 0, group = 1;
 
+  // Takes (in operator()'s order): qs [br][ld_qk], acc [br][ld_v], kt [d_qk][ldc], vs [bc][ld_v],
+  // sc [br][ldc], m and l [br].
   [[nodiscard]] std::size_t scratch_bytes() const {
-    const std::int64_t br = this->br, bc = this->bc, d = this->d, ld = this->ld, ldc = this->ldc;
-    return Base::bytes(br * ld) * 2 + Base::bytes(d * ldc) + Base::bytes(bc * ld) + Base::bytes(br * ldc) +
-           Base::bytes(br) * 2;
+    const std::int64_t br = this->br, bc = this->bc, ldc = this->ldc;
+    return Base::bytes(br * this->ld_qk) + Base::bytes(br * this->ld_v) + Base::bytes(this->d_qk * ldc) +
+           Base::bytes(bc * this->ld_v) + Base::bytes(br * ldc) + Base::bytes(br) * 2;
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
-    const int d = this->d, br = this->br, bc = this->bc, ld = this->ld, ldc = this->ldc;
+    const int d_qk = this->d_qk, d_v = this->d_v, br = this->br, bc = this->bc;
+    const int ld_qk = this->ld_qk, ld_v = this->ld_v, ldc = this->ldc;
     const std::int64_t idx = team.league_rank();
     const QTile tile = tiles[idx / heads_q];
     const int h = static_cast<int>(idx % heads_q), hk = h / group;
     const AttnSlice s = slices[tile.slice];
     const int n = static_cast<int>(min64(br, s.q_range.end - s.q_range.begin - tile.row0));
-    A* qs = Base::take(team, this->level, std::int64_t{br} * ld);
-    A* acc = Base::take(team, this->level, std::int64_t{br} * ld);
-    A* kt = Base::take(team, this->level, std::int64_t{d} * ldc);
-    A* vs = Base::take(team, this->level, std::int64_t{bc} * ld);
+    A* qs = Base::take(team, this->level, std::int64_t{br} * ld_qk);
+    A* acc = Base::take(team, this->level, std::int64_t{br} * ld_v);
+    A* kt = Base::take(team, this->level, std::int64_t{d_qk} * ldc);
+    A* vs = Base::take(team, this->level, std::int64_t{bc} * ld_v);
     A* sc = Base::take(team, this->level, std::int64_t{br} * ldc);
     A* m = Base::take(team, this->level, br);
     A* l = Base::take(team, this->level, br);
     const std::int64_t i0 = s.q_range.begin + tile.row0;
-    this->load_rows(team, q, i0, n, h, this->scale, qs);
+    this->load_rows(team, q, i0, n, h, this->scale, d_qk, ld_qk, qs);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), [&](int r) {
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, ld), [&](int x) { acc[r * ld + x] = A(0); });
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, ld_v), [&](int x) { acc[r * ld_v + x] = A(0); });
       Kokkos::single(Kokkos::PerThread(team), [&]() {
         m[r] = A(0);
         l[r] = A(0);  // l == 0 marks "no key seen yet"
@@ -263,8 +272,8 @@ struct ForwardKernel : TeamBase<ExecSpace, A> {
     for (std::int64_t kt0 = klo; kt0 < khi; kt0 += bc) {
       const int nk = static_cast<int>(min64(bc, khi - kt0));
       team.team_barrier();  // the previous tile's readers are done
-      this->load_cols(team, k, s.k_range.begin + kt0, nk, hk, kt);
-      this->load_rows(team, v, s.k_range.begin + kt0, nk, hk, A(1), vs);
+      this->load_cols(team, k, s.k_range.begin + kt0, nk, hk, d_qk, kt);
+      this->load_rows(team, v, s.k_range.begin + kt0, nk, hk, A(1), d_v, ld_v, vs);
       team.team_barrier();
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), [&](int r) {
         std::int64_t lo = 0, hi = 0;
@@ -272,7 +281,7 @@ struct ForwardKernel : TeamBase<ExecSpace, A> {
         const int c0 = static_cast<int>(clamp64(lo - kt0, 0, nk)), c1 = static_cast<int>(clamp64(hi - kt0, 0, nk));
         if (c0 >= c1) return;
         A* srow = sc + r * ldc;
-        this->row_times_tile(team, qs + r * ld, kt, c0, c1, srow);
+        this->row_times_tile(team, qs + r * ld_qk, kt, d_qk, c0, c1, srow);
         A mx = srow[c0];
         Kokkos::parallel_reduce(
             Kokkos::ThreadVectorRange(team, c0, c1), [&](int c, A& mm) { mm = srow[c] > mm ? srow[c] : mm; },
@@ -289,9 +298,9 @@ struct ForwardKernel : TeamBase<ExecSpace, A> {
             },
             sum);
         const A alpha = first ? A(0) : exp(m[r] - m_new);
-        A* arow = acc + r * ld;
-        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, ld), [&](int x) { arow[x] *= alpha; });
-        this->accumulate_rows(team, srow, vs, c0, c1, arow);
+        A* arow = acc + r * ld_v;
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, ld_v), [&](int x) { arow[x] *= alpha; });
+        this->accumulate_rows(team, srow, vs, ld_v, c0, c1, arow);
         Kokkos::single(Kokkos::PerThread(team), [&]() {
           m[r] = m_new;
           l[r] = l[r] * alpha + sum;
@@ -302,8 +311,8 @@ struct ForwardKernel : TeamBase<ExecSpace, A> {
       if (l[r] == A(0)) return;  // a row that sees no key: O = 0, LSE = -inf from the prefill
       const A inv = A(1) / l[r];
       T* orow = o.row(i0 + r, h);
-      const A* arow = acc + r * ld;
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d), [&](int x) { orow[x] = T(arow[x] * inv); });
+      const A* arow = acc + r * ld_v;
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d_v), [&](int x) { orow[x] = T(arow[x] * inv); });
       Kokkos::single(Kokkos::PerThread(team), [&]() { lse(h, i0 + r) = m[r] + log(l[r]); });
     });
   }
@@ -321,10 +330,11 @@ struct BackwardBase : TeamBase<ExecSpace, A> {
 
   /// P and dS of rows [0, n) (slice-relative rows b0 + r) against the key tile columns [0, nk) whose
   /// keys are slice-relative kt0 + c: p = exp(s - lse), ds = p (dp - D); masked columns get 0.
+  /// qs [rows][ld_qk] and kt [d_qk][ldc] give S; os (dO) [rows][ld_v] and vt [d_v][ldc] give dP.
   KOKKOS_INLINE_FUNCTION void probabilities(const typename TeamBase<ExecSpace, A>::member_type& team,
                                             const AttnSlice& s, std::int64_t b0, int n, std::int64_t kt0, int nk, int h,
                                             const A* qs, const A* os, const A* kt, const A* vt, A* p, A* ds) const {
-    const int ld = this->ld, ldc = this->ldc;
+    const int ldc = this->ldc;
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), [&](int r) {
       std::int64_t lo = 0, hi = 0;
       visible_keys(s, b0 + r, lo, hi);
@@ -338,8 +348,8 @@ struct BackwardBase : TeamBase<ExecSpace, A> {
       if (c0 >= c1) return;
       const std::int64_t i = s.q_range.begin + b0 + r;
       const A li = lse(h, i), di = delta[h * q_tokens + i];
-      this->row_times_tile(team, qs + r * ld, kt, c0, c1, prow);
-      this->row_times_tile(team, os + r * ld, vt, c0, c1, drow);
+      this->row_times_tile(team, qs + r * this->ld_qk, kt, this->d_qk, c0, c1, prow);
+      this->row_times_tile(team, os + r * this->ld_v, vt, this->d_v, c0, c1, drow);
       Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, c0, c1), [&](int c) {
         const A pc = exp(prow[c] - li);
         prow[c] = pc;
@@ -357,31 +367,36 @@ struct BackwardQKernel : BackwardBase<ExecSpace, T, A> {
   Rows<T> dq;
   const QTile* tiles = nullptr;
 
+  // Takes (in operator()'s order): qs [br][ld_qk], os [br][ld_v], acc [br][ld_qk], kt [d_qk][ldc],
+  // vt [d_v][ldc], kn [bc][ld_qk], p and ds [br][ldc].
   [[nodiscard]] std::size_t scratch_bytes() const {
-    const std::int64_t br = this->br, bc = this->bc, d = this->d, ld = this->ld, ldc = this->ldc;
-    return Base::bytes(br * ld) * 3 + Base::bytes(d * ldc) * 2 + Base::bytes(bc * ld) + Base::bytes(br * ldc) * 2;
+    const std::int64_t br = this->br, bc = this->bc, ld_qk = this->ld_qk, ldc = this->ldc;
+    return Base::bytes(br * ld_qk) + Base::bytes(br * this->ld_v) + Base::bytes(br * ld_qk) +
+           Base::bytes(this->d_qk * ldc) + Base::bytes(this->d_v * ldc) + Base::bytes(bc * ld_qk) +
+           Base::bytes(br * ldc) * 2;
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
-    const int d = this->d, br = this->br, bc = this->bc, ld = this->ld, ldc = this->ldc;
+    const int d_qk = this->d_qk, d_v = this->d_v, br = this->br, bc = this->bc;
+    const int ld_qk = this->ld_qk, ld_v = this->ld_v, ldc = this->ldc;
     const std::int64_t idx = team.league_rank();
     const QTile tile = tiles[idx / this->heads_q];
     const int h = static_cast<int>(idx % this->heads_q), hk = h / this->group;
     const AttnSlice s = this->slices[tile.slice];
     const int n = static_cast<int>(min64(br, s.q_range.end - s.q_range.begin - tile.row0));
-    A* qs = Base::take(team, this->level, std::int64_t{br} * ld);
-    A* os = Base::take(team, this->level, std::int64_t{br} * ld);
-    A* acc = Base::take(team, this->level, std::int64_t{br} * ld);
-    A* kt = Base::take(team, this->level, std::int64_t{d} * ldc);
-    A* vt = Base::take(team, this->level, std::int64_t{d} * ldc);
-    A* kn = Base::take(team, this->level, std::int64_t{bc} * ld);
+    A* qs = Base::take(team, this->level, std::int64_t{br} * ld_qk);
+    A* os = Base::take(team, this->level, std::int64_t{br} * ld_v);
+    A* acc = Base::take(team, this->level, std::int64_t{br} * ld_qk);
+    A* kt = Base::take(team, this->level, std::int64_t{d_qk} * ldc);
+    A* vt = Base::take(team, this->level, std::int64_t{d_v} * ldc);
+    A* kn = Base::take(team, this->level, std::int64_t{bc} * ld_qk);
     A* p = Base::take(team, this->level, std::int64_t{br} * ldc);
     A* ds = Base::take(team, this->level, std::int64_t{br} * ldc);
     const std::int64_t i0 = s.q_range.begin + tile.row0;
-    this->load_rows(team, this->q, i0, n, h, this->scale, qs);
-    this->load_rows(team, this->dout, i0, n, h, A(1), os);
+    this->load_rows(team, this->q, i0, n, h, this->scale, d_qk, ld_qk, qs);
+    this->load_rows(team, this->dout, i0, n, h, A(1), d_v, ld_v, os);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), [&](int r) {
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, ld), [&](int x) { acc[r * ld + x] = A(0); });
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, ld_qk), [&](int x) { acc[r * ld_qk + x] = A(0); });
     });
     std::int64_t klo = 0, khi = 0, unused = 0;
     visible_keys(s, tile.row0, klo, unused);
@@ -389,9 +404,9 @@ struct BackwardQKernel : BackwardBase<ExecSpace, T, A> {
     for (std::int64_t kt0 = klo; kt0 < khi; kt0 += bc) {
       const int nk = static_cast<int>(min64(bc, khi - kt0));
       team.team_barrier();
-      this->load_cols(team, this->k, s.k_range.begin + kt0, nk, hk, kt);
-      this->load_cols(team, this->v, s.k_range.begin + kt0, nk, hk, vt);
-      this->load_rows(team, this->k, s.k_range.begin + kt0, nk, hk, A(1), kn);
+      this->load_cols(team, this->k, s.k_range.begin + kt0, nk, hk, d_qk, kt);
+      this->load_cols(team, this->v, s.k_range.begin + kt0, nk, hk, d_v, vt);
+      this->load_rows(team, this->k, s.k_range.begin + kt0, nk, hk, A(1), d_qk, ld_qk, kn);
       team.team_barrier();
       this->probabilities(team, s, tile.row0, n, kt0, nk, h, qs, os, kt, vt, p, ds);
       // Each thread reads back only its own rows of dS: no barrier between the two loops. Only the keys
@@ -400,13 +415,13 @@ struct BackwardQKernel : BackwardBase<ExecSpace, T, A> {
         std::int64_t lo = 0, hi = 0;
         visible_keys(s, tile.row0 + r, lo, hi);
         const int c0 = static_cast<int>(clamp64(lo - kt0, 0, nk)), c1 = static_cast<int>(clamp64(hi - kt0, 0, nk));
-        if (c0 < c1) this->accumulate_rows(team, ds + r * ldc, kn, c0, c1, acc + r * ld);
+        if (c0 < c1) this->accumulate_rows(team, ds + r * ldc, kn, ld_qk, c0, c1, acc + r * ld_qk);
       });
     }
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, n), [&](int r) {
       T* row = dq.row(i0 + r, h);
-      const A* arow = acc + r * ld;
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d),
+      const A* arow = acc + r * ld_qk;
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d_qk),
                            [&](int x) { row[x] = T(A(row[x]) + arow[x] * this->scale); });
     });
   }
@@ -423,32 +438,34 @@ struct BackwardKVKernel : BackwardBase<ExecSpace, T, A> {
   std::int64_t n_slices = 0, k_tokens = 0;
   int heads_kv = 0;
 
+  // Takes (in operator()'s order): kt [d_qk][ldc], vt [d_v][ldc], dka [bc][ld_qk], dva [bc][ld_v],
+  // qs [br][ld_qk], os [br][ld_v], p and ds [br][ldc].
   [[nodiscard]] std::size_t scratch_bytes() const {
-    const std::int64_t br = this->br, bc = this->bc, d = this->d, ld = this->ld, ldc = this->ldc;
-    return Base::bytes(br * ld) * 2 + Base::bytes(d * ldc) * 2 + Base::bytes(bc * ld) * 2 + Base::bytes(br * ldc) * 2;
+    const std::int64_t br = this->br, bc = this->bc, ld_qk = this->ld_qk, ld_v = this->ld_v, ldc = this->ldc;
+    return Base::bytes(this->d_qk * ldc) + Base::bytes(this->d_v * ldc) + Base::bytes(bc * ld_qk) +
+           Base::bytes(bc * ld_v) + Base::bytes(br * ld_qk) + Base::bytes(br * ld_v) + Base::bytes(br * ldc) * 2;
   }
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type& team) const {
-    const int d = this->d, br = this->br, bc = this->bc, ld = this->ld, ldc = this->ldc;
+    const int d_qk = this->d_qk, d_v = this->d_v, br = this->br, bc = this->bc;
+    const int ld_qk = this->ld_qk, ld_v = this->ld_v, ldc = this->ldc;
     const std::int64_t idx = team.league_rank();
     const int hk = static_cast<int>(idx % heads_kv);
     const std::int64_t j0 = idx / heads_kv * bc;
     const int nk = static_cast<int>(min64(bc, k_tokens - j0));
-    A* kt = Base::take(team, this->level, std::int64_t{d} * ldc);
-    A* vt = Base::take(team, this->level, std::int64_t{d} * ldc);
-    A* dka = Base::take(team, this->level, std::int64_t{bc} * ld);
-    A* dva = Base::take(team, this->level, std::int64_t{bc} * ld);
-    A* qs = Base::take(team, this->level, std::int64_t{br} * ld);
-    A* os = Base::take(team, this->level, std::int64_t{br} * ld);
+    A* kt = Base::take(team, this->level, std::int64_t{d_qk} * ldc);
+    A* vt = Base::take(team, this->level, std::int64_t{d_v} * ldc);
+    A* dka = Base::take(team, this->level, std::int64_t{bc} * ld_qk);
+    A* dva = Base::take(team, this->level, std::int64_t{bc} * ld_v);
+    A* qs = Base::take(team, this->level, std::int64_t{br} * ld_qk);
+    A* os = Base::take(team, this->level, std::int64_t{br} * ld_v);
     A* p = Base::take(team, this->level, std::int64_t{br} * ldc);
     A* ds = Base::take(team, this->level, std::int64_t{br} * ldc);
-    this->load_cols(team, this->k, j0, nk, hk, kt);
-    this->load_cols(team, this->v, j0, nk, hk, vt);
+    this->load_cols(team, this->k, j0, nk, hk, d_qk, kt);
+    this->load_cols(team, this->v, j0, nk, hk, d_v, vt);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nk), [&](int c) {
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, ld), [&](int x) {
-        dka[c * ld + x] = A(0);
-        dva[c * ld + x] = A(0);
-      });
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, ld_qk), [&](int x) { dka[c * ld_qk + x] = A(0); });
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, ld_v), [&](int x) { dva[c * ld_v + x] = A(0); });
     });
     for (int hh = 0; hh < this->group; ++hh) {
       const int h = hk * this->group + hh;
@@ -462,8 +479,8 @@ struct BackwardKVKernel : BackwardBase<ExecSpace, T, A> {
         for (std::int64_t b0 = rlo; b0 < rhi; b0 += br) {
           const int nb = static_cast<int>(min64(br, rhi - b0));
           team.team_barrier();  // the previous block's readers are done
-          this->load_rows(team, this->q, s.q_range.begin + b0, nb, h, this->scale, qs);
-          this->load_rows(team, this->dout, s.q_range.begin + b0, nb, h, A(1), os);
+          this->load_rows(team, this->q, s.q_range.begin + b0, nb, h, this->scale, d_qk, ld_qk, qs);
+          this->load_rows(team, this->dout, s.q_range.begin + b0, nb, h, A(1), d_v, ld_v, os);
           team.team_barrier();
           // Tile column c is slice-relative key j0 + c - ks; columns outside the slice come out masked.
           this->probabilities(team, s, b0, nb, j0 - ks, nk, h, qs, os, kt, vt, p, ds);
@@ -472,29 +489,32 @@ struct BackwardKVKernel : BackwardBase<ExecSpace, T, A> {
           // the key. Keys of the tile outside the slice (another document, or another sequence of a
           // ring) and rows the mask hides are skipped, never multiplied by a zero P or dS: a NaN or
           // infinity in those rows' q or dout would otherwise reach this key's dK and dV (0 * Inf).
-          // kW columns of the key row's dV and dK stay in registers across the block's rows.
+          // kW columns of the key row's dV or dK stay in registers across the block's rows: the vector
+          // lanes take the ld_v / kW column groups of dV (weights P, rows of dO) and then the ld_qk / kW
+          // groups of dK (weights dS, rows of scale Q), as the two head sizes may differ.
           constexpr int kW = Base::kW;
+          const int groups_v = ld_v / kW, groups = groups_v + ld_qk / kW;
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nk), [&](int c) {
             const std::int64_t kc = j0 + c - ks;  // slice-relative key
             if (kc < 0 || kc >= s.k_range.end - ks) return;
             std::int64_t lo = 0, hi = 0;
             rows_seeing(s, kc, kc + 1, lo, hi);
             const int r0 = static_cast<int>(clamp64(lo - b0, 0, nb)), r1 = static_cast<int>(clamp64(hi - b0, 0, nb));
-            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, ld / kW), [&](int g) {
-              A* dvr = dva + c * ld + g * kW;
-              A* dkr = dka + c * ld + g * kW;
-              A av[kW], ak[kW];
-              for (int u = 0; u < kW; ++u) av[u] = dvr[u], ak[u] = dkr[u];
+            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, groups), [&](int g) {
+              const bool value = g < groups_v;
+              const A* weight = value ? p : ds;  // column c of P (dV) or dS (dK)
+              const int ld = value ? ld_v : ld_qk;
+              const int col = (value ? g : g - groups_v) * kW;
+              const A* src = (value ? os : qs) + col;
+              A* dst = (value ? dva + c * ld_v : dka + c * ld_qk) + col;
+              A acc[kW];
+              for (int u = 0; u < kW; ++u) acc[u] = dst[u];
               for (int r = r0; r < r1; ++r) {
-                const A pc = p[r * ldc + c], dc = ds[r * ldc + c];
-                const A* orow = os + r * ld + g * kW;
-                const A* qrow = qs + r * ld + g * kW;
-                for (int u = 0; u < kW; ++u) {
-                  av[u] += pc * orow[u];
-                  ak[u] += dc * qrow[u];
-                }
+                const A w = weight[r * ldc + c];
+                const A* row = src + r * ld;
+                for (int u = 0; u < kW; ++u) acc[u] += w * row[u];
               }
-              for (int u = 0; u < kW; ++u) dvr[u] = av[u], dkr[u] = ak[u];
+              for (int u = 0; u < kW; ++u) dst[u] = acc[u];
             });
           });
         }
@@ -504,10 +524,10 @@ struct BackwardKVKernel : BackwardBase<ExecSpace, T, A> {
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nk), [&](int c) {
       T* krow = dk.row(j0 + c, hk);
       T* vrow = dv.row(j0 + c, hk);
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d), [&](int x) {
-        krow[x] = T(A(krow[x]) + dka[c * ld + x]);
-        vrow[x] = T(A(vrow[x]) + dva[c * ld + x]);
-      });
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d_qk),
+                           [&](int x) { krow[x] = T(A(krow[x]) + dka[c * ld_qk + x]); });
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, d_v),
+                           [&](int x) { vrow[x] = T(A(vrow[x]) + dva[c * ld_v + x]); });
     });
   }
 };

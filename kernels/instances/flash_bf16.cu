@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// attention::CudaFlash<__nv_bfloat16>, every member compiled once (forward and backward, head dims 64 and 128,
-// for every architecture of CMAKE_CUDA_ARCHITECTURES), for C++ translation units that include
+// attention::CudaFlash<__nv_bfloat16>, every member compiled once (forward and backward, head sizes 64/64, 128/128 and
+// 192/128, for every architecture of CMAKE_CUDA_ARCHITECTURES), for C++ translation units that include
 // seqpar/gpu/flash.hpp. One storage type per translation unit, so that they build in parallel.
 #include "seqpar/gpu/flash.cuh"
 

@@ -20,8 +20,9 @@
 namespace seqpar::test {
 
 /// A kernel's harness on device memory, written and read with synchronous copies; every case runs at
-/// head_dim kHeadDim and softmax_scale kScale (0: 1/sqrt(head_dim)).
-template <class Kernel, int kHeadDim, double kScale = 0.0>
+/// head_dim kHeadDim, softmax_scale kScale (0: 1/sqrt(head_dim)) and, where kHeadDimV is not 0, the
+/// value head size head_dim_v kHeadDimV (0: the case's own, which is head_dim in kernel_cases::cases()).
+template <class Kernel, int kHeadDim, double kScale = 0.0, int kHeadDimV = 0>
 struct DeviceHarness {
   using kernel_type = Kernel;
   using value_type = typename Kernel::value_type;
@@ -121,6 +122,7 @@ struct DeviceHarness {
   static AttentionShape adapt(AttentionShape shape) {
     shape.head_dim = kHeadDim;
     shape.softmax_scale = kScale;
+    if constexpr (kHeadDimV != 0) shape.head_dim_v = kHeadDimV;
     return shape;
   }
   static void finish(const kernel_type& k) { k.exec().synchronize(); }

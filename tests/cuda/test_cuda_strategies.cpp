@@ -470,6 +470,41 @@ void bf16_subset() {
   }
 }
 
+// MLA's head sizes (q/k 192, v 128) through the executor: CudaFlash with prepared Params at 192/128, and
+// DataOps<CudaExec> moving K-side and V-side pieces of unequal widths. Compiled, never run on a GPU yet.
+template <class T>
+void mla_subset(double tolerance) {
+  using ZigzagRing = Strategy<partition::Zigzag, comm::Ring>;
+  using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
+  using HybridGather = Strategy<partition::Hybrid, comm::AllGather>;
+  AttentionShape shape{8, 2, 192};
+  shape.head_dim_v = 128;
+  for (int world : {2, 4}) {
+    const DocumentBatch batch = make_batch(2, Mix::kLognormal, 91u + static_cast<unsigned>(world));
+    int run = 0;
+    const auto check = [&]<class S>(const char* name, typename S::Arguments args) {
+      INFO(name << ", world " << world << ", 192/128, " << (std::is_same_v<T, float> ? "fp32" : "bf16"));
+      if (!S::can_implement(args, batch, shape,
+                            Topology{world, args.ranks_per_node == 0 ? world : args.ranks_per_node}))
+        return;
+      ++run;
+      const auto err = check_strategy_on_gpu<S, T>(batch, shape, world, args);
+      CHECK(err.o < tolerance);
+      CHECK(err.lse < tolerance);
+      CHECK(err.dq < tolerance);
+      CHECK(err.dk < tolerance);
+      CHECK(err.dv < tolerance);
+      CHECK(err.bytes_match);
+    };
+    typename ZigzagRing::Arguments ring;
+    ring.comm.sharding_aware = true;
+    check.template operator()<ZigzagRing>("Zigzag x Ring(sharding-aware)", ring);
+    check.template operator()<Ulysses>("Uniform x AllToAll", {});
+    check.template operator()<HybridGather>("Hybrid x AllGather", {});
+    CHECK(run >= 2);
+  }
+}
+
 }  // namespace
 }  // namespace seqpar
 
@@ -501,6 +536,11 @@ TEST_SUITE("cuda") {
 
   TEST_CASE("a bf16 subset on one GPU, head_dim 128") {
     seqpar::bf16_subset();
+  }
+
+  TEST_CASE("MLA's 192/128 on one GPU: ring, all-to-all and all-gather strategies, fp32 and bf16") {
+    seqpar::mla_subset<float>(seqpar::kFp32Tolerance);
+    seqpar::mla_subset<__nv_bfloat16>(seqpar::kBf16Tolerance);
   }
 
   TEST_CASE("attention sinks on one GPU: DataOps<CudaExec>'s epilogue and the gradient's gather (fp32)") {

@@ -138,8 +138,9 @@ inline std::vector<Case> cases() {
 }
 
 /// Unequal query/key and value head sizes (AttentionShape::head_dim_v; MLA: 192/128, 576/512 absorbed), for
-/// the kernels that run them (CpuFlash, KokkosFlash; the others refuse such shapes by name): d_v smaller and larger
-/// than d_qk, widths off the 16-value panels, GQA, causal, windows and documents across key tiles.
+/// the kernels that run any pair (CpuFlash, KokkosFlash; CudaFlash runs 192/128 only, through a harness at that
+/// pair; the others refuse such shapes by name): d_v smaller and larger than d_qk, widths off the 16-value panels,
+/// GQA, causal, windows and documents across key tiles.
 inline std::vector<Case> head_size_cases() {
   const auto one = [](std::int64_t q, std::int64_t k, Mask m) { return std::vector<AttnSlice>{{{0, q}, {0, k}, m}}; };
   const auto shape = [](int hq, int hkv, int d, int d_v) {
@@ -362,7 +363,7 @@ void check_nonfinite_isolation(typename H::kernel_type& kernel, Isolation level,
   using A = typename H::accum_type;
   using Thd = typename H::template Thd<T>;
   const AttentionShape shape = H::adapt({4, 2, 40});
-  const int d = shape.head_dim;
+  const int d = shape.qk_dim(), d_v = shape.v_dim();  // d: q, k, dq, dk; d_v: v, dout, o, dv
   std::vector<AttnSlice> slices;
   const std::vector<std::pair<std::int64_t, Mask>> docs{
       {100, Mask::causal()}, {150, Mask::causal()}, {90, Mask::sliding_window(33)}, {60, Mask::full()}};
@@ -373,7 +374,7 @@ void check_nonfinite_isolation(typename H::kernel_type& kernel, Isolation level,
   }
   std::mt19937_64 rng(99);
   const ThdTensor<double> q0 = normal_tensor(n, 4, d, rng), k0 = normal_tensor(n, 2, d, rng),
-                          v0 = normal_tensor(n, 2, d, rng), do0 = normal_tensor(n, 4, d, rng);
+                          v0 = normal_tensor(n, 2, d_v, rng), do0 = normal_tensor(n, 4, d_v, rng);
   const typename H::Slices dev_slices(slices, n, n);
   typename H::Bytes ws(kernel.workspace_bytes(shape, n, n));
   struct Outputs {
@@ -382,11 +383,11 @@ void check_nonfinite_isolation(typename H::kernel_type& kernel, Isolation level,
   };
   const auto run = [&](const ThdTensor<double>& qv, const ThdTensor<double>& kv, const ThdTensor<double>& vv,
                        const ThdTensor<double>& dov) {
-    Thd q(n, 4, d, 0), k(n, 2, d, 0), v(n, 2, d, 0), dout(n, 4, d, 0), o(n, 4, d, 0), dq(n, 4, d, 0), dk(n, 2, d, 0),
-        dv(n, 2, d, 0);
+    Thd q(n, 4, d, 0), k(n, 2, d, 0), v(n, 2, d_v, 0), dout(n, 4, d_v, 0), o(n, 4, d_v, 0), dq(n, 4, d, 0),
+        dk(n, 2, d, 0), dv(n, 2, d_v, 0);
     q.write(qv), k.write(kv), v.write(vv), dout.write(dov);
-    const ThdTensor<double> zq(n, 4, d), zk(n, 2, d);
-    dq.write(zq), dk.write(zk), dv.write(zk);
+    const ThdTensor<double> zq(n, 4, d), zk(n, 2, d), zv(n, 2, d_v);
+    dq.write(zq), dk.write(zk), dv.write(zv);
     typename H::Lse lse(4, n);
     kernel.forward(shape, q.view(), k.view(), v.view(), dev_slices.span(), o.view(), lse.view(), ws.span());
     kernel.backward(shape, q.view(), k.view(), v.view(), o.view(), LseView<const A>(lse.view()), dout.view(),
@@ -482,9 +483,9 @@ void check_refusals(typename H::kernel_type& kernel) {
   using A = typename H::accum_type;
   using Thd = typename H::template Thd<T>;
   const AttentionShape shape = H::adapt({4, 2, 32});
-  const int d = shape.head_dim;
-  Thd q(10, 4, d, 0), k(12, 2, d, 0), v(12, 2, d, 0), o(10, 4, d, 0), dout(10, 4, d, 0), dq(10, 4, d, 0),
-      dk(12, 2, d, 0), dv(12, 2, d, 0), o_short(9, 4, d, 0), v_narrow(12, 2, d / 2, 0);
+  const int d = shape.qk_dim(), d_v = shape.v_dim();  // d: q, k, dq, dk; d_v: v, dout, o, dv
+  Thd q(10, 4, d, 0), k(12, 2, d, 0), v(12, 2, d_v, 0), o(10, 4, d_v, 0), dout(10, 4, d_v, 0), dq(10, 4, d, 0),
+      dk(12, 2, d, 0), dv(12, 2, d_v, 0), o_short(9, 4, d_v, 0), v_narrow(12, 2, d_v / 2, 0);
   typename H::Lse lse(4, 10);
   const std::size_t ws_bytes = kernel.workspace_bytes(shape, 10, 12);
   typename H::Bytes ws(ws_bytes);
@@ -505,7 +506,9 @@ void check_refusals(typename H::kernel_type& kernel) {
   CHECK_NOTHROW(bwd(slices.span(), dq.view(), dk.view(), dv.view(), ws.span()));
   CHECK_THROWS_AS(fwd(shape, slices.span(), o_short.view(), lse.view(), v.view(), ws.span()), std::invalid_argument);
   CHECK_THROWS_AS(fwd(shape, slices.span(), o.view(), lse.view(), v_narrow.view(), ws.span()), std::invalid_argument);
-  CHECK_THROWS_AS(fwd({3, 2, d}, slices.span(), o.view(), lse.view(), v.view(), ws.span()), std::invalid_argument);
+  AttentionShape bad_heads = shape;
+  bad_heads.heads_q = 3;
+  CHECK_THROWS_AS(fwd(bad_heads, slices.span(), o.view(), lse.view(), v.view(), ws.span()), std::invalid_argument);
   if (ws_bytes > 0)
     CHECK_THROWS_AS(fwd(shape, slices.span(), o.view(), lse.view(), v.view(), ws.span().first(ws_bytes / 2)),
                     std::invalid_argument);
@@ -530,8 +533,8 @@ void check_refusals(typename H::kernel_type& kernel) {
     expect_alias([&] { fwd(shape, slices.span(), q.view(), lse.view(), v.view(), ws.span()); }, "overlaps q");
     const LseView<A> lse_in_o = LseView<A>::dense(reinterpret_cast<A*>(o.view().data), 4, 10);
     expect_alias([&] { fwd(shape, slices.span(), o.view(), lse_in_o, v.view(), ws.span()); }, "overlaps o");
-    typename H::Bytes wide(ws_bytes + 10 * 4 * static_cast<std::size_t>(d) * sizeof(T) + 64);
-    const ThdView<T> o_in_ws = ThdView<T>::dense(reinterpret_cast<T*>(wide.span().data()), 10, 4, d);
+    typename H::Bytes wide(ws_bytes + 10 * 4 * static_cast<std::size_t>(std::max(d, d_v)) * sizeof(T) + 64);
+    const ThdView<T> o_in_ws = ThdView<T>::dense(reinterpret_cast<T*>(wide.span().data()), 10, 4, d_v);
     expect_alias([&] { fwd(shape, slices.span(), o_in_ws, lse.view(), v.view(), wide.span()); }, "workspace");
     // backward: dQ over dout; dK inside dQ; dV over v; dQ inside the workspace
     expect_alias([&] { bwd(slices.span(), dout.view(), dk.view(), dv.view(), ws.span()); }, "overlaps dout");

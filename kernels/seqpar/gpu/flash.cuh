@@ -15,11 +15,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <span>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 #include <utility>
 
 #include "seqpar/attention/kernel.hpp"
@@ -39,6 +39,26 @@
 namespace seqpar::attention {
 namespace detail {
 
+// An instantiated head-size pair as a type: q/k size kQk, v size kV.
+template <int DK, int DV>
+struct HeadDims {
+  static constexpr int kQk = DK;
+  static constexpr int kV = DV;
+};
+
+// f(HeadDims<qk, v>{}) for a pair of kCudaFlashHeadDims: the one place a runtime pair becomes the
+// kernels' template arguments. Callers have checked the shape (cuda_flash_shape_status); another pair
+// is refused all the same.
+template <class F>
+decltype(auto) with_head_dims(int qk, int v, const char* where, F&& f) {
+  static_assert(std::size(kCudaFlashHeadDims) == 3, "with_head_dims dispatches every pair of kCudaFlashHeadDims");
+  if (qk == 64 && v == 64) return f(HeadDims<64, 64>{});
+  if (qk == 128 && v == 128) return f(HeadDims<128, 128>{});
+  if (qk == 192 && v == 128) return f(HeadDims<192, 128>{});
+  throw std::invalid_argument(std::string(where) + ": head sizes " + std::to_string(qk) + "/" + std::to_string(v) +
+                              " are not among the CUDA kernels' (kCudaFlashHeadDims)");
+}
+
 // CudaFlash<T>'s checks and launches (static: the class holds only its context).
 template <class T>
 struct CudaFlashCalls {
@@ -56,9 +76,9 @@ struct CudaFlashCalls {
     seqpar::detail::throw_if_refused(cuda_flash_shape_status(shape, where));
     seqpar::detail::require(q.tokens < std::numeric_limits<int>::max(), where, "q.tokens", q.tokens,
                             "must be below 2^31 (tile tables index rows with 32 bits)");
-    seqpar::detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.head_dim);
-    seqpar::detail::check_view(k, where, "k", k.tokens, shape.heads_kv, shape.head_dim);
-    seqpar::detail::check_view(v, where, "v", k.tokens, shape.heads_kv, shape.head_dim);
+    seqpar::detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.qk_dim());
+    seqpar::detail::check_view(k, where, "k", k.tokens, shape.heads_kv, shape.qk_dim());
+    seqpar::detail::check_view(v, where, "v", k.tokens, shape.heads_kv, shape.v_dim());
     // The slices themselves are in device memory (checked where they were uploaded); their count
     // bounds the tile table.
     if (static_cast<std::int64_t>(slices.size()) > q.tokens)
@@ -87,10 +107,10 @@ struct CudaFlashCalls {
 
   static void fill_empty(ThdView<T> o, LseView<float> lse, const AttentionShape& shape, cudaStream_t stream,
                          const char* where) {
-    const std::int64_t n = o.tokens * shape.heads_q * shape.head_dim;
+    const std::int64_t n = o.tokens * shape.heads_q * shape.v_dim();
     const int blocks = static_cast<int>(std::min<std::int64_t>((n + 255) / 256, 4096));
     gpu::detail::fill_empty_kernel<T>
-        <<<blocks, 256, 0, stream>>>(device(o), {lse.data, lse.head_stride}, o.tokens, shape.heads_q, shape.head_dim);
+        <<<blocks, 256, 0, stream>>>(device(o), {lse.data, lse.head_stride}, o.tokens, shape.heads_q, shape.v_dim());
     SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
   }
 
@@ -121,14 +141,16 @@ struct CudaFlashCalls {
     return {p.slices, static_cast<int>(p.num_slices), {p.tiles, p.length}, p.num_tiles};
   }
 
-  // Rows per tile of the pass's tiled kernel (the forward's, or the dQ kernel's) at head dim D.
-  static int rows_per_tile(int head_dim, Pass pass) {
-    if (pass == Pass::kForward)
-      return head_dim == 64 ? gpu::detail::ForwardPlan<T, 64>::kRows : gpu::detail::ForwardPlan<T, 128>::kRows;
-    return head_dim == 64 ? gpu::detail::DqPlan<T, 64>::kRows : gpu::detail::DqPlan<T, 128>::kRows;
+  // Rows per tile of the pass's tiled kernel (the forward's, or the dQ kernel's) at the shape's head sizes.
+  static int rows_per_tile(const AttentionShape& shape, Pass pass, const char* where) {
+    return with_head_dims(shape.qk_dim(), shape.v_dim(), where, [pass](auto dims) {
+      using D = decltype(dims);
+      return pass == Pass::kForward ? gpu::detail::ForwardPlan<T, D::kQk, D::kV>::kRows
+                                    : gpu::detail::DqPlan<T, D::kQk, D::kV>::kRows;
+    });
   }
 
-  // Params are the prepared call's: same pass, head dim, q rows and slice count.
+  // Params are the prepared call's: same pass, head sizes, q rows and slice count.
   static void check_params(const CudaFlashParams& p, Pass pass, const AttentionShape& shape, std::int64_t q_rows,
                            std::span<const AttnSlice> slices, const char* where) {
     const auto mismatch = [&](const char* what, auto have, auto want) {
@@ -137,17 +159,19 @@ struct CudaFlashCalls {
     };
     if (p.pass != pass) mismatch("pass", static_cast<int>(p.pass), static_cast<int>(pass));
     if (p.head_dim != shape.head_dim) mismatch("head_dim", p.head_dim, shape.head_dim);
+    if (p.head_dim_v != shape.v_dim()) mismatch("head_dim_v", p.head_dim_v, shape.v_dim());
     if (p.q_rows != q_rows) mismatch("q_rows", p.q_rows, q_rows);
     if (p.num_slices != static_cast<std::int64_t>(slices.size()))
       mismatch("num_slices", p.num_slices, static_cast<std::int64_t>(slices.size()));
-    if (p.rows_per_tile != rows_per_tile(shape.head_dim, pass))
-      mismatch("rows_per_tile", p.rows_per_tile, rows_per_tile(shape.head_dim, pass));
+    if (const int rows = rows_per_tile(shape, pass, where); p.rows_per_tile != rows)
+      mismatch("rows_per_tile", p.rows_per_tile, rows);
   }
 
   template <class Kernel>
-  static void allow_shared(Kernel kernel, std::size_t bytes, int head_dim, const gpu::CudaExec& exec,
+  static void allow_shared(Kernel kernel, std::size_t bytes, int head_dim, int head_dim_v, const gpu::CudaExec& exec,
                            const char* where) {
-    if (Status s = cuda_flash_shared_status(exec, bytes, head_dim, where); !s) throw Error(Errc::kStepFailed, s.reason);
+    if (Status s = cuda_flash_shared_status(exec, bytes, head_dim, head_dim_v, where); !s)
+      throw Error(Errc::kStepFailed, s.reason);
     SEQPAR_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)), where);
   }
@@ -160,12 +184,12 @@ struct CudaFlashCalls {
   }
 
   // The forward on `prepared` tables, or (null) on a tile table built in the workspace now.
-  template <int D>
+  template <int DK, int DV>
   static void launch_forward(const gpu::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q,
                              ThdView<const T> k, ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o,
                              LseView<float> lse, std::span<std::byte> workspace, const CudaFlashParams* prepared,
                              const char* where) {
-    using Plan = gpu::detail::ForwardPlan<T, D>;
+    using Plan = gpu::detail::ForwardPlan<T, DK, DV>;
     const cudaStream_t stream = exec.stream();
     const CallTables t = prepared != nullptr ? tables(*prepared)
                                              : tile_table(slices, q.tokens, Plan::kRows, workspace, 0, stream, where);
@@ -180,20 +204,20 @@ struct CudaFlashCalls {
                                     static_cast<float>(shape.scale()),
                                     t.slices,
                                     t.table};
-    const auto kernel = gpu::detail::flash_forward_kernel<T, D>;
-    allow_shared(kernel, Plan::kBytes, D, exec, where);
+    const auto kernel = gpu::detail::flash_forward_kernel<T, DK, DV>;
+    allow_shared(kernel, Plan::kBytes, DK, DV, exec, where);
     kernel<<<grid_of(t.tiles * shape.heads_q, where), Plan::kThreads, Plan::kBytes, stream>>>(p);
     SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
   }
 
-  template <int D>
+  template <int DK, int DV>
   static void launch_backward(const gpu::CudaExec& exec, const AttentionShape& shape, ThdView<const T> q,
                               ThdView<const T> k, ThdView<const T> v, ThdView<const T> o, LseView<const float> lse,
                               ThdView<const T> dout, std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk,
                               ThdView<T> dv, std::span<std::byte> workspace, const CudaFlashParams* prepared,
                               const char* where) {
-    using DqPlan = gpu::detail::DqPlan<T, D>;
-    using DkvPlan = gpu::detail::DkvPlan<T, D>;
+    using DqPlan = gpu::detail::DqPlan<T, DK, DV>;
+    using DkvPlan = gpu::detail::DkvPlan<T, DK, DV>;
     const cudaStream_t stream = exec.stream();
     auto* delta = reinterpret_cast<float*>(workspace.data());
     const std::size_t delta_bytes =
@@ -217,7 +241,7 @@ struct CudaFlashCalls {
                                      shape.heads_q,
                                      shape.heads_kv,
                                      shape.group_size(),
-                                     shape.head_dim,
+                                     DV,
                                      static_cast<float>(shape.scale()),
                                      t.slices,
                                      t.num_slices,
@@ -226,13 +250,13 @@ struct CudaFlashCalls {
     gpu::detail::delta_kernel<T><<<grid_of((warps + 7) / 8, where), 256, 0, stream>>>(p);
     SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
 
-    const auto dq_kernel = gpu::detail::flash_dq_kernel<T, D>;
-    allow_shared(dq_kernel, DqPlan::kBytes, D, exec, where);
+    const auto dq_kernel = gpu::detail::flash_dq_kernel<T, DK, DV>;
+    allow_shared(dq_kernel, DqPlan::kBytes, DK, DV, exec, where);
     dq_kernel<<<grid_of(t.tiles * shape.heads_q, where), DqPlan::kThreads, DqPlan::kBytes, stream>>>(p);
     SEQPAR_CUDA_CHECK(cudaGetLastError(), where);
 
-    const auto dkv_kernel = gpu::detail::flash_dkv_kernel<T, D>;
-    allow_shared(dkv_kernel, DkvPlan::kBytes, D, exec, where);
+    const auto dkv_kernel = gpu::detail::flash_dkv_kernel<T, DK, DV>;
+    allow_shared(dkv_kernel, DkvPlan::kBytes, DK, DV, exec, where);
     const dim3 grid(grid_of((k.tokens + DkvPlan::kKeys - 1) / DkvPlan::kKeys, where),
                     static_cast<unsigned>(shape.heads_kv));
     dkv_kernel<<<grid, DkvPlan::kThreads, DkvPlan::kBytes, stream>>>(p);
@@ -249,13 +273,13 @@ std::size_t CudaFlash<T>::workspace_bytes(const AttentionShape& shape, std::int6
 }
 
 template <class T>
-std::size_t CudaFlash<T>::shared_bytes(int head_dim) {
-  const auto of = [](auto d) {
-    constexpr int D = decltype(d)::value;
-    return std::max({gpu::detail::ForwardPlan<T, D>::kBytes, gpu::detail::DqPlan<T, D>::kBytes,
-                     gpu::detail::DkvPlan<T, D>::kBytes});
-  };
-  return head_dim == 64 ? of(std::integral_constant<int, 64>{}) : of(std::integral_constant<int, 128>{});
+std::size_t CudaFlash<T>::shared_bytes(int head_dim, int head_dim_v) {
+  const int v = head_dim_v != 0 ? head_dim_v : head_dim;
+  return detail::with_head_dims(head_dim, v, "CudaFlash::shared_bytes", [](auto dims) {
+    using D = decltype(dims);
+    return std::max({gpu::detail::ForwardPlan<T, D::kQk, D::kV>::kBytes, gpu::detail::DqPlan<T, D::kQk, D::kV>::kBytes,
+                     gpu::detail::DkvPlan<T, D::kQk, D::kV>::kBytes});
+  });
 }
 
 template <class T>
@@ -271,7 +295,8 @@ CudaFlashParams CudaFlash<T>::prepare(const gpu::CudaExec& exec, const Attention
   Params p;
   p.pass = pass;
   p.head_dim = shape.head_dim;
-  p.rows_per_tile = Calls::rows_per_tile(shape.head_dim, pass);
+  p.head_dim_v = shape.v_dim();
+  p.rows_per_tile = Calls::rows_per_tile(shape, pass, where);
   p.q_rows = q_rows;
   p.num_slices = static_cast<std::int64_t>(host_slices.size());
   const gpu::detail::PreparedBlock block = gpu::detail::prepared_block(host_slices, p.rows_per_tile);
@@ -329,7 +354,7 @@ void CudaFlash<T>::run_forward(const gpu::CudaExec& exec, const Params* params, 
   constexpr const char* where = "CudaFlash::forward";
   Calls::check_inputs(shape, q, k, v, slices, where);
   if (params != nullptr) Calls::check_params(*params, Pass::kForward, shape, q.tokens, slices, where);
-  seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
+  seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.v_dim());
   seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
   Calls::check_workspace(shape, q.tokens, workspace, where);
   SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
@@ -337,11 +362,10 @@ void CudaFlash<T>::run_forward(const gpu::CudaExec& exec, const Params* params, 
   if (q.tokens == 0) return;
   Calls::fill_empty(o, lse, shape, stream, where);
   if (slices.empty()) return;
-  if (shape.head_dim == 64) {
-    Calls::template launch_forward<64>(exec, shape, q, k, v, slices, o, lse, workspace, params, where);
-  } else {
-    Calls::template launch_forward<128>(exec, shape, q, k, v, slices, o, lse, workspace, params, where);
-  }
+  detail::with_head_dims(shape.qk_dim(), shape.v_dim(), where, [&](auto dims) {
+    using D = decltype(dims);
+    Calls::template launch_forward<D::kQk, D::kV>(exec, shape, q, k, v, slices, o, lse, workspace, params, where);
+  });
 }
 
 template <class T>
@@ -353,22 +377,20 @@ void CudaFlash<T>::run_backward(const gpu::CudaExec& exec, const Params* params,
   constexpr const char* where = "CudaFlash::backward";
   Calls::check_inputs(shape, q, k, v, slices, where);
   if (params != nullptr) Calls::check_params(*params, Pass::kBackward, shape, q.tokens, slices, where);
-  seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
+  seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.v_dim());
   seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
-  seqpar::detail::check_view(dout, where, "dout", q.tokens, shape.heads_q, shape.head_dim);
-  seqpar::detail::check_view(dq, where, "dq", q.tokens, shape.heads_q, shape.head_dim);
-  seqpar::detail::check_view(dk, where, "dk", k.tokens, shape.heads_kv, shape.head_dim);
-  seqpar::detail::check_view(dv, where, "dv", k.tokens, shape.heads_kv, shape.head_dim);
+  seqpar::detail::check_view(dout, where, "dout", q.tokens, shape.heads_q, shape.v_dim());
+  seqpar::detail::check_view(dq, where, "dq", q.tokens, shape.heads_q, shape.qk_dim());
+  seqpar::detail::check_view(dk, where, "dk", k.tokens, shape.heads_kv, shape.qk_dim());
+  seqpar::detail::check_view(dv, where, "dv", k.tokens, shape.heads_kv, shape.v_dim());
   Calls::check_workspace(shape, q.tokens, workspace, where);
   SEQPAR_CUDA_CHECK(cudaSetDevice(exec.device()), where);
   if (q.tokens == 0 || k.tokens == 0 || slices.empty()) return;
-  if (shape.head_dim == 64) {
-    Calls::template launch_backward<64>(exec, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace, params,
-                                        where);
-  } else {
-    Calls::template launch_backward<128>(exec, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace, params,
-                                         where);
-  }
+  detail::with_head_dims(shape.qk_dim(), shape.v_dim(), where, [&](auto dims) {
+    using D = decltype(dims);
+    Calls::template launch_backward<D::kQk, D::kV>(exec, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace,
+                                                   params, where);
+  });
 }
 
 }  // namespace seqpar::attention

@@ -15,7 +15,11 @@
 /// its front end once per GPU architecture, and compiles the kernels once per program.
 ///
 /// - T: float (tests: exact fp32 FMAs), __half or __nv_bfloat16 (tensor cores through WMMA); fp32
-///   accumulation, fp32 LSE. Head dim 64 or 128. GQA reads each kv head in place (no copies).
+///   accumulation, fp32 LSE. GQA reads each kv head in place (no copies).
+/// - Head sizes (q/k, v): 64/64, 128/128 and MLA's 192/128 (kCudaFlashHeadDims), with the host kernels'
+///   semantics: Q K^T over qk_dim; P V, dP = dO V^T and the row sums rowsum(dO * O) over v_dim; q, k, dq,
+///   dk of qk_dim values per head, v, o, dout, dv of v_dim. 192/128 is compiled (sm_80, sm_90a) but has
+///   never run on a GPU: its conformance cases (tests/cuda/test_cuda_kernel_cases.cpp) await a device run.
 /// - Slices: the same `AttnSlice` semantics as CpuFlash (full, causal with explicit alignment,
 ///   sliding window; disjoint query ranges per call), in device memory: checked once where they reach
 ///   the device (`gpu::DeviceSlices`, or the executor's lowering), not at every call.
@@ -24,8 +28,9 @@
 ///   (`prepare`, the kernel's per-program `Params`, uploaded with a copy of the call's slices); a
 ///   direct call without `Params` builds it on the device each call (CUB scan + radix sort,
 ///   detail/tile_table.cuh). Both are the same table.
-/// - `can_implement(shape)`: head dims 64 and 128 (what the kernels are instantiated for), equal for q/k and
-///   v (head_dim_v unequal, MLA, is refused by name); the calls refuse what it refuses, with the same message.
+/// - `can_implement(shape)`: the pairs above (what the kernels are instantiated for; another is refused
+///   naming shape.head_dim or shape.head_dim_v) and the shared memory their kernels need on the device;
+///   the calls refuse what it refuses, with the same message.
 /// - Forward writes O and LSE on every query row (rows in no slice: O = 0, LSE = -inf). Backward
 ///   adds (+=) into dQ, dK, dV, deterministically (detail/flash_backward.cuh).
 /// - Everything is enqueued on `exec.stream()`; nothing waits on the host; the workspace
@@ -56,26 +61,47 @@
 
 namespace seqpar::attention {
 
-/// What CudaFlash can run and its calls accept: a well-formed shape with head dim 64 or 128.
+/// A (q/k, v) head-size pair the kernels are instantiated for.
+struct CudaFlashHeadDims {
+  int qk;  ///< q, k, dq, dk: AttentionShape::qk_dim()
+  int v;   ///< v, o, dout, dv: AttentionShape::v_dim()
+};
+
+/// Every pair CudaFlash runs: equal 64 and 128, and MLA's 192/128 (DeepSeek-V2/V3: 128 + 64 rotary
+/// q/k values, 128 values of v). Each pair is a set of kernels of its own (flash.cuh dispatches on it).
+inline constexpr CudaFlashHeadDims kCudaFlashHeadDims[] = {{64, 64}, {128, 128}, {192, 128}};
+
+/// What CudaFlash can run and its calls accept: a well-formed shape whose (qk_dim, v_dim) is one of
+/// kCudaFlashHeadDims. A head_dim no pair has is refused as `shape.head_dim`, one of them with another
+/// value size as `shape.head_dim_v`.
 [[nodiscard]] inline Status cuda_flash_shape_status(const AttentionShape& shape, const char* where) {
   if (Status s = shape.status(where); !s) return s;
-  if (shape.split_dims())
-    return seqpar::detail::refuse_invalid(where, "shape.head_dim_v", shape.head_dim_v,
-                                          "must equal head_dim = " + std::to_string(shape.head_dim) +
-                                              " (CudaFlash runs one head size; CpuFlash runs unequal q/k and v sizes)");
-  if (shape.head_dim != 64 && shape.head_dim != 128)
-    return seqpar::detail::refuse_invalid(where, "shape.head_dim", shape.head_dim,
-                                          "the CUDA kernels are built for head dims 64 and 128");
-  return Status::success();
+  bool qk_built = false;
+  for (const CudaFlashHeadDims& d : kCudaFlashHeadDims) {
+    if (d.qk == shape.qk_dim() && d.v == shape.v_dim()) return Status::success();
+    qk_built = qk_built || d.qk == shape.qk_dim();
+  }
+  std::string built = "the CUDA kernels are built for (head_dim, head_dim_v) =";
+  for (const CudaFlashHeadDims& d : kCudaFlashHeadDims) {
+    // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on " " + std::to_string(...).
+    built += ' ';
+    built += std::to_string(d.qk);
+    built += '/';
+    built += std::to_string(d.v);
+  }
+  built += " (head_dim_v 0 = head_dim)";
+  if (!qk_built) return seqpar::detail::refuse_invalid(where, "shape.head_dim", shape.head_dim, built);
+  return seqpar::detail::refuse_invalid(where, "shape.head_dim_v", shape.head_dim_v, built);
 }
 
 /// Whether `exec`'s device gives a block the `bytes` of dynamic shared memory CudaFlash's kernels need
-/// at `head_dim` (what can_implement(exec, shape) answers and a launch refuses).
+/// at head sizes head_dim/head_dim_v (what can_implement(exec, shape) answers and a launch refuses).
 [[nodiscard]] inline Status cuda_flash_shared_status(const gpu::CudaExec& exec, std::size_t bytes, int head_dim,
-                                                     const char* where) {
+                                                     int head_dim_v, const char* where) {
   if (bytes <= static_cast<std::size_t>(exec.max_shared_bytes())) return Status::success();
   return seqpar::detail::refuse_invalid(where, "shape.head_dim", head_dim,
-                                        "the kernels need " + std::to_string(bytes) +
+                                        "at head sizes " + std::to_string(head_dim) + "/" + std::to_string(head_dim_v) +
+                                            " the kernels need " + std::to_string(bytes) +
                                             " bytes of shared memory per block, the device allows " +
                                             std::to_string(exec.max_shared_bytes()));
 }
@@ -87,6 +113,7 @@ namespace seqpar::attention {
 struct CudaFlashParams {
   Pass pass = Pass::kForward;
   int head_dim = 0;
+  int head_dim_v = 0;                    ///< the shape's v_dim() (0 resolved to head_dim)
   int rows_per_tile = 0;                 ///< query rows per tile of the pass's kernel (forward or dQ)
   std::int64_t q_rows = 0;               ///< rows of the call's q buffer
   std::int64_t num_slices = 0;           ///< slices of the call (what forward/backward are passed)
@@ -115,17 +142,18 @@ class CudaFlash {
 
   using Params = CudaFlashParams;
 
-  /// Head dims 64 and 128 (cuda_flash_shape_status), with the shared memory their kernels need on the
-  /// kernel's own device; the calls refuse the same shapes.
+  /// The head-size pairs of kCudaFlashHeadDims (cuda_flash_shape_status), with the shared memory their
+  /// kernels need on the kernel's own device; the calls refuse the same shapes.
   [[nodiscard]] Status can_implement(const AttentionShape& shape) const { return can_implement(exec_, shape); }
   /// The same on `exec`'s device.
   [[nodiscard]] Status can_implement(const gpu::CudaExec& exec, const AttentionShape& shape) const {
     if (Status s = cuda_flash_shape_status(shape, "CudaFlash"); !s) return s;
-    return cuda_flash_shared_status(exec, shared_bytes(shape.head_dim), shape.head_dim, "CudaFlash");
+    return cuda_flash_shared_status(exec, shared_bytes(shape.qk_dim(), shape.v_dim()), shape.qk_dim(), shape.v_dim(),
+                                    "CudaFlash");
   }
-  /// Dynamic shared memory per block of the largest of the kernels (forward, dQ, dK/dV) at head dim 64
-  /// or 128.
-  [[nodiscard]] static std::size_t shared_bytes(int head_dim);
+  /// Dynamic shared memory per block of the largest of the kernels (forward, dQ, dK/dV) at a pair of
+  /// kCudaFlashHeadDims (head_dim_v 0 = head_dim); another pair throws std::invalid_argument.
+  [[nodiscard]] static std::size_t shared_bytes(int head_dim, int head_dim_v = 0);
 
   /// The call's tile table, built on the host from `host_slices` (checked against q_rows and k_rows)
   /// and uploaded with a copy of them on exec.stream() (waited for: once per cached program). What

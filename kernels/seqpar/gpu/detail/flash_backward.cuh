@@ -13,6 +13,9 @@
 /// Every output element is owned by one block and summed in a fixed order: no atomics, the same bits
 /// on every run. The price is recomputing S and P in kernels 2 and 3 (7 products where FA2's atomic
 /// dQ needs 5). Results are added (+=) to dq, dk, dv, as the kernel concept says.
+/// Head sizes, as in the host kernels: Q K^T (and K Q^T) contracts over the q/k size DK, and dQ = dS K,
+/// dK = dS^T Q are DK wide; dO V^T (and V dO^T) and delta contract over the v size DV, and dV = P^T dO
+/// is DV wide.
 
 #include <cstdint>
 
@@ -30,14 +33,15 @@ struct BackwardParams {
   DeviceLse<const float> lse;
   DeviceLse<float> delta;
   std::int64_t q_rows, k_rows;
-  int heads_q, heads_kv, group, head_dim;
+  int heads_q, heads_kv, group;
+  int head_dim_v;  ///< values per head of o and dout (what delta sums over)
   float scale;
   const AttnSlice* slices;
   int num_slices;
   TileTable table;  ///< query tiles, for the dQ kernel
 };
 
-/// delta(h, t) = sum_d dO(t, h, d) * O(t, h, d): one warp per (row, head).
+/// delta(h, t) = sum_d dO(t, h, d) * O(t, h, d) over the v head size: one warp per (row, head).
 template <class T>
 __global__ void delta_kernel(BackwardParams<T> p) {
   const std::int64_t w = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32;
@@ -48,37 +52,42 @@ __global__ void delta_kernel(BackwardParams<T> p) {
   const T* o = p.o.row(t, h);
   const T* d = p.dout.row(t, h);
   float sum = 0.0f;
-  for (int c = lane; c < p.head_dim; c += 32) sum += to_float(o[c]) * to_float(d[c]);
+  for (int c = lane; c < p.head_dim_v; c += 32) sum += to_float(o[c]) * to_float(d[c]);
   for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
   if (lane == 0) p.delta(h, t) = sum;
 }
 
-template <class T, int D>
+/// The dQ kernel's tiles and shared memory at q/k head size DK and v head size DV: Q, K and the dQ
+/// accumulator DK wide, dO and V DV wide. 16-bit types take 64 keys per step up to DK 128 and 32 above,
+/// so that DK 192 fits sm_80's 166912 bytes per block (64 keys: 180224). Bytes at 192/128: fp32
+/// 119808, fp16/bf16 138240.
+template <class T, int DK, int DV>
 struct DqPlan {
   static constexpr bool kHalf = kIsHalfPrecision<T>;
   static constexpr int kRows = kHalf ? 64 : 32;
-  static constexpr int kKeys = kHalf ? 64 : 32;
+  static constexpr int kKeys = kHalf && DK <= 128 ? 64 : 32;
   static constexpr int kWarps = kRows / 16;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kLdT = D + (kHalf ? 8 : 1);
+  static constexpr int kLdQk = DK + (kHalf ? 8 : 1);  ///< Q and K tiles
+  static constexpr int kLdV = DV + (kHalf ? 8 : 1);   ///< dO and V tiles
   static constexpr int kLdS = kKeys + (kHalf ? 4 : 1);
   static constexpr int kLdP = kKeys + (kHalf ? 8 : 1);
-  static constexpr int kLdO = D + (kHalf ? 4 : 1);
+  static constexpr int kLdAcc = DK + (kHalf ? 4 : 1);
   static constexpr std::size_t align(std::size_t n) { return (n + 127) / 128 * 128; }
   static constexpr std::size_t kQ = 0;
-  static constexpr std::size_t kDo = kQ + align(sizeof(T) * kRows * kLdT);
-  static constexpr std::size_t kK = kDo + align(sizeof(T) * kRows * kLdT);
-  static constexpr std::size_t kV = kK + align(sizeof(T) * kKeys * kLdT);
-  static constexpr std::size_t kS = kV + align(sizeof(T) * kKeys * kLdT);
+  static constexpr std::size_t kDo = kQ + align(sizeof(T) * kRows * kLdQk);
+  static constexpr std::size_t kK = kDo + align(sizeof(T) * kRows * kLdV);
+  static constexpr std::size_t kV = kK + align(sizeof(T) * kKeys * kLdQk);
+  static constexpr std::size_t kS = kV + align(sizeof(T) * kKeys * kLdV);
   static constexpr std::size_t kDp = kS + align(sizeof(float) * kRows * kLdS);
   static constexpr std::size_t kDs = kDp + align(sizeof(float) * kRows * kLdS);
   static constexpr std::size_t kAcc = kDs + align(sizeof(T) * kRows * kLdP);
-  static constexpr std::size_t kBytes = kAcc + align(sizeof(float) * kRows * kLdO);
+  static constexpr std::size_t kBytes = kAcc + align(sizeof(float) * kRows * kLdAcc);
 };
 
-template <class T, int D>
-__global__ void __launch_bounds__(DqPlan<T, D>::kThreads) flash_dq_kernel(BackwardParams<T> p) {
-  using Plan = DqPlan<T, D>;
+template <class T, int DK, int DV>
+__global__ void __launch_bounds__(DqPlan<T, DK, DV>::kThreads) flash_dq_kernel(BackwardParams<T> p) {
+  using Plan = DqPlan<T, DK, DV>;
   extern __shared__ __align__(128) unsigned char smem[];
   const std::int64_t tile = blockIdx.x / p.heads_q;
   if (tile >= static_cast<std::int64_t>(*p.table.length)) return;
@@ -99,9 +108,9 @@ __global__ void __launch_bounds__(DqPlan<T, D>::kThreads) flash_dq_kernel(Backwa
   float* acc = reinterpret_cast<float*>(smem + Plan::kAcc);
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
 
-  load_rows<T, D, Plan::kRows, Plan::kThreads>(qs, Plan::kLdT, p.q, h, s.q_range.begin + r0, rows);
-  load_rows<T, D, Plan::kRows, Plan::kThreads>(dos, Plan::kLdT, p.dout, h, s.q_range.begin + r0, rows);
-  for (int e = tid; e < Plan::kRows * D; e += Plan::kThreads) acc[(e / D) * Plan::kLdO + e % D] = 0.0f;
+  load_rows<T, DK, Plan::kRows, Plan::kThreads>(qs, Plan::kLdQk, p.q, h, s.q_range.begin + r0, rows);
+  load_rows<T, DV, Plan::kRows, Plan::kThreads>(dos, Plan::kLdV, p.dout, h, s.q_range.begin + r0, rows);
+  for (int e = tid; e < Plan::kRows * DK; e += Plan::kThreads) acc[(e / DK) * Plan::kLdAcc + e % DK] = 0.0f;
   // Block-strided zeroing: a tile that sees no key reads acc after this barrier only (review B1).
   __syncthreads();
 
@@ -116,13 +125,13 @@ __global__ void __launch_bounds__(DqPlan<T, D>::kThreads) flash_dq_kernel(Backwa
   for (std::int64_t kb = keys.begin; kb < keys.end; kb += Plan::kKeys) {
     const int valid = static_cast<int>(keys.end - kb < Plan::kKeys ? keys.end - kb : Plan::kKeys);
     __syncthreads();
-    load_rows<T, D, Plan::kKeys, Plan::kThreads>(ks, Plan::kLdT, p.k, hk, s.k_range.begin + kb, valid);
-    load_rows<T, D, Plan::kKeys, Plan::kThreads>(vs, Plan::kLdT, p.v, hk, s.k_range.begin + kb, valid);
+    load_rows<T, DK, Plan::kKeys, Plan::kThreads>(ks, Plan::kLdQk, p.k, hk, s.k_range.begin + kb, valid);
+    load_rows<T, DV, Plan::kKeys, Plan::kThreads>(vs, Plan::kLdV, p.v, hk, s.k_range.begin + kb, valid);
     __syncthreads();
-    gemm_nt<T, Plan::kKeys, D>(qs + warp * 16 * Plan::kLdT, Plan::kLdT, ks, Plan::kLdT, ss + warp * 16 * Plan::kLdS,
-                               Plan::kLdS);
-    gemm_nt<T, Plan::kKeys, D>(dos + warp * 16 * Plan::kLdT, Plan::kLdT, vs, Plan::kLdT, dps + warp * 16 * Plan::kLdS,
-                               Plan::kLdS);
+    gemm_nt<T, Plan::kKeys, DK>(qs + warp * 16 * Plan::kLdQk, Plan::kLdQk, ks, Plan::kLdQk, ss + warp * 16 * Plan::kLdS,
+                                Plan::kLdS);
+    gemm_nt<T, Plan::kKeys, DV>(dos + warp * 16 * Plan::kLdV, Plan::kLdV, vs, Plan::kLdV, dps + warp * 16 * Plan::kLdS,
+                                Plan::kLdS);
     constexpr int kHalfCols = Plan::kKeys / 2;
     for (int c = half * kHalfCols; c < (half + 1) * kHalfCols; ++c) {
       const std::int64_t kj = kb + c;
@@ -131,47 +140,53 @@ __global__ void __launch_bounds__(DqPlan<T, D>::kThreads) flash_dq_kernel(Backwa
       dss[row * Plan::kLdP + c] = from_float<T>(ok ? pv * (dps[row * Plan::kLdS + c] - delta) : 0.0f);
     }
     __syncwarp();
-    gemm_nn_acc<T, D, Plan::kKeys>(dss + warp * 16 * Plan::kLdP, Plan::kLdP, ks, Plan::kLdT,
-                                   acc + warp * 16 * Plan::kLdO, Plan::kLdO);
+    gemm_nn_acc<T, DK, Plan::kKeys>(dss + warp * 16 * Plan::kLdP, Plan::kLdP, ks, Plan::kLdQk,
+                                    acc + warp * 16 * Plan::kLdAcc, Plan::kLdAcc);
   }
   __syncwarp();
   if (!row_ok) return;
   T* out = p.dq.row(t, h);
-  for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c)
-    out[c] = from_float<T>(to_float(out[c]) + p.scale * acc[row * Plan::kLdO + c]);
+  for (int c = half * (DK / 2); c < (half + 1) * (DK / 2); ++c)
+    out[c] = from_float<T>(to_float(out[c]) + p.scale * acc[row * Plan::kLdAcc + c]);
 }
 
-template <class T, int D>
+/// The dK/dV kernel's tiles and shared memory at q/k head size DK and v head size DV: K, Q and the dK
+/// accumulator DK wide, V, dO and the dV accumulator DV wide. 16-bit types hold 64 keys per block up
+/// to DK 128 and 32 above, so that DK 192 fits sm_80's 166912 bytes per block (64 keys: 177408). Bytes
+/// at 192/128: fp32 140800, fp16/bf16 99584.
+template <class T, int DK, int DV>
 struct DkvPlan {
   static constexpr bool kHalf = kIsHalfPrecision<T>;
-  static constexpr int kKeys = kHalf ? 64 : 32;  ///< key rows of a block, 16 per warp
-  static constexpr int kRows = 32;               ///< query rows per step
+  static constexpr int kKeys = kHalf && DK <= 128 ? 64 : 32;  ///< key rows of a block, 16 per warp
+  static constexpr int kRows = 32;                            ///< query rows per step
   static constexpr int kWarps = kKeys / 16;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kLdT = D + (kHalf ? 8 : 1);
+  static constexpr int kLdQk = DK + (kHalf ? 8 : 1);  ///< K and Q tiles
+  static constexpr int kLdV = DV + (kHalf ? 8 : 1);   ///< V and dO tiles
   static constexpr int kLdS = kRows + (kHalf ? 4 : 1);
   static constexpr int kLdP = kRows + (kHalf ? 8 : 1);
-  static constexpr int kLdO = D + (kHalf ? 4 : 1);
+  static constexpr int kLdDk = DK + (kHalf ? 4 : 1);
+  static constexpr int kLdDv = DV + (kHalf ? 4 : 1);
   static constexpr std::size_t align(std::size_t n) { return (n + 127) / 128 * 128; }
   static constexpr std::size_t kK = 0;
-  static constexpr std::size_t kV = kK + align(sizeof(T) * kKeys * kLdT);
-  static constexpr std::size_t kQ = kV + align(sizeof(T) * kKeys * kLdT);
-  static constexpr std::size_t kDo = kQ + align(sizeof(T) * kRows * kLdT);
-  static constexpr std::size_t kSt = kDo + align(sizeof(T) * kRows * kLdT);
+  static constexpr std::size_t kV = kK + align(sizeof(T) * kKeys * kLdQk);
+  static constexpr std::size_t kQ = kV + align(sizeof(T) * kKeys * kLdV);
+  static constexpr std::size_t kDo = kQ + align(sizeof(T) * kRows * kLdQk);
+  static constexpr std::size_t kSt = kDo + align(sizeof(T) * kRows * kLdV);
   static constexpr std::size_t kDpt = kSt + align(sizeof(float) * kKeys * kLdS);
   static constexpr std::size_t kPt = kDpt + align(sizeof(float) * kKeys * kLdS);
   static constexpr std::size_t kDst = kPt + align(sizeof(T) * kKeys * kLdP);
   static constexpr std::size_t kDk = kDst + align(sizeof(T) * kKeys * kLdP);
-  static constexpr std::size_t kDv = kDk + align(sizeof(float) * kKeys * kLdO);
-  static constexpr std::size_t kLse = kDv + align(sizeof(float) * kKeys * kLdO);
+  static constexpr std::size_t kDv = kDk + align(sizeof(float) * kKeys * kLdDk);
+  static constexpr std::size_t kLse = kDv + align(sizeof(float) * kKeys * kLdDv);
   static constexpr std::size_t kDelta = kLse + align(sizeof(float) * kRows);
   static constexpr std::size_t kBytes = kDelta + align(sizeof(float) * kRows);
 };
 
 /// Grid: (key tiles of the key buffer, kv heads).
-template <class T, int D>
-__global__ void __launch_bounds__(DkvPlan<T, D>::kThreads) flash_dkv_kernel(BackwardParams<T> p) {
-  using Plan = DkvPlan<T, D>;
+template <class T, int DK, int DV>
+__global__ void __launch_bounds__(DkvPlan<T, DK, DV>::kThreads) flash_dkv_kernel(BackwardParams<T> p) {
+  using Plan = DkvPlan<T, DK, DV>;
   extern __shared__ __align__(128) unsigned char smem[];
   const std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * Plan::kKeys;
   const int hk = static_cast<int>(blockIdx.y);
@@ -192,12 +207,10 @@ __global__ void __launch_bounds__(DkvPlan<T, D>::kThreads) flash_dkv_kernel(Back
   float* delta_s = reinterpret_cast<float*>(smem + Plan::kDelta);
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
 
-  load_rows<T, D, Plan::kKeys, Plan::kThreads>(ks, Plan::kLdT, p.k, hk, c0, valid_keys);
-  load_rows<T, D, Plan::kKeys, Plan::kThreads>(vs, Plan::kLdT, p.v, hk, c0, valid_keys);
-  for (int e = tid; e < Plan::kKeys * D; e += Plan::kThreads) {
-    dk[(e / D) * Plan::kLdO + e % D] = 0.0f;
-    dv[(e / D) * Plan::kLdO + e % D] = 0.0f;
-  }
+  load_rows<T, DK, Plan::kKeys, Plan::kThreads>(ks, Plan::kLdQk, p.k, hk, c0, valid_keys);
+  load_rows<T, DV, Plan::kKeys, Plan::kThreads>(vs, Plan::kLdV, p.v, hk, c0, valid_keys);
+  for (int e = tid; e < Plan::kKeys * DK; e += Plan::kThreads) dk[(e / DK) * Plan::kLdDk + e % DK] = 0.0f;
+  for (int e = tid; e < Plan::kKeys * DV; e += Plan::kThreads) dv[(e / DV) * Plan::kLdDv + e % DV] = 0.0f;
 
   // Two lanes per key row of the warp's 16; each takes half of the query columns.
   const int key = warp * 16 + lane / 2, half = lane % 2;
@@ -223,23 +236,26 @@ __global__ void __launch_bounds__(DkvPlan<T, D>::kThreads) flash_dkv_kernel(Back
       for (std::int64_t qb = rows.begin; qb < rows.end; qb += Plan::kRows) {
         const int valid = static_cast<int>(rows.end - qb < Plan::kRows ? rows.end - qb : Plan::kRows);
         __syncthreads();  // every warp is done with the previous query tile
-        load_rows<T, D, Plan::kRows, Plan::kThreads>(qs, Plan::kLdT, p.q, h, s.q_range.begin + qb, valid);
-        load_rows<T, D, Plan::kRows, Plan::kThreads>(dos, Plan::kLdT, p.dout, h, s.q_range.begin + qb, valid);
+        load_rows<T, DK, Plan::kRows, Plan::kThreads>(qs, Plan::kLdQk, p.q, h, s.q_range.begin + qb, valid);
+        load_rows<T, DV, Plan::kRows, Plan::kThreads>(dos, Plan::kLdV, p.dout, h, s.q_range.begin + qb, valid);
         for (int r = tid; r < Plan::kRows; r += Plan::kThreads) {
           lse_s[r] = r < valid ? p.lse(h, s.q_range.begin + qb + r) : -INFINITY;
           delta_s[r] = r < valid ? p.delta(h, s.q_range.begin + qb + r) : 0.0f;
         }
-        bool bad = false;  // this thread's share of the tile (the elements load_rows gave it) is not finite
-        if (tile_straddles)
-          for (int e = tid; e < valid * D; e += Plan::kThreads) {
-            const int r = e / D, c = e % D;
-            bad = bad || !isfinite(to_float(qs[r * Plan::kLdT + c])) || !isfinite(to_float(dos[r * Plan::kLdT + c]));
-          }
+        // This thread's share of the tiles (the elements load_rows gave it, so no barrier is needed
+        // before reading them) is not finite.
+        bool bad = false;
+        if (tile_straddles) {
+          for (int e = tid; e < valid * DK; e += Plan::kThreads)
+            bad = bad || !isfinite(to_float(qs[(e / DK) * Plan::kLdQk + e % DK]));
+          for (int e = tid; e < valid * DV; e += Plan::kThreads)
+            bad = bad || !isfinite(to_float(dos[(e / DV) * Plan::kLdV + e % DV]));
+        }
         const bool by_hand = __syncthreads_or(bad) != 0 && warp_straddles;  // warp-uniform
-        gemm_nt<T, Plan::kRows, D>(ks + warp * 16 * Plan::kLdT, Plan::kLdT, qs, Plan::kLdT, st + warp * 16 * Plan::kLdS,
-                                   Plan::kLdS);
-        gemm_nt<T, Plan::kRows, D>(vs + warp * 16 * Plan::kLdT, Plan::kLdT, dos, Plan::kLdT,
-                                   dpt + warp * 16 * Plan::kLdS, Plan::kLdS);
+        gemm_nt<T, Plan::kRows, DK>(ks + warp * 16 * Plan::kLdQk, Plan::kLdQk, qs, Plan::kLdQk,
+                                    st + warp * 16 * Plan::kLdS, Plan::kLdS);
+        gemm_nt<T, Plan::kRows, DV>(vs + warp * 16 * Plan::kLdV, Plan::kLdV, dos, Plan::kLdV,
+                                    dpt + warp * 16 * Plan::kLdS, Plan::kLdS);
         constexpr int kHalfCols = Plan::kRows / 2;
         static_assert(Plan::kRows <= 32, "seen_mask holds one bit per query row of the step");
         unsigned seen_mask = 0;  // the query rows this lane's key sees (its half of them)
@@ -257,36 +273,41 @@ __global__ void __launch_bounds__(DkvPlan<T, D>::kThreads) flash_dkv_kernel(Back
         }
         __syncwarp();
         if (!by_hand) {
-          gemm_nn_acc<T, D, Plan::kRows>(pt + warp * 16 * Plan::kLdP, Plan::kLdP, dos, Plan::kLdT,
-                                         dv + warp * 16 * Plan::kLdO, Plan::kLdO);
-          gemm_nn_acc<T, D, Plan::kRows>(dst + warp * 16 * Plan::kLdP, Plan::kLdP, qs, Plan::kLdT,
-                                         dk + warp * 16 * Plan::kLdO, Plan::kLdO);
+          gemm_nn_acc<T, DV, Plan::kRows>(pt + warp * 16 * Plan::kLdP, Plan::kLdP, dos, Plan::kLdV,
+                                          dv + warp * 16 * Plan::kLdDv, Plan::kLdDv);
+          gemm_nn_acc<T, DK, Plan::kRows>(dst + warp * 16 * Plan::kLdP, Plan::kLdP, qs, Plan::kLdQk,
+                                          dk + warp * 16 * Plan::kLdDk, Plan::kLdDk);
         } else {
           // The same sums as the products above (P and dS rounded to T as they are), over the query
           // rows this lane's key sees only. Its key row is its own and its half of the columns.
           const int lane_pair = lane ^ 1;
           const unsigned seen = seen_mask | __shfl_sync(0xffffffffu, seen_mask, lane_pair);
-          for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) {
-            float sv = 0.0f, sk = 0.0f;
-            for (int j = 0; j < Plan::kRows; ++j) {
-              if (!(seen >> j & 1u)) continue;
-              sv += to_float(pt[key * Plan::kLdP + j]) * to_float(dos[j * Plan::kLdT + c]);
-              sk += to_float(dst[key * Plan::kLdP + j]) * to_float(qs[j * Plan::kLdT + c]);
-            }
-            dv[key * Plan::kLdO + c] += sv;
-            dk[key * Plan::kLdO + c] += sk;
+          for (int c = half * (DV / 2); c < (half + 1) * (DV / 2); ++c) {
+            float sv = 0.0f;
+            for (int j = 0; j < Plan::kRows; ++j)
+              if (seen >> j & 1u) sv += to_float(pt[key * Plan::kLdP + j]) * to_float(dos[j * Plan::kLdV + c]);
+            dv[key * Plan::kLdDv + c] += sv;
+          }
+          for (int c = half * (DK / 2); c < (half + 1) * (DK / 2); ++c) {
+            float sk = 0.0f;
+            for (int j = 0; j < Plan::kRows; ++j)
+              if (seen >> j & 1u) sk += to_float(dst[key * Plan::kLdP + j]) * to_float(qs[j * Plan::kLdQk + c]);
+            dk[key * Plan::kLdDk + c] += sk;
           }
         }
       }
     }
   }
   __syncthreads();
-  for (int e = tid; e < valid_keys * D; e += Plan::kThreads) {
-    const int r = e / D, c = e % D;
+  for (int e = tid; e < valid_keys * DK; e += Plan::kThreads) {
+    const int r = e / DK, c = e % DK;
     T* k_out = p.dk.row(c0 + r, hk);
+    k_out[c] = from_float<T>(to_float(k_out[c]) + p.scale * dk[r * Plan::kLdDk + c]);
+  }
+  for (int e = tid; e < valid_keys * DV; e += Plan::kThreads) {
+    const int r = e / DV, c = e % DV;
     T* v_out = p.dv.row(c0 + r, hk);
-    k_out[c] = from_float<T>(to_float(k_out[c]) + p.scale * dk[r * Plan::kLdO + c]);
-    v_out[c] = from_float<T>(to_float(v_out[c]) + dv[r * Plan::kLdO + c]);
+    v_out[c] = from_float<T>(to_float(v_out[c]) + dv[r * Plan::kLdDv + c]);
   }
 }
 

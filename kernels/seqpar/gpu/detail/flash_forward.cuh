@@ -18,24 +18,27 @@
 
 namespace seqpar::gpu::detail {
 
-/// Tile shapes and the shared-memory plan of the forward kernel. 16-bit types pad rows by 8
-/// elements (WMMA alignment, fewer bank conflicts); fp32 tiles by 1 (conflict-free scalar reads).
-template <class T, int D>
+/// Tile shapes and the shared-memory plan of the forward kernel at q/k head size DK and v head size DV
+/// (Q and K tiles DK wide, V and the O accumulator DV wide). 16-bit types pad rows by 8 elements (WMMA
+/// alignment, fewer bank conflicts); fp32 tiles by 1 (conflict-free scalar reads). Bytes at 192/128:
+/// fp32 140544, fp16/bf16 129024 (sm_80 allows 166912 per block, sm_90 232448).
+template <class T, int DK, int DV>
 struct ForwardPlan {
   static constexpr bool kHalf = kIsHalfPrecision<T>;
   static constexpr int kRows = 64;
   static constexpr int kKeys = kHalf ? 64 : 32;
   static constexpr int kWarps = kRows / 16;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kLdT = D + (kHalf ? 8 : 1);
+  static constexpr int kLdQk = DK + (kHalf ? 8 : 1);  ///< Q and K tiles
+  static constexpr int kLdV = DV + (kHalf ? 8 : 1);
   static constexpr int kLdS = kKeys + (kHalf ? 4 : 1);
   static constexpr int kLdP = kKeys + (kHalf ? 8 : 1);
-  static constexpr int kLdO = D + (kHalf ? 4 : 1);
+  static constexpr int kLdO = DV + (kHalf ? 4 : 1);
   static constexpr std::size_t align(std::size_t n) { return (n + 127) / 128 * 128; }
   static constexpr std::size_t kQ = 0;
-  static constexpr std::size_t kK = kQ + align(sizeof(T) * kRows * kLdT);
-  static constexpr std::size_t kV = kK + align(sizeof(T) * kKeys * kLdT);
-  static constexpr std::size_t kS = kV + align(sizeof(T) * kKeys * kLdT);
+  static constexpr std::size_t kK = kQ + align(sizeof(T) * kRows * kLdQk);
+  static constexpr std::size_t kV = kK + align(sizeof(T) * kKeys * kLdQk);
+  static constexpr std::size_t kS = kV + align(sizeof(T) * kKeys * kLdV);
   static constexpr std::size_t kP = kS + align(sizeof(float) * kRows * kLdS);
   static constexpr std::size_t kO = kP + align(sizeof(T) * kRows * kLdP);
   static constexpr std::size_t kBytes = kO + align(sizeof(float) * kRows * kLdO);
@@ -53,9 +56,9 @@ struct ForwardParams {
   TileTable table;
 };
 
-template <class T, int D>
-__global__ void __launch_bounds__(ForwardPlan<T, D>::kThreads) flash_forward_kernel(ForwardParams<T> p) {
-  using Plan = ForwardPlan<T, D>;
+template <class T, int DK, int DV>
+__global__ void __launch_bounds__(ForwardPlan<T, DK, DV>::kThreads) flash_forward_kernel(ForwardParams<T> p) {
+  using Plan = ForwardPlan<T, DK, DV>;
   extern __shared__ __align__(128) unsigned char smem[];
   const std::int64_t tile = blockIdx.x / p.heads_q;
   if (tile >= static_cast<std::int64_t>(*p.table.length)) return;
@@ -74,8 +77,8 @@ __global__ void __launch_bounds__(ForwardPlan<T, D>::kThreads) flash_forward_ker
   float* os = reinterpret_cast<float*>(smem + Plan::kO);
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
 
-  load_rows<T, D, Plan::kRows, Plan::kThreads>(qs, Plan::kLdT, p.q, h, s.q_range.begin + r0, rows);
-  for (int e = tid; e < Plan::kRows * D; e += Plan::kThreads) os[(e / D) * Plan::kLdO + e % D] = 0.0f;
+  load_rows<T, DK, Plan::kRows, Plan::kThreads>(qs, Plan::kLdQk, p.q, h, s.q_range.begin + r0, rows);
+  for (int e = tid; e < Plan::kRows * DV; e += Plan::kThreads) os[(e / DV) * Plan::kLdO + e % DV] = 0.0f;
   // The zeroing is block-strided (another warp zeroes some of this warp's rows): without this barrier a
   // tile that sees no key (an empty key range, a causal offset or window ending before the keys) would
   // write O from shared memory nothing ordered it after (review 2026-12-04, B1).
@@ -90,11 +93,11 @@ __global__ void __launch_bounds__(ForwardPlan<T, D>::kThreads) flash_forward_ker
   for (std::int64_t kb = keys.begin; kb < keys.end; kb += Plan::kKeys) {
     const int valid = static_cast<int>(keys.end - kb < Plan::kKeys ? keys.end - kb : Plan::kKeys);
     __syncthreads();  // every warp is done with the previous key tile
-    load_rows<T, D, Plan::kKeys, Plan::kThreads>(ks, Plan::kLdT, p.k, hk, s.k_range.begin + kb, valid);
-    load_rows<T, D, Plan::kKeys, Plan::kThreads>(vs, Plan::kLdT, p.v, hk, s.k_range.begin + kb, valid);
+    load_rows<T, DK, Plan::kKeys, Plan::kThreads>(ks, Plan::kLdQk, p.k, hk, s.k_range.begin + kb, valid);
+    load_rows<T, DV, Plan::kKeys, Plan::kThreads>(vs, Plan::kLdV, p.v, hk, s.k_range.begin + kb, valid);
     __syncthreads();
-    gemm_nt<T, Plan::kKeys, D>(qs + warp * 16 * Plan::kLdT, Plan::kLdT, ks, Plan::kLdT, ss + warp * 16 * Plan::kLdS,
-                               Plan::kLdS);
+    gemm_nt<T, Plan::kKeys, DK>(qs + warp * 16 * Plan::kLdQk, Plan::kLdQk, ks, Plan::kLdQk, ss + warp * 16 * Plan::kLdS,
+                                Plan::kLdS);
     // Online softmax on this lane's half row. Masked scores are -inf, never the product: a masked
     // key may belong to another document and hold anything.
     float* sr = ss + row * Plan::kLdS;
@@ -122,11 +125,11 @@ __global__ void __launch_bounds__(ForwardPlan<T, D>::kThreads) flash_forward_ker
     m = m_new;
     if (alpha != 1.0f) {
       float* orow = os + row * Plan::kLdO;
-      for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) orow[c] *= alpha;
+      for (int c = half * (DV / 2); c < (half + 1) * (DV / 2); ++c) orow[c] *= alpha;
     }
     __syncwarp();
-    gemm_nn_acc<T, D, Plan::kKeys>(ps + warp * 16 * Plan::kLdP, Plan::kLdP, vs, Plan::kLdT, os + warp * 16 * Plan::kLdO,
-                                   Plan::kLdO);
+    gemm_nn_acc<T, DV, Plan::kKeys>(ps + warp * 16 * Plan::kLdP, Plan::kLdP, vs, Plan::kLdV,
+                                    os + warp * 16 * Plan::kLdO, Plan::kLdO);
   }
   __syncwarp();
   if (!row_ok) return;
@@ -134,7 +137,7 @@ __global__ void __launch_bounds__(ForwardPlan<T, D>::kThreads) flash_forward_ker
   T* out = p.o.row(t, h);
   // l == 0: the row saw no key (O = 0, LSE = -inf); a NaN l (a NaN score) stays NaN in both.
   const float inv = l == 0.0f ? 0.0f : 1.0f / l;
-  for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c) out[c] = from_float<T>(os[row * Plan::kLdO + c] * inv);
+  for (int c = half * (DV / 2); c < (half + 1) * (DV / 2); ++c) out[c] = from_float<T>(os[row * Plan::kLdO + c] * inv);
   if (half == 0) p.lse(h, t) = l == 0.0f ? -INFINITY : m + logf(l);
 }
 

@@ -2,7 +2,8 @@
 # Runs one seqpar-plan command line and checks what it did (a CTest of tools/CMakeLists.txt):
 #   cmake -DEXE=<path> -DARGS=<args joined by '|'> -DCODE=<exit code> [-DSTDOUT=<regex>] [-DSTDERR=<regex>]
 #         [-DJSON=<file that must hold parseable JSON with a "plan" object: with candidates and a pick, or
-#         with --pipeline-stages ("mode": "pipeline") chunks and pipelines>] [-DTRACE=<file with "traceEvents">]
+#         with --pipeline-stages ("mode": "pipeline") chunks and pipelines>] [-DJSON_PLAN=<key>=<value>: the
+#         JSON's plan.<key> is <value>] [-DTRACE=<file with "traceEvents">]
 #         -P check_cli.cmake
 # A failing command (CODE != 0) must say why on exactly one line of stderr starting "seqpar-plan: error:"
 # or "seqpar-plan: no pick:", and print nothing to stdout.
@@ -38,6 +39,15 @@ if(JSON)
   string(JSON mode ERROR_VARIABLE json_error GET "${text}" plan mode)
   if(json_error)
     message(FATAL_ERROR "${JSON} is not the expected JSON: ${json_error}\n${context}")
+  endif()
+  if(JSON_PLAN)
+    string(REGEX MATCH "^([^=]+)=(.*)$" kv "${JSON_PLAN}")
+    string(JSON got ERROR_VARIABLE json_error GET "${text}" plan ${CMAKE_MATCH_1})
+    if(json_error)
+      message(FATAL_ERROR "${JSON}: no plan.${CMAKE_MATCH_1}: ${json_error}\n${context}")
+    elseif(NOT got STREQUAL CMAKE_MATCH_2)
+      message(FATAL_ERROR "${JSON}: plan.${CMAKE_MATCH_1} is '${got}', expected '${CMAKE_MATCH_2}'\n${context}")
+    endif()
   endif()
   if(mode STREQUAL "pipeline")  # --pipeline-stages: chunks and pipelines, each pipeline with its diagonals
     string(JSON chunks ERROR_VARIABLE json_error LENGTH "${text}" chunks)

@@ -93,8 +93,7 @@ struct UlyssesZero3 {
   /// all-to-all buffers, the logits and loss).
   [[nodiscard]] plan::MemoryBreakdown memory(double rows, double peak_rows) const {
     const double vb = hw.value_bytes;
-    const double q = static_cast<double>(model.heads_q) * model.head_dim,
-                 kv = static_cast<double>(model.heads_kv) * model.head_dim;
+    const plan::ModelShape::AttentionWidths w = model.attention_widths();
     plan::MemoryBreakdown m;
     plan::add_model_states(m, model.params(), plan::ZeroStage::kParameters, world);
     m.add("ZeRO-3 gathered layers (running + prefetched)", 2.0 * 2.0 * model.layer_params());
@@ -102,7 +101,7 @@ struct UlyssesZero3 {
               std::to_string(checkpoint_layers) + " checkpointed)",
           rows * token_bytes_per_rank());
     m.add("one layer's backward working set", peak_rows * model.layer_activation_bytes_per_token(vb));
-    m.add("all-to-all buffers (send + receive)", 2.0 * peak_rows * (q + 2.0 * kv) * vb);
+    m.add("all-to-all buffers (send + receive)", 2.0 * peak_rows * (w.q + w.k + w.v) * vb);
     m.add("logits and loss", peak_rows * (model.vocab * vb + 8.0));
     return m;
   }
@@ -302,14 +301,14 @@ struct MegatronCp {
   /// buffers (send and receive), the vocabulary-parallel logits (bf16) with the fp32 cross-entropy.
   [[nodiscard]] plan::MemoryBreakdown memory(int k) const {
     const double vb = hw.value_bytes, rows = static_cast<double>(context) / cp;
-    const double kv = static_cast<double>(model.heads_kv) * model.head_dim;
+    const plan::ModelShape::AttentionWidths w = model.attention_widths();
     plan::MemoryBreakdown m;
     plan::add_model_states(m, model.params() / tp, plan::ZeroStage::kOptimizer, std::max(1, world / (tp * cp)), 4.0);
     m.add("activations (" + std::to_string(model.layers - k) + " layers kept, " + std::to_string(k) + " checkpointed)",
           rows / tp * ((model.layers - k) * model.layer_activation_bytes_per_token(vb) + k * model.hidden * vb));
     m.add("one layer's backward working set", rows / tp * model.layer_activation_bytes_per_token(vb));
     m.add("TP all-gathered GEMM input", rows * model.hidden * vb);
-    m.add("CP ring KV buffers (send + receive)", cp > 1 ? 2.0 * rows * 2.0 * kv / tp * vb : 0.0);
+    m.add("CP ring KV buffers (send + receive)", cp > 1 ? 2.0 * rows * (w.k + w.v) / tp * vb : 0.0);
     m.add("logits and loss (vocabulary-parallel, fp32 cross-entropy)", rows * model.vocab / tp * (vb + 4.0));
     return m;
   }
@@ -339,7 +338,8 @@ struct MegatronCp {
       room[b] -= s;
     }
     const int heads = (model.heads_q + tp - 1) / tp;
-    const double kvd = static_cast<double>(model.heads_kv) * model.head_dim;
+    const plan::ModelShape::AttentionWidths w = model.attention_widths();
+    const int dv = model.attention().v_dim();
     const Topology node{tp, hw.ranks_per_node};
     const auto bin_seconds = [&](const std::vector<std::int64_t>& docs, BaselineStep& acc) {
       std::int64_t s = 0;
@@ -356,12 +356,12 @@ struct MegatronCp {
             const std::int64_t b = l * piece / (2 * cp), e = l * (piece + 1) / (2 * cp);
             if (e > b) sl.push_back({{b, e}, {0, e}, Mask::causal(b)});
           }
-        attn_f = std::max(attn_f, replay::attention_seconds(hw, sl, heads, model.head_dim, false));
-        attn_b = std::max(attn_b, replay::attention_seconds(hw, sl, heads, model.head_dim, true));
+        attn_f = std::max(attn_f, replay::attention_seconds(hw, sl, heads, model.head_dim, false, dv));
+        attn_b = std::max(attn_b, replay::attention_seconds(hw, sl, heads, model.head_dim, true, dv));
       }
       // Ring: cp steps of 1/cp of the attention each; cp - 1 KV transfers (the node's tp ranks share its
       // NICs), twice the bytes backward (KV forward, dK/dV back).
-      const double kv_bytes = rank_tokens * 2.0 * kvd / tp * vb;
+      const double kv_bytes = rank_tokens * (w.k + w.v) / tp * vb;
       const double step_comm =
           cp > 1 ? hw.inter.latency + kv_bytes * tp / (hw.nics_per_node * hw.inter.bandwidth) : 0.0;
       const double ring_f = attn_f / cp + (cp - 1) * std::max(attn_f / cp, step_comm);

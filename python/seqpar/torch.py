@@ -5,6 +5,10 @@
     rows = attn.token_indices(lengths)           # this rank's tokens of the packed batch
     o = attn(q[rows], k[rows], v[rows], lengths)  # (local tokens, heads, head_dim), autograd-aware
 
+Value heads may be smaller than query/key heads (MLA: head_dim=192, head_dim_v=128: v and o have
+head_dim_v values per head), and attention sinks (gpt-oss) are an optional (heads_q,) tensor of
+logits passed to the call: o = attn(q, k, v, lengths, sinks=sinks).
+
 `lengths` is the batch's document lengths: a list of ints (one packed sequence) or a list of lists
 (one per sequence). q, k, v hold this rank's rows in the order token_indices() gives.
 """
@@ -55,47 +59,52 @@ def _unflat(docs: List[int], per_seq: List[int]) -> List[List[int]]:
     return out
 
 
+def _accum_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32  # the kernels' accumulation type
+
+
 @torch.library.custom_op("seqpar::attention", mutates_args=())
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: List[int], per_seq: List[int],
-               handle: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    o, lse = _layers[handle].forward(q, k, v, _unflat(docs, per_seq))
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: Optional[torch.Tensor], docs: List[int],
+               per_seq: List[int], handle: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    o, lse = _layers[handle].forward(q, k, v, _unflat(docs, per_seq), sinks)
     return o, lse
 
 
 @_attention.register_fake
-def _(q, k, v, docs, per_seq, handle):
-    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # the kernels' accumulation type
-    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty((q.shape[1], q.shape[0]),
-                                                                                    dtype=lse_dtype)
+def _(q, k, v, sinks, docs, per_seq, handle):
+    return (q.new_empty((q.shape[0], q.shape[1], v.shape[2])),
+            q.new_empty((q.shape[1], q.shape[0]), dtype=_accum_dtype(q.dtype)))
 
 
 @torch.library.custom_op("seqpar::attention_backward", mutates_args=())
 def _attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-                        dout: torch.Tensor, docs: List[int], per_seq: List[int],
-                        handle: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    dq, dk, dv = _layers[handle].backward(q, k, v, o, lse, dout, _unflat(docs, per_seq))
-    return dq, dk, dv
+                        dout: torch.Tensor, sinks: Optional[torch.Tensor], docs: List[int], per_seq: List[int],
+                        handle: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq, dk, dv, dsinks = _layers[handle].backward(q, k, v, o, lse, dout, _unflat(docs, per_seq), sinks)
+    return dq, dk, dv, dsinks
 
 
 @_attention_backward.register_fake
-def _(q, k, v, o, lse, dout, docs, per_seq, handle):
+def _(q, k, v, o, lse, dout, sinks, docs, per_seq, handle):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
-            torch.empty_like(v, memory_format=torch.contiguous_format))
+            torch.empty_like(v, memory_format=torch.contiguous_format),
+            lse.new_empty((q.shape[1] if sinks is not None else 0,)))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, docs, per_seq, handle = inputs
+    q, k, v, sinks, docs, per_seq, handle = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.save_for_backward(q, k, v, o, lse, sinks)
     ctx.docs, ctx.per_seq, ctx.handle = docs, per_seq, handle
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, dout, _dlse):
-    q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = _attention_backward(q, k, v, o, lse, dout.contiguous(), ctx.docs, ctx.per_seq, ctx.handle)
-    return dq, dk, dv, None, None, None
+    q, k, v, o, lse, sinks = ctx.saved_tensors
+    dq, dk, dv, dsinks = _attention_backward(q, k, v, o, lse, dout.contiguous(), sinks, ctx.docs, ctx.per_seq,
+                                             ctx.handle)
+    return dq, dk, dv, (dsinks if sinks is not None else None), None, None, None
 
 
 _attention.register_autograd(_backward, setup_context=_setup_context)
@@ -106,7 +115,8 @@ class DistributedAttention(torch.nn.Module):
 
     strategy: a name `seqpar-plan` prints (see STRATEGIES), e.g. "ulysses", "zigzag-ring",
     "hybrid-aware", "basp", "hierarchical", or "auto" (the planner's choice per batch shape, as
-    plan::SelectedAttention makes it on an H100 profile). heads_kv divides heads_q (GQA). group: a
+    plan::SelectedAttention makes it on an H100 profile). heads_kv divides heads_q (GQA). q and k have
+    head_dim values per head; v and the output head_dim_v (default: head_dim; MLA: 192 and 128). group: a
     torch.distributed process group (default: the world). ranks_per_node: ranks sharing a node (for
     the hierarchical strategies; 0: all). timeout_s: how long any wait on a peer may take before
     RuntimeError (default: SEQPAR_TIMEOUT_S or 600 s, the C++ transports' default).
@@ -115,11 +125,12 @@ class DistributedAttention(torch.nn.Module):
     bf16 kernel on the tensors' storage; fp32 lse). CUDA, only where seqpar.torch.CUDA is true (built
     with SEQPAR_TORCH_CUDA=1): float32, float16, bfloat16, head_dim 64 or 128, on a group whose CUDA
     backend is NCCL; the transfers and kernels run on seqpar's streams, ordered after and before
-    torch's current stream. The CUDA path is compiled, never run: no GPU has executed it yet.
+    torch's current stream. The CUDA path is compiled, never run: no GPU has executed it yet; it has one
+    head size (head_dim_v other than head_dim is refused there by name) and takes sinks.
     """
 
     def __init__(self, strategy: str, heads_q: int, heads_kv: int, head_dim: int, group=None,
-                 ranks_per_node: int = 0, timeout_s: Optional[float] = None):
+                 ranks_per_node: int = 0, timeout_s: Optional[float] = None, head_dim_v: Optional[int] = None):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("seqpar.torch.DistributedAttention: torch.distributed is not initialized "
@@ -129,9 +140,11 @@ class DistributedAttention(torch.nn.Module):
         if timeout_s is None:
             import os
             timeout_s = float(os.environ.get("SEQPAR_TIMEOUT_S", "600"))
-        self.heads_q, self.heads_kv, self.head_dim = heads_q, heads_kv, head_dim
+        if head_dim_v is None:
+            head_dim_v = head_dim
+        self.heads_q, self.heads_kv, self.head_dim, self.head_dim_v = heads_q, heads_kv, head_dim, head_dim_v
         self._layer = _C.Attention(strategy, heads_q, heads_kv, head_dim, group, float(timeout_s),
-                                   int(ranks_per_node))
+                                   int(ranks_per_node), int(head_dim_v))
         self._handle = next(_next_handle)
         _layers[self._handle] = self._layer
 
@@ -143,10 +156,20 @@ class DistributedAttention(torch.nn.Module):
         return self._layer.strategy
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: Lengths,
-                return_lse: bool = False):
-        """o (local tokens, heads_q, head_dim), and with return_lse the log-sum-exp (heads_q, local
-        tokens), of this rank's rows. Differentiable in q, k, v."""
-        for name, t in (("q", q), ("k", k), ("v", v)):
+                return_lse: bool = False, sinks: Optional[torch.Tensor] = None):
+        """o (local tokens, heads_q, head_dim_v), and with return_lse the log-sum-exp (heads_q, local
+        tokens), of this rank's rows. q, k: (local tokens, heads, head_dim); v: (local tokens, heads_kv,
+        head_dim_v). Differentiable in q, k, v and sinks.
+
+        sinks: attention sinks (gpt-oss), one logit per query head, shape (heads_q,), in the kernels'
+        accumulation type (float32; float64 for float64 q), on q's device; typically a learnable
+        parameter the same on every rank. Each joins the softmax of every row of its head as one more
+        term with no value; -inf is a head without a sink; NaN and +inf are refused. Its gradient is the
+        whole batch's, summed over the group's ranks by the op (as the C++ API does) and the same on
+        every rank: leave sinks out of the all-reduce of replicated parameters' gradients (or divide
+        the all-reduced sum by the world size)."""
+        checked = (("q", q), ("k", k), ("v", v)) + ((("sinks", sinks),) if sinks is not None else ())
+        for name, t in checked:
             # Checked here: a tensor on another device would dispatch the op to that device's
             # (fake) implementation instead of reaching the kernels' checks.
             if not isinstance(t, torch.Tensor):
@@ -158,7 +181,7 @@ class DistributedAttention(torch.nn.Module):
                 raise ValueError(f"seqpar.torch.DistributedAttention: {name}.device = {t.device}: must be cpu "
                                  "(the CPU kernels)" + (" or cuda (the CUDA kernels)" if CUDA else ""))
         docs, per_seq = _flat(_nested(lengths))
-        o, lse = _attention(q, k, v, docs, per_seq, self._handle)
+        o, lse = _attention(q, k, v, sinks, docs, per_seq, self._handle)
         return (o, lse) if return_lse else o
 
     # ---- what a trainer needs around attention (the C++ train/ glue) ----

@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <seqpar/attention/sinks.hpp>
 #include <seqpar/backend/c10d/device_transport.hpp>
 
 #include <optional>
@@ -85,27 +86,56 @@ struct CudaAttention::State {
     return *slot;
   }
 
+  // CudaFlash has one head size: unequal sizes are refused here, by name, before any device work.
+  void require_one_head_size() const {
+    sp::detail::require(!shape.split_dims(), kWhere, "head_dim_v", shape.v_dim(),
+                        "must equal head_dim = " + std::to_string(shape.head_dim) +
+                            " for CUDA tensors (CudaFlash has one head size; unequal sizes run on the CPU)");
+  }
+
+  // The sinks checked (sinks_tensor) and their values on a host copy (NaN, +inf refused by name): the
+  // stream-ordered engine cannot read device memory on the host.
+  at::Tensor checked_sinks(const std::optional<at::Tensor>& sinks, const at::Tensor& q) const {
+    at::Tensor s = sinks_tensor(sinks, shape, at::kFloat, q);
+    if (s.defined()) {
+      const at::Tensor host = s.cpu();
+      sp::attention::check_sinks(std::string(kWhere).c_str(), span_of<const float>(host), shape.heads_q);
+    }
+    return s;
+  }
+
   template <class T>
   std::vector<at::Tensor> forward_as(std::unique_ptr<Engine<T>>& slot, const at::Tensor& q, const at::Tensor& k,
-                                     const at::Tensor& v, const Lengths& lengths) {
+                                     const at::Tensor& v, const Lengths& lengths,
+                                     const std::optional<at::Tensor>& sinks) {
     const c10::cuda::CUDAGuard guard(q.device());
+    require_one_head_size();
     auto& t = transport_on(q);
     const at::ScalarType dtype = q.scalar_type();
     const sp::DocumentBatch batch = make_batch(lengths);
     const auto qv = thd<const T>(q, "q", dtype, q.device()), kv = thd<const T>(k, "k", dtype, q.device()),
                vv = thd<const T>(v, "v", dtype, q.device());
-    at::Tensor o = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+    check_head_sizes(shape, q, k, v);
+    const at::Tensor s = checked_sinks(sinks, q);
+    at::Tensor o = at::empty({q.size(0), q.size(1), shape.v_dim()}, q.options());
     at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
     auto& e = engine_for<T>(slot, t);
-    run(e, [&] { e.forward(batch, qv, kv, vv, thd<T>(o, "o", dtype, q.device()), lse_view<float>(lse)); });
+    run(e, [&] {
+      if (s.defined())
+        e.forward(batch, qv, kv, vv, thd<T>(o, "o", dtype, q.device()), lse_view<float>(lse), span_of<const float>(s));
+      else
+        e.forward(batch, qv, kv, vv, thd<T>(o, "o", dtype, q.device()), lse_view<float>(lse));
+    });
     return {o, lse};
   }
 
   template <class T>
   std::vector<at::Tensor> backward_as(std::unique_ptr<Engine<T>>& slot, const at::Tensor& q, const at::Tensor& k,
                                       const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
-                                      const at::Tensor& dout, const Lengths& lengths) {
+                                      const at::Tensor& dout, const Lengths& lengths,
+                                      const std::optional<at::Tensor>& sinks) {
     const c10::cuda::CUDAGuard guard(q.device());
+    require_one_head_size();
     auto& t = transport_on(q);
     const at::ScalarType dtype = q.scalar_type();
     const c10::Device dev = q.device();
@@ -113,18 +143,26 @@ struct CudaAttention::State {
     const auto qv = thd<const T>(q, "q", dtype, dev), kv = thd<const T>(k, "k", dtype, dev),
                vv = thd<const T>(v, "v", dtype, dev), ov = thd<const T>(o, "o", dtype, dev),
                dov = thd<const T>(dout, "dout", dtype, dev);
+    check_head_sizes(shape, q, k, v);
+    const at::Tensor s = checked_sinks(sinks, q);
     sp::detail::require(lse.scalar_type() == at::kFloat && lse.device() == dev && lse.dim() == 2 &&
                             lse.is_contiguous() && lse.size(0) == q.size(1) && lse.size(1) == q.size(0),
                         kWhere, "lse", lse.sizes(), "must be the forward's lse: contiguous (heads_q, local tokens)");
     at::Tensor dq = at::empty_like(q, at::MemoryFormat::Contiguous),
                dk = at::empty_like(k, at::MemoryFormat::Contiguous),
                dv = at::empty_like(v, at::MemoryFormat::Contiguous);
+    at::Tensor dsinks = at::empty({s.defined() ? shape.heads_q : 0}, lse.options());
     auto& e = engine_for<T>(slot, t);
     run(e, [&] {
-      e.backward(batch, qv, kv, vv, ov, lse_view<const float>(lse), dov, thd<T>(dq, "dq", dtype, dev),
-                 thd<T>(dk, "dk", dtype, dev), thd<T>(dv, "dv", dtype, dev));
+      if (s.defined())
+        e.backward(batch, qv, kv, vv, ov, lse_view<const float>(lse), dov, thd<T>(dq, "dq", dtype, dev),
+                   thd<T>(dk, "dk", dtype, dev), thd<T>(dv, "dv", dtype, dev), span_of<const float>(s),
+                   span_of<float>(dsinks));
+      else
+        e.backward(batch, qv, kv, vv, ov, lse_view<const float>(lse), dov, thd<T>(dq, "dq", dtype, dev),
+                   thd<T>(dk, "dk", dtype, dev), thd<T>(dv, "dv", dtype, dev));
     });
-    return {dq, dk, dv};
+    return {dq, dk, dv, dsinks};
   }
 
   // The engine's work after what torch's current stream has issued (the inputs' producers), and torch's
@@ -143,31 +181,23 @@ struct CudaAttention::State {
   }
 };
 
-CudaAttention::CudaAttention(std::string strategy, int heads_q, int heads_kv, int head_dim,
+CudaAttention::CudaAttention(std::string strategy, const sp::AttentionShape& shape,
                              c10::intrusive_ptr<::c10d::ProcessGroup> group, std::chrono::milliseconds timeout,
                              int ranks_per_node)
-    : s_(std::make_unique<State>(State{std::move(strategy),
-                                       {heads_q, heads_kv, head_dim},
-                                       std::move(group),
-                                       timeout,
-                                       ranks_per_node,
-                                       std::nullopt,
-                                       nullptr,
-                                       nullptr,
-                                       nullptr,
-                                       nullptr})) {}
+    : s_(std::make_unique<State>(State{std::move(strategy), shape, std::move(group), timeout, ranks_per_node,
+                                       std::nullopt, nullptr, nullptr, nullptr, nullptr})) {}
 
 CudaAttention::~CudaAttention() = default;
 
 std::vector<at::Tensor> CudaAttention::forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                               const Lengths& lengths) {
+                                               const Lengths& lengths, const std::optional<at::Tensor>& sinks) {
   switch (q.scalar_type()) {
     case at::kFloat:
-      return s_->forward_as<float>(s_->floats, q, k, v, lengths);
+      return s_->forward_as<float>(s_->floats, q, k, v, lengths, sinks);
     case at::kHalf:
-      return s_->forward_as<__half>(s_->halves, q, k, v, lengths);
+      return s_->forward_as<__half>(s_->halves, q, k, v, lengths, sinks);
     case at::kBFloat16:
-      return s_->forward_as<__nv_bfloat16>(s_->bf16s, q, k, v, lengths);
+      return s_->forward_as<__nv_bfloat16>(s_->bf16s, q, k, v, lengths, sinks);
     default:
       break;
   }
@@ -177,14 +207,14 @@ std::vector<at::Tensor> CudaAttention::forward(const at::Tensor& q, const at::Te
 
 std::vector<at::Tensor> CudaAttention::backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                 const at::Tensor& o, const at::Tensor& lse, const at::Tensor& dout,
-                                                const Lengths& lengths) {
+                                                const Lengths& lengths, const std::optional<at::Tensor>& sinks) {
   switch (q.scalar_type()) {
     case at::kFloat:
-      return s_->backward_as<float>(s_->floats, q, k, v, o, lse, dout, lengths);
+      return s_->backward_as<float>(s_->floats, q, k, v, o, lse, dout, lengths, sinks);
     case at::kHalf:
-      return s_->backward_as<__half>(s_->halves, q, k, v, o, lse, dout, lengths);
+      return s_->backward_as<__half>(s_->halves, q, k, v, o, lse, dout, lengths, sinks);
     case at::kBFloat16:
-      return s_->backward_as<__nv_bfloat16>(s_->bf16s, q, k, v, o, lse, dout, lengths);
+      return s_->backward_as<__nv_bfloat16>(s_->bf16s, q, k, v, o, lse, dout, lengths, sinks);
     default:
       break;
   }

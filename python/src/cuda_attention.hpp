@@ -8,9 +8,12 @@
 #include <torch/extension.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <seqpar/core/attention_shape.hpp>
+
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,19 +24,22 @@ class CudaAttention {
   using Lengths = std::vector<std::vector<std::int64_t>>;
 
   /// Not collective: the transport and engines are made at the first call, on q's device.
-  CudaAttention(std::string strategy, int heads_q, int heads_kv, int head_dim,
+  CudaAttention(std::string strategy, const seqpar::AttentionShape& shape,
                 c10::intrusive_ptr<::c10d::ProcessGroup> group, std::chrono::milliseconds timeout, int ranks_per_node);
   CudaAttention(const CudaAttention&) = delete;
   CudaAttention& operator=(const CudaAttention&) = delete;
   ~CudaAttention();
 
   /// o (tokens, heads_q, head_dim) in q's dtype and lse (heads_q, tokens) in float32, on q's device;
-  /// fp32, fp16, bf16 (CudaFlash<float / __half / __nv_bfloat16>), head_dim 64 or 128.
-  std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const Lengths& lengths);
-  /// dq, dk, dv.
+  /// fp32, fp16, bf16 (CudaFlash<float / __half / __nv_bfloat16>), head_dim 64 or 128, one head size
+  /// (head_dim_v = head_dim: unequal sizes are refused by name). Optional sinks: heads_q float32 logits on
+  /// q's device (the engine's sink epilogue; their values are checked on a host copy).
+  std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Lengths& lengths,
+                                  const std::optional<at::Tensor>& sinks);
+  /// dq, dk, dv and the sinks' gradient summed over the ranks (an empty tensor without sinks).
   std::vector<at::Tensor> backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
-                                   const at::Tensor& lse, const at::Tensor& dout, const Lengths& lengths);
+                                   const at::Tensor& lse, const at::Tensor& dout, const Lengths& lengths,
+                                   const std::optional<at::Tensor>& sinks);
 
  private:
   struct State;

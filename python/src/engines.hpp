@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -128,6 +130,40 @@ sp::ThdView<T> thd(const at::Tensor& t, const char* name, at::ScalarType dtype, 
                       "must be 1 (head_dim contiguous)");
   return {static_cast<T*>(t.data_ptr()), t.size(0),   static_cast<int>(t.size(1)),
           static_cast<int>(t.size(2)),   t.stride(0), t.stride(1)};
+}
+
+// q and k must have head_dim values per head, v head_dim_v (the sizes the layer was made with).
+inline void check_head_sizes(const sp::AttentionShape& shape, const at::Tensor& q, const at::Tensor& k,
+                             const at::Tensor& v) {
+  constexpr std::string_view where = "seqpar.torch.DistributedAttention";
+  const std::string qk = "must be head_dim = " + std::to_string(shape.qk_dim()) + ", the layer's query/key head size";
+  sp::detail::require(q.size(2) == shape.qk_dim(), where, "q.shape[2]", q.size(2), qk);
+  sp::detail::require(k.size(2) == shape.qk_dim(), where, "k.shape[2]", k.size(2), qk);
+  sp::detail::require(v.size(2) == shape.v_dim(), where, "v.shape[2]", v.size(2),
+                      "must be head_dim_v = " + std::to_string(shape.v_dim()) + ", the layer's value head size");
+}
+
+// The sinks of a call, checked (none: an undefined tensor): a 1-d tensor of heads_q logits of `dtype` (the
+// kernels' accumulation type) on q's device; made contiguous (heads_q values). Their values (NaN, +inf)
+// are checked by the engine.
+inline at::Tensor sinks_tensor(const std::optional<at::Tensor>& sinks, const sp::AttentionShape& shape,
+                               at::ScalarType dtype, const at::Tensor& q) {
+  constexpr std::string_view where = "seqpar.torch.DistributedAttention";
+  if (!sinks || !sinks->defined()) return {};
+  const at::Tensor& s = *sinks;
+  sp::detail::require(s.scalar_type() == dtype, where, "sinks.dtype", c10::toString(s.scalar_type()),
+                      std::string("must be ") + c10::toString(dtype) + " (the kernels' accumulation type for q.dtype " +
+                          c10::toString(q.scalar_type()) + ")");
+  sp::detail::require(s.device() == q.device(), where, "sinks.device", s.device().str(),
+                      "must be " + q.device().str() + " like q");
+  sp::detail::require(s.dim() == 1 && s.size(0) == shape.heads_q, where, "sinks.shape", s.sizes(),
+                      "must be (heads_q,) = (" + std::to_string(shape.heads_q) + ",): one logit per query head");
+  return s.contiguous();
+}
+
+template <class T>
+std::span<T> span_of(const at::Tensor& t) {
+  return {static_cast<T*>(t.data_ptr()), static_cast<std::size_t>(t.numel())};
 }
 
 template <class T>

@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // seqpar._C: seqpar's DistributedAttention on a torch.distributed process group, for the torch op
 // in seqpar/torch.py. Tensors are used in place (views of their storage): the binding copies none of
-// q, k, v, o, lse or the gradients. Bad arguments raise std::invalid_argument (Python ValueError)
-// naming the argument; transport failures raise seqpar::Error (Python RuntimeError).
+// q, k, v, o, lse or the gradients. q and k have head_dim values per head, v and o head_dim_v (MLA:
+// 192 and 128). Optional attention sinks: one logit per query head in the kernels' accumulation type
+// (float64 for float64 q, else float32); backward returns their gradient summed over the group's ranks.
+// Bad arguments raise std::invalid_argument (Python ValueError) naming the argument; transport failures
+// raise seqpar::Error (Python RuntimeError).
 #include <torch/extension.h>
 
 #include <seqpar/backend/c10d/transport.hpp>
@@ -11,6 +14,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,36 +40,39 @@ static_assert(sizeof(Bf16) == sizeof(c10::BFloat16) && alignof(Bf16) <= alignof(
 class Attention {
  public:
   Attention(std::string strategy, int heads_q, int heads_kv, int head_dim,
-            const c10::intrusive_ptr<::c10d::ProcessGroup>& group, double timeout_s, int ranks_per_node)
-      : strategy_(std::move(strategy)), shape_{heads_q, heads_kv, head_dim}, ranks_per_node_(ranks_per_node) {
+            const c10::intrusive_ptr<::c10d::ProcessGroup>& group, double timeout_s, int ranks_per_node, int head_dim_v)
+      : strategy_(std::move(strategy)),
+        shape_{heads_q, heads_kv, head_dim, 0.0, head_dim_v},
+        ranks_per_node_(ranks_per_node) {
     constexpr std::string_view where = "seqpar.torch.DistributedAttention";
     sp::detail::require(heads_q >= 1, where, "heads_q", heads_q, "must be >= 1");
     sp::detail::require(heads_kv >= 1 && heads_q % heads_kv == 0, where, "heads_kv", heads_kv,
                         "must be >= 1 and divide heads_q = " + std::to_string(heads_q));
-    sp::detail::require(head_dim >= 1, where, "head_dim", head_dim, "must be >= 1");
+    sp::detail::require(head_dim >= 1 && head_dim <= 1024, where, "head_dim", head_dim, "must be in [1, 1024]");
+    sp::detail::require(head_dim_v >= 1 && head_dim_v <= 1024, where, "head_dim_v", head_dim_v,
+                        "must be in [1, 1024] (the value head size; None: head_dim)");
     sp::detail::require(timeout_s > 0, where, "timeout_s", timeout_s, "must be > 0");
     sp::backend::c10d::Transport::Options options;
     options.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
     transport_ = std::make_unique<sp::backend::c10d::Transport>(group, options);
     (void)meta_engine();  // an unknown strategy fails here, in the constructor
 #if SEQPAR_TORCH_CUDA
-    cuda_ =
-        std::make_unique<CudaAttention>(strategy_, heads_q, heads_kv, head_dim, group, options.timeout, ranks_per_node);
+    cuda_ = std::make_unique<CudaAttention>(strategy_, shape_, group, options.timeout, ranks_per_node);
 #endif
   }
 
-  std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const Lengths& lengths) {
+  std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Lengths& lengths,
+                                  const std::optional<at::Tensor>& sinks) {
 #if SEQPAR_TORCH_CUDA
-    if (q.is_cuda()) return cuda_->forward(q, k, v, lengths);
+    if (q.is_cuda()) return cuda_->forward(q, k, v, lengths, sinks);
 #endif
     switch (q.scalar_type()) {
       case at::kDouble:
-        return forward_as<double>(doubles_, q, k, v, lengths);
+        return forward_as<double>(doubles_, q, k, v, lengths, sinks);
       case at::kFloat:
-        return forward_as<float>(floats_, q, k, v, lengths);
+        return forward_as<float>(floats_, q, k, v, lengths, sinks);
       case at::kBFloat16:  // CpuFlash<bf16> on the tensors' own storage: fp32 accumulation, fp32 lse
-        return forward_as<Bf16>(bf16s_, q, k, v, lengths);
+        return forward_as<Bf16>(bf16s_, q, k, v, lengths, sinks);
       default:
         break;
     }
@@ -73,18 +80,20 @@ class Attention {
                               "must be float64, float32 or bfloat16");
   }
 
+  // dq, dk, dv and the sinks' gradient (summed over the ranks; an empty tensor without sinks).
   std::vector<at::Tensor> backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
-                                   const at::Tensor& lse, const at::Tensor& dout, const Lengths& lengths) {
+                                   const at::Tensor& lse, const at::Tensor& dout, const Lengths& lengths,
+                                   const std::optional<at::Tensor>& sinks) {
 #if SEQPAR_TORCH_CUDA
-    if (q.is_cuda()) return cuda_->backward(q, k, v, o, lse, dout, lengths);
+    if (q.is_cuda()) return cuda_->backward(q, k, v, o, lse, dout, lengths, sinks);
 #endif
     switch (q.scalar_type()) {
       case at::kDouble:
-        return backward_as<double>(doubles_, q, k, v, o, lse, dout, lengths);
+        return backward_as<double>(doubles_, q, k, v, o, lse, dout, lengths, sinks);
       case at::kFloat:
-        return backward_as<float>(floats_, q, k, v, o, lse, dout, lengths);
+        return backward_as<float>(floats_, q, k, v, o, lse, dout, lengths, sinks);
       case at::kBFloat16:
-        return backward_as<Bf16>(bf16s_, q, k, v, o, lse, dout, lengths);
+        return backward_as<Bf16>(bf16s_, q, k, v, o, lse, dout, lengths, sinks);
       default:
         break;
     }
@@ -132,17 +141,23 @@ class Attention {
 
   template <class T>
   std::vector<at::Tensor> forward_as(std::unique_ptr<Engine<T>>& slot, const at::Tensor& q, const at::Tensor& k,
-                                     const at::Tensor& v, const Lengths& lengths) {
+                                     const at::Tensor& v, const Lengths& lengths,
+                                     const std::optional<at::Tensor>& sinks) {
     using Accum = typename sp::attention::CpuFlash<T>::accum_type;
     const at::ScalarType dtype = q.scalar_type();
     const sp::DocumentBatch batch = make_batch(lengths);
     const auto qv = thd<const T>(q, "q", dtype), kv = thd<const T>(k, "k", dtype), vv = thd<const T>(v, "v", dtype);
-    at::Tensor o = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+    check_head_sizes(shape_, q, k, v);
+    const at::Tensor s = sinks_tensor(sinks, shape_, c10::CppTypeToScalarType<Accum>::value, q);
+    at::Tensor o = at::empty({q.size(0), q.size(1), shape_.v_dim()}, q.options());
     at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(c10::CppTypeToScalarType<Accum>::value));
     auto& e = engine_for<T>(slot);
     {
       pybind11::gil_scoped_release release;  // peers may be other threads of this process (tests)
-      e.forward(batch, qv, kv, vv, thd<T>(o, "o", dtype), lse_view<Accum>(lse));
+      if (s.defined())
+        e.forward(batch, qv, kv, vv, thd<T>(o, "o", dtype), lse_view<Accum>(lse), span_of<const Accum>(s));
+      else
+        e.forward(batch, qv, kv, vv, thd<T>(o, "o", dtype), lse_view<Accum>(lse));
     }
     return {o, lse};
   }
@@ -150,12 +165,15 @@ class Attention {
   template <class T>
   std::vector<at::Tensor> backward_as(std::unique_ptr<Engine<T>>& slot, const at::Tensor& q, const at::Tensor& k,
                                       const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
-                                      const at::Tensor& dout, const Lengths& lengths) {
+                                      const at::Tensor& dout, const Lengths& lengths,
+                                      const std::optional<at::Tensor>& sinks) {
     using Accum = typename sp::attention::CpuFlash<T>::accum_type;
     const at::ScalarType dtype = q.scalar_type();
     const sp::DocumentBatch batch = make_batch(lengths);
     const auto qv = thd<const T>(q, "q", dtype), kv = thd<const T>(k, "k", dtype), vv = thd<const T>(v, "v", dtype),
                ov = thd<const T>(o, "o", dtype), dov = thd<const T>(dout, "dout", dtype);
+    check_head_sizes(shape_, q, k, v);
+    const at::Tensor s = sinks_tensor(sinks, shape_, c10::CppTypeToScalarType<Accum>::value, q);
     constexpr std::string_view where = "seqpar.torch.DistributedAttention";
     sp::detail::require(lse.scalar_type() == c10::CppTypeToScalarType<Accum>::value && lse.dim() == 2 &&
                             lse.is_contiguous() && lse.size(0) == q.size(1) && lse.size(1) == q.size(0),
@@ -163,13 +181,18 @@ class Attention {
     at::Tensor dq = at::empty_like(q, at::MemoryFormat::Contiguous),
                dk = at::empty_like(k, at::MemoryFormat::Contiguous),
                dv = at::empty_like(v, at::MemoryFormat::Contiguous);
+    at::Tensor dsinks = at::empty({s.defined() ? shape_.heads_q : 0}, lse.options());
     auto& e = engine_for<T>(slot);
     {
       pybind11::gil_scoped_release release;
-      e.backward(batch, qv, kv, vv, ov, lse_view<const Accum>(lse), dov, thd<T>(dq, "dq", dtype),
-                 thd<T>(dk, "dk", dtype), thd<T>(dv, "dv", dtype));
+      if (s.defined())
+        e.backward(batch, qv, kv, vv, ov, lse_view<const Accum>(lse), dov, thd<T>(dq, "dq", dtype),
+                   thd<T>(dk, "dk", dtype), thd<T>(dv, "dv", dtype), span_of<const Accum>(s), span_of<Accum>(dsinks));
+      else
+        e.backward(batch, qv, kv, vv, ov, lse_view<const Accum>(lse), dov, thd<T>(dq, "dq", dtype),
+                   thd<T>(dk, "dk", dtype), thd<T>(dv, "dv", dtype));
     }
-    return {dq, dk, dv};
+    return {dq, dk, dv, dsinks};
   }
 
   std::string strategy_;
@@ -189,11 +212,16 @@ class Attention {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "seqpar's DistributedAttention on a torch.distributed process group (see seqpar.torch)";
   pybind11::class_<Attention>(m, "Attention")
-      .def(pybind11::init<std::string, int, int, int, const c10::intrusive_ptr<::c10d::ProcessGroup>&, double, int>(),
+      .def(pybind11::init<std::string, int, int, int, const c10::intrusive_ptr<::c10d::ProcessGroup>&, double, int,
+                          int>(),
            pybind11::arg("strategy"), pybind11::arg("heads_q"), pybind11::arg("heads_kv"), pybind11::arg("head_dim"),
-           pybind11::arg("group"), pybind11::arg("timeout_s"), pybind11::arg("ranks_per_node"))
-      .def("forward", &Attention::forward)
-      .def("backward", &Attention::backward)
+           pybind11::arg("group"), pybind11::arg("timeout_s"), pybind11::arg("ranks_per_node"),
+           pybind11::arg("head_dim_v"))
+      .def("forward", &Attention::forward, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"),
+           pybind11::arg("lengths"), pybind11::arg("sinks") = std::nullopt)
+      .def("backward", &Attention::backward, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"),
+           pybind11::arg("o"), pybind11::arg("lse"), pybind11::arg("dout"), pybind11::arg("lengths"),
+           pybind11::arg("sinks") = std::nullopt)
       .def("token_meta", &Attention::token_meta)
       .def_property_readonly("rank", &Attention::rank)
       .def_property_readonly("size", &Attention::size)

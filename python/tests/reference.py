@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The single-device truth: torch's own SDPA over the whole packed batch with a block-diagonal causal
-mask, and the random long-tail document mixes the tests run on."""
+mask, the definition written out (value heads of their own size, attention sinks), and the random
+long-tail document mixes the tests run on."""
 import random
 
 import torch
@@ -23,6 +24,25 @@ def sdpa(q, k, v, lengths):
     o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask)
     scores = (q.transpose(0, 1) @ k.transpose(0, 1).transpose(1, 2)) / q.shape[2] ** 0.5
     lse = torch.logsumexp(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return o.transpose(0, 1), lse
+
+
+def explicit(q, k, v, lengths, sinks=None):
+    """The definition written out, for value heads of their own size and attention sinks: q, k (T, H, D),
+    v (T, Hkv, Dv) of the whole batch, sinks (Hq,) or None -> o (T, Hq, Dv), lse (Hq, T). Scores q.k /
+    sqrt(D) under the document-causal mask; each query head's sink logit appended as one more column
+    of every row (a softmax term with no value); softmax over the row; o = P v over the key columns."""
+    t, hq, d = q.shape
+    group = hq // k.shape[1]
+    kh = k.repeat_interleave(group, dim=1).transpose(0, 1)  # (Hq, T, D)
+    vh = v.repeat_interleave(group, dim=1).transpose(0, 1)  # (Hq, T, Dv)
+    scores = (q.transpose(0, 1) @ kh.transpose(1, 2)) / d ** 0.5  # (Hq, T, T)
+    scores = scores.masked_fill(~doc_mask(lengths), float("-inf"))
+    if sinks is not None:
+        scores = torch.cat([scores, sinks.to(scores.dtype)[:, None, None].expand(hq, t, 1)], dim=-1)
+    lse = torch.logsumexp(scores, dim=-1)
+    p = torch.exp(scores - lse[..., None])
+    o = p[..., :t] @ vh
     return o.transpose(0, 1), lse
 
 

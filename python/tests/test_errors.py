@@ -36,6 +36,21 @@ def _bad_inputs(rank, world):
     expect(ValueError, ["lengths[0][1] = 0"], lambda: attn(q, k, v, [[5, 0, 3]]))
     expect(ValueError, ["lengths[1] = 1.5"], lambda: attn(q, k, v, [2, 1.5]))
     expect(ValueError, ["stride(2)"], lambda: attn(q.transpose(1, 2), k, v, lengths))
+    # Head sizes (issue 29): q and k have head_dim values per head, v head_dim_v; sinks are (heads_q,)
+    # logits of the kernels' accumulation type (float64 here), finite or -inf.
+    mla = spt.DistributedAttention("zigzag-ring", 2, 1, 4, head_dim_v=3, timeout_s=20)
+    v3 = torch.randn(n, 1, 3, dtype=torch.float64)
+    expect(ValueError, ["v.shape[2] = 4", "head_dim_v = 3"], lambda: mla(q, k, v, lengths))
+    expect(ValueError, ["q.shape[2] = 3", "head_dim = 4"], lambda: mla(q[..., :3], k, v3, lengths))
+    expect(ValueError, ["head_dim_v = 0"], lambda: spt.DistributedAttention("ulysses", 2, 1, 4, head_dim_v=0))
+    f64 = dict(dtype=torch.float64)
+    expect(ValueError, ["sinks.shape", "heads_q"], lambda: attn(q, k, v, lengths, sinks=torch.zeros(3, **f64)))
+    expect(ValueError, ["sinks.dtype", "Float", "Double"], lambda: attn(q, k, v, lengths, sinks=torch.zeros(2)))
+    expect(ValueError, ["sinks[1]", "finite"],
+           lambda: attn(q, k, v, lengths, sinks=torch.tensor([0.0, float("nan")], **f64)))
+    expect(ValueError, ["sinks[0]", "finite"],
+           lambda: attn(q, k, v, lengths, sinks=torch.tensor([float("inf"), 0.0], **f64)))
+    expect(TypeError, ["sinks", "list"], lambda: attn(q, k, v, lengths, sinks=[0.0, 0.0]))
     # Rows that do not match this rank's share of the batch (lengths that do not sum to the tokens):
     # refused on this rank, and every rank raises (the ranks compare their checks before any exchange).
     expect((ValueError, RuntimeError), ["q"], lambda: attn(q[:-1], k[:-1], v[:-1], lengths) if rank == 0
@@ -52,7 +67,7 @@ def _bad_inputs(rank, world):
 
 def test_bad_inputs_raise():
     for raised in run(_bad_inputs, 2, timeout=120):
-        assert len(raised) == 11
+        assert len(raised) == 19
 
 
 def _peer_dies(rank, world):

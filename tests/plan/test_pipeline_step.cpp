@@ -256,6 +256,15 @@ TEST_SUITE("plan") {
     CHECK(uc.per_pair == doctest::Approx(cost.per_pair / 4));
     const double a2a_per_token = (2.0 * 64 + 2.0 * 64) * 2 / 4 * 3.0 / 4 / 1e9;  // (2 Hq d + 2 Hkv d) 2 B / 4 x 3/4
     CHECK(uc.per_token == doctest::Approx(cost.per_token / 4 + a2a_per_token).epsilon(1e-9));
+    // Value heads of 16 under query/key heads of 24 (MLA-shaped): 2 (24 + 16) FLOPs per pair and head, and
+    // the all-to-alls move Q, K (4 x 24 each), V and O (4 x 16 each).
+    plan::PipelineStepOptions mla = u;
+    mla.model.head_dim = 24;
+    mla.model.head_dim_v = 16;
+    const schedule::ChunkCost mc = plan::chunk_cost(mla);
+    CHECK(mc.per_pair == doctest::Approx(2.0 * (24 + 16) * 4 / 4 / 1e12));
+    const double mla_a2a = (4.0 * 24 + 4.0 * 24 + 4.0 * 16 + 4.0 * 16) * 2 / 4 * 3.0 / 4 / 1e9;
+    CHECK(mc.per_token == doctest::Approx(mla.model.layer_gemm_flops_per_token() / 1e12 / 4 + mla_a2a).epsilon(1e-9));
   }
 
   TEST_CASE("pipeline step: the prefix term is the replay of the carry's programs on the stage's group") {

@@ -43,6 +43,53 @@ TEST_SUITE("plan") {
     CHECK(sum == 2.0 * (4 * 4096 + 4 * 4096 + 3 * 11008) + 4.0 * 32 + 8.0);
   }
 
+  TEST_CASE("stage memory: value heads smaller than query/key heads (MLA-shaped), counted by hand") {
+    // 4 query and 2 KV heads of 24 (Q, K), values and the attention output of 16 (V, O); hidden 64.
+    const plan::ModelShape m{"mla", 2, 64, 4, 2, 24, 128, 100, false, 16};
+    CHECK(m.attention().qk_dim() == 24);
+    CHECK(m.attention().v_dim() == 16);
+    const auto w = m.attention_widths();
+    CHECK((w.q == 96 && w.k == 48 && w.v == 32 && w.o == 64));
+    // Q, K, V projections 64 x (96 + 48 + 32), O projection 64 x 64, SwiGLU 3 x 64 x 128, two norms.
+    CHECK(m.layer_params() == 64.0 * (96 + 48 + 32) + 64.0 * 64 + 3.0 * 64 * 128 + 2 * 64);
+    CHECK(m.layer_params() == 40064.0);
+    CHECK(m.params() == 2 * 40064.0 + 2 * 100.0 * 64);
+    CHECK(m.layer_gemm_flops_per_token() == 2.0 * (40064 - 128));
+    // bf16: 2 x (4 h + Q 96 + K 48 + V 32 + O 64 + 3 ffn) + fp32 LSE per query head + 2 norm statistics.
+    CHECK(m.layer_activation_bytes_per_token(2.0) == 2.0 * (4 * 64 + 96 + 48 + 32 + 64 + 3 * 128) + 4.0 * 4 + 8.0);
+    CHECK(m.layer_activation_bytes_per_token(2.0) == 1784.0);
+    // head_dim_v 0 and head_dim_v = head_dim are the same model.
+    plan::ModelShape same = m, zero = m;
+    same.head_dim_v = 24;
+    zero.head_dim_v = 0;
+    CHECK(same.layer_params() == zero.layer_params());
+    CHECK(same.layer_activation_bytes_per_token(2.0) == zero.layer_activation_bytes_per_token(2.0));
+    CHECK(zero.layer_params() == 64.0 * (96 + 48 + 48 + 96) + 3.0 * 64 * 128 + 2 * 64);
+
+    // Two stages of one layer, 4 ranks each: chunks of 10 tokens (3 rows on the busiest rank), a carry of
+    // 6 prefix tokens (2 rows).
+    plan::PipelineStepOptions o = dpp_options(m);
+    o.stages = 2;
+    o.sp_ranks = 4;
+    o.chunk_tokens = 10;
+    o.carry_tokens = 6;
+    const plan::MemoryBreakdown s0 = plan::stage_memory(o, 0, 0.0);
+    CHECK(s0.of("one layer's backward working set") == 3 * 1784.0);
+    // K (48) and V (32) and their gradients, 2 rows, one layer, 2 bytes.
+    CHECK(s0.of("K/V carry of split documents") == 2 * 2.0 * (48 + 32) * 2.0 * 1);
+    // Q, K, V sent and received: 2 x 3 rows x (96 + 48 + 32) x 2 bytes.
+    CHECK(s0.of("all-to-all buffers (send + receive)") == 2 * 3 * (96 + 48 + 32) * 2.0);
+    // ZeRO-3 over the 4 ranks: the stage's layer and the embedding, 2 bytes each, a quarter per rank.
+    CHECK(s0.of("weights (bf16)") == 2.0 * (40064 + 6400) / 4);
+    CHECK(s0.of("ZeRO-3 gathered layers (running + prefetched)") == 2.0 * 2.0 * 40064 + 2.0 * 6400);
+
+    plan::ModelShape bad = m;
+    bad.head_dim_v = -1;
+    CHECK(invalid_message([&] { bad.validate(); }).find("head_dim_v = -1") != std::string::npos);
+    bad.head_dim_v = 1025;
+    CHECK(invalid_message([&] { bad.validate(); }).find("head_dim_v = 1025") != std::string::npos);
+  }
+
   TEST_CASE("stage memory: model states under each ZeRO stage are ZeRO's Figure 1") {
     // Psi = 7.5B parameters on 64 ranks: 120, 31.4, 16.6 and 1.9 GB (Rajbhandari et al. 2020, Figure 1).
     const double psi = 7.5e9;

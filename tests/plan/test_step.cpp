@@ -27,6 +27,13 @@ TEST_SUITE("plan") {
     CHECK(plan::models::llama_7b().params() == doctest::Approx(6.74e9).epsilon(0.01));
     CHECK(plan::models::qwen15_1_8b().params() == doctest::Approx(1.84e9).epsilon(0.02));
     for (const auto& m : plan::models::all()) CHECK_NOTHROW(m.validate());
+    // DeepSeek-V3's MLA head sizes, every layer dense with full-rank projections (model_shape.hpp):
+    // 61 x (7168 x (128 x 192 x 2 + 128 x 128 x 2) + 3 x 7168 x 18432 + 2 x 7168) + 2 x 129280 x 7168.
+    const plan::ModelShape ds = plan::models::by_name("deepseek-v3-dense");
+    CHECK(ds.attention().qk_dim() == 192);
+    CHECK(ds.attention().v_dim() == 128);
+    CHECK(ds.params() ==
+          61.0 * (7168.0 * (128 * 192 * 2 + 128 * 128 * 2) + 3.0 * 7168 * 18432 + 2.0 * 7168) + 2.0 * 129280 * 7168);
     CHECK(invalid_message([] { (void)plan::models::by_name("gpt-5"); }).find("gpt-5") != std::string::npos);
   }
 
@@ -71,6 +78,10 @@ TEST_SUITE("plan") {
     auto wrong = opt;
     wrong.model = plan::models::llama31_8b();  // head_dim 128, the programs were compiled for 64
     CHECK(invalid_message([&] { (void)plan::simulate_step(c, topo, wrong, sim); }).find("head_dim") !=
+          std::string::npos);
+    auto narrow = opt;
+    narrow.model.head_dim_v = 32;  // the programs were compiled for values of 64
+    CHECK(invalid_message([&] { (void)plan::simulate_step(c, topo, narrow, sim); }).find("head_dim_v") !=
           std::string::npos);
   }
 

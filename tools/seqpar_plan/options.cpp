@@ -119,7 +119,7 @@ const std::vector<OptionSpec>& option_table() {
        [](Options& o, const S&, const S& v) { o.model = v; }},
       {"Model", "--attention-only", "",
        "predict one attention layer's forward + backward instead of a training step; the shape comes from "
-       "--model or from --heads-q/--heads-kv/--head-dim",
+       "--model or from --heads-q/--heads-kv/--head-dim[/--head-dim-v]",
        [](Options& o, const S&, const S&) { o.attention_only = true; }},
       {"Model", "--heads-q", "H", "query heads (with --attention-only and no --model)",
        [](Options& o, const S& n, const S& v) { o.heads_q = as_int(n, v, 1); }},
@@ -127,6 +127,10 @@ const std::vector<OptionSpec>& option_table() {
        [](Options& o, const S& n, const S& v) { o.heads_kv = as_int(n, v, 1); }},
       {"Model", "--head-dim", "D", "head dimension, 1..1024 (with --attention-only and no --model)",
        [](Options& o, const S& n, const S& v) { o.head_dim = as_int(n, v, 1, 1024); }},
+      {"Model", "--head-dim-v", "D",
+       "value (and attention output) head dimension, 1..1024, when it differs from --head-dim (MLA: 192 and "
+       "128; default: --head-dim; with --attention-only and no --model)",
+       [](Options& o, const S& n, const S& v) { o.head_dim_v = as_int(n, v, 1, 1024); }},
       {"Model", "--dtype", "T",
        "element type of Q/K/V/O and activations: bf16, fp16 (2 bytes) or fp32 (4 bytes); sets the bytes moved "
        "and kept (default: the profile's, bf16 on the GPU profiles); compute rates stay the profile's",
@@ -296,7 +300,7 @@ void print_help(std::FILE* out) {
   std::fprintf(out,
                "usage: %s (--profile NAME | --profile-file FILE) --ranks N\n"
                "                   (--model NAME | --attention-only (--model NAME | --heads-q H --heads-kv H "
-               "--head-dim D))\n"
+               "--head-dim D [--head-dim-v D]))\n"
                "                   (--lengths L,L,... | --lengths-file FILE | --distribution NAME --tokens T) "
                "[options]\n\n"
                "Predicts with seqpar's cost model what each sequence-parallel strategy costs on a machine, for a\n"
@@ -366,10 +370,14 @@ void print_list() {
                 p.intra.bandwidth / 1e9, p.inter.bandwidth / 1e9, p.nics_per_node);
   }
   std::printf("models:\n");
-  for (const plan::ModelShape& m : plan::models::all())
-    std::printf("  %-14s %5.2fB params, %2d layers, hidden %5d, heads %2d:%2d x %3d, ffn %5d, vocab %d\n",
-                m.name.c_str(), m.params() / 1e9, m.layers, m.hidden, m.heads_q, m.heads_kv, m.head_dim, m.ffn,
-                m.vocab);
+  for (const plan::ModelShape& m : plan::models::all()) {
+    // "x 128", or "x 192/128" when the value heads are smaller (MLA).
+    const AttentionShape a = m.attention();
+    const std::string dims = std::to_string(a.qk_dim()) + (a.split_dims() ? "/" + std::to_string(a.v_dim()) : "");
+    std::printf("  %-17s %5.2fB params, %2d layers, hidden %5d, heads %2d:%2d x %-7s ffn %5d, vocab %d\n",
+                m.name.c_str(), m.params() / 1e9, m.layers, m.hidden, m.heads_q, m.heads_kv, (dims + ",").c_str(),
+                m.ffn, m.vocab);
+  }
   std::printf("distributions:\n  %s\n", join(plan::workloads::distribution_names()).c_str());
   std::printf("strategies:\n");
   for (const plan::Candidate& c : plan::standard_candidates())

@@ -39,7 +39,7 @@ struct Options {
   std::optional<int> ranks, ranks_per_node;
   std::optional<std::string> model;
   bool attention_only = false;
-  std::optional<int> heads_q, heads_kv, head_dim;
+  std::optional<int> heads_q, heads_kv, head_dim, head_dim_v;
   std::optional<std::string> dtype;
   std::optional<std::string> lengths, lengths_file, distribution;
   std::optional<std::int64_t> tokens;

@@ -102,16 +102,17 @@ Problem make_problem(const Options& o) {
 
   // Model and attention shape.
   p.attention_only = o.attention_only;
-  const bool heads = o.heads_q || o.heads_kv || o.head_dim;
-  if (heads && !o.attention_only) usage_error("--heads-q/--heads-kv/--head-dim need --attention-only");
-  if (heads && o.model) usage_error("--heads-q/--heads-kv/--head-dim exclude --model (the model fixes its heads)");
+  const bool heads = o.heads_q || o.heads_kv || o.head_dim || o.head_dim_v;
+  if (heads && !o.attention_only) usage_error("--heads-q/--heads-kv/--head-dim/--head-dim-v need --attention-only");
+  if (heads && o.model)
+    usage_error("--heads-q/--heads-kv/--head-dim/--head-dim-v exclude --model (the model fixes its heads)");
   if (o.model) {
     p.model = plan::models::by_name(*o.model);
     p.shape = p.model->attention();
   } else if (o.attention_only) {
     if (!o.heads_q || !o.heads_kv || !o.head_dim)
       usage_error("--attention-only without --model needs --heads-q, --heads-kv and --head-dim");
-    p.shape = AttentionShape{*o.heads_q, *o.heads_kv, *o.head_dim, 0.0};
+    p.shape = AttentionShape{*o.heads_q, *o.heads_kv, *o.head_dim, 0.0, o.head_dim_v.value_or(0)};
   } else {
     usage_error("no model: give --model NAME, or --attention-only with --heads-q/--heads-kv/--head-dim");
   }

@@ -40,11 +40,14 @@ struct Row {
   bool fits = false;
 };
 
-/// Memory of one attention layer's forward + backward on a rank: Q, O, dO, dQ (Hq heads), K, V, dK, dV
-/// (Hkv heads) and fp32 LSE of its tokens, plus the larger of its programs' staging buffers.
+/// Memory of one attention layer's forward + backward on a rank: Q, dQ (Hq x d_qk), O, dO (Hq x d_v), K, dK
+/// (Hkv x d_qk), V, dV (Hkv x d_v) and fp32 LSE of its tokens, plus the larger of its programs' staging
+/// buffers.
 double attention_memory_bytes(const AttentionShape& shape, double value_bytes, std::int64_t tokens,
                               double staging_bytes) {
-  const double per_token = 4.0 * value_bytes * shape.head_dim * (shape.heads_q + shape.heads_kv) + 4.0 * shape.heads_q;
+  const double per_token =
+      2.0 * value_bytes * static_cast<double>(shape.heads_q + shape.heads_kv) * (shape.qk_dim() + shape.v_dim()) +
+      4.0 * shape.heads_q;
   return static_cast<double>(tokens) * per_token + staging_bytes;
 }
 
@@ -173,7 +176,8 @@ void print_table(const Problem& p, const std::vector<Row>& rows, std::optional<s
   const Topology& t = p.topology;
   const std::string what = p.attention_only
                                ? "one attention layer (fwd+bwd), heads " + std::to_string(p.shape.heads_q) + ":" +
-                                     std::to_string(p.shape.heads_kv) + " x " + std::to_string(p.shape.head_dim)
+                                     std::to_string(p.shape.heads_kv) + " x " + std::to_string(p.shape.head_dim) +
+                                     (p.shape.split_dims() ? " (values " + std::to_string(p.shape.v_dim()) + ")" : "")
                                : "training step of " + p.model->name;
   std::printf("%s: %s on %d x %s (%d node%s of %d)\n", kTool, what.c_str(), t.world_size, p.hardware.name.c_str(),
               t.num_nodes(), t.num_nodes() == 1 ? "" : "s", t.ranks_per_node);
@@ -237,6 +241,7 @@ std::string json_text(const Problem& p, const std::vector<Row>& rows, std::optio
       .add("heads_q", p.shape.heads_q)
       .add("heads_kv", p.shape.heads_kv)
       .add("head_dim", p.shape.head_dim)
+      .add("head_dim_v", p.shape.v_dim())
       .add("tokens", p.batch.total_tokens())
       .add("sequences", p.batch.num_sequences())
       .add("documents", p.documents)

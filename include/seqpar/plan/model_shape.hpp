@@ -15,6 +15,10 @@
 namespace seqpar::plan {
 
 /// A decoder-only transformer as the cost model sees it: pre-norm attention with GQA and a SwiGLU MLP.
+/// Query/key and value heads may differ in size (MLA-shaped attention: head_dim 192, head_dim_v 128):
+/// Q and K have head_dim values per head, V and the attention output head_dim_v (0: head_dim).
+///
+///     plan::ModelShape m{"mla", 4, 2048, 16, 16, 192, 8192, 32000, false, 128};
 struct ModelShape {
   std::string name;
   int layers = 0;
@@ -25,14 +29,28 @@ struct ModelShape {
   int ffn = 0;
   int vocab = 0;
   bool tied_embeddings = false;
+  int head_dim_v = 0;  ///< value and attention-output head size; 0 means head_dim
 
-  [[nodiscard]] AttentionShape attention() const { return AttentionShape{heads_q, heads_kv, head_dim, 0.0}; }
+  [[nodiscard]] AttentionShape attention() const {
+    return AttentionShape{heads_q, heads_kv, head_dim, 0.0, head_dim_v};
+  }
 
-  /// Weights of one layer: Q and O (hidden x Hq*d), K and V (hidden x Hkv*d), gate/up/down (3 x hidden x
-  /// ffn), two norms.
+  /// Values one token has in each attention tensor: Q (Hq x d_qk), K (Hkv x d_qk), V (Hkv x d_v) and the
+  /// attention output O (Hq x d_v), d_v = attention().v_dim().
+  struct AttentionWidths {
+    double q = 0, k = 0, v = 0, o = 0;
+  };
+  [[nodiscard]] AttentionWidths attention_widths() const noexcept {
+    const double dqk = head_dim, dv = head_dim_v != 0 ? head_dim_v : head_dim;
+    return {heads_q * dqk, heads_kv * dqk, heads_kv * dv, heads_q * dv};
+  }
+
+  /// Weights of one layer: Q, K and V projections (hidden x each of attention_widths' q, k, v), the output
+  /// projection (o x hidden), gate/up/down (3 x hidden x ffn), two norms.
   [[nodiscard]] double layer_params() const noexcept {
-    const double h = hidden, q = static_cast<double>(heads_q) * head_dim, kv = static_cast<double>(heads_kv) * head_dim;
-    return 2.0 * h * q + 2.0 * h * kv + 3.0 * h * ffn + 2.0 * h;
+    const double h = hidden;
+    const AttentionWidths w = attention_widths();
+    return h * (w.q + w.k + w.v + w.o) + 3.0 * h * ffn + 2.0 * h;
   }
   [[nodiscard]] double embedding_params() const noexcept {
     return static_cast<double>(vocab) * hidden * (tied_embeddings ? 1.0 : 2.0);
@@ -54,13 +72,13 @@ struct ModelShape {
   /// keeps Q, K, V, the output and one log-sum-exp per query head instead of the s^2 softmax.
   /// A checkpointed layer keeps only its input (hidden x value_bytes).
   [[nodiscard]] std::vector<ActivationTerm> layer_activation_terms(double value_bytes, double stat_bytes = 4) const {
-    const double h = hidden, q = static_cast<double>(heads_q) * head_dim, kv = static_cast<double>(heads_kv) * head_dim,
-                 f = ffn;
+    const double h = hidden, f = ffn;
+    const AttentionWidths w = attention_widths();
     return {{"attention norm input (residual stream)", value_bytes * h},
             {"attention norm output (Q/K/V GEMM input)", value_bytes * h},
-            {"Q (after RoPE)", value_bytes * q},
-            {"K, V (after RoPE)", value_bytes * 2.0 * kv},
-            {"attention output O (O-projection input)", value_bytes * q},
+            {"Q (after RoPE)", value_bytes * w.q},
+            {"K, V (after RoPE)", value_bytes * (w.k + w.v)},
+            {"attention output O (O-projection input)", value_bytes * w.o},
             {"softmax log-sum-exp, one per query head", stat_bytes * heads_q},
             {"MLP norm input (residual stream)", value_bytes * h},
             {"MLP norm output (gate/up GEMM input)", value_bytes * h},
@@ -112,8 +130,19 @@ namespace models {
   return {"llama-30b", 60, 6656, 52, 52, 128, 17920, 32000, false};
 }
 
+/// DeepSeek-V3's attention (MLA) and dense-layer shapes (its config.json on the Hugging Face hub,
+/// deepseek-ai/DeepSeek-V3: 61 layers, hidden_size 7168, 128 attention and key/value heads, q/k head
+/// 192 = qk_nope_head_dim 128 + qk_rope_head_dim 64, v_head_dim 128, intermediate_size 18432, vocab_size
+/// 129280, untied embeddings), with every layer taken as dense and its Q/K/V projections as full-rank:
+/// ModelShape has neither the low-rank query and KV compression (q_lora_rank 1536, kv_lora_rank 512) nor
+/// the MoE layers, so params() (61.85e9) is not the published 671e9. For planning MLA-sized attention.
+[[nodiscard]] inline ModelShape deepseek_v3_dense() {
+  return {"deepseek-v3-dense", 61, 7168, 128, 128, 192, 18432, 129280, false, 128};
+}
+
 [[nodiscard]] inline std::vector<ModelShape> all() {
-  return {llama31_8b(), llama32_1b(), llama32_3b(), qwen15_1_8b(), qwen25_3b(), llama_7b(), llama_13b(), llama_30b()};
+  return {llama31_8b(), llama32_1b(), llama32_3b(), qwen15_1_8b(),      qwen25_3b(),
+          llama_7b(),   llama_13b(),  llama_30b(),  deepseek_v3_dense()};
 }
 
 /// The named model (case-insensitive). Throws naming the name and listing the known ones.

@@ -94,16 +94,16 @@ struct UlyssesLayer {
   const double vb = hw.value_bytes;
   const double per_rank = static_cast<double>(tokens) / g;
   const int heads = (model.heads_q + g - 1) / g;
-  const double qd = static_cast<double>(model.heads_q) * model.head_dim,
-               kvd = static_cast<double>(model.heads_kv) * model.head_dim;
+  const ModelShape::AttentionWidths w = model.attention_widths();
+  const int dv = model.attention().v_dim();
   UlyssesLayer l;
   l.gemm = layer_gemm_seconds(hw, model, per_rank, vb).total();
   if (tokens > 0) {
-    l.attention = replay::attention_seconds(hw, slices, heads, model.head_dim, false);
-    l.attention_backward = replay::attention_seconds(hw, slices, heads, model.head_dim, true);
+    l.attention = replay::attention_seconds(hw, slices, heads, model.head_dim, false, dv);
+    l.attention_backward = replay::attention_seconds(hw, slices, heads, model.head_dim, true, dv);
   }
-  l.all_to_all = replay::all_to_all_seconds(hw, group, g, per_rank * (qd + 2 * kvd) * vb) +
-                 replay::all_to_all_seconds(hw, group, g, per_rank * qd * vb);
+  l.all_to_all = replay::all_to_all_seconds(hw, group, g, per_rank * (w.q + w.k + w.v) * vb) +
+                 replay::all_to_all_seconds(hw, group, g, per_rank * w.o * vb);
   return l;
 }
 
@@ -141,7 +141,7 @@ struct PrefixSeconds {
   using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
   const int g = options.sp_ranks;
   const Topology group{g, std::min(g, options.hardware.ranks_per_node)};
-  const AttentionShape shape{options.model.heads_q, options.model.heads_kv, options.model.head_dim};
+  const AttentionShape shape = options.model.attention();
   std::vector<PrefixSeconds> out(plan.chunks.size());
   bool any = false;
   for (std::size_t c = 0; c < plan.chunks.size(); ++c)
@@ -182,12 +182,13 @@ struct PrefixSeconds {
   const ModelShape& m = options.model;
   const int g = options.sp_ranks;
   const Topology group{g, hw.ranks_per_node};
-  const double qd = static_cast<double>(m.heads_q) * m.head_dim, kvd = static_cast<double>(m.heads_kv) * m.head_dim;
+  const ModelShape::AttentionWidths w = m.attention_widths();
   constexpr double kTokens = 1 << 20;  // the all-to-alls' latency amortised away
-  const double a2a = replay::all_to_all_seconds(hw, group, g, kTokens / g * (2 * qd + 2 * kvd) * hw.value_bytes);
+  const double a2a = replay::all_to_all_seconds(hw, group, g, kTokens / g * (w.q + w.k + w.v + w.o) * hw.value_bytes);
   const int heads = (m.heads_q + g - 1) / g;
   return {m.layer_gemm_flops_per_token() / g / hw.gemm_rate() + a2a / kTokens,
-          replay::attention_flops(heads, m.head_dim, false) / (hw.peak_flops * hw.attention_efficiency)};
+          replay::attention_flops(heads, m.head_dim, false, m.attention().v_dim()) /
+              (hw.peak_flops * hw.attention_efficiency)};
 }
 
 /// The pipeline scheduler's model of `options` (schedule::PipelineModel): per rank of a stage, static

@@ -122,7 +122,7 @@ inline PipelineStepOptions with_chunks(PipelineStepOptions options, const schedu
                   "must be in [0, stages = " + std::to_string(options.stages) + ")");
   const ModelShape& m = options.model;
   const double vb = options.value_bytes(), g = options.sp_ranks;
-  const double q = static_cast<double>(m.heads_q) * m.head_dim, kv = static_cast<double>(m.heads_kv) * m.head_dim;
+  const ModelShape::AttentionWidths w = m.attention_widths();
   const double table = static_cast<double>(m.vocab) * m.hidden;
   const bool first = stage == 0, last = stage == options.stages - 1;
   const double rows = std::ceil(static_cast<double>(options.chunk_tokens) / g);
@@ -136,8 +136,8 @@ inline PipelineStepOptions with_chunks(PipelineStepOptions options, const schedu
   out.add("activations of the chunks in flight", activations);
   out.add("one layer's backward working set", rows * m.layer_activation_bytes_per_token(vb));
   if (last) out.add("logits and loss (fused in-place cross-entropy)", rows * (m.vocab * vb + 8.0));
-  out.add("K/V carry of split documents", carry_rows * 4.0 * kv * vb * options.layers_per_stage());
-  out.add("all-to-all buffers (send + receive)", 2.0 * rows * (q + 2.0 * kv) * vb);
+  out.add("K/V carry of split documents", carry_rows * 2.0 * (w.k + w.v) * vb * options.layers_per_stage());
+  out.add("all-to-all buffers (send + receive)", 2.0 * rows * (w.q + w.k + w.v) * vb);
   out.add("P2P buffers", ((first ? 0.0 : 1.0) + (last ? 0.0 : 1.0)) * rows * m.hidden * vb);
   return out;
 }

@@ -68,12 +68,12 @@ struct LayerGemmSeconds {
 [[nodiscard]] inline LayerGemmSeconds layer_gemm_seconds(const replay::HardwareProfile& hw, const ModelShape& model,
                                                          double tokens, double value_bytes) noexcept {
   if (tokens <= 0) return {};
-  const double h = model.hidden, qd = static_cast<double>(model.heads_q) * model.head_dim,
-               kvd = static_cast<double>(model.heads_kv) * model.head_dim;
-  const double qkv_flops = 2.0 * tokens * h * (qd + 2 * kvd),
-               qkv_bytes = value_bytes * (h * (qd + 2 * kvd) + tokens * (h + qd + 2 * kvd));
-  const double rest_flops = 2.0 * tokens * (qd * h + 3.0 * h * model.ffn);
-  const double rest_bytes = value_bytes * (qd * h + 3.0 * h * model.ffn + tokens * (qd + 3 * h + 3.0 * model.ffn));
+  const double h = model.hidden;
+  const ModelShape::AttentionWidths w = model.attention_widths();
+  const double qkv = w.q + w.k + w.v;
+  const double qkv_flops = 2.0 * tokens * h * qkv, qkv_bytes = value_bytes * (h * qkv + tokens * (h + qkv));
+  const double rest_flops = 2.0 * tokens * (w.o * h + 3.0 * h * model.ffn);
+  const double rest_bytes = value_bytes * (w.o * h + 3.0 * h * model.ffn + tokens * (w.o + 3 * h + 3.0 * model.ffn));
   return {replay::gemm_seconds(hw, qkv_flops, qkv_bytes), replay::gemm_seconds(hw, rest_flops, rest_bytes)};
 }
 
@@ -176,9 +176,12 @@ class ShiftCachedReplay {
   const int n = topology.world_size;
   const ModelShape& m = options.model;
   const AttentionShape shape = m.attention();
-  for (const comm::Program& p : attention.forward)
+  for (const comm::Program& p : attention.forward) {
     detail::require(p.head_dim == m.head_dim, where, "attention (head_dim of the programs)", p.head_dim,
                     "must equal the model's head_dim = " + std::to_string(m.head_dim));
+    detail::require(p.widths().v == shape.v_dim(), where, "attention (head_dim_v of the programs)", p.widths().v,
+                    "must equal the model's value head size = " + std::to_string(shape.v_dim()));
+  }
   const replay::HardwareProfile& hw = sim.hardware;
   const double vb = sim.value_bytes > 0 ? sim.value_bytes : hw.value_bytes;
   const int zero = options.zero_ranks == 0 ? n : options.zero_ranks;

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from . import _C
 
 STRATEGIES = tuple(_C.STRATEGIES)
-# Whether CUDA tensors run: attention::CudaFlash (fp32, fp16, bf16; head_dim 64 or 128) over the
+# Whether CUDA tensors run: attention::CudaFlash (fp32, fp16, bf16; head sizes 64/64, 128/128, 192/128) over the
 # process group's NCCL backend, stream-ordered with torch's current stream. Only in an extension built
 # with SEQPAR_TORCH_CUDA=1; that path is compiled in CI and has never run on a GPU.
 CUDA = bool(getattr(_C, "CUDA", False))
@@ -31,6 +31,7 @@ Lengths = Union[Sequence[int], Sequence[Sequence[int]]]
 
 # The C++ layers by handle: the op's schema carries an int, not a Python object.
 _layers: dict = {}
+_group_sizes: dict = {}  # handle -> the size of its layer's process group (the sinks' gradient share)
 _next_handle = itertools.count()
 
 
@@ -104,7 +105,13 @@ def _backward(ctx, dout, _dlse):
     q, k, v, o, lse, sinks = ctx.saved_tensors
     dq, dk, dv, dsinks = _attention_backward(q, k, v, o, lse, dout.contiguous(), sinks, ctx.docs, ctx.per_seq,
                                              ctx.handle)
-    return dq, dk, dv, (dsinks if sinks is not None else None), None, None, None
+    if sinks is None:
+        return dq, dk, dv, None, None, None, None
+    # The op sums the sinks' gradient over the group (the C++ API's contract); autograd gets this
+    # rank's equal share of that sum, so that the all-reduce (sum) a trainer runs over every replicated
+    # parameter's gradient gives the whole batch's gradient, as it does for the projections around
+    # attention, whose gradients are each rank's partial sums.
+    return dq, dk, dv, dsinks / _group_sizes[ctx.handle], None, None, None
 
 
 _attention.register_autograd(_backward, setup_context=_setup_context)
@@ -123,10 +130,10 @@ class DistributedAttention(torch.nn.Module):
 
     Tensors: CPU (gloo, or any backend the group has for the CPU): float64, float32, bfloat16 (the
     bf16 kernel on the tensors' storage; fp32 lse). CUDA, only where seqpar.torch.CUDA is true (built
-    with SEQPAR_TORCH_CUDA=1): float32, float16, bfloat16, head_dim 64 or 128, on a group whose CUDA
+    with SEQPAR_TORCH_CUDA=1): float32, float16, bfloat16, head sizes 64/64, 128/128 or 192/128 (MLA), on a group whose CUDA
     backend is NCCL; the transfers and kernels run on seqpar's streams, ordered after and before
-    torch's current stream. The CUDA path is compiled, never run: no GPU has executed it yet; it has one
-    head size (head_dim_v other than head_dim is refused there by name) and takes sinks.
+    torch's current stream. The CUDA path is compiled, never run: no GPU has executed it yet; it takes
+    sinks.
     """
 
     def __init__(self, strategy: str, heads_q: int, heads_kv: int, head_dim: int, group=None,
@@ -147,9 +154,11 @@ class DistributedAttention(torch.nn.Module):
                                    int(ranks_per_node), int(head_dim_v))
         self._handle = next(_next_handle)
         _layers[self._handle] = self._layer
+        _group_sizes[self._handle] = dist.get_world_size(group)
 
     def __del__(self):
         _layers.pop(getattr(self, "_handle", None), None)
+        _group_sizes.pop(getattr(self, "_handle", None), None)
 
     @property
     def strategy(self) -> str:
@@ -164,10 +173,10 @@ class DistributedAttention(torch.nn.Module):
         sinks: attention sinks (gpt-oss), one logit per query head, shape (heads_q,), in the kernels'
         accumulation type (float32; float64 for float64 q), on q's device; typically a learnable
         parameter the same on every rank. Each joins the softmax of every row of its head as one more
-        term with no value; -inf is a head without a sink; NaN and +inf are refused. Its gradient is the
-        whole batch's, summed over the group's ranks by the op (as the C++ API does) and the same on
-        every rank: leave sinks out of the all-reduce of replicated parameters' gradients (or divide
-        the all-reduced sum by the world size)."""
+        term with no value; -inf is a head without a sink; NaN and +inf are refused. Its gradient on each
+        rank is an equal share (1 / group size) of the whole batch's, which the op sums over the group:
+        the all-reduce (sum) of replicated parameters' gradients a trainer runs anyway gives the whole
+        batch's gradient, as for every other parameter."""
         checked = (("q", q), ("k", k), ("v", v)) + ((("sinks", sinks),) if sinks is not None else ())
         for name, t in checked:
             # Checked here: a tensor on another device would dispatch the op to that device's

@@ -86,11 +86,10 @@ struct CudaAttention::State {
     return *slot;
   }
 
-  // CudaFlash has one head size: unequal sizes are refused here, by name, before any device work.
-  void require_one_head_size() const {
-    sp::detail::require(!shape.split_dims(), kWhere, "head_dim_v", shape.v_dim(),
-                        "must equal head_dim = " + std::to_string(shape.head_dim) +
-                            " for CUDA tensors (CudaFlash has one head size; unequal sizes run on the CPU)");
+  // The head sizes CudaFlash is built for (64/64, 128/128 and MLA's 192/128): others are refused here,
+  // by name, before any device work.
+  void require_cuda_head_sizes() const {
+    sp::detail::throw_if_refused(sp::attention::cuda_flash_shape_status(shape, std::string(kWhere).c_str()));
   }
 
   // The sinks checked (sinks_tensor) and their values on a host copy (NaN, +inf refused by name): the
@@ -109,7 +108,7 @@ struct CudaAttention::State {
                                      const at::Tensor& v, const Lengths& lengths,
                                      const std::optional<at::Tensor>& sinks) {
     const c10::cuda::CUDAGuard guard(q.device());
-    require_one_head_size();
+    require_cuda_head_sizes();
     auto& t = transport_on(q);
     const at::ScalarType dtype = q.scalar_type();
     const sp::DocumentBatch batch = make_batch(lengths);
@@ -135,7 +134,7 @@ struct CudaAttention::State {
                                       const at::Tensor& dout, const Lengths& lengths,
                                       const std::optional<at::Tensor>& sinks) {
     const c10::cuda::CUDAGuard guard(q.device());
-    require_one_head_size();
+    require_cuda_head_sizes();
     auto& t = transport_on(q);
     const at::ScalarType dtype = q.scalar_type();
     const c10::Device dev = q.device();

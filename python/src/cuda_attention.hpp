@@ -30,9 +30,9 @@ class CudaAttention {
   CudaAttention& operator=(const CudaAttention&) = delete;
   ~CudaAttention();
 
-  /// o (tokens, heads_q, head_dim) in q's dtype and lse (heads_q, tokens) in float32, on q's device;
-  /// fp32, fp16, bf16 (CudaFlash<float / __half / __nv_bfloat16>), head_dim 64 or 128, one head size
-  /// (head_dim_v = head_dim: unequal sizes are refused by name). Optional sinks: heads_q float32 logits on
+  /// o (tokens, heads_q, head_dim_v) in q's dtype and lse (heads_q, tokens) in float32, on q's device;
+  /// fp32, fp16, bf16 (CudaFlash<float / __half / __nv_bfloat16>), the head sizes CudaFlash is built for
+  /// (64/64, 128/128, MLA's 192/128; others are refused by name). Optional sinks: heads_q float32 logits on
   /// q's device (the engine's sink epilogue; their values are checked on a host copy).
   std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Lengths& lengths,
                                   const std::optional<at::Tensor>& sinks);

@@ -29,6 +29,7 @@ def _sinks(torch, hq, seed):
 
 def _compare(rank, world, dtypes):
     import torch
+    import torch.distributed as dist
     import seqpar.torch as spt
     from reference import explicit, long_tail
 
@@ -66,10 +67,16 @@ def _compare(rank, world, dtypes):
                     got = {"o": (o, o_ref[rows]), "lse": (lse, lse_ref[:, rows]), "dq": (lq.grad, grads_ref[0][rows]),
                            "dk": (lk.grad, grads_ref[1][rows]), "dv": (lv.grad, grads_ref[2][rows])}
                     if with_sinks:
-                        # The whole batch's gradient on every rank (summed over the ranks by the op).
+                        # Each rank holds an equal share of the whole batch's gradient: the all-reduce
+                        # (sum) a trainer runs over replicated parameters gives the whole gradient.
                         assert ls.grad.dtype == accum and ls.grad.shape == (hq,)
                         assert ls.grad[-1].item() == 0.0  # the head without a sink
-                        got["dsinks"] = (ls.grad, grads_ref[3])
+                        shares = [torch.empty_like(ls.grad) for _ in range(dist.get_world_size())]
+                        dist.all_gather(shares, ls.grad)
+                        assert all(torch.equal(x, ls.grad) for x in shares), "the ranks' shares differ"
+                        summed = ls.grad.clone()
+                        dist.all_reduce(summed)
+                        got["dsinks"] = (summed, grads_ref[3])
                     for what, (a, b) in got.items():
                         err = (a.double() - b).abs().max().item() / max(1.0, b.abs().max().item()) if a.numel() else 0.0
                         errors[(dtype_name, name, d, dv, with_sinks, seed, what)] = err

@@ -4,6 +4,8 @@
 // windows) cover exactly the visible pairs of the slices, once each; backward runs are key-disjoint;
 // every run's padded statistics stay within the workspace's bound; an inexpressible sliding window is
 // refused by name. Brute force over random slices: every (query, key) pair of every slice is checked.
+// And the head sizes CudnnSdpa accepts per compute capability (cudnn_sdpa_shape_status: MLA's 192/128
+// from sm_90 on, other unequal pairs never), which needs no device.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -14,7 +16,9 @@
 #include <utility>
 #include <vector>
 
+#include "seqpar/core/attention_shape.hpp"
 #include "seqpar/core/attn_slice.hpp"
+#include "seqpar/gpu/cudnn_sdpa.hpp"
 #include "seqpar/gpu/detail/sdpa_items.hpp"
 
 namespace seqpar::test {
@@ -151,6 +155,43 @@ TEST_SUITE("cuda_host") {
     // The same window whose later rows see nothing (keys end long before) is fine: those rows are empty.
     const std::vector<AttnSlice> t{{{0, 10}, {0, 3}, Mask::sliding_window(1)}};
     CHECK_NOTHROW(check_cover(t, 10, 3));
+  }
+
+  TEST_CASE("CudnnSdpa head sizes: equal up to 256 anywhere, MLA's 192/128 from sm_90 on, other pairs refused") {
+    const auto status = [](int d, int d_v, int cc) {
+      AttentionShape s{4, 2, d};
+      s.head_dim_v = d_v;
+      return attention::cudnn_sdpa_shape_status(s, cc, "CudnnSdpa");
+    };
+    const auto refused_as = [](const Status& s, const char* name) {
+      return !s && s.reason.find(name) != std::string::npos;
+    };
+    for (const int cc : {80, 86, 89, 90, 100, 120}) {
+      CAPTURE(cc);
+      CHECK(status(64, 0, cc));
+      CHECK(status(128, 128, cc));  // head_dim_v = head_dim
+      CHECK(status(256, 0, cc));
+      CHECK(refused_as(status(60, 0, cc), "shape.head_dim = 60"));
+      CHECK(refused_as(status(264, 0, cc), "shape.head_dim = 264"));
+      // 192/128: from compute capability 9.0 (cuDNN's support matrix for prefill and backward).
+      const Status mla = status(192, 128, cc);
+      CHECK(bool(mla) == (cc >= 90));
+      if (cc < 90) {
+        CHECK(refused_as(mla, "CudnnSdpa: shape.head_dim_v = 128"));
+        CHECK(refused_as(mla, "compute capability 9.0"));
+      }
+      // Other unequal pairs, on every device.
+      CHECK(refused_as(status(128, 64, cc), "CudnnSdpa: shape.head_dim_v = 64"));
+      CHECK(refused_as(status(64, 128, cc), "shape.head_dim_v = 128: CudnnSdpa takes head_dim_v = head_dim"));
+      CHECK(refused_as(status(192, 64, cc), "shape.head_dim_v = 64"));
+      CHECK(refused_as(status(192, 192 + 8, cc), "shape.head_dim_v"));
+      CHECK(refused_as(status(576, 512, cc), "shape.head_dim = 576"));  // above 256 before the pair
+    }
+    // The shape's own checks come first; then the scale cuDNN takes in fp32.
+    CHECK(refused_as(status(192, -1, 90), "head_dim_v = -1"));
+    AttentionShape tiny{4, 2, 192, 1e-60};
+    tiny.head_dim_v = 128;
+    CHECK(refused_as(attention::cudnn_sdpa_shape_status(tiny, 90, "CudnnSdpa"), "shape.softmax_scale"));
   }
 }
 

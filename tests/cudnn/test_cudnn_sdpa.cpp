@@ -6,11 +6,16 @@
 // skipped by name, and that refusal is checked on its own. Runs only with a CUDA device and cuDNN
 // (the main exits 77 without a device). Tolerance: TransformerEngine's 2.5e-2 for 16-bit types.
 // Written on a machine without a GPU (2026-12-04): compiled there, to be run by bench/device/run.sh.
+// MLA's head sizes 192/128 (q/k, v; issue 29 item 3, 2026-12-05): the conformance cases (causal
+// documents, GQA, windows, forward and backward) in bf16 on devices of compute capability 9.0 and newer;
+// on older ones the test checks the refusal by name and says it skipped them. Compiled for sm_80 and
+// sm_90a on a machine without a GPU, never run: the next device run is their first.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "cuda/device_harness.hpp"
@@ -25,8 +30,8 @@ namespace kc = kernel_cases;
 
 constexpr kc::Tolerance kTolerance{2.5e-2, 2.5e-2};
 
-template <class T, int kHeadDim, double kScale = 0.0>
-struct SdpaHarness : DeviceHarness<attention::CudnnSdpa<T>, kHeadDim, kScale> {
+template <class T, int kHeadDim, double kScale = 0.0, int kHeadDimV = 0>
+struct SdpaHarness : DeviceHarness<attention::CudnnSdpa<T>, kHeadDim, kScale, kHeadDimV> {
   static bool supports(const kc::Case& c) {
     try {
       (void)gpu::detail::sdpa_items(c.slices, "CudnnSdpa");
@@ -36,6 +41,29 @@ struct SdpaHarness : DeviceHarness<attention::CudnnSdpa<T>, kHeadDim, kScale> {
     }
   }
 };
+
+/// At MLA's head sizes: q, k, dq, dk of 192 values per head, v, o, dout, dv of 128.
+using MlaHarness = SdpaHarness<__nv_bfloat16, 192, 0.0, 128>;
+
+/// Whether the device runs 192/128 through cuDNN (compute capability 9.0 and newer); when not, checks that
+/// the shape and a call are refused naming shape.head_dim_v, and says that the cases were skipped.
+bool runs_mla(const attention::CudnnSdpa<__nv_bfloat16>& sdpa) {
+  const AttentionShape mla{4, 2, 192, 0.0, 128};
+  const int cc = sdpa.exec().compute_capability();
+  if (cc >= 90) {
+    CHECK(sdpa.can_implement(mla));
+    return true;
+  }
+  const Status s = sdpa.can_implement(mla);
+  CHECK_FALSE(s);
+  CHECK(s.reason.find("shape.head_dim_v") != std::string::npos);
+  CHECK(s.reason.find("compute capability 9.0") != std::string::npos);
+  CHECK_THROWS_WITH_AS((void)sdpa.prepare(sdpa.exec(), mla, {}, 10, 10, attention::Pass::kForward),
+                       doctest::Contains("shape.head_dim_v = 128"), std::invalid_argument);
+  MESSAGE("compute capability " << cc / 10 << "." << cc % 10
+                                << ": CudnnSdpa refuses 192/128 here (cuDNN runs it from 9.0 on); cases skipped");
+  return false;
+}
 
 /// Runs the conformance cases (and the first long ones) and returns how many were checked.
 template <class H>
@@ -71,6 +99,37 @@ TEST_SUITE("cudnn") {
     using H = SdpaHarness<__half, 64, 0.05>;
     CHECK(run_all<H>(false) == supported_cases<H>(false));
   }
+  TEST_CASE("CudnnSdpa<__nv_bfloat16> at MLA's 192/128 (sm_90+): the kernel conformance cases, at 2.5e-2") {
+    attention::CudnnSdpa<__nv_bfloat16> sdpa;
+    if (!runs_mla(sdpa)) return;
+    // Every case adapted to q/k 192, v 128: causal documents (across key tiles, of length 1), GQA and MQA,
+    // sliding windows, offsets, rows in no slice, strided head slices; forward and backward vs fp64.
+    CHECK(run_all<MlaHarness>(true) == supported_cases<MlaHarness>(true));
+    // The shared 192/128 case as written (causal, GQA 4:2), not adapted.
+    const kc::Case mla = kc::head_size_cases().front();
+    REQUIRE(mla.shape.head_dim == 192);
+    REQUIRE(mla.shape.head_dim_v == 128);
+    CHECK(kc::check_case<MlaHarness>(mla, sdpa, kTolerance));
+  }
+  TEST_CASE("CudnnSdpa at MLA's 192/128 (sm_90+): non-finite isolation and refusals of bad input") {
+    attention::CudnnSdpa<__nv_bfloat16> sdpa;
+    if (!runs_mla(sdpa)) return;
+    kc::check_nonfinite_isolation<MlaHarness>(sdpa, kc::Isolation::kDocument, 2);
+    kc::check_refusals<MlaHarness>(sdpa);
+  }
+  TEST_CASE("CudnnSdpa: a graph cuDNN will not build is a std::invalid_argument with cuDNN's reason") {
+    // cuDNN's backward takes d <= 128 before compute capability 9.0; CudnnSdpa accepts d256 (the forward
+    // runs it), so the backward's refusal comes from cuDNN's own checks when its graph is built.
+    attention::CudnnSdpa<__nv_bfloat16> sdpa;
+    if (sdpa.exec().compute_capability() >= 90) {
+      MESSAGE("compute capability 9.0 or newer: cuDNN builds the d256 backward here, nothing to refuse");
+      return;
+    }
+    using H256 = SdpaHarness<__nv_bfloat16, 256>;
+    const kc::Case c{"causal 101 d256", {2, 2, 256}, 101, 101, {{{0, 101}, {0, 101}, Mask::causal()}}};
+    CHECK_THROWS_WITH_AS(kc::check_case<H256>(c, sdpa, kTolerance),
+                         doctest::Contains("graph (bottom-right causal mask)"), std::invalid_argument);
+  }
   TEST_CASE("CudnnSdpa keeps a NaN or infinity inside the document that holds it") {
     attention::CudnnSdpa<__nv_bfloat16> sdpa;
     kc::check_nonfinite_isolation<SdpaHarness<__nv_bfloat16, 128>>(sdpa, kc::Isolation::kDocument, 2);
@@ -85,6 +144,20 @@ TEST_SUITE("cudnn") {
     CHECK_FALSE(sdpa.can_implement({2, 1, 60, 0.0}));   // not a multiple of 8
     CHECK_FALSE(sdpa.can_implement({2, 1, 264, 0.0}));  // above 256
     CHECK(sdpa.can_implement({4, 2, 128, 0.0}));
+    CHECK(sdpa.can_implement({4, 2, 128, 0.0, 128}));  // head_dim_v = head_dim
+    // Unequal head sizes other than 192/128 are refused by name on any device, in can_implement and the call;
+    // 192/128 from compute capability 9.0 on (cuDNN's support matrix).
+    for (const AttentionShape& split : {AttentionShape{2, 1, 128, 0.0, 64}, AttentionShape{2, 1, 64, 0.0, 128},
+                                        AttentionShape{2, 1, 192, 0.0, 64}, AttentionShape{2, 1, 576, 0.0, 512}}) {
+      CAPTURE(split.head_dim);
+      CAPTURE(split.head_dim_v);
+      const Status s = sdpa.can_implement(split);
+      CHECK_FALSE(s);
+      CHECK(s.reason.find(split.head_dim > 256 ? "shape.head_dim" : "shape.head_dim_v") != std::string::npos);
+      CHECK_THROWS_AS((void)sdpa.prepare(sdpa.exec(), split, {}, 10, 10, attention::Pass::kForward),
+                      std::invalid_argument);
+    }
+    CHECK(bool(sdpa.can_implement({4, 2, 192, 0.0, 128})) == (sdpa.exec().compute_capability() >= 90));
   }
 }
 

@@ -6,7 +6,9 @@
 // over the whole packed batch at TransformerEngine's bf16 tolerance 2.5e-2, and the bytes each rank
 // moved equal to what its programs declare. The executor prepares CudnnSdpa once per program
 // (CudnnSdpa::prepare): this is the path a trainer takes. Skipped without a GPU. Written on a machine
-// without one (2026-12-04): compiled there, to be run by bench/device/run.sh.
+// without one (2026-12-04): compiled there, to be run by bench/device/run.sh. MLA's head sizes 192/128
+// (2026-12-05): ring, all-to-all and all-gather strategies on devices of compute capability 9.0 and newer
+// (skipped with a message on older ones, where CudnnSdpa refuses the shape); compiled, never run.
 #include <doctest/doctest.h>
 
 #include <seqpar/seqpar.hpp>
@@ -88,6 +90,46 @@ TEST_SUITE("cudnn") {
         usp.ranks_per_node = world / 2;
         check.template operator()<Usp>("BatchAware<PerDoc> x Hierarchical(A2A, Ring)", usp);
       }
+      CHECK(run >= 2);
+    }
+  }
+  TEST_CASE(
+      "CudnnSdpa<__nv_bfloat16> through DistributedAttention at MLA's 192/128 (sm_90+): ring, all-to-all, "
+      "all-gather") {
+    using namespace seqpar;
+    using ZigzagRing = Strategy<partition::Zigzag, comm::Ring>;
+    using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
+    using HybridGather = Strategy<partition::Hybrid, comm::AllGather>;
+    AttentionShape shape{8, 2, 192};
+    shape.head_dim_v = 128;
+    const Kernel probe;
+    if (probe.exec().compute_capability() < 90) {
+      CHECK_FALSE(probe.can_implement(shape));
+      MESSAGE("compute capability below 9.0: CudnnSdpa refuses 192/128 here (cuDNN runs it from 9.0 on); skipped");
+      return;
+    }
+    for (int world : {2, 4}) {
+      const DocumentBatch batch = make_batch(91u + static_cast<unsigned>(world));
+      int run = 0;
+      const auto check = [&]<class S>(const char* name, typename S::Arguments args) {
+        INFO(name << ", world " << world << ", 192/128");
+        if (!S::can_implement(args, batch, shape,
+                              Topology{world, args.ranks_per_node == 0 ? world : args.ranks_per_node}))
+          return;
+        ++run;
+        const auto err = check_on_gpu<S>(batch, shape, world, args);
+        CHECK(err.o < kBf16Tolerance);
+        CHECK(err.lse < kBf16Tolerance);
+        CHECK(err.dq < kBf16Tolerance);
+        CHECK(err.dk < kBf16Tolerance);
+        CHECK(err.dv < kBf16Tolerance);
+        CHECK(err.bytes_match);
+      };
+      typename ZigzagRing::Arguments ring;
+      ring.comm.sharding_aware = true;
+      check.template operator()<ZigzagRing>("Zigzag x Ring(sharding-aware)", ring);
+      check.template operator()<Ulysses>("Uniform x AllToAll", {});
+      check.template operator()<HybridGather>("Hybrid x AllGather", {});
       CHECK(run >= 2);
     }
   }

@@ -138,9 +138,9 @@ inline std::vector<Case> cases() {
 }
 
 /// Unequal query/key and value head sizes (AttentionShape::head_dim_v; MLA: 192/128, 576/512 absorbed), for
-/// the kernels that run any pair (CpuFlash, KokkosFlash; CudaFlash runs 192/128 only, through a harness at that
-/// pair; the others refuse such shapes by name): d_v smaller and larger than d_qk, widths off the 16-value panels,
-/// GQA, causal, windows and documents across key tiles.
+/// the kernels that run any pair (CpuFlash, KokkosFlash; CudaFlash, and CudnnSdpa on sm_90+, run 192/128 only,
+/// through a harness at that pair; the others refuse such shapes by name): d_v smaller and larger than d_qk, widths off
+/// the 16-value panels, GQA, causal, windows and documents across key tiles.
 inline std::vector<Case> head_size_cases() {
   const auto one = [](std::int64_t q, std::int64_t k, Mask m) { return std::vector<AttnSlice>{{{0, q}, {0, k}, m}}; };
   const auto shape = [](int hq, int hkv, int d, int d_v) {

@@ -54,17 +54,39 @@ inline void fe_check(fe::error_object e, const char* step, const char* where) {
     throw Error(Errc::kStepFailed, std::string(where) + ": cuDNN graph: " + step + ": " + e.get_message());
 }
 
+// A graph cuDNN will not build (its validation or support check, no engine or plan for it) is a refusal
+// of the shape on this device: std::invalid_argument naming the head sizes, pass, mask and device, with
+// cuDNN's reason. Other failures (a bad handle, a CUDA error) stay failed steps (fe_check).
+inline void fe_build_check(fe::error_object e, const char* step, const gpu::CudaExec& exec, int pass, int mask,
+                           int head_dim, int head_dim_v, const char* where) {
+  if (e.is_good()) return;
+  const fe::error_code_t code = e.get_code();
+  const bool unsupported =
+      code == fe::error_code_t::GRAPH_NOT_SUPPORTED || code == fe::error_code_t::GRAPH_EXECUTION_PLAN_CREATION_FAILED ||
+      code == fe::error_code_t::HEURISTIC_QUERY_FAILED || code == fe::error_code_t::UNSUPPORTED_GRAPH_FORMAT;
+  if (!unsupported) fe_check(e, step, where);
+  static constexpr const char* kMasks[] = {"no", "bottom-right causal", "sliding-window"};
+  const int cc = exec.compute_capability();
+  const std::string sizes = std::to_string(head_dim) + "/" + std::to_string(head_dim_v);
+  seqpar::detail::throw_invalid(where, "shape.head_dim/head_dim_v", sizes,
+                                std::string("cuDNN ") + std::to_string(cudnnGetVersion()) + " will not build this " +
+                                    (pass == static_cast<int>(Pass::kForward) ? "forward" : "backward") + " graph (" +
+                                    kMasks[std::clamp(mask, 0, 2)] + " mask) on device " +
+                                    std::to_string(exec.device()) + " (compute capability " + std::to_string(cc / 10) +
+                                    "." + std::to_string(cc % 10) + "): " + step + ": " + e.get_message());
+}
+
 // Tensor ids of the variant pack. Ragged offsets: kRagged + the tensor's sdpa_ops::RaggedTensor.
 enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kStats, kDo, kDq, kDk, kDv, kSeqQ, kSeqK, kRagged = 20 };
 
-/// What a graph depends on: pass, mask, window, items, bucketed lengths, heads, head dim, scale, and
-/// the strides of the call's views (head and token stride of each of the eight tensors).
+/// What a graph depends on: pass, mask, window, items, bucketed lengths, heads, head sizes (q/k and v),
+/// scale, and the strides of the call's views (head and token stride of each of the eight tensors).
 struct GraphKey {
   int pass = 0, mask = 0;
   std::int64_t window = 0;
   int items = 0;
   std::int64_t max_q = 0, max_k = 0, total_q = 0, total_k = 0;
-  int heads_q = 0, heads_kv = 0, head_dim = 0;
+  int heads_q = 0, heads_kv = 0, head_dim = 0, head_dim_v = 0;
   float scale = 0.0f;
   std::array<std::int64_t, 2 * ops::kTensors> strides{};
   auto operator<=>(const GraphKey&) const = default;
@@ -125,9 +147,9 @@ template <class T>
 
 /// Builds (or finds) the graph of `run` for these views; the state's mutex is held by the caller.
 template <class T>
-const BuiltGraph& graph_of(CudnnSdpaState& st, StreamResources& res, const CudnnSdpaParams& params,
-                           const CudnnSdpaParams::Run& run, const AttentionShape& shape, const CallViews& views,
-                           const char* where) {
+const BuiltGraph& graph_of(CudnnSdpaState& st, StreamResources& res, const gpu::CudaExec& exec,
+                           const CudnnSdpaParams& params, const CudnnSdpaParams::Run& run, const AttentionShape& shape,
+                           const CallViews& views, const char* where) {
   GraphKey key;
   key.pass = static_cast<int>(params.pass);
   key.mask = static_cast<int>(run.mask);
@@ -139,7 +161,8 @@ const BuiltGraph& graph_of(CudnnSdpaState& st, StreamResources& res, const Cudnn
   key.total_k = bucket(params.k_rows);
   key.heads_q = shape.heads_q;
   key.heads_kv = shape.heads_kv;
-  key.head_dim = shape.head_dim;
+  key.head_dim = shape.qk_dim();
+  key.head_dim_v = shape.v_dim();
   key.scale = static_cast<float>(shape.scale());
   for (int t = 0; t < ops::kTensors; ++t) {
     key.strides[2 * t] = views.head_stride[t];
@@ -155,7 +178,7 @@ const BuiltGraph& graph_of(CudnnSdpaState& st, StreamResources& res, const Cudnn
   g->set_io_data_type(fe_type<T>())
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  const std::int64_t b = run.items, d = shape.head_dim;
+  const std::int64_t b = run.items;
   const auto ragged = [&](int t) {
     return g->tensor(Attr()
                          .set_name("ragged_" + std::to_string(t))
@@ -165,8 +188,11 @@ const BuiltGraph& graph_of(CudnnSdpaState& st, StreamResources& res, const Cudnn
                          .set_data_type(fe::DataType_t::INT32));
   };
   // (B, H, S, D) over a THD view: S strides by tokens, H by heads; the batch stride is never used
-  // (ragged offsets place each item), it only has to describe a non-overlapping layout.
+  // (ragged offsets place each item), it only has to describe a non-overlapping layout. D is the
+  // tensor's own head size: qk_dim for Q, K, dQ, dK, v_dim for V, O, dO, dV.
   const auto dims = [&](int t, int heads, std::int64_t s) {
+    const bool v_side = t == ops::kV || t == ops::kO || t == ops::kDo || t == ops::kDv;
+    const std::int64_t d = v_side ? shape.v_dim() : shape.qk_dim();
     return std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>{
         {b, heads, s, d}, {s * views.token_stride[t], views.head_stride[t], views.token_stride[t], 1}};
   };
@@ -226,11 +252,14 @@ const BuiltGraph& graph_of(CudnnSdpaState& st, StreamResources& res, const Cudnn
     output(dk, ops::kDk, kDk, shape.heads_kv, run.max_k);
     output(dv, ops::kDv, kDv, shape.heads_kv, run.max_k);
   }
-  fe_check(g->validate(), "validate", where);
-  fe_check(g->build_operation_graph(res.handle), "build_operation_graph", where);
-  fe_check(g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans", where);
-  fe_check(g->check_support(res.handle), "check_support", where);
-  fe_check(g->build_plans(), "build_plans", where);
+  const auto build = [&](fe::error_object e, const char* step) {
+    fe_build_check(std::move(e), step, exec, key.pass, key.mask, key.head_dim, key.head_dim_v, where);
+  };
+  build(g->validate(), "validate");
+  build(g->build_operation_graph(res.handle), "build_operation_graph");
+  build(g->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
+  build(g->check_support(res.handle), "check_support");
+  build(g->build_plans(), "build_plans");
   BuiltGraph built{g, 0};
   fe_check(g->get_workspace_size(built.workspace), "get_workspace_size", where);
 
@@ -252,15 +281,16 @@ struct Scratch {
   static constexpr std::size_t aligned(std::size_t n) noexcept { return (n + 255) / 256 * 256; }
   Scratch(const AttentionShape& shape, std::int64_t q_rows, std::int64_t k_rows, std::byte* base) {
     const auto hq = static_cast<std::size_t>(shape.heads_q), hk = static_cast<std::size_t>(shape.heads_kv);
-    const auto d = static_cast<std::size_t>(shape.head_dim);
+    const auto d = static_cast<std::size_t>(shape.qk_dim()), d_v = static_cast<std::size_t>(shape.v_dim());
     const auto qn = static_cast<std::size_t>(std::max<std::int64_t>(q_rows, 0));
     const auto kn = static_cast<std::size_t>(std::max<std::int64_t>(k_rows, 0));
     // Runs are cut at items x longest query <= 2 q_rows; the bucket at most doubles the longest.
     const std::size_t s =
         aligned(sizeof(float) * hq * 2 *
                 static_cast<std::size_t>(gpu::detail::sdpa_stats_rows_bound(static_cast<std::int64_t>(qn))));
-    const std::size_t q = aligned(sizeof(T) * qn * hq * d), k = aligned(sizeof(T) * kn * hk * d);
-    bytes = s + q + 2 * k;
+    const std::size_t q = aligned(sizeof(T) * qn * hq * d), k = aligned(sizeof(T) * kn * hk * d),
+                      v = aligned(sizeof(T) * kn * hk * d_v);
+    bytes = s + q + k + v;
     if (base == nullptr) return;
     stats = reinterpret_cast<float*>(base);
     dq = reinterpret_cast<T*>(base + s);
@@ -279,23 +309,6 @@ CudnnSdpa<T>::CudnnSdpa(gpu::CudaExec exec)
     : exec_(std::move(exec)), state_(std::make_shared<detail::CudnnSdpaState>()) {}
 
 template <class T>
-Status CudnnSdpa<T>::can_implement(const AttentionShape& shape) const {
-  if (Status s = shape.status("CudnnSdpa"); !s) return s;
-  if (shape.split_dims())
-    return seqpar::detail::refuse_invalid("CudnnSdpa", "shape.head_dim_v", shape.head_dim_v,
-                                          "must equal head_dim = " + std::to_string(shape.head_dim) +
-                                              " (this adapter builds one head size; CpuFlash runs unequal ones)");
-  if (shape.head_dim % 8 != 0 || shape.head_dim > 256)
-    return seqpar::detail::refuse_invalid("CudnnSdpa", "shape.head_dim", shape.head_dim,
-                                          "cuDNN's fused attention takes head dims that are multiples of 8 up to 256");
-  const double scale = shape.scale();
-  if (!(std::isfinite(static_cast<float>(scale)) && static_cast<float>(scale) != 0.0f))
-    return seqpar::detail::refuse_invalid("CudnnSdpa", "shape.softmax_scale", shape.softmax_scale,
-                                          "is infinite or zero in fp32, cuDNN's scale type");
-  return Status::success();
-}
-
-template <class T>
 std::size_t CudnnSdpa<T>::workspace_bytes(const AttentionShape& shape, std::int64_t q_rows, std::int64_t k_rows) const {
   return detail::Scratch<T>(shape, q_rows, k_rows, nullptr).bytes;
 }
@@ -305,7 +318,7 @@ CudnnSdpaParams CudnnSdpa<T>::prepare(const gpu::CudaExec& exec, const Attention
                                       std::span<const AttnSlice> host_slices, std::int64_t q_rows, std::int64_t k_rows,
                                       Pass pass) const {
   constexpr const char* where = "CudnnSdpa::prepare";
-  seqpar::detail::throw_if_refused(can_implement(shape));
+  seqpar::detail::throw_if_refused(can_implement(exec, shape));
   validate_slices(host_slices, q_rows, k_rows, where);
   const auto runs =
       gpu::detail::sdpa_runs(gpu::detail::sdpa_items(host_slices, where), q_rows, pass == Pass::kBackward);
@@ -386,13 +399,13 @@ namespace detail {
 // The checks every call makes before any work (the views against the shape, the workspace, the
 // Params against the call, int32 offsets).
 template <class T>
-void check_call(const CudnnSdpa<T>& kernel, const CudnnSdpaParams& p, Pass pass, const AttentionShape& shape,
-                ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, std::span<const AttnSlice> slices,
-                std::span<std::byte> workspace, const char* where) {
-  seqpar::detail::throw_if_refused(kernel.can_implement(shape));
-  seqpar::detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.head_dim);
-  seqpar::detail::check_view(k, where, "k", k.tokens, shape.heads_kv, shape.head_dim);
-  seqpar::detail::check_view(v, where, "v", k.tokens, shape.heads_kv, shape.head_dim);
+void check_call(const CudnnSdpa<T>& kernel, const gpu::CudaExec& exec, const CudnnSdpaParams& p, Pass pass,
+                const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
+                std::span<const AttnSlice> slices, std::span<std::byte> workspace, const char* where) {
+  seqpar::detail::throw_if_refused(kernel.can_implement(exec, shape));
+  seqpar::detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.qk_dim());
+  seqpar::detail::check_view(k, where, "k", k.tokens, shape.heads_kv, shape.qk_dim());
+  seqpar::detail::check_view(v, where, "v", k.tokens, shape.heads_kv, shape.v_dim());
   const auto mismatch = [&](const char* what, std::int64_t have, std::int64_t want) {
     seqpar::detail::throw_invalid(where, std::string("params.") + what, have,
                                   "the call has " + std::to_string(want) + ": pass the Params prepare() made for it");
@@ -424,7 +437,7 @@ void execute(CudnnSdpaState& st, const gpu::CudaExec& exec, const CudnnSdpaParam
   ops::ragged_offsets(exec.stream(), run.q_tokens, run.k_tokens, run.items, strides, run.ragged);
   std::lock_guard lock(st.mutex);
   StreamResources& res = st.on(exec.stream(), where);
-  const BuiltGraph& g = graph_of<T>(st, res, p, run, shape, views, where);
+  const BuiltGraph& g = graph_of<T>(st, res, exec, p, run, shape, views, where);
   if (static_cast<std::int64_t>(res.workspace.size()) < g.workspace) {
     SEQPAR_CUDA_CHECK(cudaStreamSynchronize(exec.stream()), where);  // the old workspace may be in use
     res.workspace = gpu::DeviceBytes(static_cast<std::size_t>(g.workspace));
@@ -452,8 +465,8 @@ void CudnnSdpa<T>::forward(const gpu::CudaExec& exec, const Params& params, cons
                            std::span<const AttnSlice> slices, ThdView<T> o, LseView<float> lse,
                            std::span<std::byte> workspace) {
   constexpr const char* where = "CudnnSdpa::forward";
-  detail::check_call(*this, params, Pass::kForward, shape, q, k, v, slices, workspace, where);
-  seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
+  detail::check_call(*this, exec, params, Pass::kForward, shape, q, k, v, slices, workspace, where);
+  seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.v_dim());
   seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
   detail::check_offsets(where, "q", q.tokens, q.token_stride);
   detail::check_offsets(where, "o", o.tokens, o.token_stride);
@@ -478,25 +491,26 @@ void CudnnSdpa<T>::backward(const gpu::CudaExec& exec, const Params& params, con
                             LseView<const float> lse, ThdView<const T> dout, std::span<const AttnSlice> slices,
                             ThdView<T> dq, ThdView<T> dk, ThdView<T> dv, std::span<std::byte> workspace) {
   constexpr const char* where = "CudnnSdpa::backward";
-  detail::check_call(*this, params, Pass::kBackward, shape, q, k, v, slices, workspace, where);
-  seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.head_dim);
+  detail::check_call(*this, exec, params, Pass::kBackward, shape, q, k, v, slices, workspace, where);
+  seqpar::detail::check_view(o, where, "o", q.tokens, shape.heads_q, shape.v_dim());
   seqpar::detail::check_view(lse, where, "lse", shape.heads_q, q.tokens);
-  seqpar::detail::check_view(dout, where, "dout", q.tokens, shape.heads_q, shape.head_dim);
-  seqpar::detail::check_view(dq, where, "dq", q.tokens, shape.heads_q, shape.head_dim);
-  seqpar::detail::check_view(dk, where, "dk", k.tokens, shape.heads_kv, shape.head_dim);
-  seqpar::detail::check_view(dv, where, "dv", k.tokens, shape.heads_kv, shape.head_dim);
+  seqpar::detail::check_view(dout, where, "dout", q.tokens, shape.heads_q, shape.v_dim());
+  seqpar::detail::check_view(dq, where, "dq", q.tokens, shape.heads_q, shape.qk_dim());
+  seqpar::detail::check_view(dk, where, "dk", k.tokens, shape.heads_kv, shape.qk_dim());
+  seqpar::detail::check_view(dv, where, "dv", k.tokens, shape.heads_kv, shape.v_dim());
   for (const auto& [name, tokens, stride] :
        {std::tuple{"q", q.tokens, q.token_stride}, std::tuple{"o", o.tokens, o.token_stride},
         std::tuple{"dout", dout.tokens, dout.token_stride}, std::tuple{"k", k.tokens, k.token_stride},
         std::tuple{"v", v.tokens, v.token_stride}})
     detail::check_offsets(where, name, tokens, stride);
   const detail::Scratch<T> scratch(shape, q.tokens, k.tokens, workspace.data());
-  const std::int64_t hq = shape.heads_q, hk = shape.heads_kv, d = shape.head_dim;
+  // The gradient scratch is dense (tokens, heads, width): dQ, dK of qk_dim, dV of v_dim.
+  const std::int64_t hq = shape.heads_q, hk = shape.heads_kv, d = shape.qk_dim(), d_v = shape.v_dim();
   detail::CallViews views;
   views.data = {q.data, k.data, v.data, o.data, dout.data, scratch.dq, scratch.dk, scratch.dv};
-  views.head_stride = {q.head_stride, k.head_stride, v.head_stride, o.head_stride, dout.head_stride, d, d, d};
+  views.head_stride = {q.head_stride, k.head_stride, v.head_stride, o.head_stride, dout.head_stride, d, d, d_v};
   views.token_stride = {q.token_stride,    k.token_stride, v.token_stride, o.token_stride,
-                        dout.token_stride, hq * d,         hk * d,         hk * d};
+                        dout.token_stride, hq * d,         hk * d,         hk * d_v};
   const auto bytes = [](std::int64_t rows, std::int64_t heads, std::int64_t dim) {
     return static_cast<std::size_t>(rows * heads * dim) * sizeof(T);
   };
@@ -504,7 +518,7 @@ void CudnnSdpa<T>::backward(const gpu::CudaExec& exec, const Params& params, con
     // cuDNN writes its gradients: a zeroed scratch per run (one wave of key-disjoint items), then +=.
     SEQPAR_CUDA_CHECK(cudaMemsetAsync(scratch.dq, 0, bytes(q.tokens, hq, d), exec.stream()), where);
     SEQPAR_CUDA_CHECK(cudaMemsetAsync(scratch.dk, 0, bytes(k.tokens, hk, d), exec.stream()), where);
-    SEQPAR_CUDA_CHECK(cudaMemsetAsync(scratch.dv, 0, bytes(k.tokens, hk, d), exec.stream()), where);
+    SEQPAR_CUDA_CHECK(cudaMemsetAsync(scratch.dv, 0, bytes(k.tokens, hk, d_v), exec.stream()), where);
     gpu::detail::sdpa_ops::gather_stats(exec.stream(), lse, run.q_tokens, run.q_lens, run.items, shape.heads_q,
                                         run.max_q, scratch.stats);
     detail::execute<T>(*state_, exec, params, run, shape, views, scratch.stats, where);

@@ -45,6 +45,8 @@ class CudaExec {
   /// Largest dynamic shared memory per block the kernels may use on this device.
   [[nodiscard]] int max_shared_bytes() const noexcept { return state_->max_shared; }
   [[nodiscard]] int multiprocessors() const noexcept { return state_->sms; }
+  /// The device's compute capability as major x 10 + minor (80: sm_80, 90: sm_90).
+  [[nodiscard]] int compute_capability() const noexcept { return state_->compute_capability; }
 
   /// The comm stream as the opaque queue a stream-ordered transport enqueues on (StreamOrderedExec).
   [[nodiscard]] void* comm_queue() const noexcept { return state_->comm; }
@@ -74,6 +76,10 @@ class CudaExec {
       SEQPAR_CUDA_CHECK(cudaSetDevice(device), where);
       SEQPAR_CUDA_CHECK(cudaDeviceGetAttribute(&max_shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), where);
       SEQPAR_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), where);
+      int major = 0, minor = 0;
+      SEQPAR_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), where);
+      SEQPAR_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), where);
+      compute_capability = 10 * major + minor;
       if (owns) {
         SEQPAR_CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), where);
         SEQPAR_CUDA_CHECK(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking), where);
@@ -99,6 +105,7 @@ class CudaExec {
     int device = 0;
     int max_shared = 0;
     int sms = 0;
+    int compute_capability = 0;
     cudaStream_t compute = nullptr;
     cudaStream_t comm = nullptr;
     cudaEvent_t compute_done = nullptr;

@@ -127,8 +127,12 @@ struct CudnnSdpaState {
   }
 };
 
+/// A graph's S_q / S_kv for a longest item of n rows: the next power of two, at least 2. cudnn-frontend's
+/// backward refuses S_q = S_kv = 1 (scaled_dot_product_flash_attention.h, 1.32), which a run of one-token
+/// items would ask for; the padding mask carries the true lengths, and 2 still at most doubles n, the
+/// bound the statistics scratch is sized by.
 [[nodiscard]] inline std::int64_t bucket(std::int64_t n) noexcept {
-  return n <= 1 ? 1 : static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(n)));
+  return n <= 2 ? 2 : static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(n)));
 }
 
 // The views of a call, in RaggedTensor order (null where the pass has none).

@@ -15,7 +15,11 @@
 /// target T_t. Because the cost of a slice depends only on its positions, the same mesh gives every
 /// long document equal-cost slices and a cheaper tail. A slice's queries attend to its document's
 /// earlier tokens too: the chunk names them as its prefix (carried from earlier chunks by
-/// `ChunkedAttention`, never recomputed). Chunks are ordered so that a document's slices run in
+/// `ChunkedAttention`, never recomputed). With a sliding window of w keys (`batch.window()`), every
+/// chunk batch has the window and a prefix is only the last w - 1 tokens before the slice (what its
+/// first query can see; none for w = 1), so the carry follows the window, not the document's length.
+/// The cost model stays causal: with a window it overprices the later slices (they are balanced as if
+/// each row saw its whole prefix). Chunks are ordered so that a document's slices run in
 /// order and back to back: per long document (longest first) its split chunks, then the hybrid chunk of
 /// its tail; then the batched chunks by cost.
 ///
@@ -129,12 +133,6 @@ struct DynamicChunk {
     args.cost.validate(where);
     seqpar::detail::require(batch.total_tokens() > 0, where, "batch.total_tokens()", batch.total_tokens(),
                             "an empty batch has nothing to chunk");
-    // A chunk attends to its documents' earlier chunks through full-mask KV-prefix slices; a window
-    // would have to cut those prefixes, which the chunked path does not do yet: refuse rather than
-    // attend outside the window.
-    seqpar::detail::require(batch.window() == 0, where, "batch.window()", batch.window(),
-                            "chunked (DPP) attention does not take a sliding window yet; plan the windowed layer "
-                            "unchunked (DistributedAttention)");
     const auto docs = batch.documents();
     std::int64_t longest = 0;
     for (const Document& d : docs) longest = std::max(longest, d.tokens.size());
@@ -282,6 +280,14 @@ struct DynamicChunk {
     return cuts;
   }
 
+  /// The prefix of the piece of document `d` starting at its row `begin`: the document's earlier tokens
+  /// its queries can see, all of them without a window (0), the last window - 1 with one.
+  [[nodiscard]] static Range prefix_of(const Document& d, std::int64_t begin, std::int64_t window) noexcept {
+    const std::int64_t end = d.tokens.begin + begin;
+    const std::int64_t first = window > 0 ? std::max(d.tokens.begin, end - (window - 1)) : d.tokens.begin;
+    return {first, end};
+  }
+
  private:
   // A chunk batch keeps the pieces' sequences apart (one chunk sequence per original sequence,
   // in order), so that batch-aware partitioners still see sequences.
@@ -300,10 +306,10 @@ struct DynamicChunk {
       last = d.sequence;
       sequences.back().push_back(p.end - p.begin);
       c.tokens.push_back({d.tokens.begin + p.begin, d.tokens.begin + p.end});
-      c.prefix.push_back({d.tokens.begin, d.tokens.begin + p.begin});
+      c.prefix.push_back(prefix_of(d, p.begin, batch.window()));
       c.cost += args.cost.of(p.begin, p.end);
     }
-    c.batch = DocumentBatch(sequences);
+    c.batch = DocumentBatch(sequences).with_window(batch.window());
     out.chunks.push_back(std::move(c));
     out.pieces.push_back(std::move(pieces));
   }

@@ -245,6 +245,64 @@ TEST_SUITE("schedule") {
     }
   }
 
+  TEST_CASE("ChunkedAttention with a window moves fewer carry bytes than without, both exact") {
+    using S = Strategy<partition::Zigzag, comm::Ring>;
+    const AttentionShape shape{4, 2, 8};
+    const DocumentBatch plain = split_heavy_batch(2, 40, 3);
+    const auto run = [&](const DocumentBatch& batch) {
+      const schedule::ChunkPlan plan = plan_of(batch, 40, 4);
+      return test::distributed_check<attention::Reference<double>>(
+          batch, plan.chunks, order_for(plan, 2), shape, 2,
+          [&](backend::inproc::Transport& t)
+              -> std::unique_ptr<runtime::AttentionEngine<attention::Reference<double>>> {
+            return std::make_unique<DistributedAttention<S, attention::Reference<double>>>(t, shape, S::Arguments{});
+          },
+          9);
+    };
+    const test::Errors full = run(plain), windowed = run(plain.with_window(5));
+    CHECK(full.max() < 1e-9);
+    CHECK(windowed.max() < 1e-9);
+    CHECK(windowed.bytes_match);
+    CHECK(windowed.bytes_forward < full.bytes_forward);
+    CHECK(windowed.bytes_backward < full.bytes_backward);
+  }
+
+  TEST_CASE("ChunkedAttention with a window cuts a whole prefix given by hand to the window, exactly") {
+    // Chunks made by hand (not by DynamicChunk) may name a split document's whole earlier part as the
+    // prefix: the carry cuts it to the w - 1 keys a query can see, and keeps what DynamicChunk's would.
+    using S = Strategy<partition::Zigzag, comm::Ring>;
+    const AttentionShape shape{2, 2, 8};
+    const DocumentBatch plain = split_heavy_batch(2, 30, 41);
+    for (const std::int64_t w : {3, 45}) {
+      CAPTURE(w);
+      const DocumentBatch batch = plain.with_window(w);
+      const schedule::ChunkPlan cut = plan_of(batch, 30, 4);
+      schedule::ChunkPlan whole = cut;
+      int longer = 0;
+      for (std::size_t c = 0; c < whole.chunks.size(); ++c)
+        for (std::size_t i = 0; i < whole.chunks[c].tokens.size(); ++i) {
+          const Document& d = batch.documents()[static_cast<std::size_t>(whole.pieces[c][i].document)];
+          whole.chunks[c].prefix[i] = {d.tokens.begin, whole.chunks[c].tokens[i].begin};
+          longer += whole.chunks[c].prefix[i] == cut.chunks[c].prefix[i] ? 0 : 1;
+        }
+      REQUIRE(longer > 0);
+      for (int world : {1, 3}) {
+        CAPTURE(world);
+        const comm::ChunkCarry a = carry_of<S>(cut, shape, world, {}), b = carry_of<S>(whole, shape, world, {});
+        for (int r = 0; r < world; ++r) CHECK(a.carry_rows(r) == b.carry_rows(r));
+        const auto err = test::distributed_check<attention::Reference<double>>(
+            batch, whole.chunks, order_for(whole, world), shape, world,
+            [&](backend::inproc::Transport& t)
+                -> std::unique_ptr<runtime::AttentionEngine<attention::Reference<double>>> {
+              return std::make_unique<DistributedAttention<S, attention::Reference<double>>>(t, shape, S::Arguments{});
+            },
+            5);
+        CHECK(err.max() < 1e-9);
+        CHECK(err.bytes_match);
+      }
+    }
+  }
+
   TEST_CASE("ChunkCarry refuses chunks of one batch under different windows, naming the chunk") {
     const DocumentBatch batch({{30, 10}});
     std::vector<Chunk> chunks = plan_of(batch.with_window(6), 16, 0).chunks;

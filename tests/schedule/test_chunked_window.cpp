@@ -100,6 +100,32 @@ std::int64_t total_carry_rows(const comm::ChunkCarry& carry) {
 }  // namespace
 
 TEST_SUITE("schedule") {
+  TEST_CASE("ChunkCost with a window: the windowed pairs, and position_of inverts the cost exactly") {
+    for (const std::int64_t w : {1, 3, 10, 1000})
+      for (const double per_token : {0.0, 5.0}) {
+        CAPTURE(w);
+        CAPTURE(per_token);
+        const schedule::ChunkCost cost{per_token, 1.0, w};
+        for (std::int64_t a = 0; a < 60; a += 7)
+          for (std::int64_t b = a; b <= 60; ++b)
+            CHECK(schedule::ChunkCost::pairs(a, b, w) ==
+                  static_cast<double>(document_area(b, w) - document_area(a, w)));
+        for (const double target : {0.5, 3.0, 17.0, 100.0, 900.0, 5000.0, 1e9}) {
+          std::int64_t want = 0;  // the first x with of(0, x) >= target, by walking
+          while (want < 200 && cost.of(0, want) < target) ++want;
+          CHECK(cost.position_of(target, 200) == want);
+        }
+      }
+    schedule::DynamicChunk bad{{.token_capacity = 8}};
+    bad.args.cost.window = -2;
+    try {
+      (void)bad.plan(DocumentBatch({{20}}));
+      FAIL("a negative cost window was accepted");
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()).find("args.cost.window = -2") != std::string::npos);
+    }
+  }
+
   TEST_CASE("DynamicChunk with a window: every chunk batch has it, a prefix is the w - 1 tokens before its piece") {
     const DocumentBatch plain = split_heavy_batch(3, 32, 5);
     bool spans_chunks = false;
@@ -107,14 +133,22 @@ TEST_SUITE("schedule") {
       CAPTURE(w);
       const DocumentBatch batch = plain.with_window(w);
       const schedule::ChunkPlan plan = plan_of(batch, 32, 4);
-      const schedule::ChunkPlan unwindowed = plan_of(plain, 32, 4);
-      REQUIRE(plan.chunks.size() == unwindowed.chunks.size());  // the window changes prefixes, not the cuts
+      // The cost model counts the windowed pairs: the mesh's slices cost the same under the window.
+      const schedule::ChunkCost cost{0.0, 1.0, w};
+      const double slice_cost = cost.of(0, plan.mesh.back()) / static_cast<double>(plan.mesh.size());
+      std::vector<int> seen(static_cast<std::size_t>(batch.total_tokens()), 0);
       std::int64_t area = 0;
       for (std::size_t c = 0; c < plan.chunks.size(); ++c) {
         const Chunk& ch = plan.chunks[c];
         CHECK(ch.batch.window() == w);
-        CHECK(ch.tokens == unwindowed.chunks[c].tokens);
+        CHECK(ch.batch.total_tokens() <= 32);
+        double chunk_cost = 0;
         for (std::size_t i = 0; i < ch.tokens.size(); ++i) {
+          const schedule::ChunkPiece& p = plan.pieces[c][i];
+          chunk_cost += cost.of(p.begin, p.end);
+          if (ch.kind == schedule::ChunkKind::kSplit)  // equal cost up to one token's worth
+            CHECK(std::abs(cost.of(p.begin, p.end) - slice_cost) <= cost.of(p.end - 1, p.end + 1) + 1e-9);
+          for (std::int64_t t = ch.tokens[i].begin; t < ch.tokens[i].end; ++t) ++seen[static_cast<std::size_t>(t)];
           const Document& d = batch.documents()[static_cast<std::size_t>(plan.pieces[c][i].document)];
           const std::int64_t begin = ch.tokens[i].begin;
           CHECK(ch.prefix[i] == Range{std::max(d.tokens.begin, begin - (w - 1)), begin});
@@ -129,7 +163,9 @@ TEST_SUITE("schedule") {
                 AttnSlice{{0, b - a}, {0, b - a}, Mask::sliding_window(w)}.area() +
                     AttnSlice{{0, b - a}, {0, pre}, Mask::sliding_window(w, pre)}.area());
         }
+        CHECK(ch.cost == doctest::Approx(chunk_cost).epsilon(1e-12));
       }
+      for (int x : seen) CHECK(x == 1);
       CHECK(area == batch.attention_area());
       const comm::ChunkCarry carry = carry_of<Strategy<partition::Zigzag, comm::Ring>>(plan, {2, 2, 8}, 2, {});
       for (int c = 0; c < carry.num_chunks(); ++c) spans_chunks = spans_chunks || carry.reads(c).size() >= 2;

@@ -19,14 +19,15 @@
 /// chunk batch has the window and a prefix is only the last w - 1 tokens before the slice (what its
 /// first query can see; none for w = 1), so the carry follows the window, not the document's length;
 /// the cost model counts the windowed pairs (a row sees min(i + 1, w) keys), so past the first w
-/// positions the mesh's slices are of equal length. Chunks are ordered so that a document's slices run in
-/// order and back to back: per long document (longest first) its split chunks, then the hybrid chunk of
-/// its tail; then the batched chunks by cost.
+/// positions the mesh's slices are of equal length. Chunks are ordered so that a document's slices
+/// run in order and back to back: per long document (longest first) its split chunks, then the hybrid
+/// chunk of its tail; then the batched chunks by cost.
 ///
 /// Cost model (`ChunkCost`): time of document positions [a, b) = per_token * (b - a) +
-/// per_pair * (causal (query, key) pairs of those rows, within the batch's window if it has one) — GEMMs per token,
-/// attention per pair, in any unit (e.g. seconds from `replay::`'s hardware profile, or per_pair = 1 and per_token = 6
-/// x hidden, the FLOP ratio of a transformer layer's GEMMs to its attention).
+/// per_pair * (causal (query, key) pairs of those rows, within the batch's window if it has one) —
+/// GEMMs per token, attention per pair, in any unit (e.g. seconds from `replay::`'s hardware profile,
+/// or per_pair = 1 and per_token = 6 x hidden, the FLOP ratio of a transformer layer's GEMMs to its
+/// attention).
 ///
 /// @code
 /// schedule::DynamicChunk sched{{.token_capacity = 16384}};          // K: the fewest slices that fit
@@ -51,8 +52,8 @@ namespace seqpar::schedule {
 struct ChunkCost {
   double per_token = 0.0;
   double per_pair = 1.0;
-  /// Sliding window in keys (0: none): row i sees min(i + 1, window) keys. DynamicChunk::plan takes it
-  /// from the batch.
+  /// Sliding window in keys (0: none): row i sees min(i + 1, window) keys. DynamicChunk::plan sets it
+  /// to the batch's window (a value given here is replaced).
   std::int64_t window = 0;
 
   /// Causal pairs of the rows [a, b) of a document: row i sees i + 1 keys.

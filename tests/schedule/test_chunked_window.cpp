@@ -342,6 +342,31 @@ TEST_SUITE("schedule") {
     }
   }
 
+  TEST_CASE("ChunkedAttention::begin recompiles when only the window changes (same ranges, same prefixes)") {
+    // Hand-made chunks: the unwindowed plan's chunks with the window set on their batches, prefixes left
+    // whole. Their ranges equal the cached plan's; the window alone must make begin compile again.
+    using S = Strategy<partition::Zigzag, comm::Ring>;
+    using K = attention::Reference<double>;
+    const AttentionShape shape{2, 2, 8};
+    const DocumentBatch plain = split_heavy_batch(1, 30, 43);
+    const std::vector<Chunk> full = plan_of(plain, 30, 4).chunks;
+    std::vector<Chunk> windowed = full;
+    for (Chunk& c : windowed) c.batch = c.batch.with_window(4);
+    backend::inproc::World(2).run([&](backend::inproc::Transport& t) {
+      DistributedAttention<S, K> attn(t, shape);
+      runtime::ChunkedAttention<K> reused(attn, t), fresh(attn, t);
+      reused.begin(full);
+      const std::int64_t full_rows = reused.carry_rows();
+      reused.begin(windowed);
+      fresh.begin(windowed);
+      CHECK(reused.carry().window() == 4);
+      CHECK(reused.carry_rows() == fresh.carry_rows());
+      CHECK(reused.carry_rows() <= full_rows);
+      for (int c = 0; c < reused.num_chunks(); ++c)
+        CHECK(reused.program(c, 0).bytes_sent(8, 8) == fresh.program(c, 0).bytes_sent(8, 8));
+    });
+  }
+
   TEST_CASE("ChunkCarry refuses chunks of one batch under different windows, naming the chunk") {
     const DocumentBatch batch({{30, 10}});
     std::vector<Chunk> chunks = plan_of(batch.with_window(6), 16, 0).chunks;

@@ -18,10 +18,11 @@
 //    (checked against 128-bit arithmetic), or refused with std::invalid_argument;
 //  - the planning layers: DynamicChunk, one_f_one_b, the checkpointing greedy, validate_schedule and
 //    token_meta with random valid and invalid arguments (planner_case);
-//  - runtime::ChunkedAttention over Zigzag x Ring on 1 to 3 in-process ranks (chunked_case): DynamicChunk's
-//    chunks give the reference's answer; a corrupted chunk plan, a chunk index out of range or out of
-//    order (on one rank or all), a transport of another size are refused with std::invalid_argument by
-//    the rank that made the mistake, its peers getting seqpar::Error (kPeerFailed), none waiting;
+//  - runtime::ChunkedAttention over Zigzag x Ring on 1 to 3 in-process ranks (chunked_case; half the
+//    batches with a sliding window): DynamicChunk's chunks give the reference's answer; a corrupted chunk plan, a chunk
+//    index out of range or out of order (on one rank or all), a transport of another size are refused with
+//    std::invalid_argument by the rank that made the mistake, its peers getting seqpar::Error (kPeerFailed), none
+//    waiting;
 //  - the GLPK checkpointing MILP (milp_case, when seqpar::glpk is built): random small problems, also
 //    with bad orders, non-finite models and bad options: refused, or a plan no worse than the greedy's;
 //  - train::shard / shard_rows / token_meta with random ranks, rows and plans of another batch
@@ -505,7 +506,8 @@ void chunked_case(std::mt19937& rng) {
   using K = attention::Reference<double>;
   std::vector<std::int64_t> lens(static_cast<std::size_t>(1 + pick(rng, 4)));
   for (auto& l : lens) l = 1 + pick(rng, 40);
-  const DocumentBatch batch({lens});
+  // Half the batches have a sliding window (1 key to longer than any document): cut prefixes, windowed slices.
+  const DocumentBatch batch = DocumentBatch({lens}).with_window(rng() % 2 ? 0 : 1 + pick(rng, 45));
   const int world = 1 + pick(rng, 3);
   const AttentionShape shape{2, 1, 8};
   schedule::DynamicChunk sched;

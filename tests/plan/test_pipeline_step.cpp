@@ -243,6 +243,23 @@ TEST_SUITE("plan") {
       for (const schedule::ChunkPiece& p : plan.pieces[c]) pairs += schedule::ChunkCost::pairs(p.begin, p.end);
       CHECK(static_cast<double>(total_area(slices)) == pairs);
     }
+    // With a sliding window the slices narrow with it (the prefix cut to the w - 1 keys before a slice)
+    // and cover the windowed batch's pairs exactly; the stage memory's carry term follows the window.
+    const double full_carry = plan::stage_memory(plan::with_chunks(o, plan), 0, 0.0).of("K/V carry of split documents");
+    for (const std::int64_t w : {1, 64, 2000, 5000}) {
+      CAPTURE(w);
+      const DocumentBatch windowed = batch.with_window(w);
+      const schedule::ChunkPlan wplan = schedule::DynamicChunk{{.token_capacity = 1500}}.plan(windowed);
+      std::int64_t area = 0;
+      for (std::size_t c = 0; c < wplan.chunks.size(); ++c)
+        area += total_area(plan::chunk_slices(wplan, static_cast<int>(c)));
+      CHECK(area == windowed.attention_area());
+      const plan::PipelineStepOptions wo = plan::with_chunks(o, wplan);
+      CHECK(wo.carry_tokens <= std::max<std::int64_t>(w - 1, 0));  // one split document: one prefix per chunk
+      const double carry = plan::stage_memory(wo, 0, 0.0).of("K/V carry of split documents");
+      if (w < 1500) CHECK(carry < full_carry);
+      if (w == 1) CHECK(carry == 0);
+    }
     // chunk_cost prices a layer's forward on one rank: GEMMs per token, attention per pair.
     const schedule::ChunkCost cost = plan::chunk_cost(o);
     CHECK(cost.per_token == doctest::Approx(o.model.layer_gemm_flops_per_token() / 1e12));

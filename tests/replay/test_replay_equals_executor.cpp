@@ -228,7 +228,7 @@ TEST_SUITE("replay") {
   TEST_CASE("replay = executor: bytes, kernel calls, slices, pairs and merges per rank, every combination") {
     using namespace seqpar;
     int runs = 0;
-    std::uint64_t plain_bytes = 0, chunked_bytes = 0;
+    std::uint64_t plain_bytes = 0, chunked_bytes = 0, windowed_bytes = 0;
     test::for_each_combination([&]<class C>(C) {
       using S = typename C::strategy;
       for (int world : {1, 2, 3, 4, 6, 8}) {
@@ -238,20 +238,22 @@ TEST_SUITE("replay") {
         const DocumentBatch batch = long_tail(rng, 1 + world % 3);
         const AttentionShape shape{4, 2, 8};
         if (!S::can_implement(args, batch, shape, Topology{world, args.ranks_per_node}).ok) continue;
-        for (bool chunked : {false, true}) {
+        // Plain, chunked, and chunked under a sliding window (windowed prefix slices, cut carry).
+        for (int mode : {0, 1, 2}) {
+          const bool chunked = mode > 0;
+          const DocumentBatch b = mode == 2 ? batch.with_window(7) : batch;
           if (chunked) {
             bool ok = true;
             for (const Chunk& ch :
-                 schedule::DynamicChunk{{.token_capacity = 48, .time_target = 0, .slices = 0, .cost = {}}}.chunks(
-                     batch))
+                 schedule::DynamicChunk{{.token_capacity = 48, .time_target = 0, .slices = 0, .cost = {}}}.chunks(b))
               ok = ok && S::can_implement(args, ch.batch, shape, Topology{world, args.ranks_per_node}).ok;
             if (!ok) continue;
           }
-          INFO(C::name() << ", world " << world << (chunked ? ", chunked" : ""));
+          INFO(C::name() << ", world " << world << (chunked ? ", chunked" : "") << (mode == 2 ? ", window 7" : ""));
           std::uint64_t moved = 0;
           std::string difference;
-          CHECK_MESSAGE(compare<S>(batch, world, args, chunked, moved, difference) == 0, difference);
-          (chunked ? chunked_bytes : plain_bytes) += moved;
+          CHECK_MESSAGE(compare<S>(b, world, args, chunked, moved, difference) == 0, difference);
+          (mode == 0 ? plain_bytes : mode == 1 ? chunked_bytes : windowed_bytes) += moved;
           ++runs;
         }
       }
@@ -259,5 +261,7 @@ TEST_SUITE("replay") {
     CHECK(runs > 200);
     CHECK(plain_bytes > 0);  // the comparison saw traffic, not only local work
     CHECK(chunked_bytes > 0);
+    CHECK(windowed_bytes > 0);
+    CHECK(windowed_bytes < chunked_bytes);  // the window cuts the carry's traffic too
   }
 }

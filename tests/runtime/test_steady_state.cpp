@@ -150,11 +150,12 @@ std::size_t steady_state_allocations(const DocumentBatch& batch, int world, type
 
 /// The same for a chunked run (DPP): begin on the same chunks, every chunk's forward, then every
 /// backward in reverse, on a batch whose long document is split across chunks (so the prefix carry
-/// moves); returns the most any rank allocated in one such pass after warm-up.
+/// moves); returns the most any rank allocated in one such pass after warm-up. `window`: the batch's
+/// sliding window (0: none), which cuts the prefixes and makes the prefix slices windowed.
 template <class S>
-std::size_t chunked_steady_state_allocations(int world, typename S::Arguments args = {}) {
+std::size_t chunked_steady_state_allocations(int world, typename S::Arguments args = {}, std::int64_t window = 0) {
   const AttentionShape shape{4, 2, 16};
-  const DocumentBatch batch({{150, 7, 12, 30}, {9, 40, 5}});
+  const DocumentBatch batch = DocumentBatch({{150, 7, 12, 30}, {9, 40, 5}}).with_window(window);
   const std::vector<Chunk> chunks =
       schedule::DynamicChunk{{.token_capacity = 96, .time_target = 0, .slices = 3, .cost = {}}}.chunks(batch);
   REQUIRE(chunks.size() <= 8);  // every chunk batch stays in the engine's plan cache
@@ -218,6 +219,7 @@ TEST_SUITE("runtime") {
       Strategy<PerDoc, comm::AllGather>::Arguments gather;
       gather.comm.sharding_aware = true;
       CHECK(chunked_steady_state_allocations<Strategy<PerDoc, comm::AllGather>>(world, gather) == 0);
+      CHECK(chunked_steady_state_allocations<Strategy<Zigzag, comm::Ring>>(world, {}, 20) == 0);  // windowed
     }
   }
 

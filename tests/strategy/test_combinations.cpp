@@ -373,14 +373,19 @@ TEST_SUITE("strategy") {
     CHECK_FALSE(w == b);
     CHECK(w.with_window(0) == b);
     CHECK(document_area(10, 100) == 55);
-    // DPP chunks attend to earlier chunks through full KV prefixes: a window is refused, not ignored.
-    try {
-      const schedule::DynamicChunk sched{{.token_capacity = 16}};
-      (void)sched.plan(w);
-      FAIL("DynamicChunk accepted a windowed batch");
-    } catch (const std::invalid_argument& e) {
-      CHECK(std::string(e.what()).find("batch.window() = 4") != std::string::npos);
+    // DPP chunks take the window: every chunk batch has it and a split document's prefix is cut to the
+    // w - 1 tokens before its slice (tests/schedule/test_chunked_window.cpp runs them against fp64).
+    const schedule::ChunkPlan plan = schedule::DynamicChunk{{.token_capacity = 4}}.plan(w);
+    std::int64_t chunk_area = 0;
+    for (const Chunk& c : plan.chunks) {
+      CHECK(c.batch.window() == 4);
+      chunk_area += c.batch.attention_area();
+      for (std::size_t i = 0; i < c.tokens.size(); ++i) {
+        CHECK(c.prefix[i].end == c.tokens[i].begin);
+        CHECK(c.prefix[i].size() <= 3);
+      }
     }
+    CHECK(chunk_area < w.attention_area());  // the rest is the prefix terms'
     try {
       (void)b.with_window(-3);
       FAIL("a negative window was accepted");

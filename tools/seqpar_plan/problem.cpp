@@ -189,11 +189,8 @@ Problem make_problem(const Options& o) {
   p.batch =
       explicit_sequences.empty() ? DocumentBatch(pack(lengths, sequence_tokens)) : DocumentBatch(explicit_sequences);
   p.documents = static_cast<std::int64_t>(lengths.size());
-  if (o.window && *o.window > 0) {
-    // DPP's chunks attend to earlier chunks through full KV prefixes, which a window would cut.
-    if (o.pipeline_stages) usage_error("--window does not apply to --pipeline-stages (DPP chunks take no window yet)");
-    p.batch = p.batch.with_window(*o.window);
-  }
+  // With --pipeline-stages the window reaches DPP's chunks too (DynamicChunk cuts the carried prefixes).
+  if (o.window && *o.window > 0) p.batch = p.batch.with_window(*o.window);
 
   // Candidates.
   p.candidates = plan::standard_candidates(p.hardware);

@@ -23,6 +23,14 @@
 /// `clear` zeroes the carry gradients (once per batch). Volume per chunk: each prefix row travels once
 /// to each rank holding queries of its piece (K and V forward; K, V back, dK, dV back in backward).
 ///
+/// Sliding windows (the chunks' batches have `window()` w > 0): a query sees only the w - 1 keys before
+/// it, so a prefix is cut to the last w - 1 tokens before its piece (a longer one given is cut here; for
+/// w = 1 none is left), and the carry holds at most w - 1 rows per piece boundary. A rank receives only
+/// the suffix of a prefix that its queries of the piece reach (from its first such query - w + 1),
+/// nothing when they all sit w - 1 or more past the piece's start, and the prefix slices are
+/// causal-with-offset sliding windows over exactly those keys, their queries cut to the rows that see
+/// one (slice-relative, like every AttnSlice: offset = query's first global row - key's first).
+///
 /// @code
 /// comm::ChunkCarry carry(chunks, owned, shape);      // owned[c][r]: chunk c's global rows on rank r
 /// comm::Program fwd = carry.forward(c, rank, true);  // run by runtime::Executor, replayed by replay::
@@ -62,12 +70,17 @@ class ChunkCarry {
     ranks_ = owned_.empty() ? 0 : static_cast<int>(owned_.front().size());
     tokens_.resize(chunks.size());
     prefix_.resize(chunks.size());
+    window_ = chunks.empty() ? 0 : chunks.front().batch.window();
     std::vector<Range> all_tokens;
     for (std::size_t c = 0; c < chunks.size(); ++c) {
       const Chunk& ch = chunks[c];
       const std::string at = "chunks[" + std::to_string(c) + "]";
       seqpar::detail::require(ch.prefix.size() == ch.tokens.size(), where, at + ".prefix.size()", ch.prefix.size(),
                               "must equal tokens.size() = " + std::to_string(ch.tokens.size()));
+      // One window for the whole batch: chunks attending under different windows are no one batch's attention.
+      seqpar::detail::require(ch.batch.window() == window_, where, at + ".batch.window()", ch.batch.window(),
+                              "must equal chunks[0].batch.window() = " + std::to_string(window_) +
+                                  " (the chunks of one batch share its sliding window)");
       seqpar::detail::require(static_cast<int>(owned_[c].size()) == ranks_, where,
                               "owned[" + std::to_string(c) + "].size()", owned_[c].size(),
                               "must equal the world size " + std::to_string(ranks_));
@@ -82,6 +95,9 @@ class ChunkCarry {
       }
       tokens_[c] = ch.tokens;
       prefix_[c] = ch.prefix;
+      // With a window, keys before the piece's first query's window are read by no query: not carried.
+      if (window_ > 0)
+        for (Range& p : prefix_[c]) p.begin = std::max(p.begin, p.end - (window_ - 1));
     }
     // Every prefix row must be a token of this chunk or of a chunk before it (chunks run in the given
     // order): else its queries would attend to rows no rank holds, or to rows whose forward runs
@@ -152,6 +168,10 @@ class ChunkCarry {
   }
 
   [[nodiscard]] int world_size() const noexcept { return ranks_; }
+  /// The chunks' sliding window (0: none).
+  [[nodiscard]] std::int64_t window() const noexcept { return window_; }
+  /// Piece i of chunk c's prefix as the carry uses it (with a window, cut to its last window - 1 rows).
+  [[nodiscard]] Range prefix(int c, std::size_t i) const { return prefix_.at(static_cast<std::size_t>(c)).at(i); }
   [[nodiscard]] int num_chunks() const noexcept { return static_cast<int>(tokens_.size()); }
   /// Global rows of chunk c on `rank`, in its local row order.
   [[nodiscard]] const std::vector<Range>& owned(int c, int rank) const {
@@ -306,19 +326,25 @@ class ChunkCarry {
     return k;
   }
 
-  // Pieces of chunk c with a prefix whose queries rank s holds.
-  [[nodiscard]] std::vector<std::size_t> needs(int c, int s) const {
-    std::vector<std::size_t> out;
-    const auto& tokens = tokens_[static_cast<std::size_t>(c)];
-    const auto& prefix = prefix_[static_cast<std::size_t>(c)];
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-      if (prefix[i].empty()) continue;
-      for (const Range& g : owned(c, s))
-        if (!intersect(g, tokens[i]).empty()) {
-          out.push_back(i);
-          break;
-        }
-    }
+  // The rows of piece i of chunk c's prefix that rank s's queries read: the whole prefix when s holds
+  // a query of the piece; with a window, from s's first query of the piece - (window - 1) (a suffix of
+  // the prefix, empty when that query sits window - 1 or more past the piece's start).
+  [[nodiscard]] Range wanted(int c, std::size_t i, int s) const {
+    const Range t = tokens_[static_cast<std::size_t>(c)][i], pre = prefix_[static_cast<std::size_t>(c)][i];
+    if (pre.empty()) return {pre.end, pre.end};
+    std::int64_t first = t.end;
+    for (const Range& g : owned(c, s))
+      if (const Range x = intersect(g, t); !x.empty()) first = std::min(first, x.begin);
+    if (first == t.end) return {pre.end, pre.end};
+    if (window_ == 0) return pre;
+    return {std::clamp(first - (window_ - 1), pre.begin, pre.end), pre.end};
+  }
+
+  // Pieces of chunk c whose prefix rank s's queries read, and the rows they read (wanted).
+  [[nodiscard]] std::vector<std::pair<std::size_t, Range>> needs(int c, int s) const {
+    std::vector<std::pair<std::size_t, Range>> out;
+    for (std::size_t i = 0; i < tokens_[static_cast<std::size_t>(c)].size(); ++i)
+      if (const Range w = wanted(c, i, s); !w.empty()) out.emplace_back(i, w);
     return out;
   }
 
@@ -326,7 +352,6 @@ class ChunkCarry {
   // needs (in chunk order), the holder's rows of its prefix (in global order).
   [[nodiscard]] Fetch fetch(int c, int me) const {
     const auto& tokens = tokens_[static_cast<std::size_t>(c)];
-    const auto& prefix = prefix_[static_cast<std::size_t>(c)];
     const auto n = static_cast<std::size_t>(ranks_);
     Fetch f;
     f.exchange = ExchangeStep{Level::kGroup, me, {}};
@@ -334,19 +359,19 @@ class ChunkCarry {
            std::vector<std::vector<Piece>>(n)};
     const auto& mine_held = held_[static_cast<std::size_t>(me)];
     for (int peer = 0; peer < ranks_; ++peer)
-      for (std::size_t i : needs(c, peer))
+      for (const auto& [i, pre] : needs(c, peer))
         for (const Range& h : mine_held)
-          if (const Range x = intersect(h, prefix[i]); !x.empty())
+          if (const Range x = intersect(h, pre); !x.empty())
             k.send[static_cast<std::size_t>(peer)].push_back(kv_rows(slot_of(me, x.begin), x.size()));
-    const std::vector<std::size_t> mine = needs(c, me);
+    const std::vector<std::pair<std::size_t, Range>> mine = needs(c, me);
     std::vector<std::int64_t> piece_at;
-    for (std::size_t i : mine) {
+    for (const auto& [i, pre] : mine) {
       piece_at.push_back(f.rows);
-      f.rows += prefix[i].size();
+      f.rows += pre.size();
     }
     for (int peer = 0; peer < ranks_; ++peer)
       for (std::size_t j = 0; j < mine.size(); ++j) {
-        const Range pre = prefix[mine[j]];
+        const Range pre = mine[j].second;
         for (const Range& h : held_[static_cast<std::size_t>(peer)])
           if (const Range x = intersect(h, pre); !x.empty())
             k.recv[static_cast<std::size_t>(peer)].push_back(kv_rows(piece_at[j] + (x.begin - pre.begin), x.size()));
@@ -355,13 +380,26 @@ class ChunkCarry {
     v.src = BufferId::kVCarry;
     v.dst = BufferId::kVPrefix;
     f.exchange.moves = {std::move(k), std::move(v)};
-    // One slice per run of local rows of a piece: its queries see the whole prefix (full mask).
+    // One slice per run of local rows of a piece: without a window its queries see the whole prefix
+    // (full mask); with one, the keys of their windows (sliding window, the diagonal at the run's first
+    // query), the run cut to the queries that see a prefix key and the keys to the run's first window.
     for (std::size_t j = 0; j < mine.size(); ++j) {
-      const Range keys{piece_at[j], piece_at[j] + prefix[mine[j]].size()};
+      const Range pre = mine[j].second;  // global rows, received at kKPrefix rows piece_at[j] on
       std::int64_t row = 0;
       for (const Range& g : owned(c, me)) {
-        if (const Range x = intersect(g, tokens[mine[j]]); !x.empty())
-          f.slices.push_back({{row + (x.begin - g.begin), row + (x.end - g.begin)}, keys, Mask::full()});
+        Range x = intersect(g, tokens[mine[j].first]);
+        if (window_ > 0) x.end = std::min(x.end, pre.end + window_ - 1);
+        if (!x.empty()) {
+          const Range q{row + (x.begin - g.begin), row + (x.end - g.begin)};
+          if (window_ == 0) {
+            f.slices.push_back({q, {piece_at[j], piece_at[j] + pre.size()}, Mask::full()});
+          } else {
+            const std::int64_t first_key = std::max(pre.begin, x.begin - (window_ - 1));
+            f.slices.push_back({q,
+                                {piece_at[j] + (first_key - pre.begin), piece_at[j] + pre.size()},
+                                Mask::sliding_window(window_, x.begin - first_key)});
+          }
+        }
         row += g.size();
       }
     }
@@ -380,7 +418,8 @@ class ChunkCarry {
   std::vector<std::vector<std::vector<Range>>> owned_;  ///< [chunk][rank] global rows in row order
   AttentionShape shape_;
   int ranks_ = 0;
-  std::vector<std::vector<Range>> tokens_, prefix_;  ///< [chunk] the chunks' pieces and their prefixes
+  std::int64_t window_ = 0;                          ///< the chunks' sliding window, 0: none
+  std::vector<std::vector<Range>> tokens_, prefix_;  ///< [chunk] the chunks' pieces and their (cut) prefixes
   std::vector<std::vector<Range>> held_;             ///< [rank] carry rows it keeps (merged, global order)
   std::vector<std::vector<std::int64_t>> slots_;     ///< [rank] first carry row of each held_ range
   std::vector<std::int64_t> carry_rows_;             ///< [rank]

@@ -107,23 +107,30 @@ struct UlyssesLayer {
   return l;
 }
 
-/// The attention of chunk `c` of `plan`, as ChunkedAttention computes it: per piece a causal slice over
-/// its own rows and, when it has a prefix, a full slice over the prefix keys.
-[[nodiscard]] inline std::vector<AttnSlice> chunk_slices(const schedule::ChunkPlan& plan, int c) {
+/// The slices of chunk `c`'s pieces over their own rows, causal or with the chunks' sliding window (what
+/// the strategy runs; the prefix term is the carry's, prefix_seconds).
+[[nodiscard]] inline std::vector<AttnSlice> chunk_own_slices(const schedule::ChunkPlan& plan, int c) {
+  const std::int64_t w = plan.chunks[static_cast<std::size_t>(c)].batch.window();
   std::vector<AttnSlice> out;
-  for (const schedule::ChunkPiece& p : plan.pieces[static_cast<std::size_t>(c)]) {
-    out.push_back({{p.begin, p.end}, {p.begin, p.end}, Mask::causal()});
-    if (p.begin > 0) out.push_back({{p.begin, p.end}, {0, p.begin}, Mask::full()});
-  }
+  for (const schedule::ChunkPiece& p : plan.pieces[static_cast<std::size_t>(c)])
+    out.push_back({{p.begin, p.end}, {p.begin, p.end}, w > 0 ? Mask::sliding_window(w) : Mask::causal()});
   return out;
 }
 
-/// The causal slices of chunk `c`'s pieces over their own rows (what the strategy runs; the prefix
-/// term is the carry's, prefix_seconds).
-[[nodiscard]] inline std::vector<AttnSlice> chunk_own_slices(const schedule::ChunkPlan& plan, int c) {
+/// The attention of chunk `c` of `plan`, as ChunkedAttention computes it, in document rows: per piece a
+/// causal slice over its own rows and, when it has a prefix, a full slice over the prefix keys; with
+/// the chunks' sliding window w, sliding-window slices, the prefix cut to the w - 1 keys before the piece.
+[[nodiscard]] inline std::vector<AttnSlice> chunk_slices(const schedule::ChunkPlan& plan, int c) {
+  const std::int64_t w = plan.chunks[static_cast<std::size_t>(c)].batch.window();
   std::vector<AttnSlice> out;
-  for (const schedule::ChunkPiece& p : plan.pieces[static_cast<std::size_t>(c)])
-    out.push_back({{p.begin, p.end}, {p.begin, p.end}, Mask::causal()});
+  for (const schedule::ChunkPiece& p : plan.pieces[static_cast<std::size_t>(c)]) {
+    out.push_back({{p.begin, p.end}, {p.begin, p.end}, w > 0 ? Mask::sliding_window(w) : Mask::causal()});
+    const std::int64_t first_key = w > 0 ? std::max<std::int64_t>(0, p.begin - (w - 1)) : 0;
+    if (first_key < p.begin)
+      out.push_back({{p.begin, p.end},
+                     {first_key, p.begin},
+                     w > 0 ? Mask::sliding_window(w, p.begin - first_key) : Mask::full()});
+  }
   return out;
 }
 

@@ -112,7 +112,8 @@ inline PipelineStepOptions with_chunks(PipelineStepOptions options, const schedu
 ///    (the fused in-place cross-entropy InfiniPipe takes from Megatron-LM), an fp32 loss and
 ///    log-sum-exp per row;
 ///  - the K/V carry of split documents (comm::ChunkCarry): a later slice's prefix rows' K and V and their
-///    gradients, per layer of the stage, ceil(carry_tokens / d_s) rows;
+///    gradients, per layer of the stage, ceil(carry_tokens / d_s) rows (with a sliding window w the
+///    chunk plan's prefixes are the w - 1 tokens before each piece, so the term follows the window);
 ///  - communication buffers: the Ulysses all-to-all's send and receive of Q, K, V, and the P2P buffers
 ///    of the activation received and the gradient sent (two on inner stages, one on the end stages).
 [[nodiscard]] inline MemoryBreakdown stage_memory(const PipelineStepOptions& options, int stage, double activations) {

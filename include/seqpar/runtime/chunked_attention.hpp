@@ -8,6 +8,9 @@
 /// batch is planned and run like any batch); a piece with a prefix (a split document's later slice)
 /// also attends, with a full mask, to its document's earlier tokens, which earlier chunks left on the
 /// ranks that held them (the *carry*: K/V rows kept after their chunk's forward, not recomputed).
+/// With a sliding window (the chunk batches' `window()`, e.g. DynamicChunk of `batch.with_window(w)`),
+/// the chunk's own attention is the strategy's windowed attention and the prefix term sees only the
+/// keys inside each query's window: the carry keeps and moves at most the w - 1 rows before each piece.
 /// The carry moves as `comm::Program`s (comm::ChunkCarry) compiled once per chunk plan and run by
 /// the same `runtime::Executor` as the strategy's programs, on the same transport and execution
 /// context: the transports count their bytes against what the programs declare, a failure names the
@@ -353,7 +356,7 @@ class ChunkedAttention {
     for (std::size_t c = 0; c < a.size(); ++c) {
       const DocumentBatch &x = a[c].batch, &y = b[c].batch;
       if (a[c].tokens != b[c].tokens || a[c].prefix != b[c].prefix || x.num_sequences() != y.num_sequences() ||
-          !std::ranges::equal(x.cu_seqlens(), y.cu_seqlens()))
+          x.window() != y.window() || !std::ranges::equal(x.cu_seqlens(), y.cu_seqlens()))
         return false;
       for (int s = 0; s < x.num_sequences(); ++s)
         if (x.sequence(s).begin != y.sequence(s).begin) return false;
@@ -381,6 +384,7 @@ class ChunkedAttention {
       mix(-1);
       for (const Range& r : c.prefix) mix(r.begin), mix(r.end);
       mix(-2);
+      mix(c.batch.window());  // the same ranges under another window are other programs
     }
     return h;
   }

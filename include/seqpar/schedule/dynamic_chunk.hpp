@@ -15,14 +15,19 @@
 /// target T_t. Because the cost of a slice depends only on its positions, the same mesh gives every
 /// long document equal-cost slices and a cheaper tail. A slice's queries attend to its document's
 /// earlier tokens too: the chunk names them as its prefix (carried from earlier chunks by
-/// `ChunkedAttention`, never recomputed). Chunks are ordered so that a document's slices run in
-/// order and back to back: per long document (longest first) its split chunks, then the hybrid chunk of
-/// its tail; then the batched chunks by cost.
+/// `ChunkedAttention`, never recomputed). With a sliding window of w keys (`batch.window()`), every
+/// chunk batch has the window and a prefix is only the last w - 1 tokens before the slice (what its
+/// first query can see; none for w = 1), so the carry follows the window, not the document's length;
+/// the cost model counts the windowed pairs (a row sees min(i + 1, w) keys), so past the first w
+/// positions the mesh's slices are of equal length. Chunks are ordered so that a document's slices
+/// run in order and back to back: per long document (longest first) its split chunks, then the hybrid
+/// chunk of its tail; then the batched chunks by cost.
 ///
 /// Cost model (`ChunkCost`): time of document positions [a, b) = per_token * (b - a) +
-/// per_pair * (causal (query, key) pairs of those rows) — GEMMs per token, attention per pair, in any
-/// unit (e.g. seconds from `replay::`'s hardware profile, or per_pair = 1 and per_token = 6 x hidden,
-/// the FLOP ratio of a transformer layer's GEMMs to its attention).
+/// per_pair * (causal (query, key) pairs of those rows, within the batch's window if it has one) —
+/// GEMMs per token, attention per pair, in any unit (e.g. seconds from `replay::`'s hardware profile,
+/// or per_pair = 1 and per_token = 6 x hidden, the FLOP ratio of a transformer layer's GEMMs to its
+/// attention).
 ///
 /// @code
 /// schedule::DynamicChunk sched{{.token_capacity = 16384}};          // K: the fewest slices that fit
@@ -47,22 +52,36 @@ namespace seqpar::schedule {
 struct ChunkCost {
   double per_token = 0.0;
   double per_pair = 1.0;
+  /// Sliding window in keys (0: none): row i sees min(i + 1, window) keys. DynamicChunk::plan sets it
+  /// to the batch's window (a value given here is replaced).
+  std::int64_t window = 0;
 
   /// Causal pairs of the rows [a, b) of a document: row i sees i + 1 keys.
   [[nodiscard]] static constexpr double pairs(std::int64_t a, std::int64_t b) noexcept {
     const auto tri = [](std::int64_t n) { return 0.5 * static_cast<double>(n) * static_cast<double>(n + 1); };
     return tri(b) - tri(a);
   }
+  /// Pairs of the rows [a, b) under a sliding window of `w` keys (0: causal): row i sees min(i + 1, w).
+  [[nodiscard]] static constexpr double pairs(std::int64_t a, std::int64_t b, std::int64_t w) noexcept {
+    if (w <= 0) return pairs(a, b);
+    const auto upto = [w](std::int64_t n) {  // rows [0, n)
+      return n <= w ? pairs(0, n) : pairs(0, w) + static_cast<double>(n - w) * static_cast<double>(w);
+    };
+    return upto(b) - upto(a);
+  }
   /// Cost of the rows [a, b) of one document.
   [[nodiscard]] constexpr double of(std::int64_t a, std::int64_t b) const noexcept {
-    return per_token * static_cast<double>(b - a) + per_pair * pairs(a, b);
+    return per_token * static_cast<double>(b - a) + per_pair * pairs(a, b, window);
   }
   /// The smallest x in [0, limit] with of(0, x) >= target (limit when none).
   [[nodiscard]] std::int64_t position_of(double target, std::int64_t limit) const noexcept {
     if (target <= 0) return 0;
-    // of(0, x) = per_pair x (x + 1) / 2 + per_token x: solve the quadratic, then fix the rounding.
+    // of(0, x) = per_pair x (x + 1) / 2 + per_token x up to the window, then linear (each row costs
+    // per_token + per_pair w): solve the piece the target falls in, then fix the rounding.
     double x = 0;
-    if (per_pair > 0) {
+    if (window > 0 && target > of(0, window)) {
+      x = static_cast<double>(window) + (target - of(0, window)) / (per_token + per_pair * static_cast<double>(window));
+    } else if (per_pair > 0) {
       const double b = per_token + per_pair / 2;
       x = (-b + std::sqrt(b * b + 2 * per_pair * target)) / per_pair;
     } else {
@@ -74,6 +93,7 @@ struct ChunkCost {
     return n;
   }
   void validate(const char* where) const {
+    seqpar::detail::require(window >= 0, where, "args.cost.window", window, "must be >= 0 (0: no window)");
     seqpar::detail::require(std::isfinite(per_token) && per_token >= 0, where, "args.cost.per_token", per_token,
                             "must be finite and >= 0");
     seqpar::detail::require(std::isfinite(per_pair) && per_pair >= 0 && per_pair + per_token > 0, where,
@@ -129,12 +149,11 @@ struct DynamicChunk {
     args.cost.validate(where);
     seqpar::detail::require(batch.total_tokens() > 0, where, "batch.total_tokens()", batch.total_tokens(),
                             "an empty batch has nothing to chunk");
-    // A chunk attends to its documents' earlier chunks through full-mask KV-prefix slices; a window
-    // would have to cut those prefixes, which the chunked path does not do yet: refuse rather than
-    // attend outside the window.
-    seqpar::detail::require(batch.window() == 0, where, "batch.window()", batch.window(),
-                            "chunked (DPP) attention does not take a sliding window yet; plan the windowed layer "
-                            "unchunked (DistributedAttention)");
+    if (args.cost.window != batch.window()) {  // the cost model counts the pairs the batch's attention has
+      DynamicChunk windowed = *this;
+      windowed.args.cost.window = batch.window();
+      return windowed.plan(batch);
+    }
     const auto docs = batch.documents();
     std::int64_t longest = 0;
     for (const Document& d : docs) longest = std::max(longest, d.tokens.size());
@@ -282,6 +301,14 @@ struct DynamicChunk {
     return cuts;
   }
 
+  /// The prefix of the piece of document `d` starting at its row `begin`: the document's earlier tokens
+  /// its queries can see, all of them without a window (0), the last window - 1 with one.
+  [[nodiscard]] static Range prefix_of(const Document& d, std::int64_t begin, std::int64_t window) noexcept {
+    const std::int64_t end = d.tokens.begin + begin;
+    const std::int64_t first = window > 0 ? std::max(d.tokens.begin, end - (window - 1)) : d.tokens.begin;
+    return {first, end};
+  }
+
  private:
   // A chunk batch keeps the pieces' sequences apart (one chunk sequence per original sequence,
   // in order), so that batch-aware partitioners still see sequences.
@@ -300,10 +327,10 @@ struct DynamicChunk {
       last = d.sequence;
       sequences.back().push_back(p.end - p.begin);
       c.tokens.push_back({d.tokens.begin + p.begin, d.tokens.begin + p.end});
-      c.prefix.push_back({d.tokens.begin, d.tokens.begin + p.begin});
+      c.prefix.push_back(prefix_of(d, p.begin, batch.window()));
       c.cost += args.cost.of(p.begin, p.end);
     }
-    c.batch = DocumentBatch(sequences);
+    c.batch = DocumentBatch(sequences).with_window(batch.window());
     out.chunks.push_back(std::move(c));
     out.pieces.push_back(std::move(pieces));
   }

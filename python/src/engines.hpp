@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace seqpar_torch {
@@ -114,20 +115,23 @@ std::unique_ptr<sp::runtime::AttentionEngine<Kernel>> make_engine(const std::str
 }
 
 // A (tokens, heads, head_dim) view of `t`, which must be a tensor of `dtype` on `device` whose head_dim
-// axis is contiguous (token and head strides are the tensor's own: no copy).
+// axis is contiguous (token and head strides are the tensor's own: no copy). The checks below build
+// their messages only when they refuse: they run on every call of the op.
 template <class T>
 sp::ThdView<T> thd(const at::Tensor& t, const char* name, at::ScalarType dtype, const c10::Device& device = at::kCPU) {
   constexpr std::string_view where = "seqpar.torch.DistributedAttention";
-  sp::detail::require(t.defined(), where, name, "None", "must be a tensor");
-  sp::detail::require(
-      t.device() == device, where, std::string(name) + ".device", t.device().str(),
-      device.is_cpu() ? std::string("must be cpu (the CPU kernels run here)") : "must be " + device.str() + " like q");
-  sp::detail::require(t.scalar_type() == dtype, where, std::string(name) + ".dtype", c10::toString(t.scalar_type()),
-                      std::string("must be ") + c10::toString(dtype) + " like q");
-  sp::detail::require(t.dim() == 3, where, std::string(name) + ".dim()", t.dim(),
-                      "must be 3: (tokens, heads, head_dim)");
-  sp::detail::require(t.size(2) <= 1 || t.stride(2) == 1, where, std::string(name) + ".stride(2)", t.stride(2),
-                      "must be 1 (head_dim contiguous)");
+  if (!t.defined()) sp::detail::throw_invalid(where, name, "None", "must be a tensor");
+  if (t.device() != device)
+    sp::detail::throw_invalid(where, std::string(name) + ".device", t.device().str(),
+                              device.is_cpu() ? std::string("must be cpu (the CPU kernels run here)")
+                                              : "must be " + device.str() + " like q");
+  if (t.scalar_type() != dtype)
+    sp::detail::throw_invalid(where, std::string(name) + ".dtype", c10::toString(t.scalar_type()),
+                              std::string("must be ") + c10::toString(dtype) + " like q");
+  if (t.dim() != 3)
+    sp::detail::throw_invalid(where, std::string(name) + ".dim()", t.dim(), "must be 3: (tokens, heads, head_dim)");
+  if (t.size(2) > 1 && t.stride(2) != 1)
+    sp::detail::throw_invalid(where, std::string(name) + ".stride(2)", t.stride(2), "must be 1 (head_dim contiguous)");
   return {static_cast<T*>(t.data_ptr()), t.size(0),   static_cast<int>(t.size(1)),
           static_cast<int>(t.size(2)),   t.stride(0), t.stride(1)};
 }
@@ -136,11 +140,15 @@ sp::ThdView<T> thd(const at::Tensor& t, const char* name, at::ScalarType dtype, 
 inline void check_head_sizes(const sp::AttentionShape& shape, const at::Tensor& q, const at::Tensor& k,
                              const at::Tensor& v) {
   constexpr std::string_view where = "seqpar.torch.DistributedAttention";
-  const std::string qk = "must be head_dim = " + std::to_string(shape.qk_dim()) + ", the layer's query/key head size";
-  sp::detail::require(q.size(2) == shape.qk_dim(), where, "q.shape[2]", q.size(2), qk);
-  sp::detail::require(k.size(2) == shape.qk_dim(), where, "k.shape[2]", k.size(2), qk);
-  sp::detail::require(v.size(2) == shape.v_dim(), where, "v.shape[2]", v.size(2),
-                      "must be head_dim_v = " + std::to_string(shape.v_dim()) + ", the layer's value head size");
+  for (const auto& [name, t] : {std::pair{"q.shape[2]", &q}, std::pair{"k.shape[2]", &k}})
+    if (t->size(2) != shape.qk_dim())
+      sp::detail::throw_invalid(
+          where, name, t->size(2),
+          "must be head_dim = " + std::to_string(shape.qk_dim()) + ", the layer's query/key head size");
+  if (v.size(2) != shape.v_dim())
+    sp::detail::throw_invalid(
+        where, "v.shape[2]", v.size(2),
+        "must be head_dim_v = " + std::to_string(shape.v_dim()) + ", the layer's value head size");
 }
 
 // The sinks of a call, checked (none: an undefined tensor): a 1-d tensor of heads_q logits of `dtype` (the
@@ -151,13 +159,17 @@ inline at::Tensor sinks_tensor(const std::optional<at::Tensor>& sinks, const sp:
   constexpr std::string_view where = "seqpar.torch.DistributedAttention";
   if (!sinks || !sinks->defined()) return {};
   const at::Tensor& s = *sinks;
-  sp::detail::require(s.scalar_type() == dtype, where, "sinks.dtype", c10::toString(s.scalar_type()),
-                      std::string("must be ") + c10::toString(dtype) + " (the kernels' accumulation type for q.dtype " +
-                          c10::toString(q.scalar_type()) + ")");
-  sp::detail::require(s.device() == q.device(), where, "sinks.device", s.device().str(),
-                      "must be " + q.device().str() + " like q");
-  sp::detail::require(s.dim() == 1 && s.size(0) == shape.heads_q, where, "sinks.shape", s.sizes(),
-                      "must be (heads_q,) = (" + std::to_string(shape.heads_q) + ",): one logit per query head");
+  if (s.scalar_type() != dtype)
+    sp::detail::throw_invalid(where, "sinks.dtype", c10::toString(s.scalar_type()),
+                              std::string("must be ") + c10::toString(dtype) +
+                                  " (the kernels' accumulation type for q.dtype " + c10::toString(q.scalar_type()) +
+                                  ")");
+  if (s.device() != q.device())
+    sp::detail::throw_invalid(where, "sinks.device", s.device().str(), "must be " + q.device().str() + " like q");
+  if (s.dim() != 1 || s.size(0) != shape.heads_q)
+    sp::detail::throw_invalid(
+        where, "sinks.shape", s.sizes(),
+        "must be (heads_q,) = (" + std::to_string(shape.heads_q) + ",): one logit per query head");
   return s.contiguous();
 }
 
@@ -173,13 +185,14 @@ sp::LseView<T> lse_view(const at::Tensor& t) {
 
 inline sp::DocumentBatch make_batch(const Lengths& lengths) {
   constexpr std::string_view where = "seqpar.torch.DistributedAttention";
-  sp::detail::require(!lengths.empty(), where, "lengths", "[]", "must hold at least one sequence");
+  if (lengths.empty()) sp::detail::throw_invalid(where, "lengths", "[]", "must hold at least one sequence");
   for (std::size_t s = 0; s < lengths.size(); ++s) {
-    sp::detail::require(!lengths[s].empty(), where, "lengths[" + std::to_string(s) + "]", "[]",
-                        "must hold at least one document");
+    if (lengths[s].empty())
+      sp::detail::throw_invalid(where, "lengths[" + std::to_string(s) + "]", "[]", "must hold at least one document");
     for (std::size_t d = 0; d < lengths[s].size(); ++d)
-      sp::detail::require(lengths[s][d] >= 1, where, "lengths[" + std::to_string(s) + "][" + std::to_string(d) + "]",
-                          lengths[s][d], "must be >= 1");
+      if (lengths[s][d] < 1)
+        sp::detail::throw_invalid(where, "lengths[" + std::to_string(s) + "][" + std::to_string(d) + "]", lengths[s][d],
+                                  "must be >= 1");
   }
   return sp::DocumentBatch(lengths);
 }

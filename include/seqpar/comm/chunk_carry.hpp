@@ -96,8 +96,7 @@ class ChunkCarry {
       tokens_[c] = ch.tokens;
       prefix_[c] = ch.prefix;
       // With a window, keys before the piece's first query's window are read by no query: not carried.
-      if (window_ > 0)
-        for (Range& p : prefix_[c]) p.begin = std::max(p.begin, p.end - (window_ - 1));
+      for (Range& p : prefix_[c]) p = visible_prefix(p, window_);
     }
     // Every prefix row must be a token of this chunk or of a chunk before it (chunks run in the given
     // order): else its queries would attend to rows no rank holds, or to rows whose forward runs

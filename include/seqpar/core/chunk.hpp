@@ -53,4 +53,12 @@ struct Chunk {
   double cost = 0;  ///< the scheduler's cost estimate (DynamicChunk: its cost model's units)
 };
 
+/// The part of `before` (a piece's document keys before its first query) that the piece's queries can
+/// see under a sliding window of `window` keys: all of it without a window (0), else its last window - 1
+/// keys (none for window 1). The one rule the scheduler's prefixes, the carry and the planner's slices share.
+[[nodiscard]] constexpr Range visible_prefix(Range before, std::int64_t window) noexcept {
+  if (window > 0 && before.end - before.begin > window - 1) before.begin = before.end - (window - 1);
+  return before;
+}
+
 }  // namespace seqpar

@@ -41,7 +41,8 @@ struct ModelShape {
     double q = 0, k = 0, v = 0, o = 0;
   };
   [[nodiscard]] AttentionWidths attention_widths() const noexcept {
-    const double dqk = head_dim, dv = head_dim_v != 0 ? head_dim_v : head_dim;
+    const AttentionShape s = attention();
+    const double dqk = s.qk_dim(), dv = s.v_dim();
     return {heads_q * dqk, heads_kv * dqk, heads_kv * dv, heads_q * dv};
   }
 

@@ -56,6 +56,7 @@
 #include "seqpar/comm/all_to_all.hpp"
 #include "seqpar/comm/chunk_carry.hpp"
 #include "seqpar/core/attn_slice.hpp"
+#include "seqpar/core/chunk.hpp"
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/topology.hpp"
 #include "seqpar/partition/uniform.hpp"
@@ -125,11 +126,8 @@ struct UlyssesLayer {
   std::vector<AttnSlice> out;
   for (const schedule::ChunkPiece& p : plan.pieces[static_cast<std::size_t>(c)]) {
     out.push_back({{p.begin, p.end}, {p.begin, p.end}, w > 0 ? Mask::sliding_window(w) : Mask::causal()});
-    const std::int64_t first_key = w > 0 ? std::max<std::int64_t>(0, p.begin - (w - 1)) : 0;
-    if (first_key < p.begin)
-      out.push_back({{p.begin, p.end},
-                     {first_key, p.begin},
-                     w > 0 ? Mask::sliding_window(w, p.begin - first_key) : Mask::full()});
+    if (const Range keys = visible_prefix({0, p.begin}, w); !keys.empty())
+      out.push_back({{p.begin, p.end}, keys, w > 0 ? Mask::sliding_window(w, p.begin - keys.begin) : Mask::full()});
   }
   return out;
 }

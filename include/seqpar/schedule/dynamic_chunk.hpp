@@ -41,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "seqpar/core/chunk.hpp"
 #include "seqpar/core/document_batch.hpp"
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/range.hpp"
@@ -304,9 +305,7 @@ struct DynamicChunk {
   /// The prefix of the piece of document `d` starting at its row `begin`: the document's earlier tokens
   /// its queries can see, all of them without a window (0), the last window - 1 with one.
   [[nodiscard]] static Range prefix_of(const Document& d, std::int64_t begin, std::int64_t window) noexcept {
-    const std::int64_t end = d.tokens.begin + begin;
-    const std::int64_t first = window > 0 ? std::max(d.tokens.begin, end - (window - 1)) : d.tokens.begin;
-    return {first, end};
+    return visible_prefix({d.tokens.begin, d.tokens.begin + begin}, window);
   }
 
  private:

@@ -42,9 +42,9 @@ enum class ChunkKind : std::uint8_t {
 /// token ranges of the scheduled batch it covers (in the chunk's token order; concatenated they are
 /// the chunk batch's tokens), and for each range the global keys its queries also attend to, carried
 /// from earlier chunks (a split document's earlier slices; empty for a whole document). A range with
-/// a prefix is one document piece of the chunk batch, and its prefix is that document's tokens before it
-/// that its queries can see: all of them, or with a sliding window of w keys (the chunk batch's
-/// `window()`) at most the last w - 1 (a longer prefix is cut to those by the carry, comm::ChunkCarry).
+/// a prefix is one document piece of the chunk batch, and its prefix is that document's tokens before it:
+/// all of them (a scheduler's chunks serve every layer); a layer with a sliding window of w keys reads at
+/// most the last w - 1 (the carry cuts each prefix to its layer's mask: comm::ChunkCarry).
 struct Chunk {
   DocumentBatch batch;
   std::vector<Range> tokens;

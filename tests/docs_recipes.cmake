@@ -1,0 +1,31 @@
+# The README's recipes are compiled and run as written: every README code block that follows a line
+# "<!-- recipe: NAME (FILE) -->" must equal, byte for byte, the text between "// BEGIN README: NAME" and
+# "// END README" in tests/FILE, which the tests compile and run on every strategy the README claims.
+# Usage: cmake -DREADME=README.md -DTESTS=tests -P docs_recipes.cmake
+file(READ ${README} readme)
+string(REGEX MATCHALL "<!-- recipe: [a-z0-9-]+ \\([a-z0-9_/.]+\\) -->\n```cpp\n[^`]*```" blocks "${readme}")
+list(LENGTH blocks count)
+if(count EQUAL 0)
+  message(FATAL_ERROR "README: no recipe blocks (<!-- recipe: NAME (FILE) --> before a ```cpp block)")
+endif()
+foreach(block IN LISTS blocks)
+  string(REGEX MATCH "<!-- recipe: ([a-z0-9-]+) \\(([a-z0-9_/.]+)\\) -->\n```cpp\n([^`]*)```" _ "${block}")
+  set(name "${CMAKE_MATCH_1}")
+  set(file "${CMAKE_MATCH_2}")
+  set(code "${CMAKE_MATCH_3}")
+  file(READ ${TESTS}/${file} source)
+  string(FIND "${source}" "// BEGIN README: ${name}\n" begin)
+  string(FIND "${source}" "// END README" end)
+  if(begin LESS 0 OR end LESS begin)
+    message(FATAL_ERROR "tests/${file}: no '// BEGIN README: ${name}' ... '// END README' region")
+  endif()
+  string(LENGTH "// BEGIN README: ${name}\n" skip)
+  math(EXPR from "${begin} + ${skip}")
+  math(EXPR length "${end} - ${from}")
+  string(SUBSTRING "${source}" ${from} ${length} compiled)
+  if(NOT compiled STREQUAL code)
+    message(FATAL_ERROR "README recipe '${name}' differs from what tests/${file} compiles and runs:\n"
+                        "--- README\n${code}--- tests/${file}\n${compiled}")
+  endif()
+  message(STATUS "README recipe '${name}': as compiled in tests/${file}")
+endforeach()

@@ -77,8 +77,8 @@ std::vector<std::int64_t> make_mix(const std::string& mix, std::int64_t tokens, 
 
 struct Row {
   std::string strategy, mix;
-  std::int64_t window = 0;  // the layer's mask (0: causal)
-  std::string placed_for;   // the mask mix the placement is balanced for
+  std::int64_t window = 0;               // the layer's mask (0: causal)
+  std::string placed_for;                // the mask mix the placement is balanced for
   std::vector<std::int64_t> rank_pairs;  // attention pairs (x heads) per rank, forward
   bool refused = false;
   std::string reason;
@@ -306,10 +306,14 @@ int main(int argc, char** argv) {
     const AttentionMask window{std::min<std::int64_t>(4096, tokens)};
     const MaskMix half{{AttentionMask::causal(), 1}, {window, 1}};
     std::printf("
-mask mix on longtail: 50%% window %lld + 50%% full layers; per layer kind, fwd MiB total and compute "
-                "imbalance, by what the placement is balanced for
-",
-                static_cast<long long>(window.window));
+                        mask mix on longtail : 50 %
+                        % window % lld +
+                    50 % % full layers;
+                per layer kind, fwd MiB total and compute
+                                    "
+                                    "imbalance, by what the placement is balanced for
+                                    ",
+                                    static_cast<long long>(window.window));
     std::printf("%-26s %-30s %11s %7s %11s %7s %9s
 ", "strategy", "placement balanced for", "full MiB", "imbal",
                 "window MiB", "imbal", "model");

@@ -122,7 +122,8 @@ struct CudaAttention::State {
     auto& e = engine_for<T>(slot, t);
     run(e, [&] {
       if (s.defined())
-        e.forward(batch, mask, qv, kv, vv, thd<T>(o, "o", dtype, q.device()), lse_view<float>(lse), span_of<const float>(s));
+        e.forward(batch, mask, qv, kv, vv, thd<T>(o, "o", dtype, q.device()), lse_view<float>(lse),
+                  span_of<const float>(s));
       else
         e.forward(batch, mask, qv, kv, vv, thd<T>(o, "o", dtype, q.device()), lse_view<float>(lse));
     });
@@ -209,7 +210,7 @@ std::vector<at::Tensor> CudaAttention::forward(const at::Tensor& q, const at::Te
 std::vector<at::Tensor> CudaAttention::backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                 const at::Tensor& o, const at::Tensor& lse, const at::Tensor& dout,
                                                 const Lengths& lengths, const std::optional<at::Tensor>& sinks,
-                                               sp::AttentionMask mask) {
+                                                sp::AttentionMask mask) {
   switch (q.scalar_type()) {
     case at::kFloat:
       return s_->backward_as<float>(s_->floats, q, k, v, o, lse, dout, lengths, sinks, mask);

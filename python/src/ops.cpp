@@ -234,11 +234,12 @@ class Attention {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "seqpar's DistributedAttention on a torch.distributed process group (see seqpar.torch)";
   pybind11::class_<Attention>(m, "Attention")
-      .def(pybind11::init<std::string, int, int, int, const c10::intrusive_ptr<::c10d::ProcessGroup>&, double, int,
-                          int, const std::vector<std::pair<std::int64_t, std::int64_t>>&>(),
+      .def(pybind11::init<std::string, int, int, int, const c10::intrusive_ptr<::c10d::ProcessGroup>&, double, int, int,
+                          const std::vector<std::pair<std::int64_t, std::int64_t>>&>(),
            pybind11::arg("strategy"), pybind11::arg("heads_q"), pybind11::arg("heads_kv"), pybind11::arg("head_dim"),
            pybind11::arg("group"), pybind11::arg("timeout_s"), pybind11::arg("ranks_per_node"),
-           pybind11::arg("head_dim_v"), pybind11::arg("mask_mix") = std::vector<std::pair<std::int64_t, std::int64_t>>{})
+           pybind11::arg("head_dim_v"),
+           pybind11::arg("mask_mix") = std::vector<std::pair<std::int64_t, std::int64_t>>{})
       .def("forward", &Attention::forward, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"),
            pybind11::arg("lengths"), pybind11::arg("sinks") = std::nullopt, pybind11::arg("window") = 0)
       .def("backward", &Attention::backward, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"),

@@ -531,8 +531,8 @@ void chunked_case(std::mt19937& rng) {
   };
   const int mutation = pick(rng, 8);
   if (mutation < 3) {  // valid: every chunk forward in order, backward in reverse, against the reference
-    const test::Errors err = test::distributed_check<K>({batch, mask}, chunks, test::forward_then_backward(chunks.size()),
-                                                        shape, world, factory, rng());
+    const test::Errors err = test::distributed_check<K>(
+        {batch, mask}, chunks, test::forward_then_backward(chunks.size()), shape, world, factory, rng());
     expect(err.max() < 1e-9, "ChunkedAttention differs from the reference: " + std::to_string(err.max()));
     expect(err.bytes_match, "ChunkedAttention: declared bytes differ from the counted bytes");
     ++g_counts.chunked_exact;

@@ -151,8 +151,8 @@ int compare(const DocumentBatch& batch, AttentionMask mask, int world, typename 
       run(batch, 0, [&](auto& q, auto& k, auto& v, auto& o, auto& lse, auto& dout, auto& dq, auto& dk, auto& dv) {
         attn.forward(batch, mask, q.view(), k.view(), v.view(), o.view(), lse.view());
         bytes += attn.last_bytes_sent();
-        attn.backward(batch, mask, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), dq.view(), dk.view(),
-                      dv.view());
+        attn.backward(batch, mask, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), dq.view(),
+                      dk.view(), dv.view());
         bytes += attn.last_bytes_sent();
       });
     } else {

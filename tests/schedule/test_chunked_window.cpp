@@ -123,10 +123,9 @@ TEST_SUITE("schedule") {
     const schedule::ChunkCost mixed{2.0, 1.0, {{AttentionMask::causal(), 3}, {AttentionMask{7}, 1}}};
     for (std::int64_t a = 0; a < 40; a += 5)
       for (std::int64_t b = a; b <= 40; ++b)
-        CHECK(mixed.of(a, b) == doctest::Approx(2.0 * static_cast<double>(b - a) +
-                                                (3.0 * schedule::ChunkCost::pairs(a, b) +
-                                                 schedule::ChunkCost::pairs(a, b, 7)) /
-                                                    4.0));
+        CHECK(mixed.of(a, b) ==
+              doctest::Approx(2.0 * static_cast<double>(b - a) +
+                              (3.0 * schedule::ChunkCost::pairs(a, b) + schedule::ChunkCost::pairs(a, b, 7)) / 4.0));
     for (const double target : {0.5, 30.0, 400.0}) {
       std::int64_t want = 0;
       while (want < 100 && mixed.of(0, want) < target) ++want;

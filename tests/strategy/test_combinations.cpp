@@ -131,7 +131,8 @@ void check_combination(Combination) {
     const auto err = test::check_strategy<S, attention::Reference<double>>(tiny, shape, world, args);
     CHECK(err.max() < kFp64Tolerance);
     CHECK(err.bytes_match);
-    const auto werr = test::check_strategy<S, attention::Reference<double>>(test::windowed(tiny, 2), shape, world, args);
+    const auto werr =
+        test::check_strategy<S, attention::Reference<double>>(test::windowed(tiny, 2), shape, world, args);
     CHECK(werr.max() < kFp64Tolerance);
     CHECK(werr.bytes_match);
   }
@@ -170,8 +171,7 @@ ShardingAwareRuns check_sharding_aware(unsigned seed) {
 // against the transport), and the ranks each rank receives anything from.
 template <class S>
 std::vector<std::pair<std::uint64_t, int>> received(const typename S::Arguments& args, const DocumentBatch& batch,
-                                                    const AttentionShape& shape, int world,
-                                                    AttentionMask mask = {}) {
+                                                    const AttentionShape& shape, int world, AttentionMask mask = {}) {
   const Topology topo{world, world};
   const ShardPlan plan = S::plan(args, batch, shape, topo, mask).plan;
   std::vector<std::vector<std::uint64_t>> to(static_cast<std::size_t>(world));

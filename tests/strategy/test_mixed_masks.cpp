@@ -87,10 +87,10 @@ ModelErrors run_model(const DocumentBatch& batch, const AttentionShape& shape, i
     for (int l = 0; l < layers; ++l) {
       const AttentionMask mask = mask_of_layer(l, window);
       rows_fixed = rows_fixed && attn.plan(batch, mask).owned[static_cast<std::size_t>(t.rank())] == owned;
-      shard.push_back(std::make_unique<test::detail::Shard<Ref, Storage>>(*whole[static_cast<std::size_t>(l)], owned,
-                                                                          n, exec));
-      sinks.push_back(
-          std::make_unique<test::detail::SinkBuffers<double, Storage>>(whole[static_cast<std::size_t>(l)]->sinks, exec));
+      shard.push_back(
+          std::make_unique<test::detail::Shard<Ref, Storage>>(*whole[static_cast<std::size_t>(l)], owned, n, exec));
+      sinks.push_back(std::make_unique<test::detail::SinkBuffers<double, Storage>>(
+          whole[static_cast<std::size_t>(l)]->sinks, exec));
       auto& s = *shard.back();
       attn.forward(batch, mask, s.view(s.q, hq), s.view(s.k, hkv), s.view(s.v, hkv), s.view(s.o, hq), s.lse_view(),
                    sinks.back()->logits());
@@ -139,7 +139,8 @@ ModelErrors run_chunked_model(const DocumentBatch& batch, const std::vector<Chun
     }
     const int nc = chunked.front()->num_chunks(), hq = shape.heads_q, hkv = shape.heads_kv;
     // shard[l][c]: layer l's rows of chunk c.
-    std::vector<std::vector<std::unique_ptr<test::detail::Shard<Ref, Storage>>>> shard(static_cast<std::size_t>(layers));
+    std::vector<std::vector<std::unique_ptr<test::detail::Shard<Ref, Storage>>>> shard(
+        static_cast<std::size_t>(layers));
     for (int c = 0; c < nc; ++c)  // every chunk through every layer, then backward in reverse
       for (int l = 0; l < layers; ++l) {
         auto& ca = *chunked[static_cast<std::size_t>(l)];

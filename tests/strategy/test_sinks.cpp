@@ -172,8 +172,8 @@ TEST_SUITE("strategy") {
 
     // One rank, the kernel called directly: forward, apply_sinks, backward with the sink's O and LSE,
     // accumulate_sink_gradient; against the oracle.
-    test::detail::WholeBatch g(batch, {}, shape, 5, std::type_identity<test::HostStorage>{}, std::type_identity<double>{},
-                               {1.5, -0.5});
+    test::detail::WholeBatch g(batch, {}, shape, 5, std::type_identity<test::HostStorage>{},
+                               std::type_identity<double>{}, {1.5, -0.5});
     const attention::Reference<double> ref;
     const auto slices = batch.document_causal_slices();
     ref.forward(shape, g.q.view(), g.k.view(), g.v.view(), slices, g.o.view(), g.lse.view());

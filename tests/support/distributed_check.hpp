@@ -56,7 +56,9 @@ struct MaskedBatch {
   AttentionMask mask;
   MaskedBatch(DocumentBatch b, AttentionMask m = {}) : batch(std::move(b)), mask(m) {}  // NOLINT: implicit on purpose
 };
-inline MaskedBatch windowed(const DocumentBatch& batch, std::int64_t window) { return {batch, AttentionMask{window}}; }
+inline MaskedBatch windowed(const DocumentBatch& batch, std::int64_t window) {
+  return {batch, AttentionMask{window}};
+}
 
 struct Errors {
   double o = 0, lse = 0, dq = 0, dk = 0, dv = 0;        ///< max abs error / max abs reference value
@@ -146,10 +148,9 @@ inline std::vector<AttnSlice> reference_slices(const DocumentBatch& batch, Atten
 /// sharing nothing with attention/sinks.hpp's rescaling of merged rows: the oracle of the sink tests.
 /// The keys of row i: its document's tokens up to i, the last `window` of them with a window.
 inline void sink_reference(const DocumentBatch& batch, AttentionMask mask, const AttentionShape& shape,
-                           const ThdTensor<double>& q,
-                           const ThdTensor<double>& k, const ThdTensor<double>& v, const ThdTensor<double>& dout,
-                           const std::vector<double>& sinks, ThdTensor<double>& o, LseTensor<double>& lse,
-                           ThdTensor<double>& dq, ThdTensor<double>& dk, ThdTensor<double>& dv,
+                           const ThdTensor<double>& q, const ThdTensor<double>& k, const ThdTensor<double>& v,
+                           const ThdTensor<double>& dout, const std::vector<double>& sinks, ThdTensor<double>& o,
+                           LseTensor<double>& lse, ThdTensor<double>& dq, ThdTensor<double>& dk, ThdTensor<double>& dv,
                            std::vector<double>& dsinks) {
   const int d = shape.qk_dim(), d_v = shape.v_dim(), group = shape.heads_q / shape.heads_kv;
   const double scale = shape.scale();

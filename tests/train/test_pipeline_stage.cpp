@@ -237,7 +237,9 @@ struct Mixer {
     embed(batch.tokens, meta.position, x);
     for (int l = 0; l < layers; ++l) {
       layer_forward(
-          l, x, [&](auto q, auto k, auto v, auto o, auto lse) { ref.forward(shape(), q, k, v, layer_slices[static_cast<std::size_t>(l)], o, lse);
+          l, x,
+          [&](auto q, auto k, auto v, auto o, auto lse) {
+            ref.forward(shape(), q, k, v, layer_slices[static_cast<std::size_t>(l)], o, lse);
           },
           caches[static_cast<std::size_t>(l)], next);
       std::swap(x, next);

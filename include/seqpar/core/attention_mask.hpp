@@ -63,7 +63,9 @@ struct AttentionMask {
   [[nodiscard]] std::string to_string() const {
     return window > 0 ? "sliding_window(" + std::to_string(window) + ")" : std::string("causal");
   }
-  [[nodiscard]] std::uint64_t fingerprint() const noexcept { return Hash64{}.add(std::string_view("mask")).add(window).value(); }
+  [[nodiscard]] std::uint64_t fingerprint() const noexcept {
+    return Hash64{}.add(std::string_view("mask")).add(window).value();
+  }
 
   friend constexpr bool operator==(const AttentionMask&, const AttentionMask&) = default;
 };
@@ -136,14 +138,16 @@ class MaskMix {
 
   /// What the mix makes a placement depend on (the parts, in order), for plan keys and the agreement.
   [[nodiscard]] std::uint64_t fingerprint() const noexcept {
-    Hash64 h;
+    Hash64 h;  // allocation-free: compared on every call
     h.add(std::string_view("mix"));
-    for (const Part& p : parts()) h.add(p.mask.window).add(p.layers);
+    if (parts_.empty()) return h.add(std::int64_t{0}).add(std::int64_t{1}).value();  // {causal: 1}
+    for (const Part& p : parts_) h.add(p.mask.window).add(p.layers);
     return h.value();
   }
   [[nodiscard]] std::string to_string() const {
     std::string s = "{";
-    for (const Part& p : parts()) s += (s.size() > 1 ? ", " : "") + p.mask.to_string() + ": " + std::to_string(p.layers);
+    for (const Part& p : parts())
+      s += (s.size() > 1 ? ", " : "") + p.mask.to_string() + ": " + std::to_string(p.layers);
     return s + "}";
   }
 

@@ -117,8 +117,8 @@ class DocumentBatch {
     std::vector<AttnSlice> out;
     out.reserve(documents_.size());
     for (const auto& d : documents_)
-      out.push_back({d.tokens, d.tokens,
-                     mask.binds(d.tokens.size()) ? Mask::sliding_window(mask.window) : Mask::causal(0)});
+      out.push_back(
+          {d.tokens, d.tokens, mask.binds(d.tokens.size()) ? Mask::sliding_window(mask.window) : Mask::causal(0)});
     return out;
   }
 

@@ -91,8 +91,7 @@ struct BatchAware {
     return std::move(*groups);
   }
 
-  [[nodiscard]] Status can_implement(const DocumentBatch& batch, const Topology& topo,
-                                     const MaskMix& mix = {}) const {
+  [[nodiscard]] Status can_implement(const DocumentBatch& batch, const Topology& topo, const MaskMix& mix = {}) const {
     std::string why;
     const auto groups = layout_or(batch, topo, mix, &why);
     if (!groups) return Status::refuse(why);

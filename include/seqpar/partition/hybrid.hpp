@@ -50,10 +50,10 @@ namespace seqpar::partition {
 /// candidate is scored under every mask of the mix, weighted by its layers). Spans are indexed by rank.
 struct HybridCandidate {
   const DocumentBatch& batch;
-  const ShardPlan& plan;  ///< the candidate placement, sliced for one mask of the mix (plan.mask)
-  std::int64_t threshold;                            ///< documents longer than this are Per-Doc
-  std::span<const std::int64_t> tokens;              ///< owned tokens per rank
-  std::span<const std::int64_t> area;                ///< attention pairs per rank (slice area)
+  const ShardPlan& plan;                 ///< the candidate placement, sliced for one mask of the mix (plan.mask)
+  std::int64_t threshold;                ///< documents longer than this are Per-Doc
+  std::span<const std::int64_t> tokens;  ///< owned tokens per rank
+  std::span<const std::int64_t> area;    ///< attention pairs per rank (slice area)
   std::span<const std::int64_t> received_kv_tokens;  ///< KV tokens each rank must receive
 };
 
@@ -81,10 +81,10 @@ struct HybridReport {
   /// The chosen placement, sliced for the first mask of the mix it was balanced for (the only one when
   /// planned for one mask); tokens, area and received_kv_tokens are this plan's.
   ShardPlan plan;
-  std::int64_t threshold = 0;  ///< chosen: documents longer than this were cut Per-Doc
-  double cost = 0.0;           ///< cost of the chosen candidate: the cost function's, layer-weighted over the mix
-  int per_doc_documents = 0;                                   ///< how many documents were cut Per-Doc
-  int candidates_evaluated = 0;                                ///< feasible thresholds the sweep costed
+  std::int64_t threshold = 0;    ///< chosen: documents longer than this were cut Per-Doc
+  double cost = 0.0;             ///< cost of the chosen candidate: the cost function's, layer-weighted over the mix
+  int per_doc_documents = 0;     ///< how many documents were cut Per-Doc
+  int candidates_evaluated = 0;  ///< feasible thresholds the sweep costed
   std::vector<std::int64_t> tokens, area, received_kv_tokens;  ///< per rank, of the chosen plan
 };
 
@@ -145,8 +145,7 @@ struct Hybrid {
   };
   Arguments args;
 
-  [[nodiscard]] Status can_implement(const DocumentBatch& batch, const Topology& topo,
-                                     const MaskMix& mix = {}) const {
+  [[nodiscard]] Status can_implement(const DocumentBatch& batch, const Topology& topo, const MaskMix& mix = {}) const {
     if (topo.world_size < 1 || topo.ranks_per_node < 1)
       return Status::refuse("world_size and ranks_per_node must be >= 1");
     if (auto why = check_arguments(); !why.empty()) return Status::refuse(why);
@@ -194,8 +193,8 @@ struct Hybrid {
     for (const auto& [tau, c] : costed)
       if (c <= lowest * (1.0 + args.tolerance)) chosen = tau;
     // The chosen plan is rebuilt (cheap) but not costed again: a simulated cost is the expensive part.
-    HybridReport best = measure(batch, slice(std::move(*candidate(batch, topo, chosen, mix)), batch, mix.masks().front()),
-                                chosen);
+    HybridReport best =
+        measure(batch, slice(std::move(*candidate(batch, topo, chosen, mix)), batch, mix.masks().front()), chosen);
     best.cost =
         std::find_if(costed.begin(), costed.end(), [chosen](const auto& tc) { return tc.first == chosen; })->second;
     best.candidates_evaluated = static_cast<int>(costed.size());
@@ -249,9 +248,10 @@ struct Hybrid {
     std::int64_t cursor = 0;
     std::vector<std::size_t> whole;
     const auto docs = batch.documents();
+    const detail::MixWindows windows(mix);
     for (std::size_t i = 0; i < docs.size(); ++i) {
       if (docs[i].tokens.size() > tau)
-        detail::mix_cut(docs[i].tokens, topo.world_size, mix, cursor, pieces);
+        detail::mix_cut(docs[i].tokens, topo.world_size, windows, cursor, pieces);
       else
         whole.push_back(i);
     }
@@ -260,8 +260,9 @@ struct Hybrid {
     for (std::size_t r = 0; r < n; ++r) {
       // The pieces' pairs in closed form (building their slices per candidate was most of a sweep).
       for (const Range& q : pieces[r]) tokens[r] += q.size();
-      load[r] = mix.mean([&](AttentionMask m) { return seqpar::detail::document_causal_area_for(pieces[r], batch, m); }) +
-                args.linear_weight * static_cast<double>(tokens[r]);
+      load[r] = mix.mean([&](AttentionMask m) {
+        return seqpar::detail::document_causal_area_for(pieces[r], batch, m);
+      }) + args.linear_weight * static_cast<double>(tokens[r]);
     }
     std::vector<std::int64_t> lengths(whole.size());
     std::vector<double> costs(whole.size());

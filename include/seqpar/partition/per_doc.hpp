@@ -55,7 +55,8 @@ struct PerDoc {
     p.topology = topo;
     p.owned.resize(static_cast<std::size_t>(topo.world_size));
     std::int64_t cursor = 0;
-    for (const Document& d : batch.documents()) detail::mix_cut(d.tokens, topo.world_size, mix, cursor, p.owned);
+    const detail::MixWindows windows(mix);
+    for (const Document& d : batch.documents()) detail::mix_cut(d.tokens, topo.world_size, windows, cursor, p.owned);
     detail::finish_single_group(p);
     return p;
   }

@@ -153,8 +153,7 @@ struct WholeDoc {
     return detail::token_capacity(batch.total_tokens(), topo.world_size, args.capacity_factor);
   }
 
-  [[nodiscard]] Status can_implement(const DocumentBatch& batch, const Topology& topo,
-                                     const MaskMix& mix = {}) const {
+  [[nodiscard]] Status can_implement(const DocumentBatch& batch, const Topology& topo, const MaskMix& mix = {}) const {
     std::string why;
     (void)ranks_of_documents(batch, topo, mix, &why);
     return why.empty() ? Status::success() : Status::refuse(why);

@@ -54,6 +54,23 @@ inline void zigzag_cut(Range span, int n, std::int64_t& cursor, std::vector<std:
   }
 }
 
+/// The windows of a mask mix, sorted and distinct, and whether it has a causal (unwindowed) mask: what
+/// mix_cut needs of the mix, made once per placement (not per document: a million one-token documents).
+struct MixWindows {
+  std::vector<std::int64_t> windows;
+  bool causal = false;
+  explicit MixWindows(const MaskMix& mix) {
+    for (const AttentionMask& m : mix.masks()) {
+      if (m.window > 0)
+        windows.push_back(m.window);
+      else
+        causal = true;
+    }
+    std::sort(windows.begin(), windows.end());
+    windows.erase(std::unique(windows.begin(), windows.end()), windows.end());
+  }
+};
+
 /// Per-Doc cut of one document balanced for a mask mix. Row i of a document costs, per layer of the
 /// mix, min(i + 1, w) pairs for each window w (i + 1 without one): between two consecutive windows of the
 /// mix the row cost is affine in i (a constant from the windows already passed plus a slope from the
@@ -63,25 +80,19 @@ inline void zigzag_cut(Range span, int n, std::int64_t& cursor, std::vector<std:
 /// is cut into n contiguous equal pieces (head-tail would hand rank n-1 two full chunks and rank 0 a ramp
 /// chunk there: 1.18x on a 128K mix at w = 4K). One region for an all-causal mix: the zigzag cut. All
 /// regions deal their remainders from the same cursor, so per-rank token counts differ by at most one.
-inline void mix_cut(Range span, int n, const MaskMix& mix, std::int64_t& cursor,
+inline void mix_cut(Range span, int n, const MixWindows& mix, std::int64_t& cursor,
                     std::vector<std::vector<Range>>& owned) {
-  std::vector<std::int64_t> cuts;  // the windows inside the document, ascending
-  bool grows_to_the_end = false;   // a causal mask (or a window longer than the document)
-  for (const AttentionMask& m : mix.masks()) {
-    if (m.binds(span.size()))
-      cuts.push_back(m.window);
-    else
-      grows_to_the_end = true;
-  }
-  std::sort(cuts.begin(), cuts.end());
-  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
   std::int64_t at = span.begin;
-  for (const std::int64_t w : cuts) {
+  bool cut = false;
+  for (const std::int64_t w : mix.windows) {  // the windows inside the document, ascending
+    if (w >= span.size()) break;
     zigzag_cut({at, span.begin + w}, n, cursor, owned);
     at = span.begin + w;
+    cut = true;
   }
   if (at == span.end) return;
-  if (grows_to_the_end || cuts.empty()) {
+  const bool grows_to_the_end = mix.causal || !cut || mix.windows.back() >= span.size();
+  if (grows_to_the_end) {
     zigzag_cut({at, span.end}, n, cursor, owned);
     return;
   }

@@ -122,9 +122,8 @@ template <class S, class Budget>
 
 /// A candidate for strategy S with fixed arguments (and a planning budget checked on each placement).
 template <class S>
-[[nodiscard]] Candidate make_candidate(
-    std::string name, std::string description, typename S::Arguments args = {},
-    std::function<Status(const DocumentBatch&, const Placement&)> budget = {}) {
+[[nodiscard]] Candidate make_candidate(std::string name, std::string description, typename S::Arguments args = {},
+                                       std::function<Status(const DocumentBatch&, const Placement&)> budget = {}) {
   return {std::move(name), std::move(description),
           [args, budget = std::move(budget)](const DocumentBatch& batch, const AttentionShape& shape,
                                              const Topology& topo, const MaskMix& mix, AttentionMask mask) {
@@ -193,10 +192,11 @@ template <class Communicator>
         [](const DocumentBatch& batch, const Placement& p) { return check_split_budget(batch, p.world_size()); }));
   }
   {
-    c.push_back(make_candidate<Strategy<Zigzag, AllGather>>(
-        "allgather", "Strategy<Zigzag, AllGather> (Llama 3 CP)", {}, [](const DocumentBatch& batch, const Placement& p) {
-          return check_gather_budget(batch.num_sequences(), p.world_size());
-        }));
+    c.push_back(make_candidate<Strategy<Zigzag, AllGather>>("allgather", "Strategy<Zigzag, AllGather> (Llama 3 CP)", {},
+                                                            [](const DocumentBatch& batch, const Placement& p) {
+                                                              return check_gather_budget(batch.num_sequences(),
+                                                                                         p.world_size());
+                                                            }));
   }
   {
     Strategy<WholeDoc, Ring>::Arguments a;

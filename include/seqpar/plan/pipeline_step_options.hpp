@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <string>
 
-#include "seqpar/core/error.hpp"
 #include "seqpar/core/attention_mask.hpp"
+#include "seqpar/core/error.hpp"
 #include "seqpar/core/topology.hpp"
 #include "seqpar/plan/model_shape.hpp"
 #include "seqpar/replay/hardware.hpp"

@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "seqpar/attention/kernel.hpp"
+#include "seqpar/core/hash.hpp"
 #include "seqpar/plan/compile_all.hpp"
 #include "seqpar/replay/predict.hpp"
-#include "seqpar/core/hash.hpp"
 #include "seqpar/runtime/engine.hpp"
 #include "seqpar/runtime/plan_cache.hpp"
 #include "seqpar/strategy.hpp"
@@ -70,9 +70,8 @@ class SelectingCompiler final : public runtime::PlanCompiler {
 
   SelectingCompiler(Arguments args, const AttentionShape& shape) : args_(std::move(args)), shape_(shape) {
     args_.simulation.hardware.validate("SelectedAttention: args.simulation.hardware");
-    seqpar::detail::require(args_.seconds_per_token >= 0 && std::isfinite(args_.seconds_per_token),
-                            "SelectedAttention", "args.seconds_per_token", args_.seconds_per_token,
-                            "must be finite and >= 0");
+    seqpar::detail::require(args_.seconds_per_token >= 0 && std::isfinite(args_.seconds_per_token), "SelectedAttention",
+                            "args.seconds_per_token", args_.seconds_per_token, "must be finite and >= 0");
     args_.masks.validate("SelectedAttention", "args.masks");
     for (std::size_t i = 0; i < kCount; ++i)
       if (args_.names[i].empty()) args_.names[i] = "strategy " + std::to_string(i);
@@ -193,7 +192,7 @@ class SelectingCompiler final : public runtime::PlanCompiler {
   AttentionShape shape_;
   std::uint64_t signature_ = 0;
   mutable std::deque<std::pair<std::vector<std::int64_t>, Choice>> choices_;  // oldest first
-  mutable std::mutex mutex_;                                                 // guards choices_
+  mutable std::mutex mutex_;                                                  // guards choices_
 };
 
 }  // namespace detail
@@ -246,8 +245,7 @@ class SelectedAttention final : public runtime::AttentionEngine<Kernel> {
 
  private:
   template <Transport Tr>
-  SelectedAttention(Tr& transport, const AttentionShape& shape, std::shared_ptr<const Compiler> compiler,
-                    Kernel kernel)
+  SelectedAttention(Tr& transport, const AttentionShape& shape, std::shared_ptr<const Compiler> compiler, Kernel kernel)
       : runtime::AttentionEngine<Kernel>(transport, shape, compiler_ranks_per_node(*compiler), compiler,
                                          std::move(kernel)),
         compiler_(std::move(compiler)) {}

@@ -56,13 +56,19 @@ class Agreement {
     [[nodiscard]] std::string why() const { return {reason.data(), strnlen(reason.data(), reason.size())}; }
   };
 
-  /// `where` starts every message ("DistributedAttention", "ChunkedAttention::forward", ...).
-  explicit Agreement(std::string_view where) noexcept : where_(where) {}
+  /// `where` starts every message ("DistributedAttention", "ChunkedAttention::forward", ...); a peer's
+  /// refusal reads "rank R refused <refused> before any communication: <its reason>".
+  explicit Agreement(std::string_view where, std::string_view refused = "its arguments") noexcept
+      : where_(where), refused_(refused) {}
 
   /// Adds a word every rank must hold equal (names: string literals or strings that outlive the call).
-  Agreement& add(std::string_view name, std::int64_t value) { return push(name, static_cast<std::uint64_t>(value), kInteger); }
+  Agreement& add(std::string_view name, std::int64_t value) {
+    return push(name, static_cast<std::uint64_t>(value), kInteger);
+  }
   Agreement& add(std::string_view name, std::uint64_t value, Kind kind) { return push(name, value, kind); }
-  Agreement& add(std::string_view name, double value) { return push(name, std::bit_cast<std::uint64_t>(value), kDouble); }
+  Agreement& add(std::string_view name, double value) {
+    return push(name, std::bit_cast<std::uint64_t>(value), kDouble);
+  }
   /// Adds a word exchanged but not compared (read back with record(r).value[index]).
   std::size_t add_own(std::string_view name, std::int64_t value) {
     push(name, static_cast<std::uint64_t>(value), kOwn);
@@ -95,8 +101,8 @@ class Agreement {
     if (refused) std::rethrow_exception(refused);
     for (std::size_t r = 0; r < scratch.size(); ++r)
       if (scratch[r].refused != 0)
-        throw Error(Errc::kPeerFailed, std::string(where_) + ": rank " + std::to_string(r) +
-                                           " refused its arguments before any communication: " + scratch[r].why());
+        throw Error(Errc::kPeerFailed, std::string(where_) + ": rank " + std::to_string(r) + " refused " +
+                                           std::string(refused_) + " before any communication: " + scratch[r].why());
     const int me = world.rank();
     for (std::size_t r = 0; r < scratch.size(); ++r) {
       const Record& other = scratch[r];
@@ -134,12 +140,14 @@ class Agreement {
         return std::to_string(static_cast<std::int64_t>(v));
     }
   }
-  [[noreturn]] void fail(int r, int me, std::string_view what, const std::string& theirs, const std::string& mine) const {
-    throw Error(Errc::kMismatch, std::string(where_) + ": rank " + std::to_string(r) + " and rank " + std::to_string(me) +
-                                     " disagree on " + std::string(what) + ": " + theirs + " vs " + mine);
+  [[noreturn]] void fail(int r, int me, std::string_view what, const std::string& theirs,
+                         const std::string& mine) const {
+    throw Error(Errc::kMismatch, std::string(where_) + ": rank " + std::to_string(r) + " and rank " +
+                                     std::to_string(me) + " disagree on " + std::string(what) + ": " + theirs + " vs " +
+                                     mine);
   }
 
-  std::string_view where_;
+  std::string_view where_, refused_;
   Record mine_{};
   std::array<std::string_view, kMaxWords> names_{};
   std::array<Kind, kMaxWords> kinds_{};

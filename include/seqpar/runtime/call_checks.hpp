@@ -93,8 +93,7 @@ class CallChecks {
                     "): pass the O and LSE a forward of this batch wrote (a stale buffer of an earlier step?)");
           seqpar::detail::throw_invalid(where, name, data,
                                         "holds the output of a forward of this batch under another mask (" +
-                                            AttentionMask{r.window}.to_string() + ", this call's " +
-                                            mask.to_string() +
+                                            AttentionMask{r.window}.to_string() + ", this call's " + mask.to_string() +
                                             "): a layer's backward takes the mask of its forward");
         };
         const bool same = r.batch == batch && r.window == mask.window;

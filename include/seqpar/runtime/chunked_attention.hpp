@@ -54,13 +54,13 @@
 #include "seqpar/attention/kernel.hpp"
 #include "seqpar/comm/chunk_carry.hpp"
 #include "seqpar/comm/program.hpp"
+#include "seqpar/core/attention_mask.hpp"
 #include "seqpar/core/chunk.hpp"
 #include "seqpar/core/error.hpp"
+#include "seqpar/core/hash.hpp"
 #include "seqpar/core/range.hpp"
 #include "seqpar/core/status.hpp"
 #include "seqpar/core/tensor.hpp"
-#include "seqpar/core/attention_mask.hpp"
-#include "seqpar/core/hash.hpp"
 #include "seqpar/runtime/agreement.hpp"
 #include "seqpar/runtime/any_transport.hpp"
 #include "seqpar/runtime/data_ops.hpp"
@@ -105,7 +105,7 @@ class ChunkedAttention {
       programs_.clear();
     }
     fingerprint_ = fingerprint;
-    Agreement a(where);
+    Agreement a(where, "its chunks");
     a.add("the chunks (fingerprint)", fingerprint, Agreement::kHash);
     a.add("the mask (sliding window, 0 = causal)", mask.window);
     a.run(world(), refused, agreed_);

@@ -152,9 +152,9 @@ class AttentionEngine {
   /// O and LSE of the rank's local queries under `mask`. q: (local, Hq, d); k, v: (local, Hkv, d);
   /// o like q (d_v wide); lse: (Hq, local). With `workspace` (at least workspace_bytes(batch, mask), in the
   /// context's memory) the call uses the caller's memory instead of the engine's.
-  void forward(const DocumentBatch& batch, AttentionMask mask, ThdView<const value_type> q,
-               ThdView<const value_type> k, ThdView<const value_type> v, ThdView<value_type> o,
-               LseView<accum_type> lse, std::span<std::byte> workspace = {}) {
+  void forward(const DocumentBatch& batch, AttentionMask mask, ThdView<const value_type> q, ThdView<const value_type> k,
+               ThdView<const value_type> v, ThdView<value_type> o, LseView<accum_type> lse,
+               std::span<std::byte> workspace = {}) {
     forward_call(batch, mask, q, k, v, o, lse, nullptr, workspace);
   }
   /// The causal forward.
@@ -168,9 +168,9 @@ class AttentionEngine {
   /// in the context's memory, the same on every rank (compared in the agreement on host contexts), joins
   /// the softmax of every row once, after the rows are merged (however the strategy split them); o and
   /// lse are the rows with the sinks, as `backward` takes them.
-  void forward(const DocumentBatch& batch, AttentionMask mask, ThdView<const value_type> q,
-               ThdView<const value_type> k, ThdView<const value_type> v, ThdView<value_type> o,
-               LseView<accum_type> lse, std::span<const accum_type> sinks, std::span<std::byte> workspace = {}) {
+  void forward(const DocumentBatch& batch, AttentionMask mask, ThdView<const value_type> q, ThdView<const value_type> k,
+               ThdView<const value_type> v, ThdView<value_type> o, LseView<accum_type> lse,
+               std::span<const accum_type> sinks, std::span<std::byte> workspace = {}) {
     const SinkCall call{sinks, {}};
     forward_call(batch, mask, q, k, v, o, lse, &call, workspace);
   }

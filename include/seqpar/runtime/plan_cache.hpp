@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <future>
 #include <list>
 #include <memory>
@@ -77,8 +78,10 @@ void for_each_batch_word(const DocumentBatch& batch, Fn&& fn) {
 /// plan: it has `key`, `mask`, `plan` and `program` members, and `lower(Entry&)` finishes it.
 ///
 /// `plan_ahead(batch)` places the batch and compiles every mask of the mix on a background thread that
-/// holds only the compiler (shared), the shape, the topology and the rank: the first call with that batch
-/// takes the result (waiting for it if needed) and only lowers it. At most one batch is planned ahead.
+/// holds only the compiler (shared), the shape, the topology and the rank: the first use of that batch
+/// takes the result (waiting for it if needed) and only lowers it. At most one batch is planned ahead. A
+/// refusal surfaces where it would without planning ahead: the partitioner's at the first use of the
+/// batch, a mask's at the first call with that mask.
 template <class Entry>
 class PlanCache {
  public:
@@ -123,6 +126,7 @@ class PlanCache {
     e.key = batch_key(batch);
     e.mask = mask;
     if (auto ready = take_compiled(e.key, mask)) {
+      if (ready->error) std::rethrow_exception(ready->error);
       e.plan = std::move(ready->plan);
       e.program = std::move(ready->program);
     } else {
@@ -143,17 +147,8 @@ class PlanCache {
     drop_ahead();
     ahead_.emplace();
     ahead_->key = batch_key(batch);
-    ahead_->result = std::async(std::launch::async, [compiler = compiler_, shape = shape_, topology = topology_,
-                                                     rank = rank_, batch] {
-      typename Ahead::Result r;
-      r.placement = compiler->place(batch, topology);
-      for (const AttentionMask m : compiler->masks().masks()) {
-        Compiled& c = r.compiled.emplace_back();
-        c.mask = m;
-        compiler->compile(batch, r.placement, m, shape, rank, c.plan, c.program);
-      }
-      return r;
-    });
+    // The thread holds only what it reads: the shared compiler, the shape, the topology, the rank, the batch.
+    ahead_->result = std::async(std::launch::async, &PlanCache::plan_all, compiler_, shape_, topology_, rank_, batch);
   }
   /// Whether `batch` is being (or has been) planned ahead and not yet used.
   [[nodiscard]] bool planning_ahead(const DocumentBatch& batch) const {
@@ -165,6 +160,7 @@ class PlanCache {
     AttentionMask mask;
     ShardPlan plan;
     comm::CompiledAttention program;
+    std::exception_ptr error;  // the strategy's refusal of this mask, raised by its first call
   };
   struct Ahead {
     struct Result {
@@ -174,6 +170,24 @@ class PlanCache {
     std::vector<std::int64_t> key;
     std::future<Result> result;
   };
+
+  // The placement of `batch` and its programs under every mask of the mix (plan_ahead's thread). A
+  // mask the strategy refuses keeps its error, raised by the first call with it, as a miss would raise it.
+  static typename Ahead::Result plan_all(std::shared_ptr<const PlanCompiler> compiler, AttentionShape shape,
+                                         Topology topology, int rank, DocumentBatch batch) {
+    typename Ahead::Result r;
+    r.placement = compiler->place(batch, topology);
+    for (const AttentionMask m : compiler->masks().masks()) {
+      Compiled& c = r.compiled.emplace_back();
+      c.mask = m;
+      try {
+        compiler->compile(batch, r.placement, m, shape, rank, c.plan, c.program);
+      } catch (...) {
+        c.error = std::current_exception();
+      }
+    }
+    return r;
+  }
 
   // Moves a plan-ahead of `batch` into the placement cache (its planning's error, if any, is raised
   // here, as a miss would raise it); its compiled masks wait in ready_ for their first call.

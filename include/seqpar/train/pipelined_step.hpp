@@ -290,7 +290,9 @@ class ChunkedLayers final : public LayerAttention<typename Kernel::value_type, t
 // model mixing window and full layers), causal otherwise. Every layer runs on the same rows of a chunk.
 template <class S>
 AttentionMask mask_of_layer(const S& stage, int l) {
-  if constexpr (requires { { stage.attention_mask(l) } -> std::convertible_to<AttentionMask>; })
+  if constexpr (requires {
+                  { stage.attention_mask(l) } -> std::convertible_to<AttentionMask>;
+                })
     return stage.attention_mask(l);
   else
     return {};
@@ -331,7 +333,7 @@ void agree_on_stage(Tr& world, const S& stage, const PipelineLayout& layout, con
   } catch (const std::exception&) {
     refused = std::current_exception();
   }
-  runtime::Agreement a(where);
+  runtime::Agreement a(where, "its stage");
   a.add("the chunk plan (fingerprint)", plan.fingerprint(), runtime::Agreement::kHash);
   a.add("memory_model.layers_per_stage", std::int64_t{layers_per_stage});
   const std::size_t in = a.add_own("stage.input_shape(rows).width", input_width);

@@ -191,7 +191,7 @@ TEST_SUITE("strategy") {
         const ModelErrors e = run_model<S>(batch, shape, world, args, 4, kWindow, 11u + static_cast<unsigned>(world));
         CHECK(e.rows_fixed);
         for (std::size_t l = 0; l < e.layers.size(); ++l) {
-          INFO("layer " << l << (l % 2 == 1 ? " (window)" : " (full)"));
+          INFO("layer " << l << (l % 2 == 1 ? std::string(" (window)") : std::string(" (full)")));
           CHECK(e.layers[l].max() < kFp64Tolerance);
         }
         ++runs;
@@ -222,7 +222,7 @@ TEST_SUITE("strategy") {
         const ModelErrors e = run_chunked_model<S>(batch, chunks, shape, world, args, 2, kWindow, 5u);
         CHECK(e.rows_fixed);
         for (std::size_t l = 0; l < e.layers.size(); ++l) {
-          INFO("layer " << l << (l % 2 == 1 ? " (window)" : " (full)"));
+          INFO("layer " << l << (l % 2 == 1 ? std::string(" (window)") : std::string(" (full)")));
           CHECK(e.layers[l].max() < kFp64Tolerance);
         }
         ++runs;

@@ -305,17 +305,11 @@ int main(int argc, char** argv) {
     const DocumentBatch batch = DocumentBatch::single(make_mix("longtail", tokens, rng));
     const AttentionMask window{std::min<std::int64_t>(4096, tokens)};
     const MaskMix half{{AttentionMask::causal(), 1}, {window, 1}};
-    std::printf("
-                        mask mix on longtail : 50 %
-                        % window % lld +
-                    50 % % full layers;
-                per layer kind, fwd MiB total and compute
-                                    "
-                                    "imbalance, by what the placement is balanced for
-                                    ",
-                                    static_cast<long long>(window.window));
-    std::printf("%-26s %-30s %11s %7s %11s %7s %9s
-", "strategy", "placement balanced for", "full MiB", "imbal",
+    std::printf(
+        "\nmask mix on longtail: 50%% window %lld + 50%% full layers; per layer kind, fwd MiB total and "
+        "compute imbalance, by what the placement is balanced for\n",
+        static_cast<long long>(window.window));
+    std::printf("%-26s %-30s %11s %7s %11s %7s %9s\n", "strategy", "placement balanced for", "full MiB", "imbal",
                 "window MiB", "imbal", "model");
     namespace cv = test::communicators;
     using partition::Hybrid, partition::PerDoc, partition::Zigzag;

@@ -522,10 +522,10 @@ void chunked_case(std::mt19937& rng) {
   for (const Chunk& c : chunks)
     if (!S::can_implement({}, c.batch, shape, Topology{world, world}).ok) return;  // refused alike everywhere
   const int n = static_cast<int>(chunks.size());
-  int with_prefix = -1;  // a chunk that reads an earlier chunk's rows
+  int with_prefix = -1;  // a chunk that reads an earlier chunk's rows under the mask (the carry cuts to it)
   for (int c = 0; c < n; ++c)
     for (const Range& p : chunks[static_cast<std::size_t>(c)].prefix)
-      if (!p.empty() && with_prefix < 0) with_prefix = c;
+      if (!visible_prefix(p, mask.window).empty() && with_prefix < 0) with_prefix = c;
   const auto factory = [&](backend::inproc::Transport& t) -> std::unique_ptr<runtime::AttentionEngine<K>> {
     return std::make_unique<DistributedAttention<S, K>>(t, shape);
   };

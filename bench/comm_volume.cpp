@@ -309,7 +309,7 @@ int main(int argc, char** argv) {
         "\nmask mix on longtail: 50%% window %lld + 50%% full layers; per layer kind, fwd MiB total and "
         "compute imbalance, by what the placement is balanced for\n",
         static_cast<long long>(window.window));
-    std::printf("%-26s %-30s %11s %7s %11s %7s %9s\n", "strategy", "placement balanced for", "full MiB", "imbal",
+    std::printf("%-26s %-38s %11s %7s %11s %7s %9s\n", "strategy", "placement balanced for", "full MiB", "imbal",
                 "window MiB", "imbal", "model");
     namespace cv = test::communicators;
     using partition::Hybrid, partition::PerDoc, partition::Zigzag;
@@ -318,7 +318,7 @@ int main(int argc, char** argv) {
         MixRow m{name, target.to_string(), measure<P, V>(name, "longtail-mix", batch, shape, false, 1, {}, target),
                  measure<P, V>(name, "longtail-mix", batch, shape, false, 1, window, target), 0};
         if (m.full.refused || m.window.refused) {
-          std::printf("%-26s %-30s refused: %s\n", name, m.placed_for.c_str(),
+          std::printf("%-26s %-38s refused: %s\n", name, m.placed_for.c_str(),
                       (m.full.refused ? m.full.reason : m.window.reason).c_str());
           continue;
         }
@@ -329,7 +329,7 @@ int main(int argc, char** argv) {
           sum += w;
         }
         m.model_imbalance = sum > 0 ? most * static_cast<double>(m.full.rank_pairs.size()) / sum : 1.0;
-        std::printf("%-26s %-30s %11.1f %7.3f %11.1f %7.3f %9.3f\n", name, m.placed_for.c_str(), mib(m.full.fwd_total),
+        std::printf("%-26s %-38s %11.1f %7.3f %11.1f %7.3f %9.3f\n", name, m.placed_for.c_str(), mib(m.full.fwd_total),
                     m.full.compute_imbalance, mib(m.window.fwd_total), m.window.compute_imbalance, m.model_imbalance);
         mix_rows.push_back(std::move(m));
       }

@@ -158,8 +158,9 @@ struct Hybrid {
     return Status::success();
   }
 
+  /// The placement of the threshold the sweep chooses (no report: the engine slices it per mask).
   [[nodiscard]] Placement place(const DocumentBatch& batch, const Topology& topo, const MaskMix& mix = {}) const {
-    return plan_with_report(batch, topo, mix).plan.placement();
+    return std::move(*candidate(batch, topo, sweep(batch, topo, mix).chosen, mix));
   }
   [[nodiscard]] ShardPlan plan(const DocumentBatch& batch, const Topology& topo, AttentionMask mask = {}) const {
     return plan_with_report(batch, topo, MaskMix::only(mask)).plan;
@@ -167,6 +168,24 @@ struct Hybrid {
 
   [[nodiscard]] HybridReport plan_with_report(const DocumentBatch& batch, const Topology& topo,
                                               const MaskMix& mix = {}) const {
+    const Sweep s = sweep(batch, topo, mix);
+    // The chosen plan is rebuilt (cheap) but not costed again: a simulated cost is the expensive part.
+    HybridReport best =
+        measure(batch, slice(std::move(*candidate(batch, topo, s.chosen, mix)), batch, mix.masks().front()), s.chosen);
+    best.cost = s.cost;
+    best.candidates_evaluated = s.evaluated;
+    return best;
+  }
+
+ private:
+  struct Sweep {
+    std::int64_t chosen = 0;
+    double cost = 0;
+    int evaluated = 0;
+  };
+  // The threshold sweep: every candidate costed once under the mix, the largest tau within the tolerance
+  // of the cheapest chosen.
+  [[nodiscard]] Sweep sweep(const DocumentBatch& batch, const Topology& topo, const MaskMix& mix) const {
     topo.validate("partition::Hybrid");
     if (const Status st = can_implement(batch, topo, mix); !st)
       throw std::invalid_argument("partition::Hybrid: " + st.reason);
@@ -189,19 +208,12 @@ struct Hybrid {
       lowest = std::min(lowest, costed.back().second);
     }
     if (costed.empty()) throw std::logic_error("partition::Hybrid: no feasible threshold (tau = 0 always is)");
-    std::int64_t chosen = costed.front().first;
+    Sweep out{costed.front().first, costed.front().second, static_cast<int>(costed.size())};
     for (const auto& [tau, c] : costed)
-      if (c <= lowest * (1.0 + args.tolerance)) chosen = tau;
-    // The chosen plan is rebuilt (cheap) but not costed again: a simulated cost is the expensive part.
-    HybridReport best =
-        measure(batch, slice(std::move(*candidate(batch, topo, chosen, mix)), batch, mix.masks().front()), chosen);
-    best.cost =
-        std::find_if(costed.begin(), costed.end(), [chosen](const auto& tc) { return tc.first == chosen; })->second;
-    best.candidates_evaluated = static_cast<int>(costed.size());
-    return best;
+      if (c <= lowest * (1.0 + args.tolerance)) out.chosen = tau, out.cost = c;
+    return out;
   }
 
- private:
   [[nodiscard]] std::string check_arguments() const {
     const auto bad = [](double v) { return !(v >= 0.0) || !std::isfinite(v); };
     if (!(args.capacity_factor >= 1.0) || !std::isfinite(args.capacity_factor))

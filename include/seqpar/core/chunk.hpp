@@ -8,9 +8,11 @@
 /// runtime consumes it, so it lives below both.
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "seqpar/core/document_batch.hpp"
+#include "seqpar/core/hash.hpp"
 #include "seqpar/core/range.hpp"
 
 namespace seqpar {
@@ -52,6 +54,20 @@ struct Chunk {
   ChunkKind kind = ChunkKind::kWhole;
   double cost = 0;  ///< the scheduler's cost estimate (DynamicChunk: its cost model's units)
 };
+
+/// The chunks' ranges, prefixes and batches as one Hash64: what ranks compare so that two ranks never run
+/// different chunks of the same shape (ChunkedAttention's calls, the DPP step's agreement).
+[[nodiscard]] inline std::uint64_t chunks_fingerprint(std::span<const Chunk> chunks) noexcept {
+  Hash64 h;
+  h.add(static_cast<std::int64_t>(chunks.size()));
+  for (const Chunk& c : chunks) {
+    for (const Range& r : c.tokens) h.add(r.begin).add(r.end);
+    h.add(std::int64_t{-1});
+    for (const Range& r : c.prefix) h.add(r.begin).add(r.end);
+    h.add(std::int64_t{-2}).add(c.batch.fingerprint());
+  }
+  return h.value();
+}
 
 /// The part of `before` (a piece's document keys before its first query) that the piece's queries can
 /// see under a sliding window of `window` keys: all of it without a window (0), else its last window - 1

@@ -88,7 +88,7 @@ class ChunkedAttention {
   /// with Errc::kPeerFailed.
   void begin(std::vector<Chunk> chunks, AttentionMask mask = {}) {
     constexpr const char* where = "ChunkedAttention::begin";
-    const std::uint64_t fingerprint = fingerprint_of(chunks);
+    const std::uint64_t fingerprint = chunks_fingerprint(chunks);  // compared on every call
     std::exception_ptr refused;
     try {  // every local check, and the compilation on a new chunk plan, before the first message
       mask.validate(where);
@@ -395,20 +395,6 @@ class ChunkedAttention {
       if (a[c].tokens != b[c].tokens || a[c].prefix != b[c].prefix || !(x == y)) return false;
     }
     return true;
-  }
-
-  // The chunks' ranges and batches (Hash64): compared in every call's agreement, it catches ranks that run
-  // different chunks of the same shape, which the attention's words (the chunk batch's) cannot tell apart.
-  static std::uint64_t fingerprint_of(const std::vector<Chunk>& chunks) noexcept {
-    Hash64 h;
-    h.add(static_cast<std::int64_t>(chunks.size()));
-    for (const Chunk& c : chunks) {
-      for (const Range& r : c.tokens) h.add(r.begin).add(r.end);
-      h.add(std::int64_t{-1});
-      for (const Range& r : c.prefix) h.add(r.begin).add(r.end);
-      h.add(std::int64_t{-2}).add(c.batch.fingerprint());
-    }
-    return h.value();
   }
 
   Engine& attention_;

@@ -122,15 +122,7 @@ struct ChunkPlan {
   /// What every rank must hold alike to run the plan together (Hash64 of the batch's fingerprint and every
   /// chunk's ranges, prefixes and batch): compared in the step's agreement.
   [[nodiscard]] std::uint64_t fingerprint() const noexcept {
-    Hash64 h;
-    h.add(batch_fingerprint).add(static_cast<std::int64_t>(chunks.size()));
-    for (const Chunk& c : chunks) {
-      for (const Range& r : c.tokens) h.add(r.begin).add(r.end);
-      h.add(std::int64_t{-1});
-      for (const Range& r : c.prefix) h.add(r.begin).add(r.end);
-      h.add(std::int64_t{-2}).add(c.batch.fingerprint());
-    }
-    return h.value();
+    return Hash64{}.add(batch_fingerprint).add(chunks_fingerprint(chunks)).value();
   }
 };
 

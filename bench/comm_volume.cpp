@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -76,7 +77,9 @@ std::vector<std::int64_t> make_mix(const std::string& mix, std::int64_t tokens, 
 
 struct Row {
   std::string strategy, mix;
-  std::int64_t window = 0;
+  std::int64_t window = 0;               // the layer's mask (0: causal)
+  std::string placed_for;                // the mask mix the placement is balanced for
+  std::vector<std::int64_t> rank_pairs;  // attention pairs (x heads) per rank, forward
   bool refused = false;
   std::string reason;
   std::uint64_t fwd_max = 0, fwd_total = 0, fwd_intra = 0, fwd_inter = 0, bwd_total = 0, bwd_inter = 0;
@@ -88,25 +91,28 @@ struct Row {
 constexpr int kWorld = 8, kPerNode = 4;
 
 // Partitioner P with communicator configuration V of tests/support/strategy_list.hpp.
+// A layer of mask `mask` over the placement balanced for `placed_for` (default: the mask alone).
 template <class P, class V>
 Row measure(const std::string& name, const std::string& mix, const DocumentBatch& batch, const AttentionShape& shape,
-            bool run, int reps) {
+            bool run, int reps, AttentionMask mask = {}, std::optional<MaskMix> placed_for = std::nullopt) {
   using S = typename test::Combination<P, V>::strategy;
   typename S::Arguments args = test::Combination<P, V>::arguments();
   Row row;
   row.strategy = name;
   row.mix = mix;
-  row.window = batch.window();
+  row.window = mask.window;
   args.ranks_per_node = kPerNode;
+  args.masks = placed_for.value_or(MaskMix::only(mask));
+  row.placed_for = args.masks.to_string();
   const Topology topo{kWorld, kPerNode};
-  if (const Status s = S::can_implement(args, batch, shape, topo); !s) {
+  const typename S::Planned planned = S::plan(args, batch, shape, topo, mask);
+  if (!planned.status) {
     row.refused = true;
-    row.reason = s.reason;
+    row.reason = planned.status.reason;
     return row;
   }
-  const typename S::partitioner_type partitioner{args.partition};
   const typename S::communicator_type communicator{args.comm};
-  const ShardPlan plan = partitioner.plan(batch, topo);
+  const ShardPlan& plan = planned.plan;
   std::int64_t max_pairs = 0, sum_pairs = 0;
   for (int r = 0; r < kWorld; ++r) {
     const comm::CompiledAttention prog = communicator.compile(plan, shape, r);
@@ -124,6 +130,7 @@ Row measure(const std::string& name, const std::string& mix, const DocumentBatch
     row.fwd_total += mine;
     row.steps = std::max(row.steps, prog.forward.num_steps());
     const std::int64_t pairs = prog.forward.head_pairs();
+    row.rank_pairs.push_back(pairs);
     max_pairs = std::max(max_pairs, pairs);
     sum_pairs += pairs;
   }
@@ -140,12 +147,12 @@ Row measure(const std::string& name, const std::string& mix, const DocumentBatch
     ThdTensor<bf16_storage> q(n, shape.heads_q, d), k(n, shape.heads_kv, d), v(n, shape.heads_kv, d),
         o(n, shape.heads_q, d);
     LseTensor<float> lse(shape.heads_q, n);
-    attn.forward(batch, q.view(), k.view(), v.view(), o.view(), lse.view());  // compiles, sizes the workspace
+    attn.forward(batch, mask, q.view(), k.view(), v.view(), o.view(), lse.view());  // compiles, sizes the workspace
     double best = 1e30;
     for (int rep = 0; rep < reps; ++rep) {
       transport.barrier();
       const auto t0 = std::chrono::steady_clock::now();
-      attn.forward(batch, q.view(), k.view(), v.view(), o.view(), lse.view());
+      attn.forward(batch, mask, q.view(), k.view(), v.view(), o.view(), lse.view());
       transport.barrier();
       best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
@@ -241,7 +248,7 @@ int main(int argc, char** argv) {
     namespace cv = test::communicators;
     using partition::Hybrid, partition::PerDoc, partition::Uniform, partition::Zigzag;
     for (const std::int64_t w : {std::int64_t{4096}, std::int64_t{32768}}) {
-      const DocumentBatch windowed = full.with_window(std::min(w, tokens));
+      const AttentionMask window{std::min(w, tokens)};
       const std::string mix = "longtail-w" + std::to_string(w / 1024) + "K";
       // TransformerEngine's windowed CP (all-gather, or a2a; not its P2P ring): every rank gathers the
       // whole K and V of the other P-1 ranks, so the window changes nothing: 100% of its unwindowed bytes.
@@ -264,7 +271,7 @@ int main(int argc, char** argv) {
       };
       // Bytes are the programs' (--no-run semantics): the in-process timing is the table above's job.
       const auto both = [&]<class P, class V>(std::type_identity<P>, std::type_identity<V>, const char* name) {
-        pair(measure<P, V>(name, mix, windowed, shape, false, 1),
+        pair(measure<P, V>(name, mix, full, shape, false, 1, window),
              measure<P, V>(name, "longtail", full, shape, false, 1));
       };
       both(std::type_identity<Uniform>{}, std::type_identity<cv::AllToAll>{}, "ulysses");
@@ -281,6 +288,57 @@ int main(int argc, char** argv) {
       std::printf("%-26s %7lld %11.1f %11.1f %7.1f%% %7.1f%%\n", "te-allgather (formula)", static_cast<long long>(w),
                   mib(te), mib(te), 100.0, 100.0);
     }
+  }
+
+  // A model of half window-4K and half full layers on the longtail mix: each layer kind's bytes and
+  // imbalance under the placement balanced for the mix, for full attention only and for the window only
+  // (one placement serves both kinds: rows never move between layers). "model imbalance" is that of the
+  // per-rank work summed over one layer of each kind (what a step of alternating layers waits for).
+  struct MixRow {
+    std::string strategy, placed_for;
+    Row full, window;
+    double model_imbalance = 0;
+  };
+  std::vector<MixRow> mix_rows;
+  {
+    std::mt19937 rng(2026);  // the same draws as the longtail rows above
+    const DocumentBatch batch = DocumentBatch::single(make_mix("longtail", tokens, rng));
+    const AttentionMask window{std::min<std::int64_t>(4096, tokens)};
+    const MaskMix half{{AttentionMask::causal(), 1}, {window, 1}};
+    std::printf(
+        "\nmask mix on longtail: 50%% window %lld + 50%% full layers; per layer kind, fwd MiB total and "
+        "compute imbalance, by what the placement is balanced for\n",
+        static_cast<long long>(window.window));
+    std::printf("%-26s %-38s %11s %7s %11s %7s %9s\n", "strategy", "placement balanced for", "full MiB", "imbal",
+                "window MiB", "imbal", "model");
+    namespace cv = test::communicators;
+    using partition::Hybrid, partition::PerDoc, partition::Zigzag;
+    const auto kinds = [&]<class P, class V>(std::type_identity<P>, std::type_identity<V>, const char* name) {
+      for (const MaskMix& target : {half, MaskMix::only(AttentionMask::causal()), MaskMix::only(window)}) {
+        MixRow m{name, target.to_string(), measure<P, V>(name, "longtail-mix", batch, shape, false, 1, {}, target),
+                 measure<P, V>(name, "longtail-mix", batch, shape, false, 1, window, target), 0};
+        if (m.full.refused || m.window.refused) {
+          std::printf("%-26s %-38s refused: %s\n", name, m.placed_for.c_str(),
+                      (m.full.refused ? m.full.reason : m.window.reason).c_str());
+          continue;
+        }
+        double most = 0, sum = 0;
+        for (std::size_t r = 0; r < m.full.rank_pairs.size(); ++r) {
+          const double w = static_cast<double>(m.full.rank_pairs[r] + m.window.rank_pairs[r]);
+          most = std::max(most, w);
+          sum += w;
+        }
+        m.model_imbalance = sum > 0 ? most * static_cast<double>(m.full.rank_pairs.size()) / sum : 1.0;
+        std::printf("%-26s %-38s %11.1f %7.3f %11.1f %7.3f %9.3f\n", name, m.placed_for.c_str(), mib(m.full.fwd_total),
+                    m.full.compute_imbalance, mib(m.window.fwd_total), m.window.compute_imbalance, m.model_imbalance);
+        mix_rows.push_back(std::move(m));
+      }
+    };
+    kinds(std::type_identity<PerDoc>{}, std::type_identity<cv::RingShardingAware>{}, "perdoc-ring-aware");
+    kinds(std::type_identity<PerDoc>{}, std::type_identity<cv::AllGatherShardingAware>{}, "perdoc-allgather-aware");
+    kinds(std::type_identity<Hybrid>{}, std::type_identity<cv::RingShardingAware>{}, "hybrid-ring-aware");
+    kinds(std::type_identity<Hybrid>{}, std::type_identity<cv::AllGatherShardingAware>{}, "hybrid-allgather-aware");
+    kinds(std::type_identity<Zigzag>{}, std::type_identity<cv::RingShardingAware>{}, "zigzag-ring-aware");
   }
 
   // The goals, evaluated on the rows above.
@@ -324,6 +382,7 @@ int main(int argc, char** argv) {
       j.add("strategy", r.strategy)
           .add("mix", r.mix)
           .add("window", r.window)
+          .add("placed_for", r.placed_for)
           .add("tokens", tokens)
           .add("world", kWorld);
       j.add("ranks_per_node", kPerNode).add("heads_q", shape.heads_q).add("heads_kv", shape.heads_kv);
@@ -332,6 +391,15 @@ int main(int argc, char** argv) {
       j.add("fwd_bytes_intra_node", r.fwd_intra).add("fwd_bytes_inter_node", r.fwd_inter);
       j.add("bwd_bytes_total", r.bwd_total).add("bwd_bytes_inter_node", r.bwd_inter);
       j.add("compute_imbalance", r.compute_imbalance).add("program_steps", r.steps).add("inproc_ms", r.inproc_ms);
+      records.push_back(j);
+    }
+    for (const MixRow& m : mix_rows) {
+      bench::JsonRecord j;
+      j.add("strategy", m.strategy).add("mix", std::string("longtail-mix")).add("placed_for", m.placed_for);
+      j.add("tokens", tokens).add("world", kWorld).add("window", m.window.window);
+      j.add("full_fwd_bytes_total", m.full.fwd_total).add("full_compute_imbalance", m.full.compute_imbalance);
+      j.add("window_fwd_bytes_total", m.window.fwd_total).add("window_compute_imbalance", m.window.compute_imbalance);
+      j.add("model_imbalance", m.model_imbalance);
       records.push_back(j);
     }
     if (!bench::write_json(json, records)) return 1;

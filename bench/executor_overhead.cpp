@@ -472,17 +472,6 @@ std::vector<Row> run_distributed(const std::string& name, typename S::Arguments 
   return rows_of(times, name, ranks, kernel_threads, c.reps);
 }
 
-// The prefix program's bytes of the last call as its transport counted them (the runtime measures
-// them around the program's run, apart from the call's agreement); the hand-run carry of before had no
-// such count, and its transport saw nothing else during a call.
-template <class Chunked>
-std::uint64_t prefix_bytes_of(const Chunked& chunked, std::uint64_t transport_delta) {
-  if constexpr (requires { chunked.last_bytes_sent(); })
-    return chunked.last_bytes_sent();
-  else
-    return transport_delta;
-}
-
 // The dpp-chunked cases: the batch cut into `chunks`, run chunk by chunk through ChunkedAttention over
 // strategy S on `ranks` in-process ranks (every forward, then every backward in reverse; each pass
 // begins on the same chunks, so the plans and the carry's programs are cached). Timed and counted as
@@ -500,10 +489,9 @@ std::vector<Row> run_chunked(const std::string& name, typename S::Arguments args
   bool declares = false;
   backend::inproc::World(ranks).run([&](auto& transport) {
     DistributedAttention<S, Kernel> attn(transport, shape, args, Kernel({.threads = kernel_threads}));
-    // The carry runs on a transport of its own (a split with the same ranks), so that its counters see
-    // the carry's traffic alone: not the strategy's programs, nor the engine's agreements.
-    auto carry_transport = transport.split(0, transport.rank());
-    Chunked chunked(attn, carry_transport, Kernel({.threads = kernel_threads}));
+    // The carry runs on the attention's transport and kernel; its bytes are the prefix program's, as the
+    // runtime counts them around the program's run (apart from the call's agreement and the strategy's).
+    Chunked chunked(attn);
     chunked.begin(chunks);
     const int nc = chunked.num_chunks();
     struct Local {
@@ -528,9 +516,8 @@ std::vector<Row> run_chunked(const std::string& name, typename S::Arguments args
     const auto forward = [&] {
       for (int ch = 0; ch < nc; ++ch) {
         Local& l = loc[static_cast<std::size_t>(ch)];
-        const std::uint64_t before = carry_transport.counters().bytes_sent;
         chunked.forward(ch, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view());
-        prefix_bytes += prefix_bytes_of(chunked, carry_transport.counters().bytes_sent - before);
+        prefix_bytes += chunked.last_bytes_sent();
         if constexpr (requires(Chunked & x) { x.program(0, 0); })
           declared_bytes += chunked.program(ch, 0).bytes_sent(sizeof(float), sizeof(float));
       }
@@ -538,10 +525,9 @@ std::vector<Row> run_chunked(const std::string& name, typename S::Arguments args
     const auto backward = [&] {
       for (int ch = nc - 1; ch >= 0; --ch) {
         Local& l = loc[static_cast<std::size_t>(ch)];
-        const std::uint64_t before = carry_transport.counters().bytes_sent;
         chunked.backward(ch, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view(), l.dout.view(), l.dq.view(),
                          l.dk.view(), l.dv.view());
-        prefix_bytes += prefix_bytes_of(chunked, carry_transport.counters().bytes_sent - before);
+        prefix_bytes += chunked.last_bytes_sent();
         if constexpr (requires(Chunked & x) { x.program(0, 0); })
           declared_bytes += chunked.program(ch, 2).bytes_sent(sizeof(float), sizeof(float));
       }

@@ -346,7 +346,7 @@ std::vector<Row> run_chunked(const std::string& name, typename S::Arguments args
     SEQPAR_CUDA_CHECK(cudaSetDevice(0), kWhere);
     DistributedAttention<S, Kernel> attn(transport, shape, args, Kernel{});
     const gpu::CudaExec& exec = attn.exec();
-    runtime::ChunkedAttention<Kernel> chunked(attn, transport, Kernel{exec});
+    runtime::ChunkedAttention<Kernel> chunked(attn);
     chunked.begin(chunks);
     const int nc = chunked.num_chunks();
     struct Local {

@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
   backend::inproc::World(kRanks).run([&](backend::inproc::Transport& transport) {
     DistributedAttention<HybridRing, Kernel> attn(transport, shape, args, Kernel({.threads = opt.threads}));
     const std::int64_t whole_rows = attn.local_tokens(batch);  // the unchunked plan of the same strategy
-    runtime::ChunkedAttention<Kernel> chunked(attn, transport, Kernel({.threads = opt.threads}));
+    runtime::ChunkedAttention<Kernel> chunked(attn);
     chunked.begin(plan.chunks);
     const int nc = chunked.num_chunks();
     std::vector<Tensors<double>> local;

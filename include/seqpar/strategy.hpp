@@ -10,6 +10,7 @@
 
 #include "seqpar/comm/communicator.hpp"
 #include "seqpar/comm/program.hpp"
+#include "seqpar/core/attention_mask.hpp"
 #include "seqpar/core/attention_shape.hpp"
 #include "seqpar/core/document_batch.hpp"
 #include "seqpar/core/shard_plan.hpp"
@@ -74,7 +75,8 @@ void for_each_policy_argument(const A& a, const std::string& prefix, Fn& fn) {
 /// The composition point: a partitioner (who owns which tokens) and a communicator (what moves where),
 /// chosen at compile time, plus the order the executor runs a rank's steps in (static: as compiled).
 /// Tunables are values in `Arguments`. Every layer answers the same protocol: `can_implement(args, ...)
-/// -> Status`, then the work (`plan`, `compile`).
+/// -> Status`, then the work: `place` (once per batch, for the model's mask mix), `plan` (a placement
+/// sliced for one call's mask) and `compile` (this rank's programs of a plan).
 ///
 /// @code
 /// using Ulysses = seqpar::Strategy<partition::Uniform, comm::AllToAll>;
@@ -94,17 +96,47 @@ struct Strategy {
     typename C::Arguments comm{};
     typename step_order_type::Arguments order{};
     int ranks_per_node = 0;  ///< 0: every rank on one node
+    /// The model's attention masks with their layer counts: what the one placement of each batch is
+    /// balanced for (empty: every layer causal). A call may use any mask; the mix only steers balance.
+    MaskMix masks{};
   };
 
   /// Calls fn(runtime::ArgumentWord) for every argument that changes the plan or the programs
   /// ("partition.group_size", "comm.sharding_aware", "comm.outer.sharding_aware", ...), as each
   /// policy's Arguments name them (`for_each_argument`): DistributedAttention compares them across
-  /// ranks so that a disagreement is an Errc::kMismatch naming the argument.
+  /// ranks so that a disagreement is an Errc::kMismatch naming the argument. (The mask mix is compared
+  /// by its fingerprint in the call's agreement.)
   template <class Fn>
   static void for_each_argument(const Arguments& args, Fn&& fn) {
     detail::for_each_policy_argument(args.partition, "partition.", fn);
     detail::for_each_policy_argument(args.comm, "comm.", fn);
     detail::for_each_policy_argument(args.order, "order.", fn);
+  }
+
+  /// A placement, or why there is none.
+  struct Placed {
+    Status status = Status::success();
+    const char* refused_by = "";  ///< "partitioner refuses the batch"
+    Placement placement;
+  };
+
+  /// Where the tokens of `batch` live, once for every layer: the partitioner's placement balanced for
+  /// `args.masks` (its refusal otherwise). The first half of the one place a strategy plans.
+  [[nodiscard]] static Placed place(const Arguments& args, const DocumentBatch& batch, const Topology& topology) {
+    Placed out;
+    if (batch.num_sequences() < 1) {
+      out.status = Status::refuse("batch: a default-constructed DocumentBatch{} has no sequences");
+      out.refused_by = "partitioner refuses the batch";
+      return out;
+    }
+    const P partitioner{args.partition};
+    if (out.status = partitioner.can_implement(batch, topology, args.masks); !out.status) {
+      out.refused_by = "partitioner refuses the batch";
+      return out;
+    }
+    out.placement = partitioner.place(batch, topology, args.masks);
+    out.placement.batch_fingerprint = batch.fingerprint();
+    return out;
   }
 
   /// A plan, or why there is none (and which layer refused).
@@ -114,33 +146,31 @@ struct Strategy {
     ShardPlan plan;
   };
 
-  /// Plans `batch`: the partitioner's refusal, its plan, the communicator's refusal of that plan.
-  /// The one place a strategy plans; `can_implement` and `compile` go through it.
-  [[nodiscard]] static Planned plan(const Arguments& args, const DocumentBatch& batch, const AttentionShape& shape,
-                                    const Topology& topology) {
+  /// The plan of one mask over a placement: its slices, and the communicator's refusal of them. The
+  /// second half of the one place a strategy plans.
+  [[nodiscard]] static Planned plan(const Arguments& args, const Placement& placement, const DocumentBatch& batch,
+                                    AttentionMask mask, const AttentionShape& shape) {
     Planned out;
-    if (batch.num_sequences() < 1) {
-      out.status = Status::refuse("batch: a default-constructed DocumentBatch{} has no sequences");
-      out.refused_by = "partitioner refuses the batch";
-      return out;
-    }
-    const P partitioner{args.partition};
-    if (out.status = partitioner.can_implement(batch, topology); !out.status) {
-      out.refused_by = "partitioner refuses the batch";
-      return out;
-    }
-    out.plan = partitioner.plan(batch, topology);
-    out.plan.batch_fingerprint = batch.fingerprint();
+    out.plan = slice(placement, batch, mask);
     if (out.status = C{args.comm}.can_implement(out.plan, shape); !out.status)
       out.refused_by = "communicator refuses the plan";
     return out;
   }
 
-  /// Whether this strategy can run `batch` with `shape` on `topology`, and why not. Plans the batch:
-  /// callers that go on to compile should call `plan` (or `compile`) once instead.
+  /// Both halves: `batch` placed (for args.masks) and sliced for `mask`.
+  [[nodiscard]] static Planned plan(const Arguments& args, const DocumentBatch& batch, const AttentionShape& shape,
+                                    const Topology& topology, AttentionMask mask = {}) {
+    Placed placed = place(args, batch, topology);
+    if (!placed.status) return {std::move(placed.status), placed.refused_by, {}};
+    return plan(args, placed.placement, batch, mask, shape);
+  }
+
+  /// Whether this strategy can run `batch` under `mask` with `shape` on `topology`, and why not. Plans
+  /// the batch: callers that go on to compile should call `plan` (or `compile`) once instead.
   [[nodiscard]] static Status can_implement(const Arguments& args, const DocumentBatch& batch,
-                                            const AttentionShape& shape, const Topology& topology) {
-    return plan(args, batch, shape, topology).status;
+                                            const AttentionShape& shape, const Topology& topology,
+                                            AttentionMask mask = {}) {
+    return plan(args, batch, shape, topology, mask).status;
   }
 
   /// Rank `rank`'s forward and backward programs of an accepted plan, in the step order.
@@ -151,20 +181,26 @@ struct Strategy {
     return program;
   }
 
-  /// Everything one rank runs for `batch`: its plan (status false with the reason when refused) and
-  /// programs. DistributedAttention and plan::compile_all both come through here.
+  /// Everything one rank runs for `batch` under `mask`: its plan (status false with the reason when
+  /// refused) and programs. DistributedAttention and plan::compile_all both come through here.
   struct Compiled {
     Status status = Status::success();
     const char* refused_by = "";
     ShardPlan plan;
     comm::CompiledAttention program;
   };
-  [[nodiscard]] static Compiled compile(const Arguments& args, const DocumentBatch& batch, const AttentionShape& shape,
-                                        const Topology& topology, int rank) {
-    Planned p = plan(args, batch, shape, topology);
+  [[nodiscard]] static Compiled compile(const Arguments& args, const Placement& placement, const DocumentBatch& batch,
+                                        AttentionMask mask, const AttentionShape& shape, int rank) {
+    Planned p = plan(args, placement, batch, mask, shape);
     Compiled out{std::move(p.status), p.refused_by, std::move(p.plan), {}};
     if (out.status) out.program = compile(args, out.plan, shape, rank);
     return out;
+  }
+  [[nodiscard]] static Compiled compile(const Arguments& args, const DocumentBatch& batch, const AttentionShape& shape,
+                                        const Topology& topology, int rank, AttentionMask mask = {}) {
+    Placed placed = place(args, batch, topology);
+    if (!placed.status) return {std::move(placed.status), placed.refused_by, {}, {}};
+    return compile(args, placed.placement, batch, mask, shape, rank);
   }
 };
 

@@ -9,6 +9,13 @@ Value heads may be smaller than query/key heads (MLA: head_dim=192, head_dim_v=1
 head_dim_v values per head), and attention sinks (gpt-oss) are an optional (heads_q,) tensor of
 logits passed to the call: o = attn(q, k, v, lengths, sinks=sinks).
 
+The mask is per call, as FlashAttention's window_size=(left, 0): o = attn(q, k, v, lengths,
+window_size=(127, 0)) is a sliding window of 128 keys (each query and its 127 predecessors in its
+document); (-1, 0), the default, is full causal attention. A rank's rows (token_indices) are the same
+for every layer whatever its window: one module can serve every layer of a model that mixes window and
+full layers. Declare the mix once (mask_mix=[((-1, 0), 24), ((127, 0), 24)]) so that the rows are
+balanced for it.
+
 `lengths` is the batch's document lengths: a list of ints (one packed sequence) or a list of lists
 (one per sequence). q, k, v hold this rank's rows in the order token_indices() gives.
 """
@@ -64,15 +71,31 @@ def _accum_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32  # the kernels' accumulation type
 
 
+def _window_of(window_size, what: str = "window_size") -> int:
+    """FlashAttention's (left, right) as seqpar's window in keys (the query's own included; 0: causal)."""
+    try:
+        left, right = (int(x) for x in window_size)
+    except (TypeError, ValueError):
+        raise ValueError(f"seqpar.torch.DistributedAttention: {what} = {window_size!r}: must be a pair (left, 0) "
+                         "as FlashAttention's window_size: (-1, 0) full causal, (w - 1, 0) a window of w keys") from None
+    if right != 0:
+        raise ValueError(f"seqpar.torch.DistributedAttention: {what} = {window_size!r}: right must be 0 "
+                         "(causal attention: a query sees no later key)")
+    if left < -1:
+        raise ValueError(f"seqpar.torch.DistributedAttention: {what} = {window_size!r}: left must be -1 "
+                         "(no window) or >= 0 (the keys before the query)")
+    return 0 if left < 0 else left + 1
+
+
 @torch.library.custom_op("seqpar::attention", mutates_args=())
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: Optional[torch.Tensor], docs: List[int],
-               per_seq: List[int], handle: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    o, lse = _layers[handle].forward(q, k, v, _unflat(docs, per_seq), sinks)
+               per_seq: List[int], handle: int, window: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    o, lse = _layers[handle].forward(q, k, v, _unflat(docs, per_seq), sinks, window)
     return o, lse
 
 
 @_attention.register_fake
-def _(q, k, v, sinks, docs, per_seq, handle):
+def _(q, k, v, sinks, docs, per_seq, handle, window):
     return (q.new_empty((q.shape[0], q.shape[1], v.shape[2])),
             q.new_empty((q.shape[1], q.shape[0]), dtype=_accum_dtype(q.dtype)))
 
@@ -80,13 +103,13 @@ def _(q, k, v, sinks, docs, per_seq, handle):
 @torch.library.custom_op("seqpar::attention_backward", mutates_args=())
 def _attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                         dout: torch.Tensor, sinks: Optional[torch.Tensor], docs: List[int], per_seq: List[int],
-                        handle: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    dq, dk, dv, dsinks = _layers[handle].backward(q, k, v, o, lse, dout, _unflat(docs, per_seq), sinks)
+                        handle: int, window: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dq, dk, dv, dsinks = _layers[handle].backward(q, k, v, o, lse, dout, _unflat(docs, per_seq), sinks, window)
     return dq, dk, dv, dsinks
 
 
 @_attention_backward.register_fake
-def _(q, k, v, o, lse, dout, sinks, docs, per_seq, handle):
+def _(q, k, v, o, lse, dout, sinks, docs, per_seq, handle, window):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
             torch.empty_like(v, memory_format=torch.contiguous_format),
@@ -94,24 +117,24 @@ def _(q, k, v, o, lse, dout, sinks, docs, per_seq, handle):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, sinks, docs, per_seq, handle = inputs
+    q, k, v, sinks, docs, per_seq, handle, window = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, sinks)
-    ctx.docs, ctx.per_seq, ctx.handle = docs, per_seq, handle
+    ctx.docs, ctx.per_seq, ctx.handle, ctx.window = docs, per_seq, handle, window
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, dout, _dlse):
     q, k, v, o, lse, sinks = ctx.saved_tensors
     dq, dk, dv, dsinks = _attention_backward(q, k, v, o, lse, dout.contiguous(), sinks, ctx.docs, ctx.per_seq,
-                                             ctx.handle)
+                                             ctx.handle, ctx.window)
     if sinks is None:
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
     # The op sums the sinks' gradient over the group (the C++ API's contract); autograd gets this
     # rank's equal share of that sum, so that the all-reduce (sum) a trainer runs over every replicated
     # parameter's gradient gives the whole batch's gradient, as it does for the projections around
     # attention, whose gradients are each rank's partial sums.
-    return dq, dk, dv, dsinks / _group_sizes[ctx.handle], None, None, None
+    return dq, dk, dv, dsinks / _group_sizes[ctx.handle], None, None, None, None
 
 
 _attention.register_autograd(_backward, setup_context=_setup_context)
@@ -134,10 +157,16 @@ class DistributedAttention(torch.nn.Module):
     backend is NCCL; the transfers and kernels run on seqpar's streams, ordered after and before
     torch's current stream. The CUDA path is compiled, never run: no GPU has executed it yet; it takes
     sinks.
+
+    mask_mix: the model's masks with their layer counts, as ((left, right) window_size, layers) pairs,
+    e.g. [((-1, 0), 24), ((127, 0), 24)] for 24 full and 24 window-128 layers (default: every layer
+    full). A rank's rows are made once per batch for every layer, balanced for this mix; a call may
+    use any window_size (only the balance follows the mix).
     """
 
     def __init__(self, strategy: str, heads_q: int, heads_kv: int, head_dim: int, group=None,
-                 ranks_per_node: int = 0, timeout_s: Optional[float] = None, head_dim_v: Optional[int] = None):
+                 ranks_per_node: int = 0, timeout_s: Optional[float] = None, head_dim_v: Optional[int] = None,
+                 mask_mix: Optional[Sequence[Tuple[Tuple[int, int], int]]] = None):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("seqpar.torch.DistributedAttention: torch.distributed is not initialized "
@@ -150,8 +179,16 @@ class DistributedAttention(torch.nn.Module):
         if head_dim_v is None:
             head_dim_v = head_dim
         self.heads_q, self.heads_kv, self.head_dim, self.head_dim_v = heads_q, heads_kv, head_dim, head_dim_v
+        mix = []
+        for i, part in enumerate(mask_mix or ()):
+            try:
+                window_size, layers = part
+            except (TypeError, ValueError):
+                raise ValueError(f"seqpar.torch.DistributedAttention: mask_mix[{i}] = {part!r}: must be a pair "
+                                 "(window_size, layers), e.g. ((127, 0), 24)") from None
+            mix.append((_window_of(window_size, f"mask_mix[{i}] window_size"), int(layers)))
         self._layer = _C.Attention(strategy, heads_q, heads_kv, head_dim, group, float(timeout_s),
-                                   int(ranks_per_node), int(head_dim_v))
+                                   int(ranks_per_node), int(head_dim_v), mix)
         self._handle = next(_next_handle)
         _layers[self._handle] = self._layer
         _group_sizes[self._handle] = dist.get_world_size(group)
@@ -165,10 +202,15 @@ class DistributedAttention(torch.nn.Module):
         return self._layer.strategy
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: Lengths,
-                return_lse: bool = False, sinks: Optional[torch.Tensor] = None):
+                return_lse: bool = False, sinks: Optional[torch.Tensor] = None,
+                window_size: Tuple[int, int] = (-1, 0)):
         """o (local tokens, heads_q, head_dim_v), and with return_lse the log-sum-exp (heads_q, local
         tokens), of this rank's rows. q, k: (local tokens, heads, head_dim); v: (local tokens, heads_kv,
         head_dim_v). Differentiable in q, k, v and sinks.
+
+        window_size: FlashAttention's (left, right): (-1, 0) full causal attention within each document
+        (the default), (w - 1, 0) a sliding window of w keys (the query's own and its w - 1
+        predecessors in its document). The same rows serve every window: layers of a model may differ.
 
         sinks: attention sinks (gpt-oss), one logit per query head, shape (heads_q,), in the kernels'
         accumulation type (float32; float64 for float64 q), on q's device; typically a learnable
@@ -189,8 +231,9 @@ class DistributedAttention(torch.nn.Module):
             if t.device.type not in ("cpu", "cuda"):
                 raise ValueError(f"seqpar.torch.DistributedAttention: {name}.device = {t.device}: must be cpu "
                                  "(the CPU kernels)" + (" or cuda (the CUDA kernels)" if CUDA else ""))
+        window = _window_of(window_size)
         docs, per_seq = _flat(_nested(lengths))
-        o, lse = _attention(q, k, v, sinks, docs, per_seq, self._handle)
+        o, lse = _attention(q, k, v, sinks, docs, per_seq, self._handle, window)
         return (o, lse) if return_lse else o
 
     # ---- what a trainer needs around attention (the C++ train/ glue) ----

@@ -51,6 +51,7 @@ struct CudaAttention::State {
   c10::intrusive_ptr<::c10d::ProcessGroup> group;
   std::chrono::milliseconds timeout;
   int ranks_per_node;
+  sp::MaskMix masks;                                              // the model's: placements balance it
   std::optional<c10::Device> device;                              // of the first call: every call's
   std::unique_ptr<sp::backend::c10d::DeviceTransport> transport;  // engines hold a reference
   std::unique_ptr<Engine<float>> floats;
@@ -82,7 +83,7 @@ struct CudaAttention::State {
   template <class T>
   Engine<T>& engine_for(std::unique_ptr<Engine<T>>& slot, sp::backend::c10d::DeviceTransport& t) {
     // CudaFlash{}: streams of its own on the current device (the guard's: q's).
-    if (!slot) slot = make_engine<sp::attention::CudaFlash<T>>(strategy, t, shape, ranks_per_node);
+    if (!slot) slot = make_engine<sp::attention::CudaFlash<T>>(strategy, t, shape, ranks_per_node, masks);
     return *slot;
   }
 
@@ -106,7 +107,7 @@ struct CudaAttention::State {
   template <class T>
   std::vector<at::Tensor> forward_as(std::unique_ptr<Engine<T>>& slot, const at::Tensor& q, const at::Tensor& k,
                                      const at::Tensor& v, const Lengths& lengths,
-                                     const std::optional<at::Tensor>& sinks) {
+                                     const std::optional<at::Tensor>& sinks, sp::AttentionMask mask) {
     const c10::cuda::CUDAGuard guard(q.device());
     require_cuda_head_sizes();
     auto& t = transport_on(q);
@@ -121,9 +122,10 @@ struct CudaAttention::State {
     auto& e = engine_for<T>(slot, t);
     run(e, [&] {
       if (s.defined())
-        e.forward(batch, qv, kv, vv, thd<T>(o, "o", dtype, q.device()), lse_view<float>(lse), span_of<const float>(s));
+        e.forward(batch, mask, qv, kv, vv, thd<T>(o, "o", dtype, q.device()), lse_view<float>(lse),
+                  span_of<const float>(s));
       else
-        e.forward(batch, qv, kv, vv, thd<T>(o, "o", dtype, q.device()), lse_view<float>(lse));
+        e.forward(batch, mask, qv, kv, vv, thd<T>(o, "o", dtype, q.device()), lse_view<float>(lse));
     });
     return {o, lse};
   }
@@ -132,7 +134,7 @@ struct CudaAttention::State {
   std::vector<at::Tensor> backward_as(std::unique_ptr<Engine<T>>& slot, const at::Tensor& q, const at::Tensor& k,
                                       const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
                                       const at::Tensor& dout, const Lengths& lengths,
-                                      const std::optional<at::Tensor>& sinks) {
+                                      const std::optional<at::Tensor>& sinks, sp::AttentionMask mask) {
     const c10::cuda::CUDAGuard guard(q.device());
     require_cuda_head_sizes();
     auto& t = transport_on(q);
@@ -154,11 +156,11 @@ struct CudaAttention::State {
     auto& e = engine_for<T>(slot, t);
     run(e, [&] {
       if (s.defined())
-        e.backward(batch, qv, kv, vv, ov, lse_view<const float>(lse), dov, thd<T>(dq, "dq", dtype, dev),
+        e.backward(batch, mask, qv, kv, vv, ov, lse_view<const float>(lse), dov, thd<T>(dq, "dq", dtype, dev),
                    thd<T>(dk, "dk", dtype, dev), thd<T>(dv, "dv", dtype, dev), span_of<const float>(s),
                    span_of<float>(dsinks));
       else
-        e.backward(batch, qv, kv, vv, ov, lse_view<const float>(lse), dov, thd<T>(dq, "dq", dtype, dev),
+        e.backward(batch, mask, qv, kv, vv, ov, lse_view<const float>(lse), dov, thd<T>(dq, "dq", dtype, dev),
                    thd<T>(dk, "dk", dtype, dev), thd<T>(dv, "dv", dtype, dev));
     });
     return {dq, dk, dv, dsinks};
@@ -182,21 +184,22 @@ struct CudaAttention::State {
 
 CudaAttention::CudaAttention(std::string strategy, const sp::AttentionShape& shape,
                              c10::intrusive_ptr<::c10d::ProcessGroup> group, std::chrono::milliseconds timeout,
-                             int ranks_per_node)
+                             int ranks_per_node, sp::MaskMix masks)
     : s_(std::make_unique<State>(State{std::move(strategy), shape, std::move(group), timeout, ranks_per_node,
-                                       std::nullopt, nullptr, nullptr, nullptr, nullptr})) {}
+                                       std::move(masks), std::nullopt, nullptr, nullptr, nullptr, nullptr})) {}
 
 CudaAttention::~CudaAttention() = default;
 
 std::vector<at::Tensor> CudaAttention::forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                               const Lengths& lengths, const std::optional<at::Tensor>& sinks) {
+                                               const Lengths& lengths, const std::optional<at::Tensor>& sinks,
+                                               sp::AttentionMask mask) {
   switch (q.scalar_type()) {
     case at::kFloat:
-      return s_->forward_as<float>(s_->floats, q, k, v, lengths, sinks);
+      return s_->forward_as<float>(s_->floats, q, k, v, lengths, sinks, mask);
     case at::kHalf:
-      return s_->forward_as<__half>(s_->halves, q, k, v, lengths, sinks);
+      return s_->forward_as<__half>(s_->halves, q, k, v, lengths, sinks, mask);
     case at::kBFloat16:
-      return s_->forward_as<__nv_bfloat16>(s_->bf16s, q, k, v, lengths, sinks);
+      return s_->forward_as<__nv_bfloat16>(s_->bf16s, q, k, v, lengths, sinks, mask);
     default:
       break;
   }
@@ -206,14 +209,15 @@ std::vector<at::Tensor> CudaAttention::forward(const at::Tensor& q, const at::Te
 
 std::vector<at::Tensor> CudaAttention::backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                 const at::Tensor& o, const at::Tensor& lse, const at::Tensor& dout,
-                                                const Lengths& lengths, const std::optional<at::Tensor>& sinks) {
+                                                const Lengths& lengths, const std::optional<at::Tensor>& sinks,
+                                                sp::AttentionMask mask) {
   switch (q.scalar_type()) {
     case at::kFloat:
-      return s_->backward_as<float>(s_->floats, q, k, v, o, lse, dout, lengths, sinks);
+      return s_->backward_as<float>(s_->floats, q, k, v, o, lse, dout, lengths, sinks, mask);
     case at::kHalf:
-      return s_->backward_as<__half>(s_->halves, q, k, v, o, lse, dout, lengths, sinks);
+      return s_->backward_as<__half>(s_->halves, q, k, v, o, lse, dout, lengths, sinks, mask);
     case at::kBFloat16:
-      return s_->backward_as<__nv_bfloat16>(s_->bf16s, q, k, v, o, lse, dout, lengths, sinks);
+      return s_->backward_as<__nv_bfloat16>(s_->bf16s, q, k, v, o, lse, dout, lengths, sinks, mask);
     default:
       break;
   }

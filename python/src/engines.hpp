@@ -41,56 +41,60 @@ constexpr const char* kStrategies[] = {"ulysses",
 
 template <class S, class Kernel, class Tr>
 std::unique_ptr<sp::runtime::AttentionEngine<Kernel>> engine(Tr& t, const sp::AttentionShape& shape,
-                                                             typename S::Arguments args, int ranks_per_node) {
+                                                             typename S::Arguments args, int ranks_per_node,
+                                                             const sp::MaskMix& masks) {
   args.ranks_per_node = ranks_per_node;
+  args.masks = masks;  // the model's mask mix: what the one placement of each batch is balanced for
   return std::make_unique<sp::DistributedAttention<S, Kernel>>(t, shape, args);
 }
 
+/// The named strategy's engine; `masks`: the model's mask mix (the placement serves every layer's mask).
 template <class Kernel, class Tr>
 std::unique_ptr<sp::runtime::AttentionEngine<Kernel>> make_engine(const std::string& name, Tr& t,
-                                                                  const sp::AttentionShape& shape, int rpn) {
+                                                                  const sp::AttentionShape& shape, int rpn,
+                                                                  const sp::MaskMix& masks) {
   using namespace sp::partition;
   using sp::Strategy, sp::comm::AllGather, sp::comm::AllToAll, sp::comm::Ring;
   using Hier = sp::comm::Hierarchical<AllToAll, Ring>;
-  if (name == "ulysses") return engine<Strategy<Uniform, AllToAll>, Kernel>(t, shape, {}, rpn);
-  if (name == "ring") return engine<Strategy<Uniform, Ring>, Kernel>(t, shape, {}, rpn);
-  if (name == "zigzag-ring") return engine<Strategy<Zigzag, Ring>, Kernel>(t, shape, {}, rpn);
+  if (name == "ulysses") return engine<Strategy<Uniform, AllToAll>, Kernel>(t, shape, {}, rpn, masks);
+  if (name == "ring") return engine<Strategy<Uniform, Ring>, Kernel>(t, shape, {}, rpn, masks);
+  if (name == "zigzag-ring") return engine<Strategy<Zigzag, Ring>, Kernel>(t, shape, {}, rpn, masks);
   if (name == "zigzag-ring-aware") {
     Strategy<Zigzag, Ring>::Arguments a;
     a.comm.sharding_aware = true;
-    return engine<Strategy<Zigzag, Ring>, Kernel>(t, shape, a, rpn);
+    return engine<Strategy<Zigzag, Ring>, Kernel>(t, shape, a, rpn, masks);
   }
   if (name == "per-doc-aware") {
     Strategy<PerDoc, Ring>::Arguments a;
     a.comm.sharding_aware = true;
-    return engine<Strategy<PerDoc, Ring>, Kernel>(t, shape, a, rpn);
+    return engine<Strategy<PerDoc, Ring>, Kernel>(t, shape, a, rpn, masks);
   }
-  if (name == "allgather") return engine<Strategy<Zigzag, AllGather>, Kernel>(t, shape, {}, rpn);
+  if (name == "allgather") return engine<Strategy<Zigzag, AllGather>, Kernel>(t, shape, {}, rpn, masks);
   if (name == "whole-doc") {
     Strategy<WholeDoc, Ring>::Arguments a;
     a.comm.sharding_aware = true;
-    return engine<Strategy<WholeDoc, Ring>, Kernel>(t, shape, a, rpn);
+    return engine<Strategy<WholeDoc, Ring>, Kernel>(t, shape, a, rpn, masks);
   }
   if (name == "hybrid-aware") {
     Strategy<Hybrid, Ring>::Arguments a;
     a.comm.sharding_aware = true;
-    return engine<Strategy<Hybrid, Ring>, Kernel>(t, shape, a, rpn);
+    return engine<Strategy<Hybrid, Ring>, Kernel>(t, shape, a, rpn, masks);
   }
   if (name == "hybrid-allgather-aware") {
     Strategy<Hybrid, AllGather>::Arguments a;
     a.comm.sharding_aware = true;
-    return engine<Strategy<Hybrid, AllGather>, Kernel>(t, shape, a, rpn);
+    return engine<Strategy<Hybrid, AllGather>, Kernel>(t, shape, a, rpn, masks);
   }
   if (name == "hierarchical") {
     Strategy<Zigzag, Hier>::Arguments a;
     a.comm.outer.sharding_aware = true;
-    return engine<Strategy<Zigzag, Hier>, Kernel>(t, shape, a, rpn);
+    return engine<Strategy<Zigzag, Hier>, Kernel>(t, shape, a, rpn, masks);
   }
-  if (name == "basp") return engine<Strategy<BatchAware<Uniform>, AllToAll>, Kernel>(t, shape, {}, rpn);
+  if (name == "basp") return engine<Strategy<BatchAware<Uniform>, AllToAll>, Kernel>(t, shape, {}, rpn, masks);
   if (name == "basp-hybrid-hierarchical") {
     Strategy<BatchAware<Hybrid>, Hier>::Arguments a;
     a.comm.outer.sharding_aware = true;
-    return engine<Strategy<BatchAware<Hybrid>, Hier>, Kernel>(t, shape, a, rpn);
+    return engine<Strategy<BatchAware<Hybrid>, Hier>, Kernel>(t, shape, a, rpn, masks);
   }
   if (name == "auto") {
     // plan::SelectedAttention: every batch shape simulated on each candidate (an H100 SXM profile:
@@ -106,6 +110,7 @@ std::unique_ptr<sp::runtime::AttentionEngine<Kernel>> make_engine(const std::str
     std::get<3>(a.strategies).comm.outer.sharding_aware = true;
     a.simulation.hardware = sp::replay::profiles::h100_sxm();
     a.ranks_per_node = rpn;
+    a.masks = masks;
     return std::make_unique<Selected>(t, shape, a);
   }
   std::string known;

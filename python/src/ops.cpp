@@ -39,11 +39,15 @@ static_assert(sizeof(Bf16) == sizeof(c10::BFloat16) && alignof(Bf16) <= alignof(
 // first use; each keeps its own plan cache).
 class Attention {
  public:
+  // mask_mix: the model's (window, layers) pairs, window 0 = causal (empty: every layer causal): what the
+  // one placement of each batch is balanced for; every call may pass any window.
   Attention(std::string strategy, int heads_q, int heads_kv, int head_dim,
-            const c10::intrusive_ptr<::c10d::ProcessGroup>& group, double timeout_s, int ranks_per_node, int head_dim_v)
+            const c10::intrusive_ptr<::c10d::ProcessGroup>& group, double timeout_s, int ranks_per_node, int head_dim_v,
+            const std::vector<std::pair<std::int64_t, std::int64_t>>& mask_mix)
       : strategy_(std::move(strategy)),
         shape_{heads_q, heads_kv, head_dim, 0.0, head_dim_v},
-        ranks_per_node_(ranks_per_node) {
+        ranks_per_node_(ranks_per_node),
+        masks_(mix_of(mask_mix)) {
     constexpr std::string_view where = "seqpar.torch.DistributedAttention";
     sp::detail::require(heads_q >= 1, where, "heads_q", heads_q, "must be >= 1");
     sp::detail::require(heads_kv >= 1 && heads_q % heads_kv == 0, where, "heads_kv", heads_kv,
@@ -57,22 +61,25 @@ class Attention {
     transport_ = std::make_unique<sp::backend::c10d::Transport>(group, options);
     (void)meta_engine();  // an unknown strategy fails here, in the constructor
 #if SEQPAR_TORCH_CUDA
-    cuda_ = std::make_unique<CudaAttention>(strategy_, shape_, group, options.timeout, ranks_per_node);
+    cuda_ = std::make_unique<CudaAttention>(strategy_, shape_, group, options.timeout, ranks_per_node, masks_);
 #endif
   }
 
+  // window: the call's sliding window in keys, the query's own included (0: causal): FlashAttention's
+  // window_size = (window - 1, 0).
   std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Lengths& lengths,
-                                  const std::optional<at::Tensor>& sinks) {
+                                  const std::optional<at::Tensor>& sinks, std::int64_t window) {
+    const sp::AttentionMask mask = mask_of(window);
 #if SEQPAR_TORCH_CUDA
-    if (q.is_cuda()) return cuda_->forward(q, k, v, lengths, sinks);
+    if (q.is_cuda()) return cuda_->forward(q, k, v, lengths, sinks, mask);
 #endif
     switch (q.scalar_type()) {
       case at::kDouble:
-        return forward_as<double>(doubles_, q, k, v, lengths, sinks);
+        return forward_as<double>(doubles_, q, k, v, lengths, sinks, mask);
       case at::kFloat:
-        return forward_as<float>(floats_, q, k, v, lengths, sinks);
+        return forward_as<float>(floats_, q, k, v, lengths, sinks, mask);
       case at::kBFloat16:  // CpuFlash<bf16> on the tensors' own storage: fp32 accumulation, fp32 lse
-        return forward_as<Bf16>(bf16s_, q, k, v, lengths, sinks);
+        return forward_as<Bf16>(bf16s_, q, k, v, lengths, sinks, mask);
       default:
         break;
     }
@@ -83,17 +90,18 @@ class Attention {
   // dq, dk, dv and the sinks' gradient (summed over the ranks; an empty tensor without sinks).
   std::vector<at::Tensor> backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
                                    const at::Tensor& lse, const at::Tensor& dout, const Lengths& lengths,
-                                   const std::optional<at::Tensor>& sinks) {
+                                   const std::optional<at::Tensor>& sinks, std::int64_t window) {
+    const sp::AttentionMask mask = mask_of(window);
 #if SEQPAR_TORCH_CUDA
-    if (q.is_cuda()) return cuda_->backward(q, k, v, o, lse, dout, lengths, sinks);
+    if (q.is_cuda()) return cuda_->backward(q, k, v, o, lse, dout, lengths, sinks, mask);
 #endif
     switch (q.scalar_type()) {
       case at::kDouble:
-        return backward_as<double>(doubles_, q, k, v, o, lse, dout, lengths, sinks);
+        return backward_as<double>(doubles_, q, k, v, o, lse, dout, lengths, sinks, mask);
       case at::kFloat:
-        return backward_as<float>(floats_, q, k, v, o, lse, dout, lengths, sinks);
+        return backward_as<float>(floats_, q, k, v, o, lse, dout, lengths, sinks, mask);
       case at::kBFloat16:
-        return backward_as<Bf16>(bf16s_, q, k, v, o, lse, dout, lengths, sinks);
+        return backward_as<Bf16>(bf16s_, q, k, v, o, lse, dout, lengths, sinks, mask);
       default:
         break;
     }
@@ -106,7 +114,7 @@ class Attention {
   std::vector<at::Tensor> token_meta(const Lengths& lengths) {
     const sp::DocumentBatch batch = make_batch(lengths);
     auto& e = meta_engine();
-    const sp::train::TokenMeta m = sp::train::token_meta(batch, e.plan(batch), transport_->rank());
+    const sp::train::TokenMeta m = sp::train::token_meta(batch, e.placement(batch), transport_->rank());
     const auto longs = [](const auto& v) {
       at::Tensor t = at::empty({static_cast<std::int64_t>(v.size())}, at::kLong);
       for (std::size_t i = 0; i < v.size(); ++i) t.data_ptr<std::int64_t>()[i] = static_cast<std::int64_t>(v[i]);
@@ -129,20 +137,33 @@ class Attention {
   template <class T>
   using Engine = sp::runtime::AttentionEngine<sp::attention::CpuFlash<T>>;
 
+  static sp::AttentionMask mask_of(std::int64_t window) {
+    const sp::AttentionMask mask{window};
+    mask.validate("seqpar.torch.DistributedAttention", "window");
+    return mask;
+  }
+  static sp::MaskMix mix_of(const std::vector<std::pair<std::int64_t, std::int64_t>>& pairs) {
+    std::vector<sp::MaskMix::Part> parts;
+    for (const auto& [window, layers] : pairs) parts.push_back({sp::AttentionMask{window}, layers});
+    sp::MaskMix mix(std::move(parts));
+    mix.validate("seqpar.torch.DistributedAttention", "mask_mix");
+    return mix;
+  }
+
   sp::runtime::AttentionEngine<sp::attention::CpuFlash<double>>& meta_engine() {
     return engine_for<double>(doubles_);
   }
 
   template <class T>
   Engine<T>& engine_for(std::unique_ptr<Engine<T>>& slot) {
-    if (!slot) slot = make_engine<sp::attention::CpuFlash<T>>(strategy_, *transport_, shape_, ranks_per_node_);
+    if (!slot) slot = make_engine<sp::attention::CpuFlash<T>>(strategy_, *transport_, shape_, ranks_per_node_, masks_);
     return *slot;
   }
 
   template <class T>
   std::vector<at::Tensor> forward_as(std::unique_ptr<Engine<T>>& slot, const at::Tensor& q, const at::Tensor& k,
                                      const at::Tensor& v, const Lengths& lengths,
-                                     const std::optional<at::Tensor>& sinks) {
+                                     const std::optional<at::Tensor>& sinks, sp::AttentionMask mask) {
     using Accum = typename sp::attention::CpuFlash<T>::accum_type;
     const at::ScalarType dtype = q.scalar_type();
     const sp::DocumentBatch batch = make_batch(lengths);
@@ -155,9 +176,9 @@ class Attention {
     {
       pybind11::gil_scoped_release release;  // peers may be other threads of this process (tests)
       if (s.defined())
-        e.forward(batch, qv, kv, vv, thd<T>(o, "o", dtype), lse_view<Accum>(lse), span_of<const Accum>(s));
+        e.forward(batch, mask, qv, kv, vv, thd<T>(o, "o", dtype), lse_view<Accum>(lse), span_of<const Accum>(s));
       else
-        e.forward(batch, qv, kv, vv, thd<T>(o, "o", dtype), lse_view<Accum>(lse));
+        e.forward(batch, mask, qv, kv, vv, thd<T>(o, "o", dtype), lse_view<Accum>(lse));
     }
     return {o, lse};
   }
@@ -166,7 +187,7 @@ class Attention {
   std::vector<at::Tensor> backward_as(std::unique_ptr<Engine<T>>& slot, const at::Tensor& q, const at::Tensor& k,
                                       const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
                                       const at::Tensor& dout, const Lengths& lengths,
-                                      const std::optional<at::Tensor>& sinks) {
+                                      const std::optional<at::Tensor>& sinks, sp::AttentionMask mask) {
     using Accum = typename sp::attention::CpuFlash<T>::accum_type;
     const at::ScalarType dtype = q.scalar_type();
     const sp::DocumentBatch batch = make_batch(lengths);
@@ -186,10 +207,10 @@ class Attention {
     {
       pybind11::gil_scoped_release release;
       if (s.defined())
-        e.backward(batch, qv, kv, vv, ov, lse_view<const Accum>(lse), dov, thd<T>(dq, "dq", dtype),
+        e.backward(batch, mask, qv, kv, vv, ov, lse_view<const Accum>(lse), dov, thd<T>(dq, "dq", dtype),
                    thd<T>(dk, "dk", dtype), thd<T>(dv, "dv", dtype), span_of<const Accum>(s), span_of<Accum>(dsinks));
       else
-        e.backward(batch, qv, kv, vv, ov, lse_view<const Accum>(lse), dov, thd<T>(dq, "dq", dtype),
+        e.backward(batch, mask, qv, kv, vv, ov, lse_view<const Accum>(lse), dov, thd<T>(dq, "dq", dtype),
                    thd<T>(dk, "dk", dtype), thd<T>(dv, "dv", dtype));
     }
     return {dq, dk, dv, dsinks};
@@ -198,6 +219,7 @@ class Attention {
   std::string strategy_;
   sp::AttentionShape shape_;
   int ranks_per_node_;
+  sp::MaskMix masks_;
   std::unique_ptr<sp::backend::c10d::Transport> transport_;  // engines hold a reference: a stable address
   std::unique_ptr<Engine<double>> doubles_;
   std::unique_ptr<Engine<float>> floats_;
@@ -212,16 +234,17 @@ class Attention {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "seqpar's DistributedAttention on a torch.distributed process group (see seqpar.torch)";
   pybind11::class_<Attention>(m, "Attention")
-      .def(pybind11::init<std::string, int, int, int, const c10::intrusive_ptr<::c10d::ProcessGroup>&, double, int,
-                          int>(),
+      .def(pybind11::init<std::string, int, int, int, const c10::intrusive_ptr<::c10d::ProcessGroup>&, double, int, int,
+                          const std::vector<std::pair<std::int64_t, std::int64_t>>&>(),
            pybind11::arg("strategy"), pybind11::arg("heads_q"), pybind11::arg("heads_kv"), pybind11::arg("head_dim"),
            pybind11::arg("group"), pybind11::arg("timeout_s"), pybind11::arg("ranks_per_node"),
-           pybind11::arg("head_dim_v"))
+           pybind11::arg("head_dim_v"),
+           pybind11::arg("mask_mix") = std::vector<std::pair<std::int64_t, std::int64_t>>{})
       .def("forward", &Attention::forward, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"),
-           pybind11::arg("lengths"), pybind11::arg("sinks") = std::nullopt)
+           pybind11::arg("lengths"), pybind11::arg("sinks") = std::nullopt, pybind11::arg("window") = 0)
       .def("backward", &Attention::backward, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"),
            pybind11::arg("o"), pybind11::arg("lse"), pybind11::arg("dout"), pybind11::arg("lengths"),
-           pybind11::arg("sinks") = std::nullopt)
+           pybind11::arg("sinks") = std::nullopt, pybind11::arg("window") = 0)
       .def("token_meta", &Attention::token_meta)
       .def_property_readonly("rank", &Attention::rank)
       .def_property_readonly("size", &Attention::size)

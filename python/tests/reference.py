@@ -8,11 +8,15 @@ import torch
 import torch.nn.functional as F
 
 
-def doc_mask(lengths):
-    """(T, T) bool: token i sees token j iff they are in the same document and j <= i."""
+def doc_mask(lengths, window=0):
+    """(T, T) bool: token i sees token j iff they are in the same document and j <= i (and, with a
+    sliding window of `window` keys, i - j < window)."""
     doc = torch.cat([torch.full((n,), i) for i, n in enumerate(d for s in lengths for d in s)])
     same = doc[:, None] == doc[None, :]
-    return same & torch.ones_like(same).tril()
+    mask = same & torch.ones_like(same).tril()
+    if window > 0:
+        mask = mask & ~torch.ones_like(same).tril(-window)
+    return mask
 
 
 def sdpa(q, k, v, lengths):
@@ -27,7 +31,7 @@ def sdpa(q, k, v, lengths):
     return o.transpose(0, 1), lse
 
 
-def explicit(q, k, v, lengths, sinks=None):
+def explicit(q, k, v, lengths, sinks=None, window=0):
     """The definition written out, for value heads of their own size and attention sinks: q, k (T, H, D),
     v (T, Hkv, Dv) of the whole batch, sinks (Hq,) or None -> o (T, Hq, Dv), lse (Hq, T). Scores q.k /
     sqrt(D) under the document-causal mask; each query head's sink logit appended as one more column
@@ -37,7 +41,7 @@ def explicit(q, k, v, lengths, sinks=None):
     kh = k.repeat_interleave(group, dim=1).transpose(0, 1)  # (Hq, T, D)
     vh = v.repeat_interleave(group, dim=1).transpose(0, 1)  # (Hq, T, Dv)
     scores = (q.transpose(0, 1) @ kh.transpose(1, 2)) / d ** 0.5  # (Hq, T, T)
-    scores = scores.masked_fill(~doc_mask(lengths), float("-inf"))
+    scores = scores.masked_fill(~doc_mask(lengths, window), float("-inf"))
     if sinks is not None:
         scores = torch.cat([scores, sinks.to(scores.dtype)[:, None, None].expand(hq, t, 1)], dim=-1)
     lse = torch.logsumexp(scores, dim=-1)

@@ -65,7 +65,7 @@ std::vector<std::int64_t> busiest_rank_tokens(const AttentionShape& shape, const
   std::mutex mu;
   backend::inproc::World(ranks).run([&](backend::inproc::Transport& tr) {
     DistributedAttention<StrategyT, Kernel> attention(tr, shape, args, make_kernel());
-    runtime::ChunkedAttention<Kernel> chunked(attention, tr, make_kernel());
+    runtime::ChunkedAttention<Kernel> chunked(attention);
     chunked.begin(plan.chunks);
     const std::lock_guard lock(mu);
     for (std::size_t c = 0; c < out.size(); ++c) out[c] = std::max(out[c], chunked.local_tokens(static_cast<int>(c)));

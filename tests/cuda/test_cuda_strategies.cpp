@@ -301,7 +301,7 @@ void check_data_ops(int head_dim, std::uint32_t seed) {
 // The shared distributed check (tests/support/distributed_check.hpp) with shards in device memory; each
 // rank makes its own CudaFlash (its own streams) on device 0.
 template <class S, class T>
-test::Errors check_strategy_on_gpu(const DocumentBatch& batch, const AttentionShape& shape, int world,
+test::Errors check_strategy_on_gpu(const test::MaskedBatch& batch, const AttentionShape& shape, int world,
                                    typename S::Arguments args, std::uint32_t seed = 7,
                                    const std::vector<double>& sinks = {}) {
   using Kernel = attention::CudaFlash<T>;
@@ -555,7 +555,7 @@ TEST_SUITE("cuda") {
     hier.ranks_per_node = 2;
     for (const test::Errors& e :
          {check_strategy_on_gpu<Ring, float>(batch, shape, 3, {}, 5, sinks),
-          check_strategy_on_gpu<Hier, float>(batch.with_window(24), shape, 4, hier, 5, sinks)}) {
+          check_strategy_on_gpu<Hier, float>(test::windowed(batch, 24), shape, 4, hier, 5, sinks)}) {
       CHECK(e.o < 1e-4);
       CHECK(e.lse < 1e-4);
       CHECK(e.dq < 1e-4);

@@ -507,7 +507,8 @@ void chunked_case(std::mt19937& rng) {
   std::vector<std::int64_t> lens(static_cast<std::size_t>(1 + pick(rng, 4)));
   for (auto& l : lens) l = 1 + pick(rng, 40);
   // Half the batches have a sliding window (1 key to longer than any document): cut prefixes, windowed slices.
-  const DocumentBatch batch = DocumentBatch({lens}).with_window(rng() % 2 ? 0 : 1 + pick(rng, 45));
+  const DocumentBatch batch = DocumentBatch({lens});
+  const AttentionMask mask{rng() % 2 ? 0 : 1 + pick(rng, 45)};
   const int world = 1 + pick(rng, 3);
   const AttentionShape shape{2, 1, 8};
   schedule::DynamicChunk sched;
@@ -521,17 +522,17 @@ void chunked_case(std::mt19937& rng) {
   for (const Chunk& c : chunks)
     if (!S::can_implement({}, c.batch, shape, Topology{world, world}).ok) return;  // refused alike everywhere
   const int n = static_cast<int>(chunks.size());
-  int with_prefix = -1;  // a chunk that reads an earlier chunk's rows
+  int with_prefix = -1;  // a chunk that reads an earlier chunk's rows under the mask (the carry cuts to it)
   for (int c = 0; c < n; ++c)
     for (const Range& p : chunks[static_cast<std::size_t>(c)].prefix)
-      if (!p.empty() && with_prefix < 0) with_prefix = c;
+      if (!visible_prefix(p, mask.window).empty() && with_prefix < 0) with_prefix = c;
   const auto factory = [&](backend::inproc::Transport& t) -> std::unique_ptr<runtime::AttentionEngine<K>> {
     return std::make_unique<DistributedAttention<S, K>>(t, shape);
   };
-  const int mutation = pick(rng, 9);
+  const int mutation = pick(rng, 8);
   if (mutation < 3) {  // valid: every chunk forward in order, backward in reverse, against the reference
-    const test::Errors err = test::distributed_check<K>(batch, chunks, test::forward_then_backward(chunks.size()),
-                                                        shape, world, factory, rng());
+    const test::Errors err = test::distributed_check<K>(
+        {batch, mask}, chunks, test::forward_then_backward(chunks.size()), shape, world, factory, rng());
     expect(err.max() < 1e-9, "ChunkedAttention differs from the reference: " + std::to_string(err.max()));
     expect(err.bytes_match, "ChunkedAttention: declared bytes differ from the counted bytes");
     ++g_counts.chunked_exact;
@@ -583,9 +584,9 @@ void chunked_case(std::mt19937& rng) {
       if (with_prefix < 0) return;
       must_name = "must run backward first";
       break;
-    default:  // a transport of another size
-      if (world < 2) return;
-      must_name = "transport.size()";
+    default:  // a chunk that is read as prefix goes backward before the chunk that reads it
+      if (with_prefix < 0) return;
+      must_name = "must run backward first";
       break;
   }
   std::vector<std::string> errors;
@@ -594,10 +595,8 @@ void chunked_case(std::mt19937& rng) {
       [&](backend::inproc::Transport& t) {
         const bool me = bad_rank < 0 || t.rank() == bad_rank;
         DistributedAttention<S, K> attn(t, shape);
-        std::optional<backend::inproc::Transport> sub;
-        if (mutation == 8) sub.emplace(t.split(t.rank() == 0 ? 0 : 1, t.rank()));  // sizes 1 and world - 1
-        runtime::ChunkedAttention<K> chunked(attn, mutation == 8 ? *sub : t);
-        chunked.begin(mutation == 3 ? given : chunks);
+        runtime::ChunkedAttention<K> chunked(attn);
+        chunked.begin(mutation == 3 ? given : chunks, mask);
         std::vector<AttentionTensors<double>> l;
         for (int c = 0; c < n; ++c) l.emplace_back(chunked.local_tokens(c), shape);
         const auto fwd = [&](int c) {
@@ -624,7 +623,7 @@ void chunked_case(std::mt19937& rng) {
                            " of " + std::to_string(world) + ": " + errors[static_cast<std::size_t>(r)];
     // The plan and the transport are every rank's (a local refusal on each); a call's mistake is the bad
     // rank's, and its peers learn it from the agreement.
-    const bool mine = mutation == 3 || mutation == 8 || bad_rank < 0 || r == bad_rank;
+    const bool mine = mutation == 3 || bad_rank < 0 || r == bad_rank;
     if (mine) {
       expect(got == 1, at + " (expected std::invalid_argument)");
       expect(errors[static_cast<std::size_t>(r)].find(must_name) != std::string::npos,

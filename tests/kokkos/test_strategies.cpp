@@ -151,7 +151,7 @@ TEST_SUITE("kokkos") {
     // fp64, 24/16 (GQA 4:2; Ulysses splits the heads over 2 ranks): only the summation order differs.
     AttentionShape small{4, 2, 24};
     small.head_dim_v = 16;
-    const DocumentBatch windowed = batch.with_window(7);
+    const test::MaskedBatch windowed = test::windowed(batch, 7);
     for (const test::Errors& e : {test::check_strategy<Ring, Kernel>(batch, small, 3, {}, kernel()),
                                   test::check_strategy<Ulysses, Kernel>(windowed, small, 2, {}, kernel()),
                                   test::check_strategy<Gather, Kernel>(windowed, small, 3, {}, kernel()),
@@ -197,7 +197,7 @@ TEST_SUITE("kokkos") {
     const std::vector<double> sinks{2.0, -0.5, 0.75, -std::numeric_limits<double>::infinity()};
     for (const test::Errors& e :
          {test::check_strategy<Ring, Kernel>(batch, shape, 3, {}, kernel(), 5, sinks),
-          test::check_strategy<Hier, Kernel>(batch.with_window(6), shape, 4, hier, kernel(), 5, sinks)}) {
+          test::check_strategy<Hier, Kernel>(test::windowed(batch, 6), shape, 4, hier, kernel(), 5, sinks)}) {
       MESSAGE("24/16 with sinks: max error " << e.max());
       CHECK(e.max() < kTol);
       CHECK(e.bytes_match);
@@ -226,7 +226,7 @@ TEST_SUITE("kokkos") {
     hier.ranks_per_node = 2;
     for (const test::Errors& e :
          {test::check_strategy<Ring, Kernel>(batch, shape, 3, {}, kernel(), 5, sinks),
-          test::check_strategy<Hier, Kernel>(batch.with_window(6), shape, 4, hier, kernel(), 5, sinks)}) {
+          test::check_strategy<Hier, Kernel>(test::windowed(batch, 6), shape, 4, hier, kernel(), 5, sinks)}) {
       CHECK(e.max() < kTol);
       CHECK(e.bytes_match);
     }

@@ -170,7 +170,7 @@ void check_plan(const ShardPlan& p, const DocumentBatch& batch, const Topology& 
     group_tokens = merged(std::move(group_tokens));
     for (const AttnSlice& s : p.slices[static_cast<std::size_t>(r)]) {
       const Document& d = docs[doc_of(batch, s.q_range.begin)];
-      if (s.q_range.size() > 1 && s.mask == Mask::sliding_window(1) && batch.window() == 1) {
+      if (s.q_range.size() > 1 && s.mask == Mask::sliding_window(1) && p.mask.window == 1) {
         // Window 1: every query sees itself only, so pieces of documents and one-token documents of
         // one sequence run together into diagonal slices.
         REQUIRE(s.k_range == s.q_range);
@@ -194,7 +194,7 @@ void check_plan(const ShardPlan& p, const DocumentBatch& batch, const Topology& 
         continue;
       }
       REQUIRE(s.q_range.end <= d.tokens.end);
-      const std::int64_t w = batch.window();
+      const std::int64_t w = p.mask.window;
       if (w > 0 && s.q_range.end - w > d.tokens.begin) {  // the last row does not see the document's start
         const std::int64_t first = std::max(d.tokens.begin, s.q_range.begin - w + 1);
         REQUIRE(s.k_range == Range{first, s.q_range.end});
@@ -719,19 +719,20 @@ TEST_SUITE("partition") {
           CAPTURE(c.name);
           CAPTURE(n);
           CAPTURE(w);
-          const DocumentBatch batch = c.batch.with_window(w);
+          const DocumentBatch& batch = c.batch;
+          const AttentionMask m{w};
           const Topology topo{n, n};
-          check_plan(Uniform{}.plan(batch, topo), batch, topo);
-          check_plan(Zigzag{}.plan(batch, topo), batch, topo);
-          const auto per_doc = PerDoc{}.plan(batch, topo);
+          check_plan(Uniform{}.plan(batch, topo, m), batch, topo);
+          check_plan(Zigzag{}.plan(batch, topo, m), batch, topo);
+          const auto per_doc = PerDoc{}.plan(batch, topo, m);
           check_plan(per_doc, batch, topo);
           check_token_balance(per_doc, batch);  // the windowed cut keeps Per-Doc's token balance
-          check_plan(Hybrid{}.plan(batch, topo), batch, topo);
+          check_plan(Hybrid{}.plan(batch, topo, m), batch, topo);
           const WholeDoc loose{{.capacity_factor = static_cast<double>(n)}};
-          check_plan(loose.plan(batch, topo), batch, topo);
+          check_plan(loose.plan(batch, topo, m), batch, topo);
           const Topology nodes{n, std::min(n, 2)};
-          check_plan(BatchAware<Uniform>{}.plan(batch, nodes), batch, nodes);
-          check_plan(BatchAware<PerDoc>{}.plan(batch, nodes), batch, nodes);
+          check_plan(BatchAware<Uniform>{}.plan(batch, nodes, m), batch, nodes);
+          check_plan(BatchAware<PerDoc>{}.plan(batch, nodes, m), batch, nodes);
         }
   }
 
@@ -740,17 +741,18 @@ TEST_SUITE("partition") {
     // (Hybrid, WholeDoc, BatchAware) weigh this one, the layouts (Zigzag, PerDoc) stay balanced.
     const Topology topo{8, 8};
     const std::int64_t w = 4096;
-    const auto batch = lognormal_128k(2026).with_window(w);
-    const auto hb = Hybrid{}.plan(batch, topo).balance();
-    const auto pb = PerDoc{}.plan(batch, topo).balance();
+    const auto batch = lognormal_128k(2026);
+    const AttentionMask m{w};
+    const auto hb = Hybrid{}.plan(batch, topo, m).balance();
+    const auto pb = PerDoc{}.plan(batch, topo, m).balance();
     MESSAGE("128K lognormal, w = 4K, P = 8, compute imbalance: Hybrid " << hb.compute_imbalance << ", PerDoc "
                                                                         << pb.compute_imbalance);
     CHECK(hb.compute_imbalance <= 1.05);
     CHECK(pb.compute_imbalance <= 1.01);
     // WholeDoc's list scheduling on windowed costs: max <= mean + (1 - 1/P) * the largest windowed document.
     const WholeDoc loose{{.capacity_factor = 8.0}};
-    const auto p = loose.plan(batch, topo);
-    const double mean = static_cast<double>(batch.attention_area()) / 8;
+    const auto p = loose.plan(batch, topo, m);
+    const double mean = static_cast<double>(batch.attention_area(m)) / 8;
     double biggest = 0;
     for (const Document& d : batch.documents())
       biggest = std::max(biggest, static_cast<double>(document_area(d.tokens.size(), w)));
@@ -758,15 +760,15 @@ TEST_SUITE("partition") {
     // One document: every row past the first w costs w pairs. Zigzag and Uniform cut tokens evenly, so
     // the rank holding the first rows is short by at most the ramp's deficit w(w-1)/2 (about 1.6% here);
     // Per-Doc and Hybrid cut the ramp zigzag and the band evenly, which balances both.
-    const auto one = DocumentBatch::single({128 * 1024}).with_window(w);
-    const auto z1 = Zigzag{}.plan(one, topo).balance();
-    const auto u1 = Uniform{}.plan(one, topo).balance();
-    const auto p1 = PerDoc{}.plan(one, topo).balance();
-    const auto h1 = Hybrid{}.plan(one, topo).balance();
+    const auto one = DocumentBatch::single({128 * 1024});
+    const auto z1 = Zigzag{}.plan(one, topo, m).balance();
+    const auto u1 = Uniform{}.plan(one, topo, m).balance();
+    const auto p1 = PerDoc{}.plan(one, topo, m).balance();
+    const auto h1 = Hybrid{}.plan(one, topo, m).balance();
     MESSAGE("one 128K document, w = 4K, P = 8, compute imbalance: Zigzag "
             << z1.compute_imbalance << ", Uniform " << u1.compute_imbalance << ", PerDoc " << p1.compute_imbalance
             << ", Hybrid " << h1.compute_imbalance);
-    const double mean1 = static_cast<double>(one.attention_area()) / 8;
+    const double mean1 = static_cast<double>(one.attention_area(m)) / 8;
     CHECK(static_cast<double>(z1.max_area) <= mean1 + static_cast<double>(w * (w - 1) / 2));
     CHECK(static_cast<double>(u1.max_area) <= mean1 + static_cast<double>(w * (w - 1) / 2));
     CHECK(p1.compute_imbalance <= 1.001);
@@ -827,9 +829,8 @@ TEST_SUITE("partition") {
       for (auto& seq : seqs)
         for (int d = 0; d < 1 + static_cast<int>(rng() % 6); ++d)
           seq.push_back(1 + static_cast<std::int64_t>(rng() % 40));
-      DocumentBatch batch(seqs);
-      const std::int64_t window = trial % 3 == 0 ? 0 : 1 + static_cast<std::int64_t>(rng() % 30);
-      if (window > 0) batch = batch.with_window(window);
+      const DocumentBatch batch(seqs);
+      const AttentionMask mask{trial % 3 == 0 ? 0 : 1 + static_cast<std::int64_t>(rng() % 30)};
       // Random disjoint pieces, some crossing document boundaries, in random order.
       std::vector<Range> pieces;
       for (std::int64_t t = 0; t < batch.total_tokens();) {
@@ -840,8 +841,8 @@ TEST_SUITE("partition") {
       }
       std::shuffle(pieces.begin(), pieces.end(), rng);
       std::int64_t want = 0;
-      for (const AttnSlice& s : seqpar::detail::document_causal_slices_for(pieces, batch)) want += s.area();
-      CHECK(seqpar::detail::document_causal_area_for(pieces, batch) == want);
+      for (const AttnSlice& s : seqpar::detail::document_causal_slices_for(pieces, batch, mask)) want += s.area();
+      CHECK(seqpar::detail::document_causal_area_for(pieces, batch, mask) == want);
     }
   }
 }

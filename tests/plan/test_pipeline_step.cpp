@@ -248,13 +248,17 @@ TEST_SUITE("plan") {
     const double full_carry = plan::stage_memory(plan::with_chunks(o, plan), 0, 0.0).of("K/V carry of split documents");
     for (const std::int64_t w : {1, 64, 2000, 5000}) {
       CAPTURE(w);
-      const DocumentBatch windowed = batch.with_window(w);
-      const schedule::ChunkPlan wplan = schedule::DynamicChunk{{.token_capacity = 1500}}.plan(windowed);
+      const AttentionMask mask{w};
+      schedule::DynamicChunk chunker{{.token_capacity = 1500}};
+      chunker.args.cost.masks = MaskMix::only(mask);
+      const schedule::ChunkPlan wplan = chunker.plan(batch);
       std::int64_t area = 0;
       for (std::size_t c = 0; c < wplan.chunks.size(); ++c)
-        area += total_area(plan::chunk_slices(wplan, static_cast<int>(c)));
-      CHECK(area == windowed.attention_area());
-      const plan::PipelineStepOptions wo = plan::with_chunks(o, wplan);
+        area += total_area(plan::chunk_slices(wplan, static_cast<int>(c), mask));
+      CHECK(area == batch.attention_area(mask));
+      plan::PipelineStepOptions windowed_options = o;
+      windowed_options.mask = mask;
+      const plan::PipelineStepOptions wo = plan::with_chunks(windowed_options, wplan);
       CHECK(wo.carry_tokens <= std::max<std::int64_t>(w - 1, 0));  // one split document: one prefix per chunk
       const double carry = plan::stage_memory(wo, 0, 0.0).of("K/V carry of split documents");
       if (w < 1500) CHECK(carry < full_carry);

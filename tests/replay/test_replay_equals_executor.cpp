@@ -119,8 +119,8 @@ DocumentBatch long_tail(std::mt19937& rng, int sequences) {
 // counts with the replay of the same programs. Returns the number of compared (rank, quantity) pairs
 // that differ; `moved` gets the bytes the run sent.
 template <class S>
-int compare(const DocumentBatch& batch, int world, typename S::Arguments args, bool chunked, std::uint64_t& moved,
-            std::string& first_difference) {
+int compare(const DocumentBatch& batch, AttentionMask mask, int world, typename S::Arguments args, bool chunked,
+            std::uint64_t& moved, std::string& first_difference) {
   const AttentionShape shape{4, 2, 8};
   const Topology topo{world, args.ranks_per_node == 0 ? world : args.ranks_per_node};
   const std::vector<Chunk> chunks =
@@ -144,20 +144,20 @@ int compare(const DocumentBatch& batch, int world, typename S::Arguments args, b
           dv(n, 2, 8);
       LseTensor<double> lse(4, n);
       body(q, k, v, o, lse, dout, dq, dk, dv);
-      programs[call][r] = attn.program(b).forward;
-      programs[call + 1][r] = attn.program(b).backward;
+      programs[call][r] = attn.program(b, mask).forward;
+      programs[call + 1][r] = attn.program(b, mask).backward;
     };
     if (!chunked) {
       run(batch, 0, [&](auto& q, auto& k, auto& v, auto& o, auto& lse, auto& dout, auto& dq, auto& dk, auto& dv) {
-        attn.forward(batch, q.view(), k.view(), v.view(), o.view(), lse.view());
+        attn.forward(batch, mask, q.view(), k.view(), v.view(), o.view(), lse.view());
         bytes += attn.last_bytes_sent();
-        attn.backward(batch, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), dq.view(), dk.view(),
-                      dv.view());
+        attn.backward(batch, mask, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), dq.view(),
+                      dk.view(), dv.view());
         bytes += attn.last_bytes_sent();
       });
     } else {
-      runtime::ChunkedAttention<CountingKernel> ca(attn, t);
-      ca.begin(chunks);
+      runtime::ChunkedAttention<CountingKernel> ca(attn);
+      ca.begin(chunks, mask);
       const int nc = ca.num_chunks();
       struct Local {
         ThdTensor<double> q, k, v, o, dout, dq, dk, dv;
@@ -185,8 +185,8 @@ int compare(const DocumentBatch& batch, int world, typename S::Arguments args, b
       }
       for (int c = 0; c < nc; ++c) {
         const auto at = 4 * static_cast<std::size_t>(c);
-        programs[at][r] = attn.program(ca.chunk(c).batch).forward;
-        programs[at + 1][r] = attn.program(ca.chunk(c).batch).backward;
+        programs[at][r] = attn.program(ca.chunk(c).batch, mask).forward;
+        programs[at + 1][r] = attn.program(ca.chunk(c).batch, mask).backward;
         programs[at + 2][r] = ca.program(c, 0);
         programs[at + 3][r] = ca.program(c, 2);
       }
@@ -241,7 +241,8 @@ TEST_SUITE("replay") {
         // Plain, chunked, and chunked under a sliding window (windowed prefix slices, cut carry).
         for (int mode : {0, 1, 2}) {
           const bool chunked = mode > 0;
-          const DocumentBatch b = mode == 2 ? batch.with_window(7) : batch;
+          const DocumentBatch& b = batch;
+          const AttentionMask mask{mode == 2 ? 7 : 0};
           if (chunked) {
             bool ok = true;
             for (const Chunk& ch :
@@ -252,7 +253,7 @@ TEST_SUITE("replay") {
           INFO(C::name() << ", world " << world << (chunked ? ", chunked" : "") << (mode == 2 ? ", window 7" : ""));
           std::uint64_t moved = 0;
           std::string difference;
-          CHECK_MESSAGE(compare<S>(b, world, args, chunked, moved, difference) == 0, difference);
+          CHECK_MESSAGE(compare<S>(b, mask, world, args, chunked, moved, difference) == 0, difference);
           (mode == 0 ? plain_bytes : mode == 1 ? chunked_bytes : windowed_bytes) += moved;
           ++runs;
         }

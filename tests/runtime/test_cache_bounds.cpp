@@ -64,7 +64,7 @@ TEST_SUITE("runtime") {
     const AttentionShape shape{12, 12, 2};  // AllToAll inside a node: heads divisible by 1..4 ranks
     std::mutex mu;
     std::set<std::vector<std::vector<int>>> groupings;  // distinct groupings seen (rank 0)
-    std::size_t most_batches = 0, most_groupings = 0, most_transports = 0;
+    std::size_t most_batches = 0, most_placements = 0, most_groupings = 0, most_transports = 0;
     bool same_bits = true;
     backend::inproc::World(8).run([&](backend::inproc::Transport& t) {
       DistributedAttention<S, attention::Reference<double>> attn(t, shape, args);
@@ -77,6 +77,7 @@ TEST_SUITE("runtime") {
         const auto sizes = attn.cache_sizes();
         std::lock_guard lock(mu);
         most_batches = std::max(most_batches, sizes.batches);
+        most_placements = std::max(most_placements, sizes.placements);
         most_groupings = std::max(most_groupings, sizes.groupings);
         most_transports = std::max(most_transports, sizes.transports);
         if (t.rank() == 0) groupings.insert(attn.plan(batch).groups);
@@ -88,6 +89,7 @@ TEST_SUITE("runtime") {
     MESSAGE(groupings.size() << " distinct groupings over 300 batches");
     CHECK(groupings.size() > Engine::kGroupingEntries);  // else the bound is never exercised
     CHECK(most_batches <= Engine::kCacheEntries);
+    CHECK(most_placements <= Engine::kPlacementEntries);
     CHECK(most_groupings <= Engine::kGroupingEntries);
     CHECK(most_transports <= 3 * Engine::kGroupingEntries);  // a group and two levels per grouping
     CHECK(same_bits);

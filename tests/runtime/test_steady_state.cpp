@@ -155,7 +155,7 @@ std::size_t steady_state_allocations(const DocumentBatch& batch, int world, type
 template <class S>
 std::size_t chunked_steady_state_allocations(int world, typename S::Arguments args = {}, std::int64_t window = 0) {
   const AttentionShape shape{4, 2, 16};
-  const DocumentBatch batch = DocumentBatch({{150, 7, 12, 30}, {9, 40, 5}}).with_window(window);
+  const DocumentBatch batch = DocumentBatch({{150, 7, 12, 30}, {9, 40, 5}});
   const std::vector<Chunk> chunks =
       schedule::DynamicChunk{{.token_capacity = 96, .time_target = 0, .slices = 3, .cost = {}}}.chunks(batch);
   REQUIRE(chunks.size() <= 8);  // every chunk batch stays in the engine's plan cache
@@ -163,8 +163,8 @@ std::size_t chunked_steady_state_allocations(int world, typename S::Arguments ar
   std::mutex mu;
   backend::inproc::World(world).run([&](backend::inproc::Transport& t) {
     DistributedAttention<S, attention::CpuFlash<float>> attn(t, shape, args);
-    runtime::ChunkedAttention<attention::CpuFlash<float>> chunked(attn, t);
-    chunked.begin(chunks);
+    runtime::ChunkedAttention<attention::CpuFlash<float>> chunked(attn);
+    chunked.begin(chunks, AttentionMask{window});
     REQUIRE(chunked.carry_rows() >= 0);
     const int nc = chunked.num_chunks();
     struct Local {
@@ -184,7 +184,7 @@ std::size_t chunked_steady_state_allocations(int world, typename S::Arguments ar
     }
     std::vector<std::vector<Chunk>> copies(4, chunks);  // begin takes its chunks by value: moved in, not copied
     const auto step = [&](std::size_t i) {
-      chunked.begin(std::move(copies[i]));
+      chunked.begin(std::move(copies[i]), AttentionMask{window});
       for (int c = 0; c < nc; ++c) {
         Local& l = loc[static_cast<std::size_t>(c)];
         chunked.forward(c, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view());

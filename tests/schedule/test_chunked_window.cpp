@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // Sliding windows through DPP's chunked attention (schedule::DynamicChunk, runtime::ChunkedAttention,
-// comm::ChunkCarry): the chunk plan of a windowed batch (every chunk batch has the window, a prefix is
-// the w - 1 tokens before its piece), chunk-by-chunk attention equal to the fp64 reference over the
-// whole windowed batch (every partitioner x communicator, 1..6 ranks, forward and backward; CpuFlash in
-// float at its tolerance), with windows of one key, shorter than a chunk, longer than a chunk and longer
-// than every document; and the carry bounded by the window.
+// comm::ChunkCarry): the chunks are cut once per batch for every layer (a prefix is the whole of its
+// document before the piece), and each layer's carry cuts the prefixes to its mask (the w - 1 tokens
+// before the piece under a window of w); chunk-by-chunk attention under a window equals the fp64
+// reference over the whole batch under that window (every partitioner x communicator, 1..6 ranks,
+// forward and backward; CpuFlash in float at its tolerance), with windows of one key, shorter than a
+// chunk, longer than a chunk and longer than every document; and the carry bounded by the window.
 #include <doctest/doctest.h>
 
 #include <seqpar/attention/cpu_flash.hpp>
@@ -53,10 +54,12 @@ std::vector<std::int64_t> windows_for(std::int64_t capacity, const DocumentBatch
   return {1, 4, capacity + capacity / 2, longest(b) + 3};
 }
 
-schedule::ChunkPlan plan_of(const DocumentBatch& batch, std::int64_t capacity, int slices) {
+// DynamicChunk's plan with its cost model for a model of `mask` layers (the chunks themselves serve any mask).
+schedule::ChunkPlan plan_of(const DocumentBatch& batch, std::int64_t capacity, int slices, AttentionMask mask = {}) {
   schedule::DynamicChunk sched;
   sched.args.token_capacity = capacity;
   sched.args.slices = slices;
+  sched.args.cost.masks = MaskMix::only(mask);
   try {  // the longest document may need more slices than asked to fit the capacity
     return sched.plan(batch);
   } catch (const std::invalid_argument&) {
@@ -74,11 +77,11 @@ std::vector<schedule::StageOp> order_for(const schedule::ChunkPlan& plan, int wo
   return schedule::one_f_one_b(schedule::backward_order(plan, all), 3)[0];
 }
 
-// The carry of `plan` as one strategy's plan of every chunk on `world` ranks places it (what
-// ChunkedAttention::begin compiles on every rank).
+// The carry of `plan` under `mask` as one strategy's placement of every chunk on `world` ranks places it
+// (what ChunkedAttention::begin compiles on every rank).
 template <class S>
 comm::ChunkCarry carry_of(const schedule::ChunkPlan& plan, const AttentionShape& shape, int world,
-                          const typename S::Arguments& args) {
+                          const typename S::Arguments& args, AttentionMask mask = {}) {
   std::vector<std::vector<std::vector<Range>>> owned;
   for (const Chunk& ch : plan.chunks) {
     const auto planned = S::plan(args, ch.batch, shape, Topology{world, world});
@@ -87,7 +90,7 @@ comm::ChunkCarry carry_of(const schedule::ChunkPlan& plan, const AttentionShape&
     for (int r = 0; r < world; ++r)
       owned.back().push_back(comm::ChunkCarry::to_global(ch, planned.plan.owned[static_cast<std::size_t>(r)]));
   }
-  return comm::ChunkCarry(plan.chunks, std::move(owned), shape);
+  return comm::ChunkCarry(plan.chunks, std::move(owned), shape, mask);
 }
 
 // Rows of the carry over all ranks, and the pieces that have a prefix.
@@ -105,7 +108,7 @@ TEST_SUITE("schedule") {
       for (const double per_token : {0.0, 5.0}) {
         CAPTURE(w);
         CAPTURE(per_token);
-        const schedule::ChunkCost cost{per_token, 1.0, w};
+        const schedule::ChunkCost cost{per_token, 1.0, MaskMix::only(AttentionMask{w})};
         for (std::int64_t a = 0; a < 60; a += 7)
           for (std::int64_t b = a; b <= 60; ++b)
             CHECK(schedule::ChunkCost::pairs(a, b, w) ==
@@ -116,31 +119,43 @@ TEST_SUITE("schedule") {
           CHECK(cost.position_of(target, 200) == want);
         }
       }
+    // A mix of full and window layers: the layer-weighted mean of the two costs, inverted exactly too.
+    const schedule::ChunkCost mixed{2.0, 1.0, {{AttentionMask::causal(), 3}, {AttentionMask{7}, 1}}};
+    for (std::int64_t a = 0; a < 40; a += 5)
+      for (std::int64_t b = a; b <= 40; ++b)
+        CHECK(mixed.of(a, b) ==
+              doctest::Approx(2.0 * static_cast<double>(b - a) +
+                              (3.0 * schedule::ChunkCost::pairs(a, b) + schedule::ChunkCost::pairs(a, b, 7)) / 4.0));
+    for (const double target : {0.5, 30.0, 400.0}) {
+      std::int64_t want = 0;
+      while (want < 100 && mixed.of(0, want) < target) ++want;
+      CHECK(mixed.position_of(target, 100) == want);
+    }
     schedule::DynamicChunk bad{{.token_capacity = 8}};
-    bad.args.cost.window = -2;
+    bad.args.cost.masks = {{AttentionMask{-2}, 1}};
     try {
       (void)bad.plan(DocumentBatch({{20}}));
       FAIL("a negative cost window was accepted");
     } catch (const std::invalid_argument& e) {
-      CHECK(std::string(e.what()).find("args.cost.window = -2") != std::string::npos);
+      CHECK(std::string(e.what()).find("args.cost.masks[0].mask.window = -2") != std::string::npos);
     }
   }
 
-  TEST_CASE("DynamicChunk with a window: every chunk batch has it, a prefix is the w - 1 tokens before its piece") {
-    const DocumentBatch plain = split_heavy_batch(3, 32, 5);
+  TEST_CASE("DynamicChunk for a window model: a prefix is the whole document before its piece, the carry cuts it") {
+    const DocumentBatch batch = split_heavy_batch(3, 32, 5);
     bool spans_chunks = false;
-    for (std::int64_t w : windows_for(32, plain)) {
+    for (std::int64_t w : windows_for(32, batch)) {
       CAPTURE(w);
-      const DocumentBatch batch = plain.with_window(w);
-      const schedule::ChunkPlan plan = plan_of(batch, 32, 4);
+      const AttentionMask mask{w};
+      const schedule::ChunkPlan plan = plan_of(batch, 32, 4, mask);
       // The cost model counts the windowed pairs: the mesh's slices cost the same under the window.
-      const schedule::ChunkCost cost{0.0, 1.0, w};
+      const schedule::ChunkCost cost{0.0, 1.0, MaskMix::only(mask)};
+      const comm::ChunkCarry carry = carry_of<Strategy<partition::Zigzag, comm::Ring>>(plan, {2, 2, 8}, 2, {}, mask);
       const double slice_cost = cost.of(0, plan.mesh.back()) / static_cast<double>(plan.mesh.size());
       std::vector<int> seen(static_cast<std::size_t>(batch.total_tokens()), 0);
       std::int64_t area = 0;
       for (std::size_t c = 0; c < plan.chunks.size(); ++c) {
         const Chunk& ch = plan.chunks[c];
-        CHECK(ch.batch.window() == w);
         CHECK(ch.batch.total_tokens() <= 32);
         double chunk_cost = 0;
         for (std::size_t i = 0; i < ch.tokens.size(); ++i) {
@@ -151,12 +166,14 @@ TEST_SUITE("schedule") {
           for (std::int64_t t = ch.tokens[i].begin; t < ch.tokens[i].end; ++t) ++seen[static_cast<std::size_t>(t)];
           const Document& d = batch.documents()[static_cast<std::size_t>(plan.pieces[c][i].document)];
           const std::int64_t begin = ch.tokens[i].begin;
-          CHECK(ch.prefix[i] == Range{std::max(d.tokens.begin, begin - (w - 1)), begin});
-          CHECK(ch.prefix[i].size() <= w - 1);
+          CHECK(ch.prefix[i] == Range{d.tokens.begin, begin});  // whole: the chunks serve every layer
+          const Range kept = carry.prefix(static_cast<int>(c), i);
+          CHECK(kept == Range{std::max(d.tokens.begin, begin - (w - 1)), begin});  // this layer's cut
+          CHECK(kept.size() <= w - 1);
           // The piece's own pairs under the window plus the pairs of its rows with the prefix keys: the
           // document's windowed pairs of those rows, so the chunks cover the batch's attention exactly.
           const std::int64_t a = begin - d.tokens.begin, b = ch.tokens[i].end - d.tokens.begin;
-          const std::int64_t pre = ch.prefix[i].size();
+          const std::int64_t pre = kept.size();
           area += AttnSlice{{0, b - a}, {0, b - a}, Mask::sliding_window(w)}.area() +
                   AttnSlice{{0, b - a}, {0, pre}, Mask::sliding_window(w, pre)}.area();
           CHECK(document_area(b, w) - document_area(a, w) ==
@@ -166,8 +183,7 @@ TEST_SUITE("schedule") {
         CHECK(ch.cost == doctest::Approx(chunk_cost).epsilon(1e-12));
       }
       for (int x : seen) CHECK(x == 1);
-      CHECK(area == batch.attention_area());
-      const comm::ChunkCarry carry = carry_of<Strategy<partition::Zigzag, comm::Ring>>(plan, {2, 2, 8}, 2, {});
+      CHECK(area == batch.attention_area(mask));
       for (int c = 0; c < carry.num_chunks(); ++c) spans_chunks = spans_chunks || carry.reads(c).size() >= 2;
       if (w == 1)
         for (int c = 0; c < carry.num_chunks(); ++c) CHECK_FALSE(carry.has_prefix(c));  // one key: its own
@@ -188,8 +204,9 @@ TEST_SUITE("schedule") {
         const AttentionShape shape = world % 2 == 0 ? AttentionShape{4, 2, 8} : AttentionShape{2, 2, 8};
         args.ranks_per_node = world >= 4 ? world / 2 : world;
         for (std::int64_t w : windows_for(cap, plain)) {
-          const DocumentBatch batch = plain.with_window(w);
-          const schedule::ChunkPlan plan = plan_of(batch, cap, 2 + (world + static_cast<int>(C::name().size())) % 4);
+          const test::MaskedBatch batch = test::windowed(plain, w);
+          const schedule::ChunkPlan plan =
+              plan_of(plain, cap, 2 + (world + static_cast<int>(C::name().size())) % 4, batch.mask);
           bool ok = true;
           for (const auto& ch : plan.chunks)
             ok = ok && S::can_implement(args, ch.batch, shape, Topology{world, args.ranks_per_node}).ok;
@@ -221,8 +238,8 @@ TEST_SUITE("schedule") {
       const DocumentBatch plain = split_heavy_batch(2, cap, 29u + static_cast<unsigned>(world));
       const AttentionShape shape{4, 2, 16};
       for (std::int64_t w : windows_for(cap, plain)) {
-        const DocumentBatch batch = plain.with_window(w);
-        const schedule::ChunkPlan plan = plan_of(batch, cap, 3);
+        const test::MaskedBatch batch = test::windowed(plain, w);
+        const schedule::ChunkPlan plan = plan_of(plain, cap, 3, batch.mask);
         const auto run = [&]<class S>(std::type_identity<S>, typename S::Arguments args) {
           INFO("world " << world << ", window " << w);
           const auto err = test::distributed_check<Kernel>(
@@ -252,8 +269,8 @@ TEST_SUITE("schedule") {
       for (std::int64_t w : {2, 5, 9}) {
         CAPTURE(world);
         CAPTURE(w);
-        const schedule::ChunkPlan plan = plan_of(plain.with_window(w), 40, 4);
-        const comm::ChunkCarry carry = carry_of<S>(plan, shape, world, {});
+        const schedule::ChunkPlan plan = plan_of(plain, 40, 4, AttentionMask{w});
+        const comm::ChunkCarry carry = carry_of<S>(plan, shape, world, {}, AttentionMask{w});
         std::int64_t pieces = 0;  // pieces with a prefix: each reads at most w - 1 keys
         for (int c = 0; c < carry.num_chunks(); ++c)
           for (std::size_t i = 0; i < plan.chunks[static_cast<std::size_t>(c)].tokens.size(); ++i)
@@ -287,8 +304,8 @@ TEST_SUITE("schedule") {
     using S = Strategy<partition::Uniform, comm::Ring>;
     const AttentionShape shape{4, 2, 8};
     const DocumentBatch plain = split_heavy_batch(2, 40, 3);
-    const auto run = [&](const DocumentBatch& batch) {
-      const schedule::ChunkPlan plan = plan_of(batch, 40, 4);
+    const auto run = [&](const test::MaskedBatch& batch) {
+      const schedule::ChunkPlan plan = plan_of(batch.batch, 40, 4, batch.mask);
       return test::distributed_check<attention::Reference<double>>(
           batch, plan.chunks, order_for(plan, 2), shape, 2,
           [&](backend::inproc::Transport& t)
@@ -297,7 +314,7 @@ TEST_SUITE("schedule") {
           },
           9);
     };
-    const test::Errors full = run(plain), windowed = run(plain.with_window(5));
+    const test::Errors full = run(plain), windowed = run(test::windowed(plain, 5));
     CHECK(full.max() < 1e-9);
     CHECK(windowed.max() < 1e-9);
     CHECK(windowed.bytes_match);
@@ -306,31 +323,31 @@ TEST_SUITE("schedule") {
     CHECK(windowed.bytes_backward < full.bytes_backward);
   }
 
-  TEST_CASE("ChunkedAttention with a window cuts a whole prefix given by hand to the window, exactly") {
-    // Chunks made by hand (not by DynamicChunk) may name a split document's whole earlier part as the
-    // prefix: the carry cuts it to the w - 1 keys a query can see, and keeps what DynamicChunk's would.
+  TEST_CASE("ChunkedAttention with a window: a prefix cut by hand to the window carries what the whole one does") {
+    // DynamicChunk's prefixes are whole (the chunks serve every layer); chunks made by hand may name only
+    // the w - 1 keys a query can see. The carry keeps the same rows either way, and both are exact.
     using S = Strategy<partition::Zigzag, comm::Ring>;
     const AttentionShape shape{2, 2, 8};
     const DocumentBatch plain = split_heavy_batch(2, 30, 41);
     for (const std::int64_t w : {3, 45}) {
       CAPTURE(w);
-      const DocumentBatch batch = plain.with_window(w);
-      const schedule::ChunkPlan cut = plan_of(batch, 30, 4);
-      schedule::ChunkPlan whole = cut;
-      int longer = 0;
-      for (std::size_t c = 0; c < whole.chunks.size(); ++c)
-        for (std::size_t i = 0; i < whole.chunks[c].tokens.size(); ++i) {
-          const Document& d = batch.documents()[static_cast<std::size_t>(whole.pieces[c][i].document)];
-          whole.chunks[c].prefix[i] = {d.tokens.begin, whole.chunks[c].tokens[i].begin};
-          longer += whole.chunks[c].prefix[i] == cut.chunks[c].prefix[i] ? 0 : 1;
+      const AttentionMask mask{w};
+      const schedule::ChunkPlan whole = plan_of(plain, 30, 4, mask);
+      schedule::ChunkPlan cut = whole;
+      int shorter = 0;
+      for (std::size_t c = 0; c < cut.chunks.size(); ++c)
+        for (std::size_t i = 0; i < cut.chunks[c].tokens.size(); ++i) {
+          cut.chunks[c].prefix[i] = visible_prefix(whole.chunks[c].prefix[i], w);
+          shorter += cut.chunks[c].prefix[i] == whole.chunks[c].prefix[i] ? 0 : 1;
         }
-      REQUIRE(longer > 0);
+      if (w == 3) REQUIRE(shorter > 0);
       for (int world : {1, 3}) {
         CAPTURE(world);
-        const comm::ChunkCarry a = carry_of<S>(cut, shape, world, {}), b = carry_of<S>(whole, shape, world, {});
+        const comm::ChunkCarry a = carry_of<S>(cut, shape, world, {}, mask),
+                               b = carry_of<S>(whole, shape, world, {}, mask);
         for (int r = 0; r < world; ++r) CHECK(a.carry_rows(r) == b.carry_rows(r));
         const auto err = test::distributed_check<attention::Reference<double>>(
-            batch, whole.chunks, order_for(whole, world), shape, world,
+            {plain, mask}, cut.chunks, order_for(cut, world), shape, world,
             [&](backend::inproc::Transport& t)
                 -> std::unique_ptr<runtime::AttentionEngine<attention::Reference<double>>> {
               return std::make_unique<DistributedAttention<S, attention::Reference<double>>>(t, shape, S::Arguments{});
@@ -342,24 +359,24 @@ TEST_SUITE("schedule") {
     }
   }
 
-  TEST_CASE("ChunkedAttention::begin recompiles when only the window changes (same ranges, same prefixes)") {
-    // Hand-made chunks: the unwindowed plan's chunks with the window set on their batches, prefixes left
-    // whole. Their ranges equal the cached plan's; the window alone must make begin compile again.
+  TEST_CASE("ChunkedAttention::begin recompiles when only the mask changes (same chunks)") {
+    // The same chunks under another mask are other programs: begin must compile again, and equal a fresh
+    // object's compile of that mask.
     using S = Strategy<partition::Zigzag, comm::Ring>;
     using K = attention::Reference<double>;
     const AttentionShape shape{2, 2, 8};
     const DocumentBatch plain = split_heavy_batch(1, 30, 43);
-    const std::vector<Chunk> full = plan_of(plain, 30, 4).chunks;
-    std::vector<Chunk> windowed = full;
-    for (Chunk& c : windowed) c.batch = c.batch.with_window(4);
+    const std::vector<Chunk> chunks = plan_of(plain, 30, 4).chunks;
+    const AttentionMask window{4};
     backend::inproc::World(2).run([&](backend::inproc::Transport& t) {
       DistributedAttention<S, K> attn(t, shape);
-      runtime::ChunkedAttention<K> reused(attn, t), fresh(attn, t);
-      reused.begin(full);
+      runtime::ChunkedAttention<K> reused(attn), fresh(attn);
+      reused.begin(chunks);
       const std::int64_t full_rows = reused.carry_rows();
-      reused.begin(windowed);
-      fresh.begin(windowed);
+      reused.begin(chunks, window);
+      fresh.begin(chunks, window);
       CHECK(reused.carry().window() == 4);
+      CHECK(reused.mask() == window);
       CHECK(reused.carry_rows() == fresh.carry_rows());
       CHECK(reused.carry_rows() <= full_rows);
       for (int c = 0; c < reused.num_chunks(); ++c)
@@ -367,17 +384,21 @@ TEST_SUITE("schedule") {
     });
   }
 
-  TEST_CASE("ChunkCarry refuses chunks of one batch under different windows, naming the chunk") {
-    const DocumentBatch batch({{30, 10}});
-    std::vector<Chunk> chunks = plan_of(batch.with_window(6), 16, 0).chunks;
-    REQUIRE(chunks.size() >= 2);
-    chunks[1].batch = chunks[1].batch.with_window(7);
-    try {
-      (void)carry_of<Strategy<partition::Zigzag, comm::Ring>>(schedule::ChunkPlan{chunks, {}, {}, 0, 0}, {2, 2, 8}, 2,
-                                                              {});
-      FAIL("chunks of different windows were accepted");
-    } catch (const std::invalid_argument& e) {
-      CHECK(std::string(e.what()).find("chunks[1].batch.window() = 7") != std::string::npos);
-    }
+  TEST_CASE("ChunkedAttention::begin refuses a negative window by name on every rank") {
+    using S = Strategy<partition::Zigzag, comm::Ring>;
+    using K = attention::Reference<double>;
+    const std::vector<Chunk> chunks = plan_of(DocumentBatch({{30, 10}}), 16, 0).chunks;
+    std::vector<std::string> errors(2);
+    backend::inproc::World(2).run([&](backend::inproc::Transport& t) {
+      DistributedAttention<S, K> attn(t, {2, 2, 8});
+      runtime::ChunkedAttention<K> chunked(attn);
+      try {
+        chunked.begin(chunks, AttentionMask{t.rank() == 0 ? -7 : 0});
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(t.rank())] = e.what();
+      }
+    });
+    CHECK(errors[0].find("mask.window = -7") != std::string::npos);
+    CHECK(errors[1].find("rank 0 refused") != std::string::npos);
   }
 }

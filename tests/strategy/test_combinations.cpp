@@ -102,10 +102,12 @@ void check_combination(Combination) {
     // The same rows as a window layer. Shards hold about 300 / world tokens and lognormal documents ~9:
     // w = 1..5 is shorter than both, w = 40..64 longer than most shards and documents.
     constexpr std::int64_t kWindows[] = {3, 16, 5, 40, 9, 24, 1, 64};
-    const DocumentBatch windowed = batch.with_window(kWindows[world - 1]);
-    INFO("window " << windowed.window());
-    if (!S::can_implement(args, windowed, shape, Topology{world, args.ranks_per_node}).ok) continue;
-    const auto werr = test::check_strategy<S, attention::Reference<double>>(windowed, shape, world, args);
+    const AttentionMask window{kWindows[world - 1]};
+    INFO("window " << window.window);
+    auto wargs = args;  // placed for an all-window model, as a window model would declare
+    wargs.masks = MaskMix::only(window);
+    if (!S::can_implement(wargs, batch, shape, Topology{world, args.ranks_per_node}, window).ok) continue;
+    const auto werr = test::check_strategy<S, attention::Reference<double>>({batch, window}, shape, world, wargs);
     CHECK(werr.o < kFp64Tolerance);
     CHECK(werr.lse < kFp64Tolerance);
     CHECK(werr.dq < kFp64Tolerance);
@@ -115,7 +117,7 @@ void check_combination(Combination) {
     // On the same owned rows a window never adds traffic, it only removes keys from the slices (the
     // planners that weigh the windowed area may place the rows differently).
     const Topology topo{world, args.ranks_per_node};
-    if (S::plan(args, batch, shape, topo).plan.owned == S::plan(args, windowed, shape, topo).plan.owned) {
+    if (S::plan(args, batch, shape, topo).plan.owned == S::plan(wargs, batch, shape, topo, window).plan.owned) {
       CHECK(werr.bytes_forward <= err.bytes_forward);
       CHECK(werr.bytes_backward <= err.bytes_backward);
     }
@@ -129,7 +131,8 @@ void check_combination(Combination) {
     const auto err = test::check_strategy<S, attention::Reference<double>>(tiny, shape, world, args);
     CHECK(err.max() < kFp64Tolerance);
     CHECK(err.bytes_match);
-    const auto werr = test::check_strategy<S, attention::Reference<double>>(tiny.with_window(2), shape, world, args);
+    const auto werr =
+        test::check_strategy<S, attention::Reference<double>>(test::windowed(tiny, 2), shape, world, args);
     CHECK(werr.max() < kFp64Tolerance);
     CHECK(werr.bytes_match);
   }
@@ -168,9 +171,9 @@ ShardingAwareRuns check_sharding_aware(unsigned seed) {
 // against the transport), and the ranks each rank receives anything from.
 template <class S>
 std::vector<std::pair<std::uint64_t, int>> received(const typename S::Arguments& args, const DocumentBatch& batch,
-                                                    const AttentionShape& shape, int world) {
+                                                    const AttentionShape& shape, int world, AttentionMask mask = {}) {
   const Topology topo{world, world};
-  const ShardPlan plan = S::plan(args, batch, shape, topo).plan;
+  const ShardPlan plan = S::plan(args, batch, shape, topo, mask).plan;
   std::vector<std::vector<std::uint64_t>> to(static_cast<std::size_t>(world));
   for (int r = 0; r < world; ++r)
     to[static_cast<std::size_t>(r)] = S::compile(args, plan, shape, r).forward.bytes_to(world, sizeof(double), 8);
@@ -197,10 +200,10 @@ void check_window_bound() {
   const DocumentBatch batch = DocumentBatch({{700, 5, 2, 60}, {300, 9}});
   for (const int world : {2, 4, 8})
     for (const std::int64_t w : {1, 6, 40}) {
-      const DocumentBatch windowed = batch.with_window(w);
+      const AttentionMask window{w};
       INFO(test::partitioner_name<P> << ": world " << world << ", window " << w);
-      const ShardPlan plan = S::plan(args, windowed, shape, Topology{world, world}).plan;
-      const auto got = received<S>(args, windowed, shape, world);
+      const ShardPlan plan = S::plan(args, batch, shape, Topology{world, world}, window).plan;
+      const auto got = received<S>(args, batch, shape, world, window);
       const auto full = received<S>(args, batch, shape, world);
       std::uint64_t total = 0, total_full = 0;
       for (int r = 0; r < world; ++r) {
@@ -210,7 +213,7 @@ void check_window_bound() {
         total_full += full[static_cast<std::size_t>(r)].first;
       }
       if (w <= 6) CHECK(4 * total <= total_full);
-      const auto err = test::check_strategy<S, attention::Reference<double>>(windowed, shape, world, args);
+      const auto err = test::check_strategy<S, attention::Reference<double>>({batch, window}, shape, world, args);
       CHECK(err.max() < kFp64Tolerance);
       CHECK(err.bytes_match);
     }
@@ -275,7 +278,7 @@ TEST_SUITE("strategy") {
     const DocumentBatch batch = make_batch(2, Mix::kLongTail, 4242);
     const AttentionShape shape{8, 2, 8};
     for (const std::int64_t w : {5, 40}) {
-      const DocumentBatch windowed = batch.with_window(w);
+      const test::MaskedBatch windowed = test::windowed(batch, w);
       INFO("window " << w);
       const auto run = [&]<class S>(std::type_identity<S>, typename S::Arguments args) {
         args.ranks_per_node = 2;
@@ -313,45 +316,48 @@ TEST_SUITE("strategy") {
     using S = Strategy<partition::Uniform, comm::Ring>;
     S::Arguments args;
     args.comm.sharding_aware = true;
-    const DocumentBatch batch = DocumentBatch({{400}}).with_window(30);
-    const auto got = received<S>(args, batch, {4, 4, 8}, 4);
+    const DocumentBatch batch = DocumentBatch({{400}});
+    const AttentionMask window{30};
+    const auto got = received<S>(args, batch, {4, 4, 8}, 4, window);
     CHECK(got[0].second == 0);
     for (int r = 1; r < 4; ++r) {
       CHECK(got[static_cast<std::size_t>(r)].second == 1);
       CHECK(got[static_cast<std::size_t>(r)].first == 29u * 2u * 4u * 8u * sizeof(double));
     }
-    const S::Compiled c = S::compile(args, batch, {4, 4, 8}, Topology{4, 4}, 2);
+    const S::Compiled c = S::compile(args, batch, {4, 4, 8}, Topology{4, 4}, 2, window);
     int computes = 0;
     for (const auto& step : c.program.forward.steps)
       computes += std::holds_alternative<comm::ComputeStep>(step) ? 1 : 0;
     CHECK(computes == 2);  // the local block and the left neighbour's, not 4
   }
 
-  TEST_CASE("windowed: one engine serves window and full layers over the same rows (plans cached per window)") {
-    // A model alternating window and full layers calls one DistributedAttention with batch and
-    // batch.with_window(w): the plan cache must tell them apart (same rows, different slices), and
-    // results must equal those of a fresh engine for each.
-    using S = Strategy<partition::Zigzag, comm::Ring>;
+  TEST_CASE("one engine serves window and full layers over the same rows (plans cached per mask)") {
+    // A model alternating window and full layers calls one DistributedAttention with the batch and each
+    // layer's mask: the rows are the placement's (the same for both masks, balanced for the declared mix),
+    // the plan cache tells the masks apart (different slices), and results equal a fresh engine's.
+    using S = Strategy<partition::PerDoc, comm::AllGather>;
     S::Arguments args;
     args.comm.sharding_aware = true;
+    args.masks = {{AttentionMask::causal(), 1}, {AttentionMask::sliding_window(6), 1}};
     const AttentionShape shape{4, 2, 8};
-    const DocumentBatch full = DocumentBatch({{90, 7, 30}});
-    const DocumentBatch windowed = full.with_window(6);
+    const DocumentBatch batch = DocumentBatch({{90, 7, 30}});
+    const AttentionMask window = AttentionMask::sliding_window(6);
     std::mutex mu;
     bool same = true, window_matters = false;
     backend::inproc::World(3).run([&](backend::inproc::Transport& t) {
       DistributedAttention<S, attention::Reference<double>> shared(t, shape, args), fresh(t, shape, args);
-      const std::int64_t n = shared.local_tokens(full);
-      REQUIRE(n == shared.local_tokens(windowed));  // the same rows
+      const std::int64_t n = shared.local_tokens(batch);
+      REQUIRE(shared.plan(batch).owned == shared.plan(batch, window).owned);  // the same rows
+      REQUIRE(shared.plan(batch).slices != shared.plan(batch, window).slices);
       ThdTensor<double> q(n, 4, 8), k(n, 2, 8), v(n, 2, 8), o_full(n, 4, 8), o_win(n, 4, 8), o_fresh(n, 4, 8);
       LseTensor<double> lse(4, n);
       std::mt19937 rng(static_cast<std::uint32_t>(t.rank()) + 3);
       std::normal_distribution<double> normal;
       for (auto* x : {&q, &k, &v})
         for (double& e : x->storage) e = normal(rng);
-      shared.forward(full, q.view(), k.view(), v.view(), o_full.view(), lse.view());
-      shared.forward(windowed, q.view(), k.view(), v.view(), o_win.view(), lse.view());
-      fresh.forward(windowed, q.view(), k.view(), v.view(), o_fresh.view(), lse.view());
+      shared.forward(batch, q.view(), k.view(), v.view(), o_full.view(), lse.view());
+      shared.forward(batch, window, q.view(), k.view(), v.view(), o_win.view(), lse.view());
+      fresh.forward(batch, window, q.view(), k.view(), v.view(), o_fresh.view(), lse.view());
       const std::lock_guard lock(mu);
       same = same && o_win.storage == o_fresh.storage;
       window_matters = window_matters || o_win.storage != o_full.storage;
@@ -360,38 +366,31 @@ TEST_SUITE("strategy") {
     CHECK(window_matters);
   }
 
-  TEST_CASE("DocumentBatch::with_window: areas, slices, and a negative window refused by name") {
+  TEST_CASE("AttentionMask: areas, slices, and a negative window refused by name") {
     const DocumentBatch b = DocumentBatch({{10, 3}, {1}});
-    CHECK(b.window() == 0);
+    const AttentionMask w = AttentionMask::sliding_window(4);
     CHECK(b.attention_area() == b.causal_area());
-    const DocumentBatch w = b.with_window(4);
-    CHECK(w.window() == 4);
-    CHECK(w.causal_area() == b.causal_area());
+    CHECK(b.attention_area(AttentionMask::causal()) == b.causal_area());
     // 10 tokens, w 4: rows see 1, 2, 3, 4, 4, 4, 4, 4, 4, 4 keys = 34; 3 tokens: 6; 1 token: 1.
-    CHECK(w.attention_area() == 34 + 6 + 1);
-    CHECK(total_area(w.document_causal_slices()) == w.attention_area());
-    CHECK_FALSE(w == b);
-    CHECK(w.with_window(0) == b);
+    CHECK(b.attention_area(w) == 34 + 6 + 1);
+    CHECK(total_area(b.document_causal_slices(w)) == b.attention_area(w));
     CHECK(document_area(10, 100) == 55);
-    // DPP chunks take the window: every chunk batch has it and a split document's prefix is cut to the
-    // w - 1 tokens before its slice (tests/schedule/test_chunked_window.cpp runs them against fp64).
-    const schedule::ChunkPlan plan = schedule::DynamicChunk{{.token_capacity = 4}}.plan(w);
-    std::int64_t chunk_area = 0;
-    for (const Chunk& c : plan.chunks) {
-      CHECK(c.batch.window() == 4);
-      chunk_area += c.batch.attention_area();
-      for (std::size_t i = 0; i < c.tokens.size(); ++i) {
-        CHECK(c.prefix[i].end == c.tokens[i].begin);
-        CHECK(c.prefix[i].size() <= 3);
+    CHECK(w.to_string() == "sliding_window(4)");
+    // DPP chunks are cut once for every layer: a split document's prefix is all of its earlier tokens, and
+    // each layer's carry cuts it to its mask (tests/schedule/test_chunked_window.cpp runs them against fp64).
+    const schedule::ChunkPlan plan = schedule::DynamicChunk{{.token_capacity = 4}}.plan(b);
+    for (const Chunk& c : plan.chunks)
+      for (std::size_t i = 0; i < c.tokens.size(); ++i) CHECK(c.prefix[i].end == c.tokens[i].begin);
+    for (const std::int64_t bad : {std::int64_t{-3}, std::int64_t{0}}) {
+      try {
+        (void)AttentionMask::sliding_window(bad);
+        FAIL("a window < 1 was accepted");
+      } catch (const std::invalid_argument& e) {
+        CHECK(std::string(e.what()).find("window") != std::string::npos);
+        CHECK(std::string(e.what()).find(std::to_string(bad)) != std::string::npos);
       }
     }
-    CHECK(chunk_area < w.attention_area());  // the rest is the prefix terms'
-    try {
-      (void)b.with_window(-3);
-      FAIL("a negative window was accepted");
-    } catch (const std::invalid_argument& e) {
-      CHECK(std::string(e.what()).find("window") != std::string::npos);
-      CHECK(std::string(e.what()).find("-3") != std::string::npos);
-    }
+    CHECK_THROWS_WITH_AS(AttentionMask{-3}.validate("here"), doctest::Contains("mask.window = -3"),
+                         std::invalid_argument);
   }
 }

@@ -50,9 +50,9 @@ void check_head_sizes(Combination) {
     const AttentionShape shape = world == 2 ? mla_shape(4, 2) : world == 8 ? mla_shape(16, 8) : mla_shape(world, world);
     args.ranks_per_node = world >= 4 ? world / 2 : world;
     for (const std::int64_t window : {std::int64_t{0}, std::int64_t{7}}) {
-      const DocumentBatch b = batch.with_window(window);
-      INFO(name << ": world " << world << ", window " << window << ", " << b.documents().size() << " documents");
-      if (!S::can_implement(args, b, shape, Topology{world, args.ranks_per_node}).ok) continue;
+      const test::MaskedBatch b = test::windowed(batch, window);
+      INFO(name << ": world " << world << ", window " << window << ", " << b.batch.documents().size() << " documents");
+      if (!S::can_implement(args, b.batch, shape, Topology{world, args.ranks_per_node}, b.mask).ok) continue;
       ++accepted;
       const auto err = test::check_strategy<S, attention::Reference<double>>(b, shape, world, args, {}, 3 + world);
       CHECK(err.o < kFp64Tolerance);
@@ -68,7 +68,7 @@ void check_head_sizes(Combination) {
 }
 
 template <class Kernel, class S>
-test::Errors run_kernel(const DocumentBatch& batch, const AttentionShape& shape, int world,
+test::Errors run_kernel(const test::MaskedBatch& batch, const AttentionShape& shape, int world,
                         const typename S::Arguments& args = {}, const std::vector<double>& sinks = {}) {
   return test::check_attention<Kernel>(
       batch, shape, world,
@@ -103,15 +103,15 @@ TEST_SUITE("strategy") {
     const double ninf = -std::numeric_limits<double>::infinity();
     for (const std::int64_t window : {std::int64_t{0}, std::int64_t{5}}) {
       for (const AttentionShape& shape : {mla_shape(4, 2), mla_shape(2, 2)}) {
-        const DocumentBatch b = batch.with_window(window);
+        const test::MaskedBatch b = test::windowed(batch, window);
         INFO("window " << window << ", heads " << shape.heads_q << "/" << shape.heads_kv);
         const std::vector<double> none(static_cast<std::size_t>(shape.heads_q), ninf);
-        test::detail::WholeBatch oracle(b, shape, 9, std::type_identity<test::HostStorage>{},
+        test::detail::WholeBatch oracle(b.batch, b.mask, shape, 9, std::type_identity<test::HostStorage>{},
                                         std::type_identity<double>{}, none);
         REQUIRE(oracle.o_ref.head_dim == kV);
         REQUIRE(oracle.dq_ref.head_dim == kQk);
         const attention::Reference<double> ref;
-        const auto slices = test::detail::reference_slices(b);
+        const auto slices = test::detail::reference_slices(b.batch, b.mask);
         ref.forward(shape, oracle.q.view(), oracle.k.view(), oracle.v.view(), slices, oracle.o.view(),
                     oracle.lse.view());
         ref.backward(shape, oracle.q.view(), oracle.k.view(), oracle.v.view(), oracle.o.view(), oracle.lse.view(),
@@ -142,7 +142,7 @@ TEST_SUITE("strategy") {
     using F32 = attention::CpuFlash<float>;
     for (const test::Errors& e :
          {run_kernel<F32, Ring>(batch, shape, 4), run_kernel<F32, Ulysses>(batch, shape, 2),
-          run_kernel<F32, Gather>(batch.with_window(16), shape, 3), run_kernel<F32, Hier>(batch, shape, 4, hier)}) {
+          run_kernel<F32, Gather>(test::windowed(batch, 16), shape, 3), run_kernel<F32, Hier>(batch, shape, 4, hier)}) {
       CHECK(e.o < 1e-5);
       CHECK(e.lse < 1e-5);
       CHECK(e.dq < 1e-4);
@@ -155,7 +155,7 @@ TEST_SUITE("strategy") {
     using B16 = attention::CpuFlash<attention::bf16>;
     const std::vector<double> sinks{1.0, -0.5, 0.25, -std::numeric_limits<double>::infinity()};
     for (const test::Errors& e : {run_kernel<B16, Ring>(batch, shape, 4), run_kernel<B16, Ulysses>(batch, shape, 2),
-                                  run_kernel<B16, Hier>(batch.with_window(9), shape, 4, hier, sinks)}) {
+                                  run_kernel<B16, Hier>(test::windowed(batch, 9), shape, 4, hier, sinks)}) {
       CHECK(e.o < 1e-2);
       CHECK(e.lse < 1e-2);
       CHECK(e.dq < 2e-2);

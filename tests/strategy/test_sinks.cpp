@@ -61,9 +61,9 @@ void check_sinks(Combination) {
     args.ranks_per_node = world >= 4 ? world / 2 : world;
     const std::vector<double> sinks = random_sinks(shape.heads_q, static_cast<unsigned>(world));
     for (const std::int64_t window : {std::int64_t{0}, std::int64_t{7}}) {
-      const DocumentBatch b = batch.with_window(window);
-      INFO(name << ": world " << world << ", window " << window << ", " << b.documents().size() << " documents");
-      if (!S::can_implement(args, b, shape, Topology{world, args.ranks_per_node}).ok) continue;
+      const test::MaskedBatch b = test::windowed(batch, window);
+      INFO(name << ": world " << world << ", window " << window << ", " << b.batch.documents().size() << " documents");
+      if (!S::can_implement(args, b.batch, shape, Topology{world, args.ranks_per_node}, b.mask).ok) continue;
       ++accepted;
       const auto err =
           test::check_strategy<S, attention::Reference<double>>(b, shape, world, args, {}, 7 + world, sinks);
@@ -81,7 +81,7 @@ void check_sinks(Combination) {
 }
 
 template <class Kernel, class S>
-test::Errors run_kernel(const DocumentBatch& batch, const AttentionShape& shape, int world,
+test::Errors run_kernel(const test::MaskedBatch& batch, const AttentionShape& shape, int world,
                         const typename S::Arguments& args, const std::vector<double>& sinks) {
   return test::check_attention<Kernel>(
       batch, shape, world,
@@ -121,13 +121,13 @@ TEST_SUITE("strategy") {
     using F32 = attention::CpuFlash<float>;
     check_fp32(run_kernel<F32, Ring>(batch, shape, 4, {}, sinks));
     check_fp32(run_kernel<F32, Ulysses>(batch, shape, 2, {}, sinks));
-    check_fp32(run_kernel<F32, Gather>(batch.with_window(16), shape, 3, {}, sinks));
+    check_fp32(run_kernel<F32, Gather>(test::windowed(batch, 16), shape, 3, {}, sinks));
     check_fp32(run_kernel<F32, Hier>(batch, shape, 4, hier, sinks));
     // bf16 storage: the tolerances of tests/strategy/test_bf16.cpp (the sinks' gradient sums
     // dO . O' over every row in fp32 from bf16 values).
     using B16 = attention::CpuFlash<attention::bf16>;
     for (const test::Errors& e : {run_kernel<B16, Ring>(batch, shape, 4, {}, sinks),
-                                  run_kernel<B16, Hier>(batch.with_window(9), shape, 4, hier, sinks)}) {
+                                  run_kernel<B16, Hier>(test::windowed(batch, 9), shape, 4, hier, sinks)}) {
       CHECK(e.o < 1e-2);
       CHECK(e.lse < 1e-2);
       CHECK(e.dq < 2e-2);
@@ -172,8 +172,8 @@ TEST_SUITE("strategy") {
 
     // One rank, the kernel called directly: forward, apply_sinks, backward with the sink's O and LSE,
     // accumulate_sink_gradient; against the oracle.
-    test::detail::WholeBatch g(batch, shape, 5, std::type_identity<test::HostStorage>{}, std::type_identity<double>{},
-                               {1.5, -0.5});
+    test::detail::WholeBatch g(batch, {}, shape, 5, std::type_identity<test::HostStorage>{},
+                               std::type_identity<double>{}, {1.5, -0.5});
     const attention::Reference<double> ref;
     const auto slices = batch.document_causal_slices();
     ref.forward(shape, g.q.view(), g.k.view(), g.v.view(), slices, g.o.view(), g.lse.view());

@@ -49,6 +49,17 @@ inline DocumentBatch random_batch(int sequences, std::int64_t tokens, double med
   return DocumentBatch(seqs);
 }
 
+/// A batch and the mask of the calls a check makes (causal unless given): `windowed(batch, w)` is the
+/// batch under a sliding window of w keys (0: causal). Converts from a DocumentBatch.
+struct MaskedBatch {
+  DocumentBatch batch;
+  AttentionMask mask;
+  MaskedBatch(DocumentBatch b, AttentionMask m = {}) : batch(std::move(b)), mask(m) {}  // NOLINT: implicit on purpose
+};
+inline MaskedBatch windowed(const DocumentBatch& batch, std::int64_t window) {
+  return {batch, AttentionMask{window}};
+}
+
 struct Errors {
   double o = 0, lse = 0, dq = 0, dk = 0, dv = 0;        ///< max abs error / max abs reference value
   double dsinks = 0;                                    ///< with attention sinks: of their gradient (every rank's)
@@ -122,13 +133,13 @@ namespace detail {
 /// What the reference attends: the batch's document-causal slices; with a window, one full-mask slice
 /// per query row over exactly the keys of its window instead, so that the oracle shares no code with the
 /// sliding-window masks and slice clipping the plans are built from.
-inline std::vector<AttnSlice> reference_slices(const DocumentBatch& batch) {
-  if (batch.window() == 0) return batch.document_causal_slices();
+inline std::vector<AttnSlice> reference_slices(const DocumentBatch& batch, AttentionMask mask) {
+  if (mask.window == 0) return batch.document_causal_slices();
   std::vector<AttnSlice> out;
   out.reserve(static_cast<std::size_t>(batch.total_tokens()));
   for (const Document& d : batch.documents())
     for (std::int64_t i = d.tokens.begin; i < d.tokens.end; ++i)
-      out.push_back({{i, i + 1}, {std::max(d.tokens.begin, i + 1 - batch.window()), i + 1}, Mask::full()});
+      out.push_back({{i, i + 1}, {std::max(d.tokens.begin, i + 1 - mask.window), i + 1}, Mask::full()});
   return out;
 }
 
@@ -136,10 +147,10 @@ inline std::vector<AttnSlice> reference_slices(const DocumentBatch& batch) {
 /// row's keys and one more term e^{s_h} with no value; its backward from the explicit probabilities),
 /// sharing nothing with attention/sinks.hpp's rescaling of merged rows: the oracle of the sink tests.
 /// The keys of row i: its document's tokens up to i, the last `window` of them with a window.
-inline void sink_reference(const DocumentBatch& batch, const AttentionShape& shape, const ThdTensor<double>& q,
-                           const ThdTensor<double>& k, const ThdTensor<double>& v, const ThdTensor<double>& dout,
-                           const std::vector<double>& sinks, ThdTensor<double>& o, LseTensor<double>& lse,
-                           ThdTensor<double>& dq, ThdTensor<double>& dk, ThdTensor<double>& dv,
+inline void sink_reference(const DocumentBatch& batch, AttentionMask mask, const AttentionShape& shape,
+                           const ThdTensor<double>& q, const ThdTensor<double>& k, const ThdTensor<double>& v,
+                           const ThdTensor<double>& dout, const std::vector<double>& sinks, ThdTensor<double>& o,
+                           LseTensor<double>& lse, ThdTensor<double>& dq, ThdTensor<double>& dk, ThdTensor<double>& dv,
                            std::vector<double>& dsinks) {
   const int d = shape.qk_dim(), d_v = shape.v_dim(), group = shape.heads_q / shape.heads_kv;
   const double scale = shape.scale();
@@ -150,8 +161,7 @@ inline void sink_reference(const DocumentBatch& batch, const AttentionShape& sha
   std::vector<double> p, dp;
   for (const Document& doc : batch.documents())
     for (std::int64_t i = doc.tokens.begin; i < doc.tokens.end; ++i) {
-      const std::int64_t lo =
-          batch.window() == 0 ? doc.tokens.begin : std::max(doc.tokens.begin, i + 1 - batch.window());
+      const std::int64_t lo = mask.window == 0 ? doc.tokens.begin : std::max(doc.tokens.begin, i + 1 - mask.window);
       const auto n = static_cast<std::size_t>(i + 1 - lo);
       for (int h = 0; h < shape.heads_q; ++h) {
         const int g = h / group;
@@ -207,8 +217,8 @@ struct WholeBatch {
   std::vector<std::vector<double>> dsinks;  // every rank's
 
   template <class Storage, class T>
-  WholeBatch(const DocumentBatch& batch, const AttentionShape& shape, std::uint32_t seed, std::type_identity<Storage>,
-             std::type_identity<T>, std::vector<double> sink_logits = {})
+  WholeBatch(const DocumentBatch& batch, AttentionMask mask, const AttentionShape& shape, std::uint32_t seed,
+             std::type_identity<Storage>, std::type_identity<T>, std::vector<double> sink_logits = {})
       : sinks(std::move(sink_logits)) {
     const std::int64_t n = batch.total_tokens();
     const int d = shape.qk_dim(), d_v = shape.v_dim(), hq = shape.heads_q, hkv = shape.heads_kv;
@@ -226,11 +236,11 @@ struct WholeBatch {
     lse_ref = LseTensor<double>(hq, n);
     lse = LseTensor<double>(hq, n);
     if (!sinks.empty()) {
-      sink_reference(batch, shape, q, k, v, dout, sinks, o_ref, lse_ref, dq_ref, dk_ref, dv_ref, dsinks_ref);
+      sink_reference(batch, mask, shape, q, k, v, dout, sinks, o_ref, lse_ref, dq_ref, dk_ref, dv_ref, dsinks_ref);
       return;
     }
     const attention::Reference<double> ref;
-    const auto slices = reference_slices(batch);
+    const auto slices = reference_slices(batch, mask);
     ref.forward(shape, q.view(), k.view(), v.view(), slices, o_ref.view(), lse_ref.view());
     ref.backward(shape, q.view(), k.view(), v.view(), o_ref.view(), lse_ref.view(), dout.view(), slices, dq_ref.view(),
                  dk_ref.view(), dv_ref.view());
@@ -341,12 +351,14 @@ struct SinkBuffers {
 /// every rank's bytes, forward and backward, equal what its program declares (in total and per peer).
 /// Strategy-independent (instantiated once per kernel, which keeps the tests quick to build).
 template <class Kernel, class Storage = HostStorage>
-Errors distributed_check(const DocumentBatch& batch, const AttentionShape& shape, int world,
+Errors distributed_check(const MaskedBatch& masked, const AttentionShape& shape, int world,
                          const AttentionFactory<Kernel>& make, std::uint32_t seed,
                          const std::vector<double>& sinks = {}) {
   using T = typename Kernel::value_type;
   using A = typename Kernel::accum_type;
-  detail::WholeBatch g(batch, shape, seed, std::type_identity<Storage>{}, std::type_identity<T>{},
+  const DocumentBatch& batch = masked.batch;
+  const AttentionMask mask = masked.mask;
+  detail::WholeBatch g(batch, mask, shape, seed, std::type_identity<Storage>{}, std::type_identity<T>{},
                        detail::rounded_sinks<A>(sinks));
   Errors err;
   std::mutex mu;
@@ -360,12 +372,12 @@ Errors distributed_check(const DocumentBatch& batch, const AttentionShape& shape
     const int hq = shape.heads_q, hkv = shape.heads_kv;
     detail::SinkBuffers<A, Storage> sk(g.sinks, exec);
     if (sk.on)
-      attn.forward(batch, s.view(s.q, hq), s.view(s.k, hkv), s.view(s.v, hkv), s.view(s.o, hq), s.lse_view(),
+      attn.forward(batch, mask, s.view(s.q, hq), s.view(s.k, hkv), s.view(s.v, hkv), s.view(s.o, hq), s.lse_view(),
                    sk.logits());
     else
-      attn.forward(batch, s.view(s.q, hq), s.view(s.k, hkv), s.view(s.v, hkv), s.view(s.o, hq), s.lse_view());
+      attn.forward(batch, mask, s.view(s.q, hq), s.view(s.k, hkv), s.view(s.v, hkv), s.view(s.o, hq), s.lse_view());
     exec.synchronize();
-    const auto& prog = attn.program(batch);
+    const auto& prog = attn.program(batch, mask);
     // Declared bytes (total and per destination) must equal what the transport counted.
     const auto per_peer_total = [&](const comm::Program& p) {
       std::uint64_t sum = 0;
@@ -376,11 +388,11 @@ Errors distributed_check(const DocumentBatch& batch, const AttentionShape& shape
                         per_peer_total(prog.forward) == attn.last_bytes_sent();
     const std::uint64_t fwd_bytes = attn.last_bytes_sent();
     if (sk.on)
-      attn.backward(batch, s.view(s.q, hq), s.view(s.k, hkv), s.view(s.v, hkv), s.view(s.o, hq),
+      attn.backward(batch, mask, s.view(s.q, hq), s.view(s.k, hkv), s.view(s.v, hkv), s.view(s.o, hq),
                     LseView<const A>(s.lse_view()), s.view(s.dout, hq), s.view(s.dq, hq), s.view(s.dk, hkv),
                     s.view(s.dv, hkv), sk.logits(), sk.grad());
     else
-      attn.backward(batch, s.view(s.q, hq), s.view(s.k, hkv), s.view(s.v, hkv), s.view(s.o, hq),
+      attn.backward(batch, mask, s.view(s.q, hq), s.view(s.k, hkv), s.view(s.v, hkv), s.view(s.o, hq),
                     LseView<const A>(s.lse_view()), s.view(s.dout, hq), s.view(s.dq, hq), s.view(s.dk, hkv),
                     s.view(s.dv, hkv));
     exec.synchronize();
@@ -403,21 +415,21 @@ Errors distributed_check(const DocumentBatch& batch, const AttentionShape& shape
 /// what its prefix program (program(c, 0) forward, program(c, 2) backward) declares; bytes_forward and
 /// bytes_backward sum those over calls and ranks.
 template <class Kernel, class Storage = HostStorage>
-Errors distributed_check(const DocumentBatch& batch, const std::vector<Chunk>& chunks,
+Errors distributed_check(const MaskedBatch& masked, const std::vector<Chunk>& chunks,
                          const std::vector<schedule::StageOp>& ops, const AttentionShape& shape, int world,
                          const AttentionFactory<Kernel>& make, std::uint32_t seed,
                          const std::vector<double>& sinks = {}) {
   using T = typename Kernel::value_type;
   using A = typename Kernel::accum_type;
-  detail::WholeBatch g(batch, shape, seed, std::type_identity<Storage>{}, std::type_identity<T>{},
+  detail::WholeBatch g(masked.batch, masked.mask, shape, seed, std::type_identity<Storage>{}, std::type_identity<T>{},
                        detail::rounded_sinks<A>(sinks));
   Errors err;
   std::mutex mu;
   Storage::run(world, [&](backend::inproc::Transport& transport) {
     const std::unique_ptr<runtime::AttentionEngine<Kernel>> owner = make(transport);
     const auto& exec = owner->exec();
-    runtime::ChunkedAttention<Kernel> chunked(*owner, transport);
-    chunked.begin(chunks);
+    runtime::ChunkedAttention<Kernel> chunked(*owner);
+    chunked.begin(chunks, masked.mask);
     const int nc = chunked.num_chunks();
     const int hq = shape.heads_q, hkv = shape.heads_kv;
     std::vector<std::unique_ptr<detail::Shard<Kernel, Storage>>> loc(static_cast<std::size_t>(nc));
@@ -475,17 +487,19 @@ inline std::vector<schedule::StageOp> forward_then_backward(std::size_t chunks) 
 
 /// The unchunked check on host memory (the name the strategy, plan and train tests use).
 template <class Kernel>
-Errors check_attention(const DocumentBatch& batch, const AttentionShape& shape, int world,
+Errors check_attention(const MaskedBatch& batch, const AttentionShape& shape, int world,
                        const AttentionFactory<Kernel>& make, std::uint32_t seed,
                        const std::vector<double>& sinks = {}) {
   return distributed_check<Kernel, HostStorage>(batch, shape, world, make, seed, sinks);
 }
 
 /// Runs StrategyT with Kernel on `world` ranks (Storage's world) and returns the errors against the reference.
+/// Arguments without a mask mix get the batch's mask as their mix (placement balanced for it).
 template <class StrategyT, class Kernel, class Storage = HostStorage>
-Errors check_strategy(const DocumentBatch& batch, const AttentionShape& shape, int world,
+Errors check_strategy(const MaskedBatch& batch, const AttentionShape& shape, int world,
                       typename StrategyT::Arguments args = {}, Kernel kernel = {}, std::uint32_t seed = 7,
                       const std::vector<double>& sinks = {}) {
+  if (!args.masks.declared()) args.masks = MaskMix::only(batch.mask);
   return distributed_check<Kernel, Storage>(
       batch, shape, world,
       [&](backend::inproc::Transport& t) -> std::unique_ptr<runtime::AttentionEngine<Kernel>> {

@@ -69,6 +69,11 @@ struct Mixer {
   std::vector<Block> blocks;
   std::size_t embedding = 0, readout = 0;
   std::vector<double> params;
+  /// Layer l's attention mask: masks[l % masks.size()] (empty: every layer causal).
+  std::vector<AttentionMask> masks;
+  AttentionMask mask_of(int l) const {
+    return masks.empty() ? AttentionMask{} : masks[static_cast<std::size_t>(l) % masks.size()];
+  }
 
   std::size_t qd() const { return static_cast<std::size_t>(heads_q * head_dim); }
   std::size_t kd() const { return static_cast<std::size_t>(heads_kv * head_dim); }
@@ -205,11 +210,25 @@ struct Mixer {
     return sum;
   }
 
-  // The whole batch on one process, attention::Reference over the document-causal slices.
+  // The whole batch on one process, attention::Reference over each layer's document-causal slices (one
+  // full-mask slice per row over the keys of its window for a window layer: no code shared with the
+  // sliding-window masks the plans use).
   double single_process_step(const train::TokenBatch& batch, std::vector<double>& g) const {
     const train::TokenMeta meta = train::whole_batch_meta(batch.documents);
     const std::vector<int> labels = batch.labels();
-    const auto slices = batch.documents.document_causal_slices();
+    std::vector<std::vector<AttnSlice>> layer_slices;
+    for (int l = 0; l < layers; ++l) {
+      const AttentionMask m = mask_of(l);
+      auto& out = layer_slices.emplace_back();
+      for (const Document& doc : batch.documents.documents()) {
+        if (m.window == 0) {
+          out.push_back({doc.tokens, doc.tokens, Mask::causal()});
+          continue;
+        }
+        for (std::int64_t i = doc.tokens.begin; i < doc.tokens.end; ++i)
+          out.push_back({{i, i + 1}, {std::max(doc.tokens.begin, i + 1 - m.window), i + 1}, Mask::full()});
+      }
+    }
     const attention::Reference<double> ref;
     const std::size_t n = batch.tokens.size();
     std::vector<Cache> caches(static_cast<std::size_t>(layers));
@@ -218,7 +237,10 @@ struct Mixer {
     embed(batch.tokens, meta.position, x);
     for (int l = 0; l < layers; ++l) {
       layer_forward(
-          l, x, [&](auto q, auto k, auto v, auto o, auto lse) { ref.forward(shape(), q, k, v, slices, o, lse); },
+          l, x,
+          [&](auto q, auto k, auto v, auto o, auto lse) {
+            ref.forward(shape(), q, k, v, layer_slices[static_cast<std::size_t>(l)], o, lse);
+          },
           caches[static_cast<std::size_t>(l)], next);
       std::swap(x, next);
     }
@@ -228,7 +250,7 @@ struct Mixer {
       layer_backward(
           l, caches[static_cast<std::size_t>(l)], dx,
           [&](auto q, auto k, auto v, auto o, auto lse, auto d_o, auto dq, auto dk, auto dv) {
-            ref.backward(shape(), q, k, v, o, lse, d_o, slices, dq, dk, dv);
+            ref.backward(shape(), q, k, v, o, lse, d_o, layer_slices[static_cast<std::size_t>(l)], dq, dk, dv);
           },
           dnext, g);
       std::swap(dx, dnext);
@@ -254,6 +276,7 @@ class MixerStage {
 
   int layers() const { return m_->layers / stages_; }
   AttentionShape attention_shape() const { return m_->shape(); }
+  AttentionMask attention_mask(int layer) const { return m_->mask_of(first() + layer); }
   train::ActivationShape input_shape(std::int64_t n) const { return {n, m_->dim}; }
   train::ActivationShape output_shape(std::int64_t n) const { return {n, m_->dim}; }
   train::LayerBytes layer_bytes() const {
@@ -367,7 +390,8 @@ train::TokenBatch make_batch(std::mt19937_64& rng, int vocab, std::int64_t long_
 struct Case {
   int stages, attention;
   std::int64_t capacity;    // DynamicChunk's token capacity
-  std::int64_t window = 0;  // the batch's sliding window (0: none)
+  std::int64_t window = 0;  // the model's sliding window (0: none)
+  bool alternate = false;   // window on odd layers only (gpt-oss's pattern), full attention on the others
 };
 
 std::set<ChunkKind> kinds_seen;
@@ -385,10 +409,15 @@ std::size_t check_stage(const std::string& name, Case cs, typename S::Arguments 
   model.layers = 2 * cs.stages;
   model.init(seed);
   train::TokenBatch batch = make_batch(rng, model.vocab, 80 + static_cast<std::int64_t>(rng() % 30));
-  batch.documents = batch.documents.with_window(cs.window);  // the plan and the reference both take it
+  if (cs.window > 0)  // the stage's layers and the reference both take it; the chunks are the batch's
+    model.masks = cs.alternate ? std::vector<AttentionMask>{{}, AttentionMask{cs.window}}
+                               : std::vector<AttentionMask>{AttentionMask{cs.window}};
   schedule::DynamicChunk chunker;
   chunker.args.token_capacity = cs.capacity;
-  chunker.args.cost = {.per_token = 6.0 * model.dim, .per_pair = 1.0};
+  chunker.args.cost = {.per_token = 6.0 * model.dim, .per_pair = 1.0, .masks = {}};
+  std::vector<MaskMix::Part> mix;  // the chunks' cost model weighs the model's masks, one part per layer kind
+  for (const AttentionMask& m : model.masks) mix.push_back({m, 1});
+  chunker.args.cost.masks = MaskMix(mix);
   const schedule::ChunkPlan plan = chunker.plan(batch.documents);
   for (const auto& ch : plan.chunks) kinds_seen.insert(ch.kind);
   const auto make_kernel = [] { return Kernel({.threads = 1}); };
@@ -558,6 +587,24 @@ TEST_SUITE("train") {
         CHECK(hybrid < hybrid_full);
         CHECK(zigzag < zigzag_full);
       }
+    }
+  }
+
+  TEST_CASE("pipelined step of a model alternating window and full layers: one set of rows, every gradient exact") {
+    // gpt-oss's pattern through DPP: odd layers windowed, even layers full, every layer of a stage on the
+    // same rows of each chunk (the placement is the chunk batch's, whatever the mask), each layer's carry
+    // following its own mask; against the single-process fp64 step with each layer's own mask.
+    using HybridRing = Strategy<partition::Hybrid, comm::Ring>;
+    using PerDocGather = Strategy<partition::PerDoc, comm::AllGather>;
+    HybridRing::Arguments aware;
+    aware.comm.sharding_aware = true;
+    aware.masks = {{AttentionMask::causal(), 1}, {AttentionMask{5}, 1}};
+    PerDocGather::Arguments gather;
+    gather.masks = aware.masks;
+    for (const std::int64_t w : {2, 5, 30}) {
+      CAPTURE(w);
+      (void)check_stage<HybridRing>("Hybrid x Ring(sharding-aware), alternating", Case{2, 2, 32, w, true}, aware, 404);
+      (void)check_stage<PerDocGather>("PerDoc x AllGather, alternating", Case{3, 2, 24, w, true}, gather, 405);
     }
   }
 

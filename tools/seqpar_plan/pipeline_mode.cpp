@@ -130,6 +130,7 @@ int run_pipeline(const Options& o, const Problem& p) {
   opt.stages = stages;
   opt.sp_ranks = p.topology.world_size / stages;
   opt.zero_ranks = o.zero.value_or(0);
+  opt.mask = p.mask;
   if (opt.zero_ranks > opt.sp_ranks)
     usage_error("--zero " + std::to_string(opt.zero_ranks) + " is more than the " + std::to_string(opt.sp_ranks) +
                 " ranks of a stage");

@@ -189,8 +189,12 @@ Problem make_problem(const Options& o) {
   p.batch =
       explicit_sequences.empty() ? DocumentBatch(pack(lengths, sequence_tokens)) : DocumentBatch(explicit_sequences);
   p.documents = static_cast<std::int64_t>(lengths.size());
-  // With --pipeline-stages the window reaches DPP's chunks too (DynamicChunk cuts the carried prefixes).
-  if (o.window && *o.window > 0) p.batch = p.batch.with_window(*o.window);
+  // The layers' mask: placements are balanced for it, and with --pipeline-stages each layer's carry is
+  // cut to it (the chunks themselves are the batch's).
+  if (o.window && *o.window > 0) {
+    p.mask = AttentionMask{*o.window};
+    p.masks = MaskMix::only(p.mask);
+  }
 
   // Candidates.
   p.candidates = plan::standard_candidates(p.hardware);
@@ -243,7 +247,7 @@ std::string describe_batch(const Problem& p) {
                   (b == 1 ? " sequence, " : " sequences, ") + std::to_string(p.documents) + " documents (longest " +
                   std::to_string(p.longest_document) + ") from " + p.lengths_source;
   if (cuts > 0) s += "; " + std::to_string(cuts) + (cuts == 1 ? " cut" : " cuts") + " at sequence boundaries";
-  if (p.batch.window() > 0) s += "; sliding window " + std::to_string(p.batch.window());
+  if (p.mask.window > 0) s += "; sliding window " + std::to_string(p.mask.window);
   return s;
 }
 

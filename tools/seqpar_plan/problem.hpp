@@ -26,6 +26,8 @@ struct Problem {
   bool attention_only = false;
   AttentionShape shape;
   DocumentBatch batch;
+  AttentionMask mask;  ///< the layers' mask (--window); the placement is balanced for it (`masks`)
+  MaskMix masks;
   std::int64_t longest_document = 0;
   std::int64_t documents = 0;  ///< before packing (packing cuts documents that cross a sequence boundary)
   std::string lengths_source;

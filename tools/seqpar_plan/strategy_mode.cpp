@@ -59,7 +59,7 @@ Row evaluate(const plan::Candidate& candidate, const Problem& p, const replay::S
   row.name = candidate.name;
   row.description = candidate.description;
   phase("compiling");
-  const replay::CompiledStrategy compiled = candidate.compile(p.batch, p.shape, p.topology);
+  const replay::CompiledStrategy compiled = candidate.compile(p.batch, p.shape, p.topology, p.masks, p.mask);
   if (!compiled.status) {
     row.state = Row::State::kRefused;
     row.reason = compiled.status.reason;
@@ -248,7 +248,7 @@ std::string json_text(const Problem& p, const std::vector<Row>& rows, std::optio
       .add("documents_after_packing", static_cast<std::int64_t>(p.batch.documents().size()))
       .add("longest_document", p.longest_document)
       .add("lengths_source", p.lengths_source)
-      .add("window", p.batch.window());
+      .add("window", p.mask.window);
   if (!p.attention_only)
     plan.add("zero_ranks", p.training.zero_ranks == 0 ? p.topology.world_size : p.training.zero_ranks)
         .add("checkpointing", p.training.checkpointing)

@@ -23,7 +23,7 @@
 /// `clear` zeroes the carry gradients (once per batch). Volume per chunk: each prefix row travels once
 /// to each rank holding queries of its piece (K and V forward; K, V back, dK, dV back in backward).
 ///
-/// Sliding windows (the chunks' batches have `window()` w > 0): a query sees only the w - 1 keys before
+/// Sliding windows (the carry's mask has a window w > 0): a query sees only the w - 1 keys before
 /// it, so a prefix is cut to the last w - 1 tokens before its piece (a longer one given is cut here; for
 /// w = 1 none is left), and the carry holds at most w - 1 rows per piece boundary. A rank receives only
 /// the suffix of a prefix that its queries of the piece reach (from its first such query - w + 1),
@@ -32,7 +32,7 @@
 /// one (slice-relative, like every AttnSlice: offset = query's first global row - key's first).
 ///
 /// @code
-/// comm::ChunkCarry carry(chunks, owned, shape);      // owned[c][r]: chunk c's global rows on rank r
+/// comm::ChunkCarry carry(chunks, owned, shape, mask); // owned[c][r]: chunk c's global rows on rank r
 /// comm::Program fwd = carry.forward(c, rank, true);  // run by runtime::Executor, replayed by replay::
 /// @endcode
 
@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "seqpar/comm/program.hpp"
+#include "seqpar/core/attention_mask.hpp"
 #include "seqpar/core/attention_shape.hpp"
 #include "seqpar/core/attn_slice.hpp"
 #include "seqpar/core/chunk.hpp"
@@ -58,11 +59,12 @@ namespace seqpar::comm {
 class ChunkCarry {
  public:
   /// Chunks run in the given order; `owned[c][r]` are the global rows of chunk c that rank r holds,
-  /// in its local row order (from the strategy's plan of the chunk batch). Throws
+  /// in its local row order (from the strategy's placement of the chunk batch); `mask` is the layer's
+  /// (the chunks are the same for every layer; what the carry keeps and moves follows the mask). Throws
   /// std::invalid_argument naming the chunk and piece when a chunk's prefixes are malformed or read
   /// rows no chunk holds.
   ChunkCarry(std::span<const Chunk> chunks, std::vector<std::vector<std::vector<Range>>> owned,
-             const AttentionShape& shape)
+             const AttentionShape& shape, AttentionMask mask = {})
       : owned_(std::move(owned)), shape_(shape) {
     constexpr const char* where = "comm::ChunkCarry";
     seqpar::detail::require(owned_.size() == chunks.size(), where, "owned.size()", owned_.size(),
@@ -70,17 +72,14 @@ class ChunkCarry {
     ranks_ = owned_.empty() ? 0 : static_cast<int>(owned_.front().size());
     tokens_.resize(chunks.size());
     prefix_.resize(chunks.size());
-    window_ = chunks.empty() ? 0 : chunks.front().batch.window();
+    mask.validate(where);
+    window_ = mask.window;
     std::vector<Range> all_tokens;
     for (std::size_t c = 0; c < chunks.size(); ++c) {
       const Chunk& ch = chunks[c];
       const std::string at = "chunks[" + std::to_string(c) + "]";
       seqpar::detail::require(ch.prefix.size() == ch.tokens.size(), where, at + ".prefix.size()", ch.prefix.size(),
                               "must equal tokens.size() = " + std::to_string(ch.tokens.size()));
-      // One window for the whole batch: chunks attending under different windows are no one batch's attention.
-      seqpar::detail::require(ch.batch.window() == window_, where, at + ".batch.window()", ch.batch.window(),
-                              "must equal chunks[0].batch.window() = " + std::to_string(window_) +
-                                  " (the chunks of one batch share its sliding window)");
       seqpar::detail::require(static_cast<int>(owned_[c].size()) == ranks_, where,
                               "owned[" + std::to_string(c) + "].size()", owned_[c].size(),
                               "must equal the world size " + std::to_string(ranks_));
@@ -167,7 +166,7 @@ class ChunkCarry {
   }
 
   [[nodiscard]] int world_size() const noexcept { return ranks_; }
-  /// The chunks' sliding window (0: none).
+  /// The carry's sliding window (0: none).
   [[nodiscard]] std::int64_t window() const noexcept { return window_; }
   /// Piece i of chunk c's prefix as the carry uses it (with a window, cut to its last window - 1 rows).
   [[nodiscard]] Range prefix(int c, std::size_t i) const { return prefix_.at(static_cast<std::size_t>(c)).at(i); }

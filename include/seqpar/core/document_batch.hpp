@@ -9,19 +9,13 @@
 #include <string>
 #include <vector>
 
+#include "seqpar/core/attention_mask.hpp"
 #include "seqpar/core/attn_slice.hpp"
 #include "seqpar/core/error.hpp"
+#include "seqpar/core/hash.hpp"
 #include "seqpar/core/range.hpp"
 
 namespace seqpar {
-
-/// Visible (query, key) pairs of one document of `len` tokens under document-causal attention with a
-/// sliding window of `window` keys (0: no window). Row i sees min(i + 1, window) keys, so the area is
-/// the causal triangle up to the window and a band of `window` keys per row after it.
-[[nodiscard]] constexpr std::int64_t document_area(std::int64_t len, std::int64_t window) noexcept {
-  if (window <= 0 || window >= len) return detail::triangle(len);
-  return detail::triangle(window) + (len - window) * window;
-}
 
 /// One packed document: its global token range and the sequence it belongs to.
 struct Document {
@@ -35,10 +29,9 @@ struct Document {
 /// Attention never crosses a document boundary (document-causal) unless a full mask is asked for.
 /// No length has to be divisible by anything.
 ///
-/// A sliding window (`with_window(w)`: query i sees keys i - w + 1 .. i of its own document) is part
-/// of the batch value, so partitioners balance the windowed area, communicators fetch only keys inside
-/// some query's window, and plans are cached per (lengths, window). Models that mix window and full
-/// layers keep one batch and call with `batch.with_window(w)` on the window layers: two cached plans.
+/// The batch is the layout only: where tokens live (the placement) is made from it once for every
+/// layer, and the mask (causal, or a sliding window) is an argument of each attention call
+/// (AttentionMask), never part of the batch.
 class DocumentBatch {
  public:
   /// No sequences: a placeholder to assign to. Planning and attention refuse it (num_sequences() == 0).
@@ -88,21 +81,17 @@ class DocumentBatch {
     return DocumentBatch({doc_lengths});
   }
 
-  /// A copy of this batch whose attention has a sliding window of `window` keys (the query's own key
-  /// included, the Mistral/Gemma convention: FlashAttention's window_size = (window - 1, 0)); 0 removes
-  /// the window. A window at least as long as every document changes no pair but is kept as given.
-  [[nodiscard]] DocumentBatch with_window(std::int64_t window) const {
-    detail::require(window >= 0, "DocumentBatch::with_window", "window", window,
-                    "must be >= 0 (0: no window, w >= 1: each query sees its w most recent keys)");
-    DocumentBatch b = *this;
-    b.window_ = window;
-    b.attention_area_ = 0;
-    for (const Document& d : documents_) b.attention_area_ += document_area(d.tokens.size(), window);
-    return b;
+  /// Gone: a window on the batch moved where tokens live, so a window layer silently got other tokens
+  /// than the rows a rank held for the model's full layers. The mask is an argument of the call.
+  template <class W>
+  DocumentBatch with_window(W) const {
+    static_assert(sizeof(W) == 0,
+                  "DocumentBatch::with_window is gone: a mask is per call, not per batch. Pass "
+                  "AttentionMask::sliding_window(w) to DistributedAttention::forward/backward (and to "
+                  "ChunkedAttention::begin), and declare the model's mask mix once in the strategy's "
+                  "Arguments (.masks) so that the one placement of the batch is balanced for it");
+    return *this;
   }
-
-  /// The sliding window in keys, 0 when there is none.
-  [[nodiscard]] std::int64_t window() const noexcept { return window_; }
 
   /// 0 for a default-constructed batch.
   [[nodiscard]] int num_sequences() const noexcept {
@@ -122,14 +111,14 @@ class DocumentBatch {
     return std::span<const Document>(documents_).subspan(first, last - first);
   }
 
-  /// Document-causal attention of the whole batch as slices (one slice per document): causal, or a
-  /// sliding window where the batch has one that is shorter than the document.
-  [[nodiscard]] std::vector<AttnSlice> document_causal_slices() const {
+  /// Document-causal attention of the whole batch under `mask` as slices (one slice per document):
+  /// causal, or a sliding window where the mask has one shorter than the document.
+  [[nodiscard]] std::vector<AttnSlice> document_causal_slices(AttentionMask mask = {}) const {
     std::vector<AttnSlice> out;
     out.reserve(documents_.size());
     for (const auto& d : documents_)
-      out.push_back({d.tokens, d.tokens,
-                     window_ > 0 && window_ < d.tokens.size() ? Mask::sliding_window(window_) : Mask::causal(0)});
+      out.push_back(
+          {d.tokens, d.tokens, mask.binds(d.tokens.size()) ? Mask::sliding_window(mask.window) : Mask::causal(0)});
     return out;
   }
 
@@ -137,26 +126,30 @@ class DocumentBatch {
   /// without a window. Fits in int64: the constructor refuses batches where it would not.
   [[nodiscard]] std::int64_t causal_area() const noexcept { return area_; }
 
-  /// A 64-bit hash (FNV-1a) of the layout: sequence and document boundaries and the window, what a plan and the
-  /// token metadata depend on. Plans carry it (ShardPlan::batch_fingerprint) so that a plan of another
+  /// A 64-bit hash (Hash64) of the layout: sequence and document boundaries, what a placement and the
+  /// token metadata depend on. Plans carry it (Placement::batch_fingerprint) so that a plan of another
   /// batch, even one of the same token count, is refused where it is consumed. Never 0 (0 on a plan
   /// means "not known"). O(documents).
   [[nodiscard]] std::uint64_t fingerprint() const noexcept {
-    std::uint64_t h = 1469598103934665603ull;
-    const auto mix = [&](std::int64_t x) { h = (h ^ static_cast<std::uint64_t>(x)) * 1099511628211ull; };
-    for (const std::int64_t c : cu_seqlens_) mix(c);
-    mix(-1);
-    for (const std::int64_t o : sequence_offsets_) mix(o);
-    mix(window_);  // a windowed batch plans differently from the same layout without a window
-    return h == 0 ? 1 : h;
+    Hash64 h;
+    for (const std::int64_t c : cu_seqlens_) h.add(c);
+    h.add(std::int64_t{-1});
+    for (const std::int64_t o : sequence_offsets_) h.add(o);
+    return h.value();
   }
 
-  /// The visible (query, key) pairs of this batch's attention: causal_area() narrowed by the window
-  /// (document_area of every document); what every plan's slice areas add up to.
-  [[nodiscard]] std::int64_t attention_area() const noexcept { return window_ > 0 ? attention_area_ : area_; }
+  /// The visible (query, key) pairs of this batch's attention under `mask`: causal_area() narrowed by
+  /// the window (document_area of every document); what every plan's slice areas add up to. O(documents)
+  /// under a window.
+  [[nodiscard]] std::int64_t attention_area(AttentionMask mask = {}) const noexcept {
+    if (mask.window <= 0) return area_;
+    std::int64_t area = 0;
+    for (const Document& d : documents_) area += mask.area(d.tokens.size());
+    return area;
+  }
 
   friend bool operator==(const DocumentBatch& a, const DocumentBatch& b) {
-    return a.cu_seqlens_ == b.cu_seqlens_ && a.sequence_offsets_ == b.sequence_offsets_ && a.window_ == b.window_;
+    return a.cu_seqlens_ == b.cu_seqlens_ && a.sequence_offsets_ == b.sequence_offsets_;
   }
 
   /// Largest token count accepted: keeps token*heads*dim products of realistic shapes inside int64.
@@ -171,8 +164,6 @@ class DocumentBatch {
   std::vector<std::int64_t> sequence_offsets_;
   std::int64_t total_ = 0;
   std::int64_t area_ = 0;
-  std::int64_t window_ = 0;
-  std::int64_t attention_area_ = 0;  // with the window (set by with_window)
 };
 
 }  // namespace seqpar

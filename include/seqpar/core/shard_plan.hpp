@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "seqpar/core/attention_mask.hpp"
 #include "seqpar/core/attn_slice.hpp"
 #include "seqpar/core/document_batch.hpp"
 #include "seqpar/core/error.hpp"
@@ -23,20 +24,19 @@ struct Balance {
   std::int64_t max_area = 0;
 };
 
-/// Who owns which tokens, and what attention each rank's queries need.
-///  - owned[r]: ordered global token ranges; rank r's local buffers are their concatenation, in order.
-///  - slices[r]: rank r's attention work in *global* token indices; q_ranges lie inside owned[r],
-///    k_ranges anywhere (communicators turn them into local rows after moving KV).
+/// Who holds which tokens of a batch: made once per batch by a partitioner (balanced for the model's
+/// mask mix) and kept for every layer, whatever mask each layer's call uses. The model's activations
+/// follow it: rank r's local rows are the concatenation of owned[r], in order.
+///  - owned[r]: ordered global token ranges;
 ///  - groups: disjoint ordered rank lists that cover the world (BASP groups; one group of every rank
 ///    otherwise). A group attends only to its own tokens; communicators run inside each group.
-struct ShardPlan {
+struct Placement {
   Topology topology;
   std::vector<std::vector<Range>> owned;
-  std::vector<std::vector<AttnSlice>> slices;
   std::vector<std::vector<int>> groups;
-  /// DocumentBatch::fingerprint() of the batch planned (set by Strategy::plan, hence by every
+  /// DocumentBatch::fingerprint() of the batch placed (set by Strategy::place, hence by every
   /// DistributedAttention plan); 0 = not known (a hand-built plan or a partitioner called directly),
-  /// then not checked. train::token_meta refuses a plan whose fingerprint is not its batch's.
+  /// then not checked. train::token_meta refuses a placement whose fingerprint is not its batch's.
   std::uint64_t batch_fingerprint = 0;
 
   [[nodiscard]] int world_size() const noexcept { return static_cast<int>(owned.size()); }
@@ -54,31 +54,15 @@ struct ShardPlan {
     return -1;
   }
 
-  [[nodiscard]] Balance balance() const {
-    Balance b;
-    const auto n = static_cast<double>(owned.size());
-    double tok_sum = 0, area_sum = 0;
-    for (int r = 0; r < world_size(); ++r) {
-      const std::int64_t t = local_tokens(r);
-      const std::int64_t a = total_area(slices[static_cast<std::size_t>(r)]);
-      b.max_tokens = std::max(b.max_tokens, t);
-      b.max_area = std::max(b.max_area, a);
-      tok_sum += static_cast<double>(t);
-      area_sum += static_cast<double>(a);
-    }
-    b.token_imbalance = tok_sum > 0 ? static_cast<double>(b.max_tokens) / (tok_sum / n) : 1.0;
-    b.compute_imbalance = area_sum > 0 ? static_cast<double>(b.max_area) / (area_sum / n) : 1.0;
-    return b;
-  }
+  /// The placement part of a plan.
+  [[nodiscard]] const Placement& placement() const noexcept { return *this; }
 
   /// Checks the invariants every partitioner keeps; throws std::logic_error naming the broken one:
-  /// every token owned exactly once, groups a partition of the ranks, slices inside owned tokens, and
-  /// the slice areas adding up to the batch's attention area (document-causal, windowed if it has a window).
+  /// every token owned exactly once and groups a partition of the ranks.
   void check_invariants(const DocumentBatch& batch) const {
-    const auto fail = [](const std::string& what) { throw std::logic_error("ShardPlan: " + what); };
-    if (world_size() != topology.world_size || slices.size() != owned.size())
-      fail("owned/slices sized " + std::to_string(owned.size()) + "/" + std::to_string(slices.size()) +
-           " for world size " + std::to_string(topology.world_size));
+    const auto fail = [](const std::string& what) { throw std::logic_error("Placement: " + what); };
+    if (world_size() != topology.world_size)
+      fail("owned sized " + std::to_string(owned.size()) + " for world size " + std::to_string(topology.world_size));
     std::vector<Range> all;
     for (const auto& rs : owned)
       for (const Range& r : rs)
@@ -98,6 +82,47 @@ struct ShardPlan {
       }
     for (int r = 0; r < world_size(); ++r)
       if (seen[static_cast<std::size_t>(r)] != 1) fail("rank " + std::to_string(r) + " is not in exactly one group");
+  }
+
+  friend bool operator==(const Placement& a, const Placement& b) {
+    return a.topology.world_size == b.topology.world_size && a.topology.ranks_per_node == b.topology.ranks_per_node &&
+           a.owned == b.owned && a.groups == b.groups && a.batch_fingerprint == b.batch_fingerprint;
+  }
+};
+
+/// A placement and the attention one mask asks of it: slices[r] is rank r's work in *global* token
+/// indices, q_ranges inside owned[r], k_ranges anywhere (communicators turn them into local rows after
+/// moving KV). Derived from the placement (`slice`), never the other way round: a full and a window
+/// layer of one batch have two ShardPlans over one Placement.
+struct ShardPlan : Placement {
+  std::vector<std::vector<AttnSlice>> slices;
+  /// The mask the slices are for.
+  AttentionMask mask;
+
+  [[nodiscard]] Balance balance() const {
+    Balance b;
+    const auto n = static_cast<double>(owned.size());
+    double tok_sum = 0, area_sum = 0;
+    for (int r = 0; r < world_size(); ++r) {
+      const std::int64_t t = local_tokens(r);
+      const std::int64_t a = total_area(slices[static_cast<std::size_t>(r)]);
+      b.max_tokens = std::max(b.max_tokens, t);
+      b.max_area = std::max(b.max_area, a);
+      tok_sum += static_cast<double>(t);
+      area_sum += static_cast<double>(a);
+    }
+    b.token_imbalance = tok_sum > 0 ? static_cast<double>(b.max_tokens) / (tok_sum / n) : 1.0;
+    b.compute_imbalance = area_sum > 0 ? static_cast<double>(b.max_area) / (area_sum / n) : 1.0;
+    return b;
+  }
+
+  /// The placement's invariants, then: slices inside owned tokens, and the slice areas adding up to the
+  /// batch's attention area under the plan's mask.
+  void check_invariants(const DocumentBatch& batch) const {
+    const auto fail = [](const std::string& what) { throw std::logic_error("ShardPlan: " + what); };
+    if (slices.size() != owned.size())
+      fail("owned/slices sized " + std::to_string(owned.size()) + "/" + std::to_string(slices.size()));
+    Placement::check_invariants(batch);
     std::int64_t area = 0;
     for (int r = 0; r < world_size(); ++r)
       for (const AttnSlice& s : slices[static_cast<std::size_t>(r)]) {
@@ -107,9 +132,9 @@ struct ShardPlan {
         if (!inside) fail("rank " + std::to_string(r) + " has a slice whose queries it does not own");
         area += s.area();
       }
-    if (area != batch.attention_area())
+    if (area != batch.attention_area(mask))
       fail("slice area " + std::to_string(area) + " != the batch's attention area " +
-           std::to_string(batch.attention_area()));
+           std::to_string(batch.attention_area(mask)) + " under " + mask.to_string());
   }
 };
 
@@ -130,11 +155,11 @@ namespace detail {
 }
 
 /// The visible (query, key) pairs of the document-causal attention of the query tokens `owned` (global
-/// ranges), with the batch's window: the total area of document_causal_slices_for(owned, batch), without
+/// ranges) under `mask`: the total area of document_causal_slices_for(owned, batch, mask), without
 /// building the slice list (Hybrid's threshold sweep sums it for every candidate). O(pieces x log
 /// documents), no allocation.
-[[nodiscard]] inline std::int64_t document_causal_area_for(const std::vector<Range>& owned,
-                                                           const DocumentBatch& batch) {
+[[nodiscard]] inline std::int64_t document_causal_area_for(const std::vector<Range>& owned, const DocumentBatch& batch,
+                                                           AttentionMask mask = {}) {
   const auto docs = batch.documents();
   std::int64_t area = 0;
   for (const Range& piece : owned) {
@@ -143,22 +168,23 @@ namespace detail {
                                [](std::int64_t t, const Document& d) { return t < d.tokens.end; });
     for (; it != docs.end() && it->tokens.begin < piece.end; ++it) {
       const Range q = intersect(piece, it->tokens);
-      if (!q.empty()) area += document_slice(*it, q, batch.window()).area();
+      if (!q.empty()) area += document_slice(*it, q, mask.window).area();
     }
   }
   return area;
 }
 
-/// Document-causal slices of the query tokens `owned` (global ranges): each piece of a document gets
+/// Document-causal slices of the query tokens `owned` (global ranges) under `mask`: each piece of a document gets
 /// one causal slice over the document's prefix up to the piece's end, aligned at the piece's offset.
 /// With a window w the slice's keys start w - 1 tokens before the piece (or at the document's start):
 /// keys further back are in no query's window, so no communicator fetches them and no kernel reads them.
 /// Consecutive one-token documents of one sequence inside one owned range are one diagonal slice
 /// (append_slice): the same pairs, but a million of them are not a million slices.
 [[nodiscard]] inline std::vector<AttnSlice> document_causal_slices_for(const std::vector<Range>& owned,
-                                                                       const DocumentBatch& batch) {
+                                                                       const DocumentBatch& batch,
+                                                                       AttentionMask mask = {}) {
   std::vector<AttnSlice> out;
-  const std::int64_t w = batch.window();
+  const std::int64_t w = mask.window;
   const auto docs = batch.documents();
   const auto ends_after = [](std::int64_t t, const Document& d) { return t < d.tokens.end; };
   auto cursor = docs.begin();  // the last document the previous piece touched: pieces mostly ascend
@@ -194,4 +220,18 @@ namespace detail {
 }
 
 }  // namespace detail
+
+/// The plan of one mask over a placement: every rank's document-causal slices of its owned tokens under
+/// `mask`. What every partitioner's plan is (their slices are their placement's document-causal
+/// attention), so a placement made once per batch serves every mask. O(pieces x log documents).
+[[nodiscard]] inline ShardPlan slice(Placement placement, const DocumentBatch& batch, AttentionMask mask) {
+  ShardPlan p;
+  static_cast<Placement&>(p) = std::move(placement);
+  p.mask = mask;
+  p.slices.resize(p.owned.size());
+  for (std::size_t r = 0; r < p.owned.size(); ++r)
+    p.slices[r] = detail::document_causal_slices_for(p.owned[r], batch, mask);
+  return p;
+}
+
 }  // namespace seqpar

@@ -83,50 +83,45 @@ struct BatchAware {
   Arguments args;
 
   /// The groups this policy would form, in rank order. Throws std::invalid_argument when impossible.
-  [[nodiscard]] std::vector<SequenceGroup> layout(const DocumentBatch& batch, const Topology& topo) const {
+  [[nodiscard]] std::vector<SequenceGroup> layout(const DocumentBatch& batch, const Topology& topo,
+                                                  const MaskMix& mix = {}) const {
     std::string why;
-    auto groups = layout_or(batch, topo, &why);
+    auto groups = layout_or(batch, topo, mix, &why);
     if (!groups) throw std::invalid_argument("partition::BatchAware: " + why);
     return std::move(*groups);
   }
 
-  [[nodiscard]] Status can_implement(const DocumentBatch& batch, const Topology& topo) const {
+  [[nodiscard]] Status can_implement(const DocumentBatch& batch, const Topology& topo, const MaskMix& mix = {}) const {
     std::string why;
-    const auto groups = layout_or(batch, topo, &why);
+    const auto groups = layout_or(batch, topo, mix, &why);
     if (!groups) return Status::refuse(why);
     const Inner inner{args.inner};
     for (std::size_t g = 0; g < groups->size(); ++g) {
       const SequenceGroup& sg = (*groups)[g];
-      const Status st = inner.can_implement(sub_batch(batch, sg), sub_topology(sg, topo));
+      const Status st = inner.can_implement(sub_batch(batch, sg), sub_topology(sg, topo), mix);
       if (!st) return Status::refuse(describe(g, sg) + ": " + st.reason);
     }
     return Status::success();
   }
 
-  [[nodiscard]] ShardPlan plan(const DocumentBatch& batch, const Topology& topo) const {
+  [[nodiscard]] Placement place(const DocumentBatch& batch, const Topology& topo, const MaskMix& mix = {}) const {
     topo.validate("partition::BatchAware");
-    const auto groups = layout(batch, topo);
+    const auto groups = layout(batch, topo, mix);
     const Inner inner{args.inner};
-    ShardPlan p;
+    Placement p;
     p.topology = topo;
     p.owned.resize(static_cast<std::size_t>(topo.world_size));
-    p.slices.resize(static_cast<std::size_t>(topo.world_size));
     for (std::size_t g = 0; g < groups.size(); ++g) {
       const SequenceGroup& sg = groups[g];
       const DocumentBatch sub = sub_batch(batch, sg);
       const Topology st = sub_topology(sg, topo);
-      if (const Status ok = inner.can_implement(sub, st); !ok)
+      if (const Status ok = inner.can_implement(sub, st, mix); !ok)
         throw std::invalid_argument("partition::BatchAware: " + describe(g, sg) + ": " + ok.reason);
-      const ShardPlan sp = inner.plan(sub, st);
-      if (sp.world_size() != sg.size || sp.slices.size() != sp.owned.size())
-        throw std::logic_error("partition::BatchAware: Inner returned a plan for the wrong number of ranks");
+      const Placement sp = inner.place(sub, st, mix);
+      if (sp.world_size() != sg.size)
+        throw std::logic_error("partition::BatchAware: Inner returned a placement for the wrong number of ranks");
       // Sub-batch sequence j starts at sub.sequence(j).begin; in the batch it starts at
       // batch.sequence(sg.sequences[j]).begin.
-      const auto seq_of = [&](std::int64_t t) {
-        int j = 0;
-        while (j + 1 < sub.num_sequences() && sub.sequence(j).end <= t) ++j;
-        return j;
-      };
       const auto delta = [&](int j) {
         return batch.sequence(sg.sequences[static_cast<std::size_t>(j)]).begin - sub.sequence(j).begin;
       };
@@ -139,15 +134,6 @@ struct BatchAware {
             if (!part.empty()) append_range(p.owned[r], part.shifted(delta(j)));
           }
         }
-        for (const AttnSlice& s : sp.slices[static_cast<std::size_t>(i)]) {
-          if (s.q_range.empty()) continue;
-          const int j = seq_of(s.q_range.begin);
-          const Range seq = sub.sequence(j);
-          if (s.q_range.end > seq.end ||
-              (!s.k_range.empty() && (s.k_range.begin < seq.begin || s.k_range.end > seq.end)))
-            throw std::logic_error("partition::BatchAware: Inner produced a slice across sequences");
-          p.slices[r].push_back({s.q_range.shifted(delta(j)), s.k_range.shifted(delta(j)), s.mask});
-        }
       }
       for (const auto& ig : sp.groups) {
         std::vector<int> mapped;
@@ -158,6 +144,9 @@ struct BatchAware {
     }
     return p;
   }
+  [[nodiscard]] ShardPlan plan(const DocumentBatch& batch, const Topology& topo, AttentionMask mask = {}) const {
+    return slice(place(batch, topo, MaskMix::only(mask)), batch, mask);
+  }
 
  private:
   [[nodiscard]] static DocumentBatch sub_batch(const DocumentBatch& batch, const SequenceGroup& sg) {
@@ -167,7 +156,7 @@ struct BatchAware {
       auto& lengths = seqs.emplace_back();
       for (const Document& d : batch.documents_of(b)) lengths.push_back(d.tokens.size());
     }
-    return DocumentBatch(seqs).with_window(batch.window());
+    return DocumentBatch(seqs);
   }
 
   [[nodiscard]] static Topology sub_topology(const SequenceGroup& sg, const Topology& topo) {
@@ -238,7 +227,7 @@ struct BatchAware {
   }
 
   [[nodiscard]] std::optional<std::vector<SequenceGroup>> layout_or(const DocumentBatch& batch, const Topology& topo,
-                                                                    std::string* why) const {
+                                                                    const MaskMix& mix, std::string* why) const {
     if (topo.world_size < 1 || topo.ranks_per_node < 1) {
       *why = "world_size and ranks_per_node must be >= 1";
       return std::nullopt;
@@ -256,9 +245,8 @@ struct BatchAware {
     std::vector<double> cost(static_cast<std::size_t>(b));
     std::vector<std::int64_t> tokens(static_cast<std::size_t>(b));
     for (int s = 0; s < b; ++s) {
-      double area = 0;  // windowed: a window makes cost linear in a long document, not quadratic
-      for (const Document& d : batch.documents_of(s))
-        area += static_cast<double>(document_area(d.tokens.size(), batch.window()));
+      double area = 0;  // the mix's layer-weighted pairs: a window makes a long document linear, not quadratic
+      for (const Document& d : batch.documents_of(s)) area += mix.document_area(d.tokens.size());
       tokens[static_cast<std::size_t>(s)] = batch.sequence(s).size();
       cost[static_cast<std::size_t>(s)] = area + args.linear_weight * static_cast<double>(batch.sequence(s).size());
     }

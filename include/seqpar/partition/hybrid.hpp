@@ -46,13 +46,14 @@ namespace seqpar::partition {
   return needed - have;
 }
 
-/// What a Hybrid cost function sees of one candidate plan. Spans are indexed by rank.
+/// What a Hybrid cost function sees of one candidate placement under one mask of the model's mix (a
+/// candidate is scored under every mask of the mix, weighted by its layers). Spans are indexed by rank.
 struct HybridCandidate {
   const DocumentBatch& batch;
-  const ShardPlan& plan;
-  std::int64_t threshold;                            ///< documents longer than this are Per-Doc
-  std::span<const std::int64_t> tokens;              ///< owned tokens per rank
-  std::span<const std::int64_t> area;                ///< attention pairs per rank (slice area)
+  const ShardPlan& plan;                 ///< the candidate placement, sliced for one mask of the mix (plan.mask)
+  std::int64_t threshold;                ///< documents longer than this are Per-Doc
+  std::span<const std::int64_t> tokens;  ///< owned tokens per rank
+  std::span<const std::int64_t> area;    ///< attention pairs per rank (slice area)
   std::span<const std::int64_t> received_kv_tokens;  ///< KV tokens each rank must receive
 };
 
@@ -75,13 +76,15 @@ using HybridCostFunction = std::function<double(const HybridCandidate&)>;
   return worst;
 }
 
-/// A Hybrid plan together with the choice that produced it.
+/// A Hybrid placement together with the choice that produced it.
 struct HybridReport {
+  /// The chosen placement, sliced for the first mask of the mix it was balanced for (the only one when
+  /// planned for one mask); tokens, area and received_kv_tokens are this plan's.
   ShardPlan plan;
-  std::int64_t threshold = 0;                                  ///< chosen: documents longer than this were cut Per-Doc
-  double cost = 0.0;                                           ///< cost of the chosen candidate under the cost function
-  int per_doc_documents = 0;                                   ///< how many documents were cut Per-Doc
-  int candidates_evaluated = 0;                                ///< feasible thresholds the sweep costed
+  std::int64_t threshold = 0;    ///< chosen: documents longer than this were cut Per-Doc
+  double cost = 0.0;             ///< cost of the chosen candidate: the cost function's, layer-weighted over the mix
+  int per_doc_documents = 0;     ///< how many documents were cut Per-Doc
+  int candidates_evaluated = 0;  ///< feasible thresholds the sweep costed
   std::vector<std::int64_t> tokens, area, received_kv_tokens;  ///< per rank, of the chosen plan
 };
 
@@ -142,11 +145,11 @@ struct Hybrid {
   };
   Arguments args;
 
-  [[nodiscard]] Status can_implement(const DocumentBatch& batch, const Topology& topo) const {
+  [[nodiscard]] Status can_implement(const DocumentBatch& batch, const Topology& topo, const MaskMix& mix = {}) const {
     if (topo.world_size < 1 || topo.ranks_per_node < 1)
       return Status::refuse("world_size and ranks_per_node must be >= 1");
     if (auto why = check_arguments(); !why.empty()) return Status::refuse(why);
-    if (args.threshold && !candidate(batch, topo, *args.threshold))
+    if (args.threshold && !candidate(batch, topo, *args.threshold, mix))
       return Status::refuse(
           "threshold = " + std::to_string(*args.threshold) +
           ": the whole documents do not fit the per-rank capacity of " +
@@ -155,13 +158,36 @@ struct Hybrid {
     return Status::success();
   }
 
-  [[nodiscard]] ShardPlan plan(const DocumentBatch& batch, const Topology& topo) const {
-    return plan_with_report(batch, topo).plan;
+  /// The placement of the threshold the sweep chooses (no report: the engine slices it per mask).
+  [[nodiscard]] Placement place(const DocumentBatch& batch, const Topology& topo, const MaskMix& mix = {}) const {
+    return std::move(*candidate(batch, topo, sweep(batch, topo, mix).chosen, mix));
+  }
+  [[nodiscard]] ShardPlan plan(const DocumentBatch& batch, const Topology& topo, AttentionMask mask = {}) const {
+    return plan_with_report(batch, topo, MaskMix::only(mask)).plan;
   }
 
-  [[nodiscard]] HybridReport plan_with_report(const DocumentBatch& batch, const Topology& topo) const {
+  [[nodiscard]] HybridReport plan_with_report(const DocumentBatch& batch, const Topology& topo,
+                                              const MaskMix& mix = {}) const {
+    const Sweep s = sweep(batch, topo, mix);
+    // The chosen plan is rebuilt (cheap) but not costed again: a simulated cost is the expensive part.
+    HybridReport best =
+        measure(batch, slice(std::move(*candidate(batch, topo, s.chosen, mix)), batch, mix.masks().front()), s.chosen);
+    best.cost = s.cost;
+    best.candidates_evaluated = s.evaluated;
+    return best;
+  }
+
+ private:
+  struct Sweep {
+    std::int64_t chosen = 0;
+    double cost = 0;
+    int evaluated = 0;
+  };
+  // The threshold sweep: every candidate costed once under the mix, the largest tau within the tolerance
+  // of the cheapest chosen.
+  [[nodiscard]] Sweep sweep(const DocumentBatch& batch, const Topology& topo, const MaskMix& mix) const {
     topo.validate("partition::Hybrid");
-    if (const Status st = can_implement(batch, topo); !st)
+    if (const Status st = can_implement(batch, topo, mix); !st)
       throw std::invalid_argument("partition::Hybrid: " + st.reason);
     std::vector<std::int64_t> taus;
     if (args.threshold) {
@@ -176,24 +202,18 @@ struct Hybrid {
     std::vector<std::pair<std::int64_t, double>> costed;  // feasible (tau, cost), ascending tau
     double lowest = std::numeric_limits<double>::infinity();
     for (const std::int64_t tau : taus) {
-      auto p = candidate(batch, topo, tau);
+      auto p = candidate(batch, topo, tau, mix);
       if (!p) continue;
-      costed.emplace_back(tau, score(batch, std::move(*p), tau).cost);
+      costed.emplace_back(tau, score(batch, *p, tau, mix));
       lowest = std::min(lowest, costed.back().second);
     }
     if (costed.empty()) throw std::logic_error("partition::Hybrid: no feasible threshold (tau = 0 always is)");
-    std::int64_t chosen = costed.front().first;
+    Sweep out{costed.front().first, costed.front().second, static_cast<int>(costed.size())};
     for (const auto& [tau, c] : costed)
-      if (c <= lowest * (1.0 + args.tolerance)) chosen = tau;
-    // The chosen plan is rebuilt (cheap) but not costed again: a simulated cost is the expensive part.
-    HybridReport best = measure(batch, std::move(*candidate(batch, topo, chosen)), chosen);
-    best.cost =
-        std::find_if(costed.begin(), costed.end(), [chosen](const auto& tc) { return tc.first == chosen; })->second;
-    best.candidates_evaluated = static_cast<int>(costed.size());
-    return best;
+      if (c <= lowest * (1.0 + args.tolerance)) out.chosen = tau, out.cost = c;
+    return out;
   }
 
- private:
   [[nodiscard]] std::string check_arguments() const {
     const auto bad = [](double v) { return !(v >= 0.0) || !std::isfinite(v); };
     if (!(args.capacity_factor >= 1.0) || !std::isfinite(args.capacity_factor))
@@ -231,18 +251,19 @@ struct Hybrid {
     return out;
   }
 
-  // The plan for one threshold, or nothing when the whole documents do not fit the capacity.
-  [[nodiscard]] std::optional<ShardPlan> candidate(const DocumentBatch& batch, const Topology& topo,
-                                                   std::int64_t tau) const {
+  // The placement for one threshold, or nothing when the whole documents do not fit the capacity.
+  [[nodiscard]] std::optional<Placement> candidate(const DocumentBatch& batch, const Topology& topo, std::int64_t tau,
+                                                   const MaskMix& mix) const {
     const auto n = static_cast<std::size_t>(topo.world_size);
     const std::int64_t cap = detail::token_capacity(batch.total_tokens(), topo.world_size, args.capacity_factor);
     std::vector<std::vector<Range>> pieces(n);
     std::int64_t cursor = 0;
     std::vector<std::size_t> whole;
     const auto docs = batch.documents();
+    const detail::MixWindows windows(mix);
     for (std::size_t i = 0; i < docs.size(); ++i) {
       if (docs[i].tokens.size() > tau)
-        detail::windowed_cut(docs[i].tokens, topo.world_size, batch.window(), cursor, pieces);
+        detail::mix_cut(docs[i].tokens, topo.world_size, windows, cursor, pieces);
       else
         whole.push_back(i);
     }
@@ -251,28 +272,29 @@ struct Hybrid {
     for (std::size_t r = 0; r < n; ++r) {
       // The pieces' pairs in closed form (building their slices per candidate was most of a sweep).
       for (const Range& q : pieces[r]) tokens[r] += q.size();
-      load[r] = static_cast<double>(seqpar::detail::document_causal_area_for(pieces[r], batch)) +
-                args.linear_weight * static_cast<double>(tokens[r]);
+      load[r] = mix.mean([&](AttentionMask m) {
+        return seqpar::detail::document_causal_area_for(pieces[r], batch, m);
+      }) + args.linear_weight * static_cast<double>(tokens[r]);
     }
     std::vector<std::int64_t> lengths(whole.size());
     std::vector<double> costs(whole.size());
     for (std::size_t k = 0; k < whole.size(); ++k) {
       lengths[k] = docs[whole[k]].tokens.size();
-      costs[k] = detail::document_cost(lengths[k], args.linear_weight, batch.window());
+      costs[k] = detail::document_cost(lengths[k], args.linear_weight, mix);
     }
     const auto where = detail::pack_whole(lengths, costs, tokens, load, cap);
     if (!where) return std::nullopt;
     std::vector<std::vector<Range>> all = pieces;
     for (std::size_t k = 0; k < whole.size(); ++k)
       all[static_cast<std::size_t>((*where)[k])].push_back(docs[whole[k]].tokens);
-    ShardPlan p;
+    Placement p;
     p.topology = topo;
     p.owned.resize(n);
     for (std::size_t r = 0; r < n; ++r) {
       std::sort(all[r].begin(), all[r].end(), [](Range a, Range b) { return a.begin < b.begin; });
       for (const Range& q : all[r]) append_range(p.owned[r], q);
     }
-    detail::finish_single_group_plan(p, batch);
+    detail::finish_single_group(p);
     return p;
   }
 
@@ -296,11 +318,14 @@ struct Hybrid {
     return r;
   }
 
-  [[nodiscard]] HybridReport score(const DocumentBatch& batch, ShardPlan p, std::int64_t tau) const {
-    HybridReport r = measure(batch, std::move(p), tau);
-    const HybridCandidate c{batch, r.plan, tau, r.tokens, r.area, r.received_kv_tokens};
-    r.cost = args.cost ? args.cost(c) : hybrid_proxy_cost(c, args.compute_weight, args.comm_weight, args.overlap);
-    return r;
+  // The candidate's cost under every mask of the mix, weighted by the mask's layers.
+  [[nodiscard]] double score(const DocumentBatch& batch, const Placement& p, std::int64_t tau,
+                             const MaskMix& mix) const {
+    return mix.mean([&](AttentionMask m) {
+      const HybridReport r = measure(batch, slice(p, batch, m), tau);
+      const HybridCandidate c{batch, r.plan, tau, r.tokens, r.area, r.received_kv_tokens};
+      return args.cost ? args.cost(c) : hybrid_proxy_cost(c, args.compute_weight, args.comm_weight, args.overlap);
+    });
   }
 };
 

@@ -22,9 +22,10 @@ namespace seqpar::partition {
 /// between ranks is at most 4s + 4P pairs, hence compute imbalance <= 1 + 4P * sum_d(s_d + P) / A
 /// (A = the batch's causal area); for documents much longer than P this is close to 1.
 ///
-/// With a sliding window (DocumentBatch::with_window) a document longer than the window is cut as a
-/// triangle (its first w rows, zigzag) and a band (the rest, n contiguous equal pieces): the band's rows
-/// all cost w pairs, and the head-tail pairing would leave it 1.18x imbalanced (detail::windowed_cut).
+/// Under a mask mix with sliding windows each document is cut at the mix's windows, every region
+/// balanced for the layer-weighted work of the mix (detail::mix_cut): an all-window-w model gets a
+/// triangle (its first w rows, zigzag) and a band (the rest, n contiguous equal pieces: the band's rows
+/// all cost w pairs, and the head-tail pairing would leave it 1.18x imbalanced).
 ///
 /// Communication: every rank needs KV from every rank for every document. All-gather (WLB-LLM):
 /// (P-1)/P of all KV per rank; sharding-aware: rank r needs chunks 0..2P-1-r of each document only
@@ -44,20 +45,23 @@ struct PerDoc {
   };
   Arguments args;
 
-  [[nodiscard]] Status can_implement(const DocumentBatch&, const Topology& topo) const {
+  [[nodiscard]] Status can_implement(const DocumentBatch&, const Topology& topo, const MaskMix& = {}) const {
     return detail::topology_status(topo);
   }
 
-  [[nodiscard]] ShardPlan plan(const DocumentBatch& batch, const Topology& topo) const {
+  [[nodiscard]] Placement place(const DocumentBatch& batch, const Topology& topo, const MaskMix& mix = {}) const {
     topo.validate("partition::PerDoc");
-    ShardPlan p;
+    Placement p;
     p.topology = topo;
     p.owned.resize(static_cast<std::size_t>(topo.world_size));
     std::int64_t cursor = 0;
-    for (const Document& d : batch.documents())
-      detail::windowed_cut(d.tokens, topo.world_size, batch.window(), cursor, p.owned);
-    detail::finish_single_group_plan(p, batch);
+    const detail::MixWindows windows(mix);
+    for (const Document& d : batch.documents()) detail::mix_cut(d.tokens, topo.world_size, windows, cursor, p.owned);
+    detail::finish_single_group(p);
     return p;
+  }
+  [[nodiscard]] ShardPlan plan(const DocumentBatch& batch, const Topology& topo, AttentionMask mask = {}) const {
+    return slice(place(batch, topo, MaskMix::only(mask)), batch, mask);
   }
 };
 

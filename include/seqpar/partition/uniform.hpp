@@ -26,30 +26,31 @@ struct Uniform {
   };
   Arguments args;
 
-  [[nodiscard]] Status can_implement(const DocumentBatch&, const Topology& topo) const {
+  [[nodiscard]] Status can_implement(const DocumentBatch&, const Topology& topo, const MaskMix& = {}) const {
     if (topo.world_size < 1) return Status::refuse("world_size must be >= 1");
     return Status::success();
   }
 
-  [[nodiscard]] ShardPlan plan(const DocumentBatch& batch, const Topology& topo) const {
+  /// Equal contiguous token ranges whatever the masks (the mix changes nothing here).
+  [[nodiscard]] Placement place(const DocumentBatch& batch, const Topology& topo, const MaskMix& = {}) const {
     topo.validate("partition::Uniform");
-    ShardPlan p;
+    Placement p;
     p.topology = topo;
     const auto n = static_cast<std::int64_t>(topo.world_size);
     const std::int64_t total = batch.total_tokens();
     p.owned.resize(static_cast<std::size_t>(n));
-    p.slices.resize(static_cast<std::size_t>(n));
     std::int64_t begin = 0;
     for (std::int64_t r = 0; r < n; ++r) {
       const std::int64_t len = total / n + (r < total % n ? 1 : 0);
       p.owned[static_cast<std::size_t>(r)] = {Range{begin, begin + len}};
-      p.slices[static_cast<std::size_t>(r)] =
-          detail::document_causal_slices_for(p.owned[static_cast<std::size_t>(r)], batch);
       begin += len;
     }
     p.groups.emplace_back(static_cast<std::size_t>(n));
     for (int r = 0; r < topo.world_size; ++r) p.groups[0][static_cast<std::size_t>(r)] = r;
     return p;
+  }
+  [[nodiscard]] ShardPlan plan(const DocumentBatch& batch, const Topology& topo, AttentionMask mask = {}) const {
+    return slice(place(batch, topo, MaskMix::only(mask)), batch, mask);
   }
 };
 

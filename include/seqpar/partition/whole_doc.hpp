@@ -15,16 +15,12 @@
 namespace seqpar::partition {
 namespace detail {
 
-/// Planning cost of a whole document of s tokens: its causal pairs s(s+1)/2 (fewer under a sliding
-/// window of `window` keys: document_area) plus linear_weight per token (the per-token work of the
-/// layer that does not grow with context, in units of pairs).
-[[nodiscard]] inline double document_cost(std::int64_t s, double linear_weight, std::int64_t window = 0) noexcept {
-  const auto x = static_cast<double>(s);
-  const double pairs = window > 0 && window < s
-                           ? static_cast<double>(window) * (static_cast<double>(window) + 1.0) / 2.0 +
-                                 (x - static_cast<double>(window)) * static_cast<double>(window)
-                           : x * (x + 1.0) / 2.0;
-  return pairs + linear_weight * x;
+/// Planning cost of a whole document of s tokens: its visible pairs per layer under the model's mask
+/// mix (s(s+1)/2 for causal layers, fewer for sliding-window ones: MaskMix::document_area), plus
+/// linear_weight per token (the per-token work of the layer that does not grow with context, in units
+/// of pairs).
+[[nodiscard]] inline double document_cost(std::int64_t s, double linear_weight, const MaskMix& mix = {}) {
+  return mix.document_area(s) + linear_weight * static_cast<double>(s);
 }
 
 /// Token capacity per rank: ceil(capacity_factor * T / P), never below ceil(T / P).
@@ -157,31 +153,35 @@ struct WholeDoc {
     return detail::token_capacity(batch.total_tokens(), topo.world_size, args.capacity_factor);
   }
 
-  [[nodiscard]] Status can_implement(const DocumentBatch& batch, const Topology& topo) const {
+  [[nodiscard]] Status can_implement(const DocumentBatch& batch, const Topology& topo, const MaskMix& mix = {}) const {
     std::string why;
-    (void)placement(batch, topo, &why);
+    (void)ranks_of_documents(batch, topo, mix, &why);
     return why.empty() ? Status::success() : Status::refuse(why);
   }
 
-  [[nodiscard]] ShardPlan plan(const DocumentBatch& batch, const Topology& topo) const {
+  /// Whole documents packed under the capacity, balanced for the mix's layer-weighted work.
+  [[nodiscard]] Placement place(const DocumentBatch& batch, const Topology& topo, const MaskMix& mix = {}) const {
     topo.validate("partition::WholeDoc");
     std::string why;
-    const auto where = placement(batch, topo, &why);
+    const auto where = ranks_of_documents(batch, topo, mix, &why);
     if (!where) throw std::invalid_argument("partition::WholeDoc: " + why);
-    ShardPlan p;
+    Placement p;
     p.topology = topo;
     p.owned.resize(static_cast<std::size_t>(topo.world_size));
     const auto docs = batch.documents();
     for (std::size_t i = 0; i < docs.size(); ++i)
       append_range(p.owned[static_cast<std::size_t>((*where)[i])], docs[i].tokens);
-    detail::finish_single_group_plan(p, batch);
+    detail::finish_single_group(p);
     return p;
+  }
+  [[nodiscard]] ShardPlan plan(const DocumentBatch& batch, const Topology& topo, AttentionMask mask = {}) const {
+    return slice(place(batch, topo, MaskMix::only(mask)), batch, mask);
   }
 
  private:
   // Rank of every document, or nothing with the reason in *why.
-  [[nodiscard]] std::optional<std::vector<int>> placement(const DocumentBatch& batch, const Topology& topo,
-                                                          std::string* why) const {
+  [[nodiscard]] std::optional<std::vector<int>> ranks_of_documents(const DocumentBatch& batch, const Topology& topo,
+                                                                   const MaskMix& mix, std::string* why) const {
     if (topo.world_size < 1 || topo.ranks_per_node < 1) {
       *why = "world_size and ranks_per_node must be >= 1";
       return std::nullopt;
@@ -200,7 +200,7 @@ struct WholeDoc {
     std::vector<double> costs(docs.size());
     for (std::size_t i = 0; i < docs.size(); ++i) {
       lengths[i] = docs[i].tokens.size();
-      costs[i] = detail::document_cost(lengths[i], args.linear_weight, batch.window());
+      costs[i] = detail::document_cost(lengths[i], args.linear_weight, mix);
       if (lengths[i] > cap) {
         *why = "document " + std::to_string(i) + " has " + std::to_string(lengths[i]) +
                " tokens, more than the per-rank capacity of " + std::to_string(cap) +

@@ -54,21 +54,49 @@ inline void zigzag_cut(Range span, int n, std::int64_t& cursor, std::vector<std:
   }
 }
 
-/// Per-Doc cut of one document under a sliding window of `window` keys (0: none). Row i of a windowed
-/// document costs min(i + 1, window) pairs: a causal triangle over its first `window` rows, then a flat
-/// band of `window` per row. The head-tail pairing balances the triangle only (on the band it would hand
-/// rank n-1 two full chunks and rank 0 a ramp chunk: 1.18x on a 128K mix at w = 4K), so the triangle is
-/// cut zigzag and the band into n contiguous equal pieces, one per rank. Remainders of both cuts are
-/// dealt from the same cursor, so per-rank token counts still differ by at most one.
-inline void windowed_cut(Range span, int n, std::int64_t window, std::int64_t& cursor,
-                         std::vector<std::vector<Range>>& owned) {
-  if (window <= 0 || span.size() <= window) {
-    zigzag_cut(span, n, cursor, owned);
+/// The windows of a mask mix, sorted and distinct, and whether it has a causal (unwindowed) mask: what
+/// mix_cut needs of the mix, made once per placement (not per document: a million one-token documents).
+struct MixWindows {
+  std::vector<std::int64_t> windows;
+  bool causal = false;
+  explicit MixWindows(const MaskMix& mix) {
+    for (const AttentionMask& m : mix.masks()) {
+      if (m.window > 0)
+        windows.push_back(m.window);
+      else
+        causal = true;
+    }
+    std::sort(windows.begin(), windows.end());
+    windows.erase(std::unique(windows.begin(), windows.end()), windows.end());
+  }
+};
+
+/// Per-Doc cut of one document balanced for a mask mix. Row i of a document costs, per layer of the
+/// mix, min(i + 1, w) pairs for each window w (i + 1 without one): between two consecutive windows of the
+/// mix the row cost is affine in i (a constant from the windows already passed plus a slope from the
+/// masks still growing). The head-tail pairing balances any affine cost exactly (the pair sums are
+/// equal), so the document is cut at the mix's windows and each region zigzag; a region where every
+/// mask has stopped growing (past the longest window of an all-window mix) costs the same per row and
+/// is cut into n contiguous equal pieces (head-tail would hand rank n-1 two full chunks and rank 0 a ramp
+/// chunk there: 1.18x on a 128K mix at w = 4K). One region for an all-causal mix: the zigzag cut. All
+/// regions deal their remainders from the same cursor, so per-rank token counts differ by at most one.
+inline void mix_cut(Range span, int n, const MixWindows& mix, std::int64_t& cursor,
+                    std::vector<std::vector<Range>>& owned) {
+  std::int64_t at = span.begin;
+  bool cut = false;
+  for (const std::int64_t w : mix.windows) {  // the windows inside the document, ascending
+    if (w >= span.size()) break;
+    zigzag_cut({at, span.begin + w}, n, cursor, owned);
+    at = span.begin + w;
+    cut = true;
+  }
+  if (at == span.end) return;
+  const bool grows_to_the_end = mix.causal || !cut || mix.windows.back() >= span.size();
+  if (grows_to_the_end) {
+    zigzag_cut({at, span.end}, n, cursor, owned);
     return;
   }
-  zigzag_cut({span.begin, span.begin + window}, n, cursor, owned);
-  const std::int64_t band = span.size() - window, base = band / n, rem = band % n;
-  std::int64_t at = span.begin + window;
+  const std::int64_t band = span.end - at, base = band / n, rem = band % n;
   for (int rank = 0; rank < n; ++rank) {
     const std::int64_t len = base + ((((rank - cursor) % n + n) % n) < rem ? 1 : 0);
     append_range(owned[static_cast<std::size_t>(rank)], {at, at + len});
@@ -77,11 +105,8 @@ inline void windowed_cut(Range span, int n, std::int64_t window, std::int64_t& c
   cursor = (cursor + rem) % n;
 }
 
-/// Document-causal slices for every rank's owned ranges, and one group of all ranks.
-inline void finish_single_group_plan(ShardPlan& p, const DocumentBatch& batch) {
-  p.slices.resize(p.owned.size());
-  for (std::size_t r = 0; r < p.owned.size(); ++r)
-    p.slices[r] = seqpar::detail::document_causal_slices_for(p.owned[r], batch);
+/// One group of all ranks.
+inline void finish_single_group(Placement& p) {
   p.groups.assign(1, std::vector<int>(p.owned.size()));
   for (std::size_t r = 0; r < p.owned.size(); ++r) p.groups[0][r] = static_cast<int>(r);
 }
@@ -118,20 +143,24 @@ struct Zigzag {
   };
   Arguments args;
 
-  [[nodiscard]] Status can_implement(const DocumentBatch&, const Topology& topo) const {
+  [[nodiscard]] Status can_implement(const DocumentBatch&, const Topology& topo, const MaskMix& = {}) const {
     return detail::topology_status(topo);
   }
 
-  [[nodiscard]] ShardPlan plan(const DocumentBatch& batch, const Topology& topo) const {
+  /// The head-tail cut of every sequence whatever the masks (it ignores documents, hence windows too).
+  [[nodiscard]] Placement place(const DocumentBatch& batch, const Topology& topo, const MaskMix& = {}) const {
     topo.validate("partition::Zigzag");
-    ShardPlan p;
+    Placement p;
     p.topology = topo;
     p.owned.resize(static_cast<std::size_t>(topo.world_size));
     std::int64_t cursor = 0;
     for (int b = 0; b < batch.num_sequences(); ++b)
       detail::zigzag_cut(batch.sequence(b), topo.world_size, cursor, p.owned);
-    detail::finish_single_group_plan(p, batch);
+    detail::finish_single_group(p);
     return p;
+  }
+  [[nodiscard]] ShardPlan plan(const DocumentBatch& batch, const Topology& topo, AttentionMask mask = {}) const {
+    return slice(place(batch, topo, MaskMix::only(mask)), batch, mask);
   }
 };
 

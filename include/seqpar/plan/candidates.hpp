@@ -2,7 +2,10 @@
 // seqpar: exact distributed attention over packed long-context batches.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,12 +27,24 @@
 
 namespace seqpar::plan {
 
+/// What a candidate compiles: a batch placed for the model's mask mix, sliced for one call's mask.
+using CandidateCompile = std::function<replay::CompiledStrategy(const DocumentBatch&, const AttentionShape&,
+                                                                const Topology&, const MaskMix&, AttentionMask)>;
+
 /// A strategy the planner can compile for any batch, by name: the type-erased face of Strategy<P, C, S>
-/// for tools that choose at run time (seqpar-plan, the replays).
+/// for tools that choose at run time (seqpar-plan, the replays). `compile(batch, shape, topology, mix,
+/// mask)` places the batch for `mix` (Strategy::place) and compiles every rank's programs of `mask`
+/// (Strategy::plan + compile): the same pair DistributedAttention runs.
 struct Candidate {
   std::string name;
   std::string description;  ///< the Strategy<...> it is
-  std::function<replay::CompiledStrategy(const DocumentBatch&, const AttentionShape&, const Topology&)> compile;
+  CandidateCompile compile_masked;
+
+  [[nodiscard]] replay::CompiledStrategy compile(const DocumentBatch& batch, const AttentionShape& shape,
+                                                 const Topology& topology, const MaskMix& mix = {},
+                                                 AttentionMask mask = {}) const {
+    return compile_masked(batch, shape, topology, mix, mask);
+  }
 };
 
 /// Per-Doc cuts every document it splits into 2P pieces, and a ring over P ranks then runs ~4 slices per
@@ -68,37 +83,57 @@ inline constexpr double kMaxPlannedSlices = 1e7;
                         " M); gather within smaller groups (BatchAware) or use a ring");
 }
 
-/// A candidate for strategy S with fixed arguments.
-template <class S>
-[[nodiscard]] Candidate make_candidate(std::string name, std::string description, typename S::Arguments args = {}) {
-  return {std::move(name), std::move(description),
-          [args](const DocumentBatch& batch, const AttentionShape& shape, const Topology& topo) {
-            typename S::Arguments a = args;
-            a.ranks_per_node = topo.ranks_per_node;
-            return compile_all<S>(a, batch, shape, topo);
-          }};
+/// The length below which a placement keeps every document whole: one less than its shortest document
+/// held by more than one rank (Hybrid cuts every document longer than its threshold), the longest
+/// document when none is split.
+[[nodiscard]] inline std::int64_t split_threshold(const Placement& placement, const DocumentBatch& batch) {
+  const auto docs = batch.documents();
+  std::vector<int> holder(docs.size(), -1);
+  std::int64_t shortest_split = std::numeric_limits<std::int64_t>::max(), longest = 0;
+  for (int r = 0; r < placement.world_size(); ++r)
+    for (const Range& piece : placement.owned[static_cast<std::size_t>(r)]) {
+      auto it = std::upper_bound(docs.begin(), docs.end(), piece.begin,
+                                 [](std::int64_t t, const Document& d) { return t < d.tokens.end; });
+      for (; it != docs.end() && it->tokens.begin < piece.end; ++it) {
+        int& h = holder[static_cast<std::size_t>(it - docs.begin())];
+        if (h >= 0 && h != r) shortest_split = std::min(shortest_split, it->tokens.size());
+        h = r;
+      }
+    }
+  for (const Document& d : docs) longest = std::max(longest, d.tokens.size());
+  return shortest_split == std::numeric_limits<std::int64_t>::max() ? longest : shortest_split - 1;
 }
 
-/// Strategy<Hybrid, Communicator> compiled for every rank with `args`, refused when Per-Doc's pieces
-/// would exceed the planning budget. The threshold sweep runs once: its plan is checked against the
-/// budget and the communicator, then compiled per rank (each threshold costed once, whatever the cost
-/// function: a simulated one replays every candidate's layer).
-template <class Communicator>
-[[nodiscard]] replay::CompiledStrategy compile_hybrid(
-    const typename Strategy<partition::Hybrid, Communicator>::Arguments& args, const DocumentBatch& batch,
-    const AttentionShape& shape, const Topology& topo) {
-  using S = Strategy<partition::Hybrid, Communicator>;
-  typename S::Planned planned;
-  const partition::Hybrid partitioner{args.partition};
-  if (planned.status = partitioner.can_implement(batch, topo); planned.status) {
-    partition::HybridReport report = partitioner.plan_with_report(batch, topo);
-    planned.status = check_split_budget(batch, topo.world_size, report.threshold);
-    if (planned.status) {
-      planned.plan = std::move(report.plan);
-      planned.status = Communicator{args.comm}.can_implement(planned.plan, shape);
-    }
+/// Every rank's programs of strategy S for `batch` placed for `mix` and sliced for `mask`, the
+/// placement first passed to `budget` (a planning-budget refusal, Status::success() to go on).
+template <class S, class Budget>
+[[nodiscard]] replay::CompiledStrategy compile_candidate(const typename S::Arguments& args, const DocumentBatch& batch,
+                                                         const AttentionShape& shape, const Topology& topo,
+                                                         AttentionMask mask, Budget&& budget) {
+  typename S::Placed placed = S::place(args, batch, topo);
+  replay::CompiledStrategy refused;
+  if (!placed.status) {
+    refused.status = std::move(placed.status);
+    return refused;
   }
-  return compile_all<S>(args, std::move(planned), shape, topo);
+  if (refused.status = budget(placed.placement); !refused.status) return refused;
+  return compile_all<S>(args, S::plan(args, placed.placement, batch, mask, shape), shape, topo);
+}
+
+/// A candidate for strategy S with fixed arguments (and a planning budget checked on each placement).
+template <class S>
+[[nodiscard]] Candidate make_candidate(std::string name, std::string description, typename S::Arguments args = {},
+                                       std::function<Status(const DocumentBatch&, const Placement&)> budget = {}) {
+  return {std::move(name), std::move(description),
+          [args, budget = std::move(budget)](const DocumentBatch& batch, const AttentionShape& shape,
+                                             const Topology& topo, const MaskMix& mix, AttentionMask mask) {
+            typename S::Arguments a = args;
+            a.ranks_per_node = topo.ranks_per_node;
+            a.masks = mix;
+            return compile_candidate<S>(a, batch, shape, topo, mask, [&](const Placement& p) {
+              return budget ? budget(batch, p) : Status::success();
+            });
+          }};
 }
 
 /// Strategy<Hybrid, Communicator{sharding_aware}> with its threshold chosen by hybrid_model_cost on
@@ -106,14 +141,18 @@ template <class Communicator>
 template <class Communicator>
 [[nodiscard]] Candidate hybrid_candidate(std::string name, std::string description,
                                          std::optional<replay::HardwareProfile> hardware, double per_token) {
+  using S = Strategy<partition::Hybrid, Communicator>;
   return {std::move(name), std::move(description),
           [hw = std::move(hardware), per_token](const DocumentBatch& batch, const AttentionShape& shape,
-                                                const Topology& topo) {
-            typename Strategy<partition::Hybrid, Communicator>::Arguments a;
+                                                const Topology& topo, const MaskMix& mix, AttentionMask mask) {
+            typename S::Arguments a;
             a.comm.sharding_aware = true;
             a.ranks_per_node = topo.ranks_per_node;
+            a.masks = mix;
             if (hw) a.partition.cost = hybrid_model_cost<Communicator>(*hw, shape, per_token);
-            return compile_hybrid<Communicator>(a, batch, shape, topo);
+            return compile_candidate<S>(a, batch, shape, topo, mask, [&](const Placement& p) {
+              return check_split_budget(batch, topo.world_size, split_threshold(p, batch));
+            });
           }};
 }
 
@@ -148,26 +187,16 @@ template <class Communicator>
   {
     Strategy<PerDoc, Ring>::Arguments a;
     a.comm.sharding_aware = true;
-    Candidate cand = make_candidate<Strategy<PerDoc, Ring>>(
-        "per-doc-aware", "Strategy<PerDoc, Ring{sharding_aware}> (FlashCP Per-Doc)", a);
-    cand.compile = [inner = std::move(cand.compile)](const DocumentBatch& batch, const AttentionShape& shape,
-                                                     const Topology& topo) {
-      replay::CompiledStrategy out;
-      out.status = check_split_budget(batch, topo.world_size);
-      return out.status ? inner(batch, shape, topo) : out;
-    };
-    c.push_back(std::move(cand));
+    c.push_back(make_candidate<Strategy<PerDoc, Ring>>(
+        "per-doc-aware", "Strategy<PerDoc, Ring{sharding_aware}> (FlashCP Per-Doc)", a,
+        [](const DocumentBatch& batch, const Placement& p) { return check_split_budget(batch, p.world_size()); }));
   }
   {
-    Candidate cand =
-        make_candidate<Strategy<Zigzag, AllGather>>("allgather", "Strategy<Zigzag, AllGather> (Llama 3 CP)");
-    cand.compile = [inner = std::move(cand.compile)](const DocumentBatch& batch, const AttentionShape& shape,
-                                                     const Topology& topo) {
-      replay::CompiledStrategy out;
-      out.status = check_gather_budget(batch.num_sequences(), topo.world_size);
-      return out.status ? inner(batch, shape, topo) : out;
-    };
-    c.push_back(std::move(cand));
+    c.push_back(make_candidate<Strategy<Zigzag, AllGather>>("allgather", "Strategy<Zigzag, AllGather> (Llama 3 CP)", {},
+                                                            [](const DocumentBatch& batch, const Placement& p) {
+                                                              return check_gather_budget(batch.num_sequences(),
+                                                                                         p.world_size());
+                                                            }));
   }
   {
     Strategy<WholeDoc, Ring>::Arguments a;
@@ -192,13 +221,14 @@ template <class Communicator>
     using S = Strategy<BatchAware<Hybrid>, Hier>;
     Candidate cand{
         "basp-hybrid-hierarchical", "Strategy<BatchAware<Hybrid>, Hierarchical<AllToAll, Ring{sharding_aware}>>", {}};
-    cand.compile = [hw = hardware, per_token](const DocumentBatch& batch, const AttentionShape& shape,
-                                              const Topology& topo) {
+    cand.compile_masked = [hw = hardware, per_token](const DocumentBatch& batch, const AttentionShape& shape,
+                                                     const Topology& topo, const MaskMix& mix, AttentionMask mask) {
       S::Arguments a;
       a.comm.outer.sharding_aware = true;
       a.ranks_per_node = topo.ranks_per_node;
+      a.masks = mix;
       if (hw) a.partition.inner.cost = hybrid_model_cost(*hw, shape, per_token);
-      return compile_all<S>(a, batch, shape, topo);
+      return compile_candidate<S>(a, batch, shape, topo, mask, [](const Placement&) { return Status::success(); });
     };
     c.push_back(std::move(cand));
   }

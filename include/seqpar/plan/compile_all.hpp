@@ -37,8 +37,9 @@ template <class S>
 /// cannot implement the batch comes back with status false and its reason (nothing thrown).
 template <class S>
 [[nodiscard]] replay::CompiledStrategy compile_all(const typename S::Arguments& args, const DocumentBatch& batch,
-                                                   const AttentionShape& shape, const Topology& topology) {
-  return compile_all<S>(args, S::plan(args, batch, shape, topology), shape, topology);
+                                                   const AttentionShape& shape, const Topology& topology,
+                                                   AttentionMask mask = {}) {
+  return compile_all<S>(args, S::plan(args, batch, shape, topology, mask), shape, topology);
 }
 
 /// compile_all + replay::predict in one call.

@@ -108,10 +108,11 @@ struct UlyssesLayer {
   return l;
 }
 
-/// The slices of chunk `c`'s pieces over their own rows, causal or with the chunks' sliding window (what
-/// the strategy runs; the prefix term is the carry's, prefix_seconds).
-[[nodiscard]] inline std::vector<AttnSlice> chunk_own_slices(const schedule::ChunkPlan& plan, int c) {
-  const std::int64_t w = plan.chunks[static_cast<std::size_t>(c)].batch.window();
+/// The slices of chunk `c`'s pieces over their own rows under the layer's `mask` (what the strategy runs;
+/// the prefix term is the carry's, prefix_seconds).
+[[nodiscard]] inline std::vector<AttnSlice> chunk_own_slices(const schedule::ChunkPlan& plan, int c,
+                                                             AttentionMask mask = {}) {
+  const std::int64_t w = mask.window;
   std::vector<AttnSlice> out;
   for (const schedule::ChunkPiece& p : plan.pieces[static_cast<std::size_t>(c)])
     out.push_back({{p.begin, p.end}, {p.begin, p.end}, w > 0 ? Mask::sliding_window(w) : Mask::causal()});
@@ -119,10 +120,11 @@ struct UlyssesLayer {
 }
 
 /// The attention of chunk `c` of `plan`, as ChunkedAttention computes it, in document rows: per piece a
-/// causal slice over its own rows and, when it has a prefix, a full slice over the prefix keys; with
-/// the chunks' sliding window w, sliding-window slices, the prefix cut to the w - 1 keys before the piece.
-[[nodiscard]] inline std::vector<AttnSlice> chunk_slices(const schedule::ChunkPlan& plan, int c) {
-  const std::int64_t w = plan.chunks[static_cast<std::size_t>(c)].batch.window();
+/// causal slice over its own rows and, when it has a prefix, a full slice over the prefix keys; under a
+/// layer mask with a sliding window w, sliding-window slices, the prefix cut to the w - 1 keys before the piece.
+[[nodiscard]] inline std::vector<AttnSlice> chunk_slices(const schedule::ChunkPlan& plan, int c,
+                                                         AttentionMask mask = {}) {
+  const std::int64_t w = mask.window;
   std::vector<AttnSlice> out;
   for (const schedule::ChunkPiece& p : plan.pieces[static_cast<std::size_t>(c)]) {
     out.push_back({{p.begin, p.end}, {p.begin, p.end}, w > 0 ? Mask::sliding_window(w) : Mask::causal()});
@@ -162,7 +164,7 @@ struct PrefixSeconds {
     for (int r = 0; r < g; ++r)
       owned.back().push_back(comm::ChunkCarry::to_global(ch, planned.plan.owned[static_cast<std::size_t>(r)]));
   }
-  const comm::ChunkCarry carry(plan.chunks, std::move(owned), shape);
+  const comm::ChunkCarry carry(plan.chunks, std::move(owned), shape, options.mask);
   replay::SimulationOptions sim;
   sim.hardware = options.hardware;
   for (int c = 0; c < carry.num_chunks(); ++c) {
@@ -193,7 +195,8 @@ struct PrefixSeconds {
   const int heads = (m.heads_q + g - 1) / g;
   return {m.layer_gemm_flops_per_token() / g / hw.gemm_rate() + a2a / kTokens,
           replay::attention_flops(heads, m.head_dim, false, m.attention().v_dim()) /
-              (hw.peak_flops * hw.attention_efficiency)};
+              (hw.peak_flops * hw.attention_efficiency),
+          MaskMix::only(options.mask)};
 }
 
 /// The pipeline scheduler's model of `options` (schedule::PipelineModel): per rank of a stage, static
@@ -303,7 +306,7 @@ struct PipelineStepReport {
   for (int c = 0; c < total; ++c) {
     const auto ci = static_cast<std::size_t>(c);
     tokens[ci] = plan.chunks[ci].batch.total_tokens();
-    layer[ci] = ulysses_layer(hw, m, group, chunk_own_slices(plan, c), tokens[ci]);
+    layer[ci] = ulysses_layer(hw, m, group, chunk_own_slices(plan, c, options.mask), tokens[ci]);
     layer[ci].prefix = prefix[ci].forward;
     layer[ci].prefix_backward = prefix[ci].backward;
   }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "seqpar/core/attention_mask.hpp"
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/topology.hpp"
 #include "seqpar/plan/model_shape.hpp"
@@ -34,6 +35,9 @@ struct PipelineStepOptions {
   /// The busiest rank's rows of a chunk over the mean (tokens / sp_ranks), >= 1: the planner counts
   /// every chunk's activations at this factor so that a plan that fits fits on every rank.
   double rank_imbalance = 1.0;
+  /// The mask of the model's attention layers (a sliding window narrows each layer's pairs and each
+  /// layer's carry to the w - 1 tokens before a piece).
+  AttentionMask mask{};
 
   [[nodiscard]] Topology topology() const noexcept { return {stages * sp_ranks, hardware.ranks_per_node}; }
   [[nodiscard]] int layers_per_stage() const noexcept { return stages > 0 ? model.layers / stages : 0; }
@@ -53,6 +57,7 @@ struct PipelineStepOptions {
                     "must be in [0, 1)");
     detail::require(chunk_tokens >= 0, where, "options.chunk_tokens", chunk_tokens, "must be >= 0");
     detail::require(carry_tokens >= 0, where, "options.carry_tokens", carry_tokens, "must be >= 0");
+    mask.validate(where, "options.mask.window");
     detail::require(rank_imbalance >= 1 && rank_imbalance <= sp_ranks, where, "options.rank_imbalance", rank_imbalance,
                     "must be in [1, sp_ranks = " + std::to_string(sp_ranks) + "]");
   }

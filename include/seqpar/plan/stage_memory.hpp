@@ -90,7 +90,7 @@ inline PipelineStepOptions with_chunks(PipelineStepOptions options, const schedu
     const std::int64_t t = c.batch.total_tokens();
     options.chunk_tokens = std::max(options.chunk_tokens, t);
     std::int64_t prefix = 0;
-    for (const Range& r : c.prefix) prefix += r.size();
+    for (const Range& r : c.prefix) prefix += visible_prefix(r, options.mask.window).size();  // the layer's carry
     options.carry_tokens = std::max(options.carry_tokens, prefix);
     if (t > 0)
       options.rank_imbalance =
@@ -112,8 +112,8 @@ inline PipelineStepOptions with_chunks(PipelineStepOptions options, const schedu
 ///    (the fused in-place cross-entropy InfiniPipe takes from Megatron-LM), an fp32 loss and
 ///    log-sum-exp per row;
 ///  - the K/V carry of split documents (comm::ChunkCarry): a later slice's prefix rows' K and V and their
-///    gradients, per layer of the stage, ceil(carry_tokens / d_s) rows (with a sliding window w the
-///    chunk plan's prefixes are the w - 1 tokens before each piece, so the term follows the window);
+///    gradients, per layer of the stage, ceil(carry_tokens / d_s) rows (under a layer mask with a sliding
+///    window w the carry keeps only the w - 1 tokens before each piece, so the term follows the window);
 ///  - communication buffers: the Ulysses all-to-all's send and receive of Q, K, V, and the P2P buffers
 ///    of the activation received and the gradient sent (two on inner stages, one on the end stages).
 [[nodiscard]] inline MemoryBreakdown stage_memory(const PipelineStepOptions& options, int stage, double activations) {

@@ -8,9 +8,11 @@
 /// batch is planned and run like any batch); a piece with a prefix (a split document's later slice)
 /// also attends, with a full mask, to its document's earlier tokens, which earlier chunks left on the
 /// ranks that held them (the *carry*: K/V rows kept after their chunk's forward, not recomputed).
-/// With a sliding window (the chunk batches' `window()`, e.g. DynamicChunk of `batch.with_window(w)`),
-/// the chunk's own attention is the strategy's windowed attention and the prefix term sees only the
-/// keys inside each query's window: the carry keeps and moves at most the w - 1 rows before each piece.
+/// The mask is the layer's, given to `begin` (a model's window and full layers each run their own
+/// ChunkedAttention over the same chunks and the same rows): under a sliding window the chunk's own
+/// attention is the strategy's windowed attention and the prefix term sees only the keys inside each
+/// query's window, so the carry keeps and moves at most the w - 1 rows before each piece. The chunks'
+/// placements are the attention's, made once per chunk batch for its mask mix, whatever the mask.
 /// The carry moves as `comm::Program`s (comm::ChunkCarry) compiled once per chunk plan and run by
 /// the same `runtime::Executor` as the strategy's programs, on the same transport and execution
 /// context: the transports count their bytes against what the programs declare, a failure names the
@@ -19,18 +21,20 @@
 /// dK/dV sent back to the ranks that hold the prefix rows, accumulated there and added to those rows'
 /// gradients when their own chunk's backward runs. The result is attention over the whole batch.
 ///
-/// Every rank calls `begin` with the same chunks, then `forward(c)` and `backward(c)` in the same
+/// Every rank calls `begin` with the same chunks and mask, then `forward(c)` and `backward(c)` in the same
 /// order: a chunk's forward after the forwards of the chunks its prefixes read, its backward after its
 /// forward and after the backwards of the chunks that read it (a split document goes backward last
 /// slice first; 1F1B interleaves the rest, schedule/pipeline.hpp), with the chunk's local rows
 /// (`owned_global(c)`: the global tokens of the batch they hold, in row order). The carry lives in
 /// the execution context's memory (host, or the GPU for CudaExec) and holds the K/V of the prefix rows
-/// this rank owns. The last chunk plan stays compiled: `begin` with the same chunks recompiles nothing.
+/// this rank owns. The last chunk plan stays compiled: `begin` with the same chunks and mask recompiles
+/// nothing. Each call makes one agreement (the chunk plan's fingerprint, the chunk, the pass, then the
+/// attention's own words), on the attention's transport, with the attention's kernel.
 ///
 /// @code
 /// DistributedAttention<Strategy<Zigzag, Ring>, attention::CpuFlash<float>> attn(t, shape);
-/// runtime::ChunkedAttention<attention::CpuFlash<float>> chunked(attn, t);
-/// chunked.begin(schedule::DynamicChunk{{.token_capacity = 4096}}.chunks(batch));
+/// runtime::ChunkedAttention<attention::CpuFlash<float>> chunked(attn);
+/// chunked.begin(schedule::DynamicChunk{{.token_capacity = 4096}}.chunks(batch), AttentionMask::sliding_window(128));
 /// for (int c = 0; c < chunked.num_chunks(); ++c) chunked.forward(c, q[c], k[c], v[c], o[c], lse[c]);
 /// for (int c = chunked.num_chunks() - 1; c >= 0; --c) chunked.backward(c, ...);
 /// @endcode
@@ -50,11 +54,14 @@
 #include "seqpar/attention/kernel.hpp"
 #include "seqpar/comm/chunk_carry.hpp"
 #include "seqpar/comm/program.hpp"
+#include "seqpar/core/attention_mask.hpp"
 #include "seqpar/core/chunk.hpp"
 #include "seqpar/core/error.hpp"
+#include "seqpar/core/hash.hpp"
 #include "seqpar/core/range.hpp"
 #include "seqpar/core/status.hpp"
 #include "seqpar/core/tensor.hpp"
+#include "seqpar/runtime/agreement.hpp"
 #include "seqpar/runtime/any_transport.hpp"
 #include "seqpar/runtime/data_ops.hpp"
 #include "seqpar/runtime/engine.hpp"
@@ -72,29 +79,25 @@ class ChunkedAttention {
   using T = value_type;
   using A = accum_type;
 
-  /// `attention` runs each chunk; `transport` is the world it runs on (the same ranks); `kernel`
-  /// computes the prefix terms on this rank, on the attention's execution context.
-  template <Transport Tr>
-  ChunkedAttention(AttentionEngine<Kernel>& attention, Tr& transport, Kernel kernel = {})
-      : attention_(attention), world_(transport), kernel_(std::move(kernel)) {
-    seqpar::detail::require(
-        world_.size() == attention_.topology().world_size, "ChunkedAttention", "transport.size()", world_.size(),
-        "must equal the attention's world size " + std::to_string(attention_.topology().world_size));
-  }
+  /// `attention` runs each chunk on its transport; its kernel computes the prefix terms on this rank,
+  /// on its execution context.
+  explicit ChunkedAttention(AttentionEngine<Kernel>& attention) : attention_(attention) {}
 
-  /// Starts a batch. Every rank passes the same chunks (checked), in the order they will run. Local
-  /// checks first; a rank that refuses its chunks makes its peers fail with Errc::kPeerFailed.
-  void begin(std::vector<Chunk> chunks) {
+  /// Starts a batch under the layer's `mask`. Every rank passes the same chunks and mask (checked), in
+  /// the order they will run. Local checks first; a rank that refuses its chunks makes its peers fail
+  /// with Errc::kPeerFailed.
+  void begin(std::vector<Chunk> chunks, AttentionMask mask = {}) {
     constexpr const char* where = "ChunkedAttention::begin";
-    const std::uint64_t fingerprint = fingerprint_of(chunks);
+    const std::uint64_t fingerprint = chunks_fingerprint(chunks);  // compared on every call
     std::exception_ptr refused;
     try {  // every local check, and the compilation on a new chunk plan, before the first message
+      mask.validate(where);
       for (std::size_t c = 0; c < chunks.size(); ++c)
         if (chunks[c].prefix.size() != chunks[c].tokens.size())  // (no message built on the good path)
           seqpar::detail::throw_invalid(where, "chunks[" + std::to_string(c) + "].prefix.size()",
                                         chunks[c].prefix.size(),
                                         "must equal tokens.size() = " + std::to_string(chunks[c].tokens.size()));
-      if (!plan_ || !same_chunks(chunks, chunks_)) compile(std::move(chunks));
+      if (!plan_ || !(mask == mask_) || !same_chunks(chunks, chunks_)) compile(std::move(chunks), mask);
     } catch (const std::exception&) {
       refused = std::current_exception();
       plan_.reset();
@@ -102,7 +105,10 @@ class ChunkedAttention {
       programs_.clear();
     }
     fingerprint_ = fingerprint;
-    agree(where, fingerprint, -1, -1, false, refused);
+    Agreement a(where, "its chunks");
+    a.add("the chunks (fingerprint)", fingerprint, Agreement::kHash);
+    a.add("the mask (sliding window, 0 = causal)", mask.window);
+    a.run(world(), refused, agreed_);
     std::fill(forward_done_.begin(), forward_done_.end(), false);
     std::fill(backward_done_.begin(), backward_done_.end(), false);
     run(-1, "clear", clear_, bind_carry({}));
@@ -110,12 +116,14 @@ class ChunkedAttention {
 
   [[nodiscard]] int num_chunks() const noexcept { return static_cast<int>(chunks_.size()); }
   [[nodiscard]] const Chunk& chunk(int c) const { return chunks_.at(static_cast<std::size_t>(c)); }
+  /// The mask of the current chunks (the layer's).
+  [[nodiscard]] AttentionMask mask() const noexcept { return mask_; }
   /// Rows this rank holds of chunk c.
-  [[nodiscard]] std::int64_t local_tokens(int c) const { return carry().local_tokens(c, world_.rank()); }
+  [[nodiscard]] std::int64_t local_tokens(int c) const { return carry().local_tokens(c, attention_.rank()); }
   /// Global tokens of the batch this rank's rows of chunk c hold, in row order.
-  [[nodiscard]] const std::vector<Range>& owned_global(int c) const { return carry().owned(c, world_.rank()); }
+  [[nodiscard]] const std::vector<Range>& owned_global(int c) const { return carry().owned(c, attention_.rank()); }
   /// Rows of prefix K/V this rank keeps for later chunks.
-  [[nodiscard]] std::int64_t carry_rows() const noexcept { return plan_ ? plan_->carry_rows(world_.rank()) : 0; }
+  [[nodiscard]] std::int64_t carry_rows() const noexcept { return plan_ ? plan_->carry_rows(attention_.rank()) : 0; }
   /// The compiled carry of the current chunks (every rank's programs; for the replay and tests).
   [[nodiscard]] const comm::ChunkCarry& carry() const {
     if (!plan_) throw std::logic_error("ChunkedAttention: call begin first");
@@ -165,11 +173,35 @@ class ChunkedAttention {
   }
 
  private:
+  using Engine = AttentionEngine<Kernel>;
+  using Extension = typename Engine::CallExtension;
+
+  // The chunk's words of the call's one agreement: which chunk plan, which chunk, which pass, and
+  // whether the chunk's rows get sinks (the engine's own words follow).
+  struct CallWords {
+    const ChunkedAttention* self;
+    std::int64_t chunk, pass, sinks;
+  };
+  static void add_call_words(const void* context, Agreement& a) {
+    const auto* w = static_cast<const CallWords*>(context);
+    a.add("the chunks (fingerprint)", w->self->fingerprint_, Agreement::kHash);
+    a.add("the chunk of the call", w->chunk);
+    a.add("the pass of the call (0 = forward, 1 = recompute, 2 = backward)", w->pass);
+    a.add("whether the chunk's rows get attention sinks (0 = no, 1 = yes)", w->sinks);
+  }
+  // The chunk batch a call names, or (when the chunk index is refused) the first one, so that the call
+  // still reaches the agreement and its peers learn of the refusal instead of waiting.
+  const DocumentBatch& batch_of(int c) const {
+    static const DocumentBatch kNone({{1}});
+    if (c >= 0 && c < num_chunks()) return chunks_[static_cast<std::size_t>(c)].batch;
+    return chunks_.empty() ? kNone : chunks_.front().batch;
+  }
+
   void forward_call(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<T> o, LseView<A> lse,
                     const std::span<const A>* sinks) {
     constexpr const char* where = "ChunkedAttention::forward";
     std::exception_ptr refused;
-    try {  // local checks; then every rank compares what it is about to run
+    try {  // local checks; then every rank compares what it is about to run (in the attention's agreement)
       check_chunk(c, where);
       seqpar::detail::require(!forward_done_[static_cast<std::size_t>(c)], where, "c", c, "ran forward already");
       for (int e : carry().reads(c))
@@ -180,8 +212,7 @@ class ChunkedAttention {
     } catch (const std::exception&) {
       refused = std::current_exception();
     }
-    agree(where, fingerprint_, c, 0, sinks != nullptr, refused);
-    run_forward(c, q, k, v, o, lse, true, sinks);
+    run_forward(c, q, k, v, o, lse, true, sinks, refused);
   }
 
   void recompute_call(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<T> o, LseView<A> lse,
@@ -197,8 +228,7 @@ class ChunkedAttention {
     } catch (const std::exception&) {
       refused = std::current_exception();
     }
-    agree(where, fingerprint_, c, 1, sinks != nullptr, refused);
-    run_forward(c, q, k, v, o, lse, false, sinks);
+    run_forward(c, q, k, v, o, lse, false, sinks, refused);
   }
 
   void backward_call(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<const T> o,
@@ -224,9 +254,10 @@ class ChunkedAttention {
     } catch (const std::exception&) {
       refused = std::current_exception();
     }
-    agree(where, fingerprint_, c, 2, sinks != nullptr, refused);
+    const CallWords words{this, c, 2, sinks != nullptr ? 1 : 0};
+    const Extension extension{&add_call_words, &words, refused};
+    attention_.backward_call(batch_of(c), mask_, q, k, v, o, lse, dout, dq, dk, dv, nullptr, {}, &extension);
     const auto ci = static_cast<std::size_t>(c);
-    attention_.backward(chunks_[ci].batch, q, k, v, o, lse, dout, dq, dk, dv);
     backward_done_[ci] = true;
     Buffers b = bind_carry({});
     b.thd[idx(BufferId::kQ)] = mut(q);
@@ -239,7 +270,7 @@ class ChunkedAttention {
     b.thd[idx(BufferId::kDk)] = dk;
     b.thd[idx(BufferId::kDv)] = dv;
     run(c, "prefix backward", programs_[ci].bwd, b);
-    if (sinks != nullptr) sink_epilogue_.backward(attention_.exec(), world_, dout, o, lse, *sinks, dsinks);
+    if (sinks != nullptr) sink_epilogue_.backward(attention_.exec(), world(), dout, o, lse, *sinks, dsinks);
   }
 
   using BufferId = comm::BufferId;
@@ -257,6 +288,7 @@ class ChunkedAttention {
   static ThdView<T> mut(ThdView<const T> v) noexcept {
     return {const_cast<T*>(v.data), v.tokens, v.heads, v.head_dim, v.token_stride, v.head_stride};
   }
+  AnyTransport& world() const noexcept { return attention_.world(); }
 
   void check_chunk(int c, const char* where) const {
     if (c < 0 || c >= num_chunks())
@@ -264,11 +296,14 @@ class ChunkedAttention {
                                     "must be in [0, num_chunks()) = [0, " + std::to_string(num_chunks()) + ")");
   }
 
-  // The strategy's forward of chunk c, then its prefix program (keep, exchange, merge).
+  // The strategy's forward of chunk c (one agreement: the chunk's words and the attention's), then its
+  // prefix program (keep, exchange, merge).
   void run_forward(int c, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v, ThdView<T> o, LseView<A> lse,
-                   bool keep, const std::span<const A>* sinks) {
+                   bool keep, const std::span<const A>* sinks, const std::exception_ptr& refused) {
+    const CallWords words{this, c, keep ? 0 : 1, sinks != nullptr ? 1 : 0};
+    const Extension extension{&add_call_words, &words, refused};
+    attention_.forward_call(batch_of(c), mask_, q, k, v, o, lse, nullptr, {}, &extension);
     const auto ci = static_cast<std::size_t>(c);
-    attention_.forward(chunks_[ci].batch, q, k, v, o, lse);
     forward_done_[ci] = true;
     Buffers b = bind_carry({});
     b.thd[idx(BufferId::kQ)] = mut(q);
@@ -298,37 +333,39 @@ class ChunkedAttention {
   void run(int c, const char* pass, Exec& ex, const Buffers& b) {
     last_bytes_sent_ = 0;
     if (ex.lowered().ops.empty()) return;
-    const std::uint64_t before = world_.counters().bytes_sent;
-    const typename Exec::Levels levels{&world_, nullptr, nullptr};
+    AnyTransport& w = world();
+    const std::uint64_t before = w.counters().bytes_sent;
+    const typename Exec::Levels levels{&w, nullptr, nullptr};
     try {
-      ex.run(levels, kernel_, attention_.exec(), b, workspace_.span());
+      ex.run(levels, attention_.kernel(), attention_.exec(), b, workspace_.span());
     } catch (const Error& e) {
       throw Error(e.code(), "ChunkedAttention: chunk " + std::to_string(c) + " (" + pass + "): " + e.detail());
     }
-    last_bytes_sent_ = world_.counters().bytes_sent - before;
+    last_bytes_sent_ = w.counters().bytes_sent - before;
   }
 
-  // Plans every chunk with the strategy (local), compiles and lowers every prefix program, and sizes
-  // the carry and the workspace: the only place that allocates.
-  void compile(std::vector<Chunk> chunks) {
-    const int ranks = world_.size(), me = world_.rank();
+  // Places every chunk with the strategy (local), compiles and lowers every prefix program for the
+  // mask, and sizes the carry and the workspace: the only place that allocates.
+  void compile(std::vector<Chunk> chunks, AttentionMask mask) {
+    const int ranks = attention_.topology().world_size, me = attention_.rank();
     std::vector<std::vector<std::vector<Range>>> owned(chunks.size());
     for (std::size_t c = 0; c < chunks.size(); ++c) {
-      const ShardPlan& plan = attention_.plan(chunks[c].batch);
+      const Placement& placement = attention_.placement(chunks[c].batch);
       for (int r = 0; r < ranks; ++r)
-        owned[c].push_back(comm::ChunkCarry::to_global(chunks[c], plan.owned[static_cast<std::size_t>(r)]));
+        owned[c].push_back(comm::ChunkCarry::to_global(chunks[c], placement.owned[static_cast<std::size_t>(r)]));
     }
     plan_.reset();
     chunks_.clear();
-    plan_ = std::make_unique<comm::ChunkCarry>(chunks, std::move(owned), attention_.shape());
+    plan_ = std::make_unique<comm::ChunkCarry>(chunks, std::move(owned), attention_.shape(), mask);
     chunks_ = std::move(chunks);
+    mask_ = mask;
     programs_ = std::vector<Programs>(chunks_.size());
     std::size_t need = 0;
     const auto lower = [&](Exec& ex, const comm::Program& p) {
-      ex.initialize(p, kernel_);
+      ex.initialize(p, attention_.kernel());
       need = std::max(need, ex.workspace_bytes());
       // The prefix calls' shapes (all heads, the attention's scale), asked before any message.
-      if (Status s = ex.can_implement(kernel_, attention_.exec()); !s)
+      if (Status s = ex.can_implement(attention_.kernel(), attention_.exec()); !s)
         throw std::invalid_argument("ChunkedAttention::begin: the kernel cannot run a prefix term: " + s.reason);
     };
     for (int c = 0; c < num_chunks(); ++c) {
@@ -355,92 +392,14 @@ class ChunkedAttention {
     if (a.size() != b.size()) return false;
     for (std::size_t c = 0; c < a.size(); ++c) {
       const DocumentBatch &x = a[c].batch, &y = b[c].batch;
-      if (a[c].tokens != b[c].tokens || a[c].prefix != b[c].prefix || x.num_sequences() != y.num_sequences() ||
-          x.window() != y.window() || !std::ranges::equal(x.cu_seqlens(), y.cu_seqlens()))
-        return false;
-      for (int s = 0; s < x.num_sequences(); ++s)
-        if (x.sequence(s).begin != y.sequence(s).begin) return false;
+      if (a[c].tokens != b[c].tokens || a[c].prefix != b[c].prefix || !(x == y)) return false;
     }
     return true;
   }
 
-  // What every rank is about to run, compared before anything else: a fingerprint of the chunks'
-  // ranges, the chunk and the pass of the call (-1 in begin), and whether this rank accepted its
-  // arguments (else the start of its reason). Per call, it catches ranks that run different chunks of
-  // the same shape, which the strategy's own agreement (on the chunk batch's shape) cannot tell apart.
-  struct Signature {
-    std::uint64_t chunks = 0;
-    std::int32_t chunk = 0, pass = 0, sinks = 0;
-    std::int32_t refused = 0;
-    char reason[200] = {};
-  };
-
-  static std::uint64_t fingerprint_of(const std::vector<Chunk>& chunks) noexcept {
-    std::uint64_t h = 1469598103934665603ull;
-    const auto mix = [&](std::int64_t x) { h = (h ^ static_cast<std::uint64_t>(x)) * 1099511628211ull; };
-    mix(static_cast<std::int64_t>(chunks.size()));
-    for (const Chunk& c : chunks) {
-      for (const Range& r : c.tokens) mix(r.begin), mix(r.end);
-      mix(-1);
-      for (const Range& r : c.prefix) mix(r.begin), mix(r.end);
-      mix(-2);
-      mix(c.batch.window());  // the same ranges under another window are other programs
-    }
-    return h;
-  }
-
-  void agree(const char* where, std::uint64_t fingerprint, int chunk, int pass, bool sinks,
-             const std::exception_ptr& refused) {
-    Signature mine;
-    mine.chunks = fingerprint;
-    mine.chunk = chunk;
-    mine.pass = pass;
-    mine.sinks = sinks ? 1 : 0;
-    if (refused) {
-      mine.refused = 1;
-      try {
-        std::rethrow_exception(refused);
-      } catch (const std::exception& e) {
-        std::strncpy(mine.reason, e.what(), sizeof(mine.reason) - 1);
-      }
-    }
-    signatures_.resize(static_cast<std::size_t>(world_.size()));
-    world_.all_gather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(signatures_)));
-    if (refused) std::rethrow_exception(refused);
-    const auto call = [](int c, int p) {
-      return p < 0 ? std::string("begin")
-                   : "chunk " + std::to_string(c) + " (" +
-                         (p == 0   ? "forward"
-                          : p == 1 ? "recompute"
-                                   : "backward") +
-                         ")";
-    };
-    for (int r = 0; r < world_.size(); ++r) {
-      const Signature& other = signatures_[static_cast<std::size_t>(r)];
-      if (other.refused != 0)
-        throw Error(Errc::kPeerFailed, std::string(where) + ": rank " + std::to_string(r) + " refused its " +
-                                           (chunk < 0 ? "chunks: " : "call: ") +
-                                           std::string(other.reason, strnlen(other.reason, sizeof(other.reason))));
-      if (other.chunks != mine.chunks)
-        throw Error(Errc::kMismatch, std::string(where) + ": rank " + std::to_string(world_.rank()) + " and rank " +
-                                         std::to_string(r) + " were given different chunks");
-      if (other.chunk != mine.chunk || other.pass != mine.pass)
-        throw Error(Errc::kMismatch, std::string(where) + ": rank " + std::to_string(world_.rank()) + " runs " +
-                                         call(mine.chunk, mine.pass) + " and rank " + std::to_string(r) + " " +
-                                         call(other.chunk, other.pass) +
-                                         ": every rank must make the same calls in the same order");
-      if (other.sinks != mine.sinks)
-        throw Error(Errc::kMismatch, std::string(where) + ": rank " + std::to_string(world_.rank()) +
-                                         (mine.sinks != 0 ? " passes" : " does not pass") +
-                                         " attention sinks and rank " + std::to_string(r) +
-                                         (other.sinks != 0 ? " does" : " does not"));
-    }
-  }
-
-  AttentionEngine<Kernel>& attention_;
-  AnyTransport world_;
-  Kernel kernel_;
+  Engine& attention_;
   std::vector<Chunk> chunks_;
+  AttentionMask mask_;
   std::uint64_t fingerprint_ = 0;  // of chunks_, compared on every call
   std::unique_ptr<comm::ChunkCarry> plan_;
   std::vector<Programs> programs_;
@@ -448,7 +407,7 @@ class ChunkedAttention {
   typename Ops::Workspace workspace_, carry_mem_;  // in the execution context's memory
   SinkEpilogue<exec_type> sink_epilogue_;
   std::size_t carry_stride_ = 0;  // bytes of each of the four carry tensors (64-aligned)
-  std::vector<Signature> signatures_;
+  std::vector<Agreement::Record> agreed_;
   std::vector<bool> forward_done_, backward_done_;
   std::uint64_t last_bytes_sent_ = 0;
 };

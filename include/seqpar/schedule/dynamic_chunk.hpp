@@ -15,16 +15,17 @@
 /// target T_t. Because the cost of a slice depends only on its positions, the same mesh gives every
 /// long document equal-cost slices and a cheaper tail. A slice's queries attend to its document's
 /// earlier tokens too: the chunk names them as its prefix (carried from earlier chunks by
-/// `ChunkedAttention`, never recomputed). With a sliding window of w keys (`batch.window()`), every
-/// chunk batch has the window and a prefix is only the last w - 1 tokens before the slice (what its
-/// first query can see; none for w = 1), so the carry follows the window, not the document's length;
-/// the cost model counts the windowed pairs (a row sees min(i + 1, w) keys), so past the first w
-/// positions the mesh's slices are of equal length. Chunks are ordered so that a document's slices
+/// `ChunkedAttention`, never recomputed). Chunks are cut once per batch for every layer, like a
+/// placement: a chunk's prefix is the whole of its document before it, and each layer's carry cuts it to
+/// what that layer's mask sees (the last w - 1 tokens under a window of w: ChunkedAttention::begin's
+/// mask). The cost model counts the pairs of the model's mask mix (`ChunkCost::masks`: a row of a
+/// window-w layer sees min(i + 1, w) keys), so for an all-window model past the first w positions the
+/// mesh's slices are of equal length. Chunks are ordered so that a document's slices
 /// run in order and back to back: per long document (longest first) its split chunks, then the hybrid
 /// chunk of its tail; then the batched chunks by cost.
 ///
 /// Cost model (`ChunkCost`): time of document positions [a, b) = per_token * (b - a) +
-/// per_pair * (causal (query, key) pairs of those rows, within the batch's window if it has one) —
+/// per_pair * ((query, key) pairs of those rows, the layer-weighted mean over the model's mask mix) —
 /// GEMMs per token, attention per pair, in any unit (e.g. seconds from `replay::`'s hardware profile,
 /// or per_pair = 1 and per_token = 6 x hidden, the FLOP ratio of a transformer layer's GEMMs to its
 /// attention).
@@ -41,21 +42,23 @@
 #include <string>
 #include <vector>
 
+#include "seqpar/core/attention_mask.hpp"
 #include "seqpar/core/chunk.hpp"
 #include "seqpar/core/document_batch.hpp"
 #include "seqpar/core/error.hpp"
+#include "seqpar/core/hash.hpp"
 #include "seqpar/core/range.hpp"
 #include "seqpar/schedule/static.hpp"
 
 namespace seqpar::schedule {
 
-/// Linear cost of document positions: GEMMs per token plus attention per causal (query, key) pair.
+/// Linear cost of document positions: GEMMs per token plus attention per visible (query, key) pair.
 struct ChunkCost {
   double per_token = 0.0;
   double per_pair = 1.0;
-  /// Sliding window in keys (0: none): row i sees min(i + 1, window) keys. DynamicChunk::plan sets it
-  /// to the batch's window (a value given here is replaced).
-  std::int64_t window = 0;
+  /// The model's attention masks with their layer counts (empty: every layer causal): a row's pairs are
+  /// the layer-weighted mean over them (row i of a window-w layer sees min(i + 1, w) keys).
+  MaskMix masks{};
 
   /// Causal pairs of the rows [a, b) of a document: row i sees i + 1 keys.
   [[nodiscard]] static constexpr double pairs(std::int64_t a, std::int64_t b) noexcept {
@@ -71,30 +74,26 @@ struct ChunkCost {
     return upto(b) - upto(a);
   }
   /// Cost of the rows [a, b) of one document.
-  [[nodiscard]] constexpr double of(std::int64_t a, std::int64_t b) const noexcept {
-    return per_token * static_cast<double>(b - a) + per_pair * pairs(a, b, window);
+  [[nodiscard]] double of(std::int64_t a, std::int64_t b) const {
+    return per_token * static_cast<double>(b - a) +
+           per_pair * masks.mean([a, b](AttentionMask m) { return pairs(a, b, m.window); });
   }
-  /// The smallest x in [0, limit] with of(0, x) >= target (limit when none).
-  [[nodiscard]] std::int64_t position_of(double target, std::int64_t limit) const noexcept {
+  /// The smallest x in [0, limit] with of(0, x) >= target (limit when none): bisection, since of(0, x) is
+  /// non-decreasing in x for any mix (O(log limit) evaluations).
+  [[nodiscard]] std::int64_t position_of(double target, std::int64_t limit) const {
     if (target <= 0) return 0;
-    // of(0, x) = per_pair x (x + 1) / 2 + per_token x up to the window, then linear (each row costs
-    // per_token + per_pair w): solve the piece the target falls in, then fix the rounding.
-    double x = 0;
-    if (window > 0 && target > of(0, window)) {
-      x = static_cast<double>(window) + (target - of(0, window)) / (per_token + per_pair * static_cast<double>(window));
-    } else if (per_pair > 0) {
-      const double b = per_token + per_pair / 2;
-      x = (-b + std::sqrt(b * b + 2 * per_pair * target)) / per_pair;
-    } else {
-      x = target / per_token;
+    std::int64_t lo = 0, hi = limit;  // of(0, hi) >= target or hi == limit
+    while (lo < hi) {
+      const std::int64_t mid = lo + (hi - lo) / 2;
+      if (of(0, mid) >= target)
+        hi = mid;
+      else
+        lo = mid + 1;
     }
-    auto n = std::clamp<std::int64_t>(static_cast<std::int64_t>(x), 0, limit);
-    while (n > 0 && of(0, n - 1) >= target) --n;
-    while (n < limit && of(0, n) < target) ++n;
-    return n;
+    return lo;
   }
   void validate(const char* where) const {
-    seqpar::detail::require(window >= 0, where, "args.cost.window", window, "must be >= 0 (0: no window)");
+    masks.validate(where, "args.cost.masks");
     seqpar::detail::require(std::isfinite(per_token) && per_token >= 0, where, "args.cost.per_token", per_token,
                             "must be finite and >= 0");
     seqpar::detail::require(std::isfinite(per_pair) && per_pair >= 0 && per_pair + per_token > 0, where,
@@ -116,6 +115,15 @@ struct ChunkPlan {
   std::vector<std::int64_t> mesh;               ///< cut positions b_1 < ... < b_K = longest length
   double time_target = 0;                       ///< T_t after any loosening
   int slices = 0;                               ///< K
+  /// DocumentBatch::fingerprint() of the batch chunked (0: not known, a hand-made plan): a plan kept from
+  /// another batch of the same token count is refused where it is run (train::run_pipelined_step).
+  std::uint64_t batch_fingerprint = 0;
+
+  /// What every rank must hold alike to run the plan together (Hash64 of the batch's fingerprint and every
+  /// chunk's ranges, prefixes and batch): compared in the step's agreement.
+  [[nodiscard]] std::uint64_t fingerprint() const noexcept {
+    return Hash64{}.add(batch_fingerprint).add(chunks_fingerprint(chunks)).value();
+  }
 };
 
 struct DynamicChunk {
@@ -150,16 +158,12 @@ struct DynamicChunk {
     args.cost.validate(where);
     seqpar::detail::require(batch.total_tokens() > 0, where, "batch.total_tokens()", batch.total_tokens(),
                             "an empty batch has nothing to chunk");
-    if (args.cost.window != batch.window()) {  // the cost model counts the pairs the batch's attention has
-      DynamicChunk windowed = *this;
-      windowed.args.cost.window = batch.window();
-      return windowed.plan(batch);
-    }
     const auto docs = batch.documents();
     std::int64_t longest = 0;
     for (const Document& d : docs) longest = std::max(longest, d.tokens.size());
 
     ChunkPlan out;
+    out.batch_fingerprint = batch.fingerprint();
     out.slices = args.slices;
     if (out.slices == 0) out.slices = automatic_slices(longest, where);
     out.mesh = mesh(longest, out.slices);
@@ -303,8 +307,9 @@ struct DynamicChunk {
   }
 
   /// The prefix of the piece of document `d` starting at its row `begin`: the document's earlier tokens
-  /// its queries can see, all of them without a window (0), the last window - 1 with one.
-  [[nodiscard]] static Range prefix_of(const Document& d, std::int64_t begin, std::int64_t window) noexcept {
+  /// its queries can see under a mask of `window` keys: all of them without a window (0, what a chunk
+  /// carries: each layer's carry cuts it to its mask), the last window - 1 with one.
+  [[nodiscard]] static Range prefix_of(const Document& d, std::int64_t begin, std::int64_t window = 0) noexcept {
     return visible_prefix({d.tokens.begin, d.tokens.begin + begin}, window);
   }
 
@@ -326,10 +331,10 @@ struct DynamicChunk {
       last = d.sequence;
       sequences.back().push_back(p.end - p.begin);
       c.tokens.push_back({d.tokens.begin + p.begin, d.tokens.begin + p.end});
-      c.prefix.push_back(prefix_of(d, p.begin, batch.window()));
+      c.prefix.push_back(prefix_of(d, p.begin));
       c.cost += args.cost.of(p.begin, p.end);
     }
-    c.batch = DocumentBatch(sequences).with_window(batch.window());
+    c.batch = DocumentBatch(sequences);
     out.chunks.push_back(std::move(c));
     out.pieces.push_back(std::move(pieces));
   }

@@ -52,6 +52,7 @@
 #include "seqpar/core/tensor.hpp"
 #include "seqpar/core/transport.hpp"
 #include "seqpar/distributed_attention.hpp"
+#include "seqpar/runtime/agreement.hpp"
 #include "seqpar/runtime/chunked_attention.hpp"
 #include "seqpar/schedule/dynamic_chunk.hpp"
 #include "seqpar/schedule/pipeline.hpp"
@@ -285,25 +286,28 @@ class ChunkedLayers final : public LayerAttention<typename Kernel::value_type, t
   std::vector<std::unique_ptr<runtime::ChunkedAttention<Kernel>>>& layers_;
 };
 
-// What each rank tells the others before the step: whether it refused, and its stage's shapes.
-struct StageRecord {
-  std::int32_t refused = 0;
-  std::int32_t layers = 0;
-  std::int64_t input_width = 0;
-  std::int64_t output_width = 0;
-  char reason[240] = {};
-};
+// The attention mask of the stage's layer l: the stage's `attention_mask(l)` when it declares one (a
+// model mixing window and full layers), causal otherwise. Every layer runs on the same rows of a chunk.
+template <class S>
+AttentionMask mask_of_layer(const S& stage, int l) {
+  if constexpr (requires {
+                  { stage.attention_mask(l) } -> std::convertible_to<AttentionMask>;
+                })
+    return stage.attention_mask(l);
+  else
+    return {};
+}
 
-// Every local check of the stage, then one all_gather: a refusal reaches every rank before any other
-// message, and each stage's input width is compared with its predecessor's output width.
+// Every local check of the stage, then the one agreement (runtime/agreement.hpp): a refusal reaches every
+// rank before any other message; the chunk plan and the layer count must be the same everywhere; each
+// stage's input width is compared with its predecessor's output width (exchanged, compared here).
 template <class S, Transport Tr>
 void agree_on_stage(Tr& world, const S& stage, const PipelineLayout& layout, const schedule::ChunkPlan& plan,
                     int layers_per_stage, const char* where) {
-  StageRecord mine;
+  std::int64_t input_width = 0, output_width = 0;
   std::exception_ptr refused;
   try {
     const int layers = stage.layers();
-    mine.layers = layers;
     seqpar::detail::require(layers == layers_per_stage, where, "stage.layers()", layers,
                             "must be memory_model.layers_per_stage = " + std::to_string(layers_per_stage));
     stage.attention_shape().validate(where);
@@ -323,31 +327,27 @@ void agree_on_stage(Tr& world, const S& stage, const PipelineLayout& layout, con
     };
     for (const auto& chunk : plan.chunks) {
       const std::int64_t n = chunk.batch.total_tokens();
-      if (!layout.first()) check("input_shape", n, stage.input_shape(n), mine.input_width);
-      check("output_shape", n, stage.output_shape(n), mine.output_width);
+      if (!layout.first()) check("input_shape", n, stage.input_shape(n), input_width);
+      check("output_shape", n, stage.output_shape(n), output_width);
     }
-  } catch (const std::exception& e) {
+  } catch (const std::exception&) {
     refused = std::current_exception();
-    mine.refused = 1;
-    std::strncpy(mine.reason, e.what(), sizeof(mine.reason) - 1);
   }
-  std::vector<StageRecord> all(static_cast<std::size_t>(world.size()));
-  world.all_gather(std::as_bytes(std::span(&mine, 1)), std::as_writable_bytes(std::span(all)));
-  if (refused) std::rethrow_exception(refused);
-  for (int r = 0; r < world.size(); ++r) {
-    const StageRecord& other = all[static_cast<std::size_t>(r)];
-    if (other.refused != 0)
-      throw Error(Errc::kPeerFailed, std::string(where) + ": rank " + std::to_string(r) + " refused its stage: " +
-                                         std::string(other.reason, strnlen(other.reason, sizeof(other.reason))));
-  }
+  runtime::Agreement a(where, "its stage");
+  a.add("the chunk plan (fingerprint)", plan.fingerprint(), runtime::Agreement::kHash);
+  a.add("memory_model.layers_per_stage", std::int64_t{layers_per_stage});
+  const std::size_t in = a.add_own("stage.input_shape(rows).width", input_width);
+  const std::size_t out = a.add_own("stage.output_shape(rows).width", output_width);
+  std::vector<runtime::Agreement::Record> records;
+  a.run(world, refused, records);
   // Every rank compares the same table, so every rank throws the same error.
   for (int r = layout.group; r < world.size(); ++r) {
-    const StageRecord& from = all[static_cast<std::size_t>(r - layout.group)];
-    const StageRecord& to = all[static_cast<std::size_t>(r)];
-    if (to.input_width != from.output_width)
-      seqpar::detail::throw_invalid(where, "stage.input_shape(rows).width of rank " + std::to_string(r), to.input_width,
+    const auto to = static_cast<std::int64_t>(a.record(r).value[in]);
+    const auto from = static_cast<std::int64_t>(a.record(r - layout.group).value[out]);
+    if (to != from)
+      seqpar::detail::throw_invalid(where, "stage.input_shape(rows).width of rank " + std::to_string(r), to,
                                     "must equal the output width of rank " + std::to_string(r - layout.group) +
-                                        " (the previous stage), " + std::to_string(from.output_width));
+                                        " (the previous stage), " + std::to_string(from));
   }
 }
 
@@ -383,6 +383,11 @@ PipelinedStepResult<typename Stage::value_type> run_pipelined_step(Tr& world, St
   // Before any message: a schedule of another plan or stage count, or an empty one, is refused here
   // on every rank alike (each rank checks the same arguments), so no rank is left waiting.
   schedule::validate_schedule(plan, schedule, stages, memory_model.layers_per_stage, where);
+  if (plan.batch_fingerprint != 0 && plan.batch_fingerprint != batch.documents.fingerprint())
+    seqpar::detail::throw_invalid(where, "plan.batch_fingerprint", plan.batch_fingerprint,
+                                  "is not this batch's (" + std::to_string(batch.documents.fingerprint()) +
+                                      "): a chunk plan made for another batch (kept from an earlier step?); chunk "
+                                      "this batch (schedule::DynamicChunk::plan(batch.documents))");
   PipelinedStepResult<T> out;
   out.label_tokens = batch.label_tokens();
   seqpar::detail::require(out.label_tokens > 0, where, "batch", "no labels", "needs a document of at least 2 tokens");
@@ -400,8 +405,8 @@ PipelinedStepResult<typename Stage::value_type> run_pipelined_step(Tr& world, St
   DistributedAttention<StrategyT, Kernel> attention(attention_world, shape, args, make_kernel());
   std::vector<std::unique_ptr<runtime::ChunkedAttention<Kernel>>> chunked;
   for (int l = 0; l < per_stage; ++l) {
-    chunked.push_back(std::make_unique<runtime::ChunkedAttention<Kernel>>(attention, attention_world, make_kernel()));
-    chunked.back()->begin(plan.chunks);
+    chunked.push_back(std::make_unique<runtime::ChunkedAttention<Kernel>>(attention));
+    chunked.back()->begin(plan.chunks, detail_stage::mask_of_layer(stage, l));
   }
   for (const auto& ca : chunked)
     out.carry_bytes += 4 * static_cast<std::size_t>(ca->carry_rows()) * static_cast<std::size_t>(shape.heads_kv) *

@@ -38,7 +38,7 @@ namespace seqpar::train {
 /// A plan of another batch: each overload checks the plan against what it is given. Without the batch
 /// that is the global tensor's rows (the plan's token count), so a plan of another batch with the same
 /// token count cannot be told apart; the overloads that take the batch first (`shard(batch, plan, ...)`)
-/// also compare the plan's fingerprint (ShardPlan::batch_fingerprint) with the batch's and refuse a
+/// also compare the placement's fingerprint (Placement::batch_fingerprint) with the batch's and refuse a
 /// plan of another batch by name. Pass the batch wherever the caller has it.
 ///
 /// @code
@@ -51,19 +51,19 @@ namespace seqpar::train {
 
 namespace detail_shard {
 
-inline std::int64_t total_tokens(const ShardPlan& plan) {
+inline std::int64_t total_tokens(const Placement& plan) {
   std::int64_t n = 0;
   for (int r = 0; r < plan.world_size(); ++r) n += plan.local_tokens(r);
   return n;
 }
 
-inline void check_rank(const ShardPlan& plan, int rank, const char* where) {
+inline void check_rank(const Placement& plan, int rank, const char* where) {
   seqpar::detail::require(rank >= 0 && rank < plan.world_size(), where, "rank", rank,
                           "must be in [0, " + std::to_string(plan.world_size()) + ") (the plan's world size)");
 }
 
 template <class G, class L>
-void check_thd(const ShardPlan& plan, int rank, const ThdView<G>& global, const ThdView<L>& local, const char* where) {
+void check_thd(const Placement& plan, int rank, const ThdView<G>& global, const ThdView<L>& local, const char* where) {
   check_rank(plan, rank, where);
   seqpar::detail::check_view(global, where, "global", total_tokens(plan), local.heads, local.head_dim);
   seqpar::detail::check_view(local, where, "local", plan.local_tokens(rank), global.heads, global.head_dim);
@@ -132,13 +132,13 @@ void scatter(std::span<const Range> rows, const LseView<L>& local, const LseView
       for (std::int64_t t = r.begin; t < r.end; ++t) global(h, t) = static_cast<G>(local(h, at++));
   }
 }
-inline std::span<const Range> owned(const ShardPlan& plan, int rank) {
+inline std::span<const Range> owned(const Placement& plan, int rank) {
   return plan.owned[static_cast<std::size_t>(rank)];
 }
 
 /// The plan is one of `batch`: its token count, and its fingerprint when it carries one (a plan built
 /// by hand carries 0). O(documents), no allocation unless it throws.
-inline void check_batch(const DocumentBatch& batch, const ShardPlan& plan, const char* where) {
+inline void check_batch(const DocumentBatch& batch, const Placement& plan, const char* where) {
   const std::int64_t tokens = total_tokens(plan);
   if (tokens != batch.total_tokens())
     seqpar::detail::throw_invalid(where, "plan", std::to_string(tokens) + " tokens",
@@ -155,21 +155,21 @@ inline void check_batch(const DocumentBatch& batch, const ShardPlan& plan, const
 /// Rank `rank`'s rows of `global` (every token of the plan's batch) into `local`
 /// (plan.local_tokens(rank) rows), in plan order. Heads and head_dim must match.
 template <class G, class L>
-void shard(const ShardPlan& plan, int rank, const ThdView<G>& global, const ThdView<L>& local) {
+void shard(const Placement& plan, int rank, const ThdView<G>& global, const ThdView<L>& local) {
   detail_shard::check_thd(plan, rank, global, local, "train::shard");
   detail_shard::gather(detail_shard::owned(plan, rank), global, local);
 }
 
 /// Rank `rank`'s local rows written at their global rows of `global`; other rows are left alone.
 template <class L, class G>
-void unshard_local(const ShardPlan& plan, int rank, const ThdView<L>& local, const ThdView<G>& global) {
+void unshard_local(const Placement& plan, int rank, const ThdView<L>& local, const ThdView<G>& global) {
   detail_shard::check_thd(plan, rank, global, local, "train::unshard_local");
   detail_shard::scatter(detail_shard::owned(plan, rank), local, global);
 }
 
 /// LSE-style (heads, tokens) tensors: the rank's token columns of every head, in plan order.
 template <class G, class L>
-void shard(const ShardPlan& plan, int rank, const LseView<G>& global, const LseView<L>& local) {
+void shard(const Placement& plan, int rank, const LseView<G>& global, const LseView<L>& local) {
   constexpr const char* where = "train::shard";
   detail_shard::check_rank(plan, rank, where);
   seqpar::detail::check_view(global, where, "global", local.heads, detail_shard::total_tokens(plan));
@@ -178,7 +178,7 @@ void shard(const ShardPlan& plan, int rank, const LseView<G>& global, const LseV
 }
 
 template <class L, class G>
-void unshard_local(const ShardPlan& plan, int rank, const LseView<L>& local, const LseView<G>& global) {
+void unshard_local(const Placement& plan, int rank, const LseView<L>& local, const LseView<G>& global) {
   constexpr const char* where = "train::unshard_local";
   detail_shard::check_rank(plan, rank, where);
   seqpar::detail::check_view(global, where, "global", local.heads, detail_shard::total_tokens(plan));
@@ -188,47 +188,47 @@ void unshard_local(const ShardPlan& plan, int rank, const LseView<L>& local, con
 
 /// One value per token (token ids, labels, per-token losses or weights).
 template <class G, class L>
-void shard(const ShardPlan& plan, int rank, std::span<G> global, std::span<L> local) {
+void shard(const Placement& plan, int rank, std::span<G> global, std::span<L> local) {
   shard(plan, rank, detail_shard::per_token(global), detail_shard::per_token(local));
 }
 template <class L, class G>
-void unshard_local(const ShardPlan& plan, int rank, std::span<L> local, std::span<G> global) {
+void unshard_local(const Placement& plan, int rank, std::span<L> local, std::span<G> global) {
   unshard_local(plan, rank, detail_shard::per_token(local), detail_shard::per_token(global));
 }
 
 /// shard / unshard_local with the batch the plan is of: the plan is refused (std::invalid_argument
 /// naming plan or plan.batch_fingerprint) when it is a plan of another batch, then as above.
 template <class G, class L>
-void shard(const DocumentBatch& batch, const ShardPlan& plan, int rank, const ThdView<G>& global,
+void shard(const DocumentBatch& batch, const Placement& plan, int rank, const ThdView<G>& global,
            const ThdView<L>& local) {
   detail_shard::check_batch(batch, plan, "train::shard");
   shard(plan, rank, global, local);
 }
 template <class G, class L>
-void shard(const DocumentBatch& batch, const ShardPlan& plan, int rank, const LseView<G>& global,
+void shard(const DocumentBatch& batch, const Placement& plan, int rank, const LseView<G>& global,
            const LseView<L>& local) {
   detail_shard::check_batch(batch, plan, "train::shard");
   shard(plan, rank, global, local);
 }
 template <class G, class L>
-void shard(const DocumentBatch& batch, const ShardPlan& plan, int rank, std::span<G> global, std::span<L> local) {
+void shard(const DocumentBatch& batch, const Placement& plan, int rank, std::span<G> global, std::span<L> local) {
   detail_shard::check_batch(batch, plan, "train::shard");
   shard(plan, rank, global, local);
 }
 template <class L, class G>
-void unshard_local(const DocumentBatch& batch, const ShardPlan& plan, int rank, const ThdView<L>& local,
+void unshard_local(const DocumentBatch& batch, const Placement& plan, int rank, const ThdView<L>& local,
                    const ThdView<G>& global) {
   detail_shard::check_batch(batch, plan, "train::unshard_local");
   unshard_local(plan, rank, local, global);
 }
 template <class L, class G>
-void unshard_local(const DocumentBatch& batch, const ShardPlan& plan, int rank, const LseView<L>& local,
+void unshard_local(const DocumentBatch& batch, const Placement& plan, int rank, const LseView<L>& local,
                    const LseView<G>& global) {
   detail_shard::check_batch(batch, plan, "train::unshard_local");
   unshard_local(plan, rank, local, global);
 }
 template <class L, class G>
-void unshard_local(const DocumentBatch& batch, const ShardPlan& plan, int rank, std::span<L> local,
+void unshard_local(const DocumentBatch& batch, const Placement& plan, int rank, std::span<L> local,
                    std::span<G> global) {
   detail_shard::check_batch(batch, plan, "train::unshard_local");
   unshard_local(plan, rank, local, global);
@@ -309,7 +309,7 @@ void unshard_rows(std::span<const Range> rows, std::span<L> local, std::span<G> 
 /// One all_gather_v of the packed rows: each rank receives the whole tensor once.
 template <Transport Tr, class L, class T>
 requires std::is_same_v<std::remove_const_t<L>, T> && std::is_trivially_copyable_v<T>
-void unshard(Tr& transport, const ShardPlan& plan, const ThdView<L>& local, const ThdView<T>& global) {
+void unshard(Tr& transport, const Placement& plan, const ThdView<L>& local, const ThdView<T>& global) {
   constexpr const char* where = "train::unshard";
   seqpar::detail::require(transport.size() == plan.world_size(), where, "transport.size()", transport.size(),
                           "must equal the plan's world size " + std::to_string(plan.world_size()));
@@ -344,7 +344,7 @@ void unshard(Tr& transport, const ShardPlan& plan, const ThdView<L>& local, cons
 /// LSE-style (heads, tokens) tensors gathered like the THD ones.
 template <Transport Tr, class L, class T>
 requires std::is_same_v<std::remove_const_t<L>, T> && std::is_trivially_copyable_v<T>
-void unshard(Tr& transport, const ShardPlan& plan, const LseView<L>& local, const LseView<T>& global) {
+void unshard(Tr& transport, const Placement& plan, const LseView<L>& local, const LseView<T>& global) {
   seqpar::detail::require(local.heads == global.heads, "train::unshard", "local.heads", local.heads,
                           "expected " + std::to_string(global.heads) + " (global.heads)");
   // Token-major packing turns it into a THD gather of one "head" of `heads` values per token.
@@ -362,7 +362,7 @@ void unshard(Tr& transport, const ShardPlan& plan, const LseView<L>& local, cons
 /// Per-token values gathered like the THD ones.
 template <Transport Tr, class L, class T>
 requires std::is_same_v<std::remove_const_t<L>, T> && std::is_trivially_copyable_v<T>
-void unshard(Tr& transport, const ShardPlan& plan, std::span<L> local, std::span<T> global) {
+void unshard(Tr& transport, const Placement& plan, std::span<L> local, std::span<T> global) {
   unshard(transport, plan, detail_shard::per_token(local), detail_shard::per_token(global));
 }
 
@@ -370,21 +370,21 @@ void unshard(Tr& transport, const ShardPlan& plan, std::span<L> local, std::span
 /// gather (every rank passes the same batch and plan, so every rank refuses; none is left waiting).
 template <Transport Tr, class L, class T>
 requires std::is_same_v<std::remove_const_t<L>, T> && std::is_trivially_copyable_v<T>
-void unshard(Tr& transport, const DocumentBatch& batch, const ShardPlan& plan, const ThdView<L>& local,
+void unshard(Tr& transport, const DocumentBatch& batch, const Placement& plan, const ThdView<L>& local,
              const ThdView<T>& global) {
   detail_shard::check_batch(batch, plan, "train::unshard");
   unshard(transport, plan, local, global);
 }
 template <Transport Tr, class L, class T>
 requires std::is_same_v<std::remove_const_t<L>, T> && std::is_trivially_copyable_v<T>
-void unshard(Tr& transport, const DocumentBatch& batch, const ShardPlan& plan, const LseView<L>& local,
+void unshard(Tr& transport, const DocumentBatch& batch, const Placement& plan, const LseView<L>& local,
              const LseView<T>& global) {
   detail_shard::check_batch(batch, plan, "train::unshard");
   unshard(transport, plan, local, global);
 }
 template <Transport Tr, class L, class T>
 requires std::is_same_v<std::remove_const_t<L>, T> && std::is_trivially_copyable_v<T>
-void unshard(Tr& transport, const DocumentBatch& batch, const ShardPlan& plan, std::span<L> local,
+void unshard(Tr& transport, const DocumentBatch& batch, const Placement& plan, std::span<L> local,
              std::span<T> global) {
   detail_shard::check_batch(batch, plan, "train::unshard");
   unshard(transport, plan, local, global);

@@ -53,7 +53,7 @@ struct TokenMeta {
 [[nodiscard]] inline TokenMeta token_meta(const DocumentBatch& batch, std::span<const Range> rows);
 
 /// The metadata of rank `rank`'s local rows under `plan` (a plan of `batch`).
-[[nodiscard]] inline TokenMeta token_meta(const DocumentBatch& batch, const ShardPlan& plan, int rank) {
+[[nodiscard]] inline TokenMeta token_meta(const DocumentBatch& batch, const Placement& plan, int rank) {
   constexpr const char* where = "train::token_meta";
   detail_shard::check_rank(plan, rank, where);
   detail_shard::check_batch(batch, plan, where);
@@ -123,7 +123,7 @@ template <class Id>
 /// Next-token labels when each rank holds only its own rows' ids (`local_ids`, plan order): the ids
 /// are gathered over `transport` (the plan's ranks; one all_gather_v of one id per token) and picked.
 template <Transport Tr, class Id>
-[[nodiscard]] std::vector<Id> labels(Tr& transport, const ShardPlan& plan, const TokenMeta& meta,
+[[nodiscard]] std::vector<Id> labels(Tr& transport, const Placement& plan, const TokenMeta& meta,
                                      std::span<const Id> local_ids, Id ignore) {
   constexpr const char* where = "train::labels";
   // meta must describe this rank's rows of this plan (a meta of another plan or rank picks wrong ids).

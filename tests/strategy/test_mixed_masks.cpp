@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "support/distributed_check.hpp"
+#include "support/sanitizer.hpp"
 #include "support/strategy_list.hpp"
 
 using namespace seqpar;
@@ -175,11 +176,13 @@ TEST_SUITE("strategy") {
     // layer, the placement balanced for the declared mix {causal: 2, window 16: 2}.
     constexpr std::int64_t kWindow = 16;
     int runs = 0;
+    // Worlds 2, 3, 5, 8 in the Release build; 2 and 5 under a sanitizer (tests/support/sanitizer.hpp).
+    const std::vector<int> worlds = test::kUnderSanitizer ? std::vector<int>{2, 5} : std::vector<int>{2, 3, 5, 8};
     test::for_each_combination([&]<class C>(C) {
       using S = typename C::strategy;
       typename S::Arguments args = C::arguments();
       args.masks = {{AttentionMask::causal(), 2}, {AttentionMask::sliding_window(kWindow), 2}};
-      for (const int world : {2, 3, 5, 8}) {
+      for (const int world : worlds) {
         const DocumentBatch batch = model_batch(kWindow, 31u * static_cast<unsigned>(world) + 7u);
         const AttentionShape shape = world == 2 ? AttentionShape{4, 2, 8} : AttentionShape{8, 8, 8};
         args.ranks_per_node = world >= 4 ? world / 2 : world;
@@ -198,7 +201,7 @@ TEST_SUITE("strategy") {
       }
     });
     MESSAGE(runs << " (combination, world) models of 4 layers");
-    CHECK(runs >= 150);
+    CHECK(runs >= (test::kUnderSanitizer ? 75 : 150));
   }
 
   TEST_CASE("a model alternating window and full layers through DPP chunks: the same rows per chunk, exact") {

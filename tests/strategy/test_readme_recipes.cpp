@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "support/distributed_check.hpp"
+#include "support/sanitizer.hpp"
 #include "support/strategy_list.hpp"
 
 namespace recipe {
@@ -64,8 +65,9 @@ TEST_SUITE("strategy") {
     docs.push_back(300);
     const DocumentBatch batch({docs, test::lognormal_docs(120, 30.0, 1.0, rng)});
     const AttentionShape shape{4, 2, 8};
-    int runs = 0;
+    int runs = 0, seen = 0;
     test::for_each_combination([&]<class C>(C) {
+      if (test::kUnderSanitizer && seen++ % 4 != 0) return;  // every 4th under a sanitizer, all in Release
       using S = typename C::strategy;
       using Model = recipe::MixedModel<S>;
       constexpr int world = 4;
@@ -109,6 +111,6 @@ TEST_SUITE("strategy") {
       }
       ++runs;
     });
-    CHECK(runs >= 40);
+    CHECK(runs >= (test::kUnderSanitizer ? 10 : 40));
   }
 }

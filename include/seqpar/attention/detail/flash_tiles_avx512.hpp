@@ -19,6 +19,12 @@
 #else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")
+// GCC 12 reports -Wmaybe-uninitialized inside the AVX-512 intrinsics once they are inlined here (their
+// _mm512_undefined_ps(), GCC PR105593, fixed in GCC 13). simd_intrinsics.hpp silences it at the header when it
+// includes it first; when the user's code included <immintrin.h> before, only this region can.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 namespace seqpar::attention::detail::avx512 {
@@ -218,6 +224,7 @@ struct Avx512Tiles : avx2::Avx2Rows {
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
+#pragma GCC diagnostic pop
 #pragma GCC pop_options
 #endif
 

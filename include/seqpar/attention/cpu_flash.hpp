@@ -548,9 +548,10 @@ class CpuFlash {
     const Mask& m = sl.mask;
     if (m.kind == MaskKind::kFull) return {0, len};
     const std::int64_t lo = std::clamp<std::int64_t>(k0 - m.causal_offset, 0, len);
-    const std::int64_t hi = m.kind == MaskKind::kSlidingWindow
-                                ? std::clamp<std::int64_t>(k1 - 1 - m.causal_offset + m.window, lo, len)
-                                : len;
+    const std::int64_t hi =
+        m.kind == MaskKind::kSlidingWindow
+            ? std::clamp<std::int64_t>(seqpar::detail::add_sat(k1 - 1 - m.causal_offset, m.window), lo, len)
+            : len;
     return {lo, hi};
   }
 

@@ -167,7 +167,9 @@ class DistributedAttention(torch.nn.Module):
     head_dim values per head; v and the output head_dim_v (default: head_dim; MLA: 192 and 128). group: a
     torch.distributed process group (default: the world). ranks_per_node: ranks sharing a node (for
     the hierarchical strategies; 0: all). timeout_s: how long any wait on a peer may take before
-    RuntimeError (default: SEQPAR_TIMEOUT_S or 600 s, the C++ transports' default).
+    RuntimeError (default: SEQPAR_TIMEOUT_S or 600 s, the C++ transports' default; float("inf") or any
+    value past 100 years waits 100 years, without a bound in practice; NaN, 0 or a negative value raises
+    ValueError naming timeout_s).
 
     Tensors: CPU (gloo, or any backend the group has for the CPU): float64, float32, bfloat16 (the
     bf16 kernel on the tensors' storage; fp32 lse). CUDA, only where seqpar.torch.CUDA is true (built

@@ -58,9 +58,8 @@ class Attention {
     sp::detail::require(head_dim >= 1 && head_dim <= 1024, where, "head_dim", head_dim, "must be in [1, 1024]");
     sp::detail::require(head_dim_v >= 1 && head_dim_v <= 1024, where, "head_dim_v", head_dim_v,
                         "must be in [1, 1024] (the value head size; None: head_dim)");
-    sp::detail::require(timeout_s > 0, where, "timeout_s", timeout_s, "must be > 0");
     sp::backend::c10d::Transport::Options options;
-    options.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
+    options.timeout = sp::detail::timeout_from_seconds(where, "timeout_s", timeout_s);  // inf: no bound in practice
     transport_ = std::make_unique<sp::backend::c10d::Transport>(group, options);
     (void)meta_engine();  // an unknown strategy fails here, in the constructor
 #if SEQPAR_TORCH_CUDA

@@ -147,8 +147,9 @@ class CpuFlash {
     return layout(shape, q_rows, k_rows).total;
   }
 
-  /// Whether the kernel runs `shape` on its own context: a well-formed shape whose softmax scale
-  /// stays finite and nonzero in accum_type once multiplied by log2(e). The calls refuse the same.
+  /// Whether the kernel runs `shape` on its own context: a well-formed shape whose softmax scale accum_type
+  /// keeps exact (attention::softmax_scale_status: finite, nonzero, at most max_softmax_scale). The calls
+  /// refuse the same.
   [[nodiscard]] Status can_implement(const AttentionShape& shape) const {
     return implementable(exec_, shape, "CpuFlash");
   }
@@ -551,15 +552,7 @@ class CpuFlash {
       return seqpar::detail::refuse_invalid(
           where, "exec.threads()", exec.threads(),
           "exceeds args.threads = " + std::to_string(args_.threads) + " (the workspace holds one tile set per thread)");
-    if (Status s = shape.status(where); !s) return s;
-    // The scale is applied in accum_type, pre-multiplied by log2(e): it must stay finite and nonzero there.
-    const double sc = shape.scale();
-    const A sa = A(sc);
-    if (!std::isfinite(sa * kLog2e) || (sc != 0.0 && sa == A(0)))
-      return seqpar::detail::refuse_invalid(where, "softmax_scale", sc,
-                                            std::string("is not representable in the accumulation type (") +
-                                                (std::is_same_v<A, float> ? "float" : "double") + ")");
-    return Status::success();
+    return softmax_scale_status<A>(shape, where);  // the shape, and a scale A keeps exact (kernel.hpp)
   }
 
   void check(const HostExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
@@ -608,9 +601,10 @@ class CpuFlash {
     const Mask& m = sl.mask;
     if (m.kind == MaskKind::kFull) return {0, len};
     const std::int64_t lo = std::clamp<std::int64_t>(k0 - m.causal_offset, 0, len);
-    const std::int64_t hi = m.kind == MaskKind::kSlidingWindow
-                                ? std::clamp<std::int64_t>(k1 - 1 - m.causal_offset + m.window, lo, len)
-                                : len;
+    const std::int64_t hi =
+        m.kind == MaskKind::kSlidingWindow
+            ? std::clamp<std::int64_t>(seqpar::detail::add_sat(k1 - 1 - m.causal_offset, m.window), lo, len)
+            : len;
     return {lo, hi};
   }
 

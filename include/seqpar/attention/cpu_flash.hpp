@@ -15,7 +15,8 @@
 /// item (query head of the group, query tile of `q_tile` rows) the Q tile is packed pre-scaled by
 /// softmax_scale * log2(e), and for each 128-key tile the rows see and each score block of 48 query rows the
 /// scores S = Q K^T come from a broadcast-FMA micro-kernel (6 rows x 64 keys in 24 zmm, 6 x 16 in 12 ymm on
-/// AVX2; the 48 rows share each K^T panel from L1; only the 16-key panels holding visible keys), an online
+/// AVX2; the 48 rows share each K^T panel from L1; only the panels, 64 keys on AVX-512 and 16 on AVX2, holding
+/// visible keys), an online
 /// softmax in base 2 updates the running max / sum (lazily: the output rows are rescaled only when a row's max
 /// grows by more than 2^8) and P V accumulates into an fp32 output tile. Tiles and row blocks that the mask
 /// hides are skipped; only blocks that a mask edge crosses are masked element-wise.
@@ -33,7 +34,8 @@
 ///
 /// **Instruction sets.** For float and bf16 storage the micro-kernels are chosen at run time, whatever the
 /// build's -march (cpu_isa.hpp): AVX-512 (6 x 64 blocks in 24 zmm) where the CPU and OS support it, else AVX2 +
-/// FMA (6 x 16 in 12 ymm), else a portable auto-vectorised path with the same blocking (also double's path).
+/// FMA (6 x 16 in 12 ymm), else a portable path with the same blocking (also double's path; plain C++, which
+/// GCC 12 leaves scalar at -O2 for float: ~30x slower than AVX2, bench/attention_cpu --isa portable).
 /// `Arguments::isa` or the environment variable SEQPAR_CPU_ISA forces one; `isa()` says which runs. The paths
 /// differ in the order of fp32 sums only (the exp2 polynomial is shared), not in what they compute.
 ///

@@ -37,6 +37,7 @@
 
 #include "adversarial/harness.hpp"
 #include "support/distributed_check.hpp"
+#include "support/expect_error.hpp"
 #include "support/sanitizer.hpp"
 
 using namespace seqpar;
@@ -49,15 +50,7 @@ bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
 
-template <class F>
-std::string invalid_message(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "(accepted)";
-}
+using test::invalid_message;  // the std::invalid_argument message of a call, empty if it was accepted
 
 // A batch with a document longer than a chunk (split, so chunks have prefixes) among short ones.
 const DocumentBatch& edge_batch() {

@@ -4,14 +4,16 @@
 // FLOPs = 4 * d * Hq * (visible pairs) forward, 2.5x that backward. Best-of-N timing.
 //   attention_cpu [--smoke] [--quick] [--threads N,..] [--seq N,..] [--d N,..] [--mask causal|doc,..]
 //                 [--heads HQ:HKV,..] [--dtype fp32|both] [--no-blas] [--peer torch] [--python PATH] [--rounds N]
-//                 [--json FILE]
+//                 [--isa auto|portable|avx2|avx512|all,..] [--json FILE]
 // Each list option selects a subset of the default table (threads 1,2 x seq 4096,16384 x d 128,64 x heads
 // 8:8,32:8 x mask causal,doc: all of it takes well over 10 minutes on 2 cores); the rows are the product of the
 // lists. --no-blas skips the unfused OpenBLAS baseline (slow at 16K: tens of seconds per run).
 // --dtype both (the default) adds CpuFlash<bf16> rows (bf16 storage, fp32 accumulation) after each fp32 row.
 // --peer torch runs bench/torch_peer/sdpa.py (PyTorch's scaled_dot_product_attention, same shapes, same run)
 // with the venv made by bench/torch_peer/install.sh and prints our GFLOP/s over torch's.
-// The micro-kernel rows time detail::gemm alone at this build's flags, so a code-generation regression shows.
+// --isa picks the micro-kernels' instruction set (default auto: what CpuFlash picks on this CPU; "all": every one
+// this CPU runs, one set of rows each, against the FMA peak of that instruction set measured in the same run).
+// The micro-kernel rows time each policy's tile gemm alone, so a code-generation regression shows.
 // --rounds N runs the whole table N times, one configuration after another, and keeps each row's best (ours and
 // torch's alike): on a shared machine a burst of load then costs one round of a row, not the row.
 #include <seqpar/seqpar.hpp>
@@ -34,7 +36,7 @@
 #include <cblas.h>
 extern "C" void openblas_set_num_threads(int);
 #endif
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#if SEQPAR_CPU_DISPATCH
 #include <immintrin.h>
 #endif
 
@@ -50,58 +52,66 @@ double seconds_since(Clock::time_point t0) {
 // ---- peak: register-blocked FMA loop, independent accumulators per thread, all summed ----
 // Enough chains to cover FMA latency x throughput (>= 10), few enough to stay in registers with the
 // two constants: AVX2 has 16 ymm registers (16 accumulators there spill and measure memory, not FMA).
-#if defined(__AVX512F__)
-constexpr int kAccumulators = 16;
-#else
-constexpr int kAccumulators = 12;
-#endif
-
-float fma_loop(std::int64_t iters, float seed) {
-#if defined(__AVX512F__)
-  __m512 acc[kAccumulators];
-  for (int i = 0; i < kAccumulators; ++i) acc[i] = _mm512_set1_ps(seed + float(i) * 1e-3f);
+// One loop per instruction set CpuFlash has, compiled for it by a target attribute (as its tiles are), so
+// each row's fraction is of the peak of the instruction set that ran it. The portable path's peak is the
+// plain loop at the build's flags (what the compiler makes of the portable tiles).
+#if SEQPAR_CPU_DISPATCH
+__attribute__((target("avx512f"))) float fma_loop_avx512(std::int64_t iters, float seed) {
+  constexpr int kAcc = 16;
+  __m512 acc[kAcc];
+  _Pragma("GCC unroll 16") for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_set1_ps(seed + float(i) * 1e-3f);
   const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
-  const auto step = [&]<std::size_t... I>(std::index_sequence<I...>) {
-    ((acc[I] = _mm512_fmadd_ps(acc[I], a, b)), ...);
-  };
-  for (std::int64_t it = 0; it < iters; ++it) step(std::make_index_sequence<kAccumulators>{});
+  for (std::int64_t it = 0; it < iters; ++it) {
+    _Pragma("GCC unroll 16") for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
   __m512 s = acc[0];
-  for (int i = 1; i < kAccumulators; ++i) s = _mm512_add_ps(s, acc[i]);
+  _Pragma("GCC unroll 16") for (int i = 1; i < kAcc; ++i) s = _mm512_add_ps(s, acc[i]);
   return _mm512_reduce_add_ps(s);
-#elif defined(__AVX2__) && defined(__FMA__)
-  __m256 acc[kAccumulators];
-  for (int i = 0; i < kAccumulators; ++i) acc[i] = _mm256_set1_ps(seed + float(i) * 1e-3f);
+}
+__attribute__((target("avx2,fma"))) float fma_loop_avx2(std::int64_t iters, float seed) {
+  constexpr int kAcc = 12;
+  __m256 acc[kAcc];
+  _Pragma("GCC unroll 16") for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_set1_ps(seed + float(i) * 1e-3f);
   const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-  // Unrolled by a fold so the accumulators live in registers (a loop over the array may stay in memory).
-  const auto step = [&]<std::size_t... I>(std::index_sequence<I...>) {
-    ((acc[I] = _mm256_fmadd_ps(acc[I], a, b)), ...);
-  };
-  for (std::int64_t it = 0; it < iters; ++it) step(std::make_index_sequence<kAccumulators>{});
+  for (std::int64_t it = 0; it < iters; ++it) {
+    _Pragma("GCC unroll 16") for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
   __m256 s = acc[0];
-  for (int i = 1; i < kAccumulators; ++i) s = _mm256_add_ps(s, acc[i]);
+  _Pragma("GCC unroll 16") for (int i = 1; i < kAcc; ++i) s = _mm256_add_ps(s, acc[i]);
   alignas(32) float out[8];
   _mm256_store_ps(out, s);
   return out[0] + out[1] + out[2] + out[3] + out[4] + out[5] + out[6] + out[7];
-#else
-  float acc[kAccumulators];
-  for (int i = 0; i < kAccumulators; ++i) acc[i] = seed + float(i) * 1e-3f;
+}
+#endif
+float fma_loop_portable(std::int64_t iters, float seed) {
+  constexpr int kAcc = 12;
+  float acc[kAcc];
+  for (int i = 0; i < kAcc; ++i) acc[i] = seed + float(i) * 1e-3f;
   for (std::int64_t it = 0; it < iters; ++it)
-    for (int i = 0; i < kAccumulators; ++i) acc[i] = acc[i] * 0.999999f + 1e-7f;
+    for (int i = 0; i < kAcc; ++i) acc[i] = acc[i] * 0.999999f + 1e-7f;
   float s = 0;
   for (float x : acc) s += x;
   return s;
-#endif
 }
 
-/// fp32 lanes per FMA of the widest vector unit the build targets.
-constexpr int lanes() {
-#if defined(__AVX512F__)
-  return 16;
-#elif defined(__AVX2__) && defined(__FMA__)
-  return 8;
-#else
-  return 1;
+/// fp32 FMAs per iteration of the isa's loop (accumulators x lanes).
+int fmas_per_iteration(attention::CpuIsa isa) {
+  switch (isa) {
+    case attention::CpuIsa::kAvx512:
+      return 16 * 16;
+    case attention::CpuIsa::kAvx2:
+      return 12 * 8;
+    default:
+      return 12;
+  }
+}
+
+float fma_loop(attention::CpuIsa isa, std::int64_t iters, float seed) {
+#if SEQPAR_CPU_DISPATCH
+  if (isa == attention::CpuIsa::kAvx512) return fma_loop_avx512(iters, seed);
+  if (isa == attention::CpuIsa::kAvx2) return fma_loop_avx2(iters, seed);
 #endif
+  return fma_loop_portable(iters, seed);
 }
 
 template <class F>
@@ -117,45 +127,51 @@ double best_time(F&& f, double budget_s, int max_reps) {
   return best;
 }
 
-/// One timed run of the FMA loop on `threads` threads (GFLOP/s).
-double peak_once(int threads, std::int64_t iters) {
+/// One timed run of the isa's FMA loop on `threads` threads (GFLOP/s).
+double peak_once(attention::CpuIsa isa, int threads, std::int64_t iters) {
   static volatile float sink = 0;
   std::vector<float> out(static_cast<std::size_t>(threads));
   const auto t0 = Clock::now();
   std::vector<std::thread> ts;
   for (int t = 0; t < threads; ++t)
-    ts.emplace_back([&, t] { out[static_cast<std::size_t>(t)] = fma_loop(iters, float(t)); });
+    ts.emplace_back([&, t] { out[static_cast<std::size_t>(t)] = fma_loop(isa, iters, float(t)); });
   for (auto& t : ts) t.join();
   const double s = seconds_since(t0);
   for (float x : out) sink = sink + x;
-  return 2.0 * kAccumulators * lanes() * double(iters) * threads / s * 1e-9;
+  return 2.0 * fmas_per_iteration(isa) * double(iters) * threads / s * 1e-9;
 }
 
 /// Best of several short runs per thread count, interleaved (1T, 2T, 1T, 2T, ...) so that a burst of
 /// load from other processes costs one sample of each, not every sample of one; `peak` keeps the max
-/// over every call (the bench calls this again between configurations).
-void measure_peak(const std::vector<int>& thread_list, std::vector<double>& peak, int rounds) {
-  // ~4 ms samples at full speed: many short samples catch a quiet moment more often than a few long ones.
+/// over every call (the bench calls this again between configurations). peak[isa][threads].
+using Peaks = std::vector<std::vector<double>>;
+void measure_peak(const std::vector<attention::CpuIsa>& isas, const std::vector<int>& thread_list, Peaks& peak,
+                  int rounds) {
+  // ~4 ms samples at full speed (fewer iterations for the narrower loops): many short samples catch a quiet
+  // moment more often than a few long ones.
   for (int r = 0; r < rounds; ++r)
-    for (int t : thread_list) {
-      double& p = peak[static_cast<std::size_t>(t)];
-      p = std::max(p, peak_once(t, 2'000'000));
-    }
+    for (attention::CpuIsa isa : isas)
+      for (int t : thread_list) {
+        double& p = peak[static_cast<std::size_t>(isa)][static_cast<std::size_t>(t)];
+        p = std::max(p, peak_once(isa, t, 512'000'000 / fmas_per_iteration(isa)));
+      }
 }
 
-// ---- micro-kernel: detail::gemm on L1-resident packed tiles, one thread, at this build's flags ----
+// ---- micro-kernel: the tile policy's gemm on L1-resident packed tiles, one thread ----
 // The shapes of the forward's two tile products: S = Q K^T (96 x 64 x d) and O += P V (96 x d x 64), with B
 // packed in column panels as CpuFlash packs K^T and V; P V also with a row-major V (the unpacked layout, whose
 // 512-byte row stride at d 128 lands on a few L1 sets), to show what the packing buys.
 // A drop here means the micro-kernel's code generation regressed (e.g. accumulators spilled at -O2).
 struct KernelRow {
+  attention::CpuIsa isa;
   std::string what;
   int m, n, k;
   double gflops;
 };
 
+template <class Tiles>
 KernelRow time_gemm(const char* what, int m, int n, int k, bool packed, double budget_s) {
-  constexpr int kP = attention::detail::kPanel;
+  constexpr int kP = Tiles::kPanel;
   const int n_pad = (n + kP - 1) / kP * kP;
   std::vector<float> a(static_cast<std::size_t>(m) * k), b(static_cast<std::size_t>(k) * n_pad),
       c(static_cast<std::size_t>(m) * n);
@@ -167,11 +183,25 @@ KernelRow time_gemm(const char* what, int m, int n, int k, bool packed, double b
   const int inner = std::max(1, int(2e8 / (2.0 * m * n * k)));
   const double t = best_time(
       [&] {
-        for (int r = 0; r < inner; ++r)
-          attention::detail::gemm(m, n, k, a.data(), k, 1, b.data(), ldb, panel, c.data(), n, true);
+        for (int r = 0; r < inner; ++r) Tiles::gemm(m, n, k, a.data(), k, 1, b.data(), ldb, panel, c.data(), n, true);
       },
       budget_s, 20);
-  return {what, m, n, k, 2.0 * m * n * k * inner / t * 1e-9};
+  return {Tiles::kIsa, what, m, n, k, 2.0 * m * n * k * inner / t * 1e-9};
+}
+
+/// The tile products of `isa`'s policy at head dim d.
+std::vector<KernelRow> time_tile_gemms(attention::CpuIsa isa, int d, double budget_s) {
+  const auto rows = [&]<class Tiles>() {
+    constexpr int kKT = attention::detail::kKeyTile;
+    return std::vector<KernelRow>{time_gemm<Tiles>("S = Q K^T", 96, kKT, d, true, budget_s),
+                                  time_gemm<Tiles>("O += P V", 96, d, kKT, true, budget_s),
+                                  time_gemm<Tiles>("O += P V, row-major V", 96, d, kKT, false, budget_s)};
+  };
+#if SEQPAR_CPU_DISPATCH
+  if (isa == attention::CpuIsa::kAvx512) return rows.template operator()<attention::detail::avx512::Avx512Tiles>();
+  if (isa == attention::CpuIsa::kAvx2) return rows.template operator()<attention::detail::avx2::Avx2Tiles>();
+#endif
+  return rows.template operator()<attention::detail::PortableTiles<float>>();
 }
 
 // ---- problem setup ----
@@ -243,6 +273,7 @@ void unfused_forward(const Problem& p, const AttentionShape& shape, ThdView<cons
 #endif
 
 struct Record {
+  attention::CpuIsa isa;
   std::string pass, dtype;
   Problem p;
   int threads;
@@ -292,6 +323,7 @@ int main(int argc, char** argv) {
   std::string json, peer;
   bool bf16_rows = true, use_blas = true;
   int rounds = 1;
+  std::vector<attention::CpuIsa> isas{attention::CpuIsa::kAuto};
 #if defined(SEQPAR_TORCH_PEER_SCRIPT)
   std::string python = SEQPAR_TORCH_PEER_PYTHON, script = SEQPAR_TORCH_PEER_SCRIPT;
 #else
@@ -300,7 +332,7 @@ int main(int argc, char** argv) {
   const char* usage =
       "usage: %s [--smoke] [--quick] [--threads N,..] [--seq N,..] [--d N,..] [--mask causal|doc,..]\n"
       "          [--heads HQ:HKV,..] [--dtype fp32|both] [--no-blas] [--peer torch] [--python PATH] [--rounds N]\n"
-      "          [--json FILE]\n";
+      "          [--isa auto|portable|avx2|avx512|all,..] [--json FILE]\n";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has = i + 1 < argc;
@@ -346,6 +378,23 @@ int main(int argc, char** argv) {
         }
         heads.emplace_back(hq, hkv);
       }
+    } else if (a == "--isa" && has) {
+      isas.clear();
+      for (const std::string& x : split_list(argv[++i])) {
+        if (x == "all") {  // every instruction set this CPU runs, narrowest first
+          for (attention::CpuIsa isa :
+               {attention::CpuIsa::kPortable, attention::CpuIsa::kAvx2, attention::CpuIsa::kAvx512})
+            if (attention::cpu_features().supports(isa) && (SEQPAR_CPU_DISPATCH || isa == attention::CpuIsa::kPortable))
+              isas.push_back(isa);
+          continue;
+        }
+        const auto isa = attention::parse_cpu_isa(x);
+        if (!isa) {
+          std::fprintf(stderr, "--isa wants auto, portable, avx2, avx512 or all, got %s\n", x.c_str());
+          return 2;
+        }
+        isas.push_back(*isa);
+      }
     } else if (a == "--no-blas")
       use_blas = false;
     else if (a == "--dtype" && has) {
@@ -377,6 +426,12 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "--threads must be in [1, 256], got %d\n", t);
       return 2;
     }
+  try {  // kAuto becomes what CpuFlash picks here (SEQPAR_CPU_ISA included); one this CPU lacks is refused
+    for (attention::CpuIsa& isa : isas) isa = attention::resolve_cpu_isa(isa, "attention_cpu --isa");
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
   if (!peer.empty() && peer != "torch") {
     std::fprintf(stderr, "--peer: only 'torch' is known, got '%s'\n", peer.c_str());
     return 2;
@@ -408,12 +463,15 @@ int main(int argc, char** argv) {
           }
   }
 
-  std::vector<double> peak(257, 0.0);
+  Peaks peak(4, std::vector<double>(257, 0.0));
   // 1 thread always: the micro-kernel rows are single-threaded
   std::vector<int> peak_threads = thread_list;
   if (std::find(peak_threads.begin(), peak_threads.end(), 1) == peak_threads.end())
     peak_threads.insert(peak_threads.begin(), 1);
-  measure_peak(peak_threads, peak, smoke ? 1 : 25);
+  measure_peak(isas, peak_threads, peak, smoke ? 1 : 25);
+  const auto peak_of = [&](attention::CpuIsa isa, int threads) {
+    return peak[static_cast<std::size_t>(isa)][static_cast<std::size_t>(threads)];
+  };
 
   // Micro-kernel rows (1 thread): the tile products at this build's flags.
   std::vector<KernelRow> kernel_rows;
@@ -426,12 +484,9 @@ int main(int argc, char** argv) {
         kernel_rows[at].gflops = std::max(kernel_rows[at].gflops, r.gflops);
       ++at;
     };
-    for (int d : smoke ? std::vector<int>{64} : dims) {
-      const double b = smoke ? 0.05 : 0.5;
-      keep_kernel(time_gemm("S = Q K^T", 96, attention::detail::kKeyTile, d, true, b));
-      keep_kernel(time_gemm("O += P V", 96, d, attention::detail::kKeyTile, true, b));
-      keep_kernel(time_gemm("O += P V, row-major V", 96, d, attention::detail::kKeyTile, false, b));
-    }
+    for (attention::CpuIsa isa : isas)
+      for (int d : smoke ? std::vector<int>{64} : dims)
+        for (KernelRow& r : time_tile_gemms(isa, d, smoke ? 0.05 : 0.5)) keep_kernel(std::move(r));
   }
 
   std::vector<Record> records;  // the best over rounds (first round: in this order; later rounds: max per row)
@@ -460,76 +515,83 @@ int main(int argc, char** argv) {
         for (float& x : t->storage) x = dist(rng);
       LseTensor<float> lse(c.hq, c.seq);
       const double fwd_flops = 4.0 * c.d * c.hq * double(p.area);
-      for (int threads : thread_list) {
-        const attention::CpuFlash<float> flash({.threads = threads});
-        std::vector<std::byte> ws(flash.workspace_bytes(shape, c.seq, c.seq));
-        const double tf = best_time(
-            [&] { flash.forward(shape, q.view(), k.view(), v.view(), p.slices, o.view(), lse.view(), ws); }, budget, 5);
-        const double tb = best_time(
-            [&] {
-              flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), p.slices,
-                             dq.view(), dk.view(), dv.view(), ws);
-            },
-            budget, 3);
-        double base = 0;
-#if defined(SEQPAR_BENCH_OPENBLAS)
-        if (have_blas) {
-          openblas_set_num_threads(threads);
-          ThdTensor<float> ob(c.seq, c.hq, c.d);
-          std::vector<float> s;
-          const double tu = best_time([&] { unfused_forward(p, shape, q.view(), k.view(), v.view(), ob.view(), s); },
-                                      budget, c.seq > 8192 ? 1 : 2);
-          base = fwd_flops / tu * 1e-9;
-        }
-#endif
-        std::pair<double, double> tp{0, 0};
-        if (!peer.empty()) tp = run_torch_peer(python, script, p, threads, "float32", budget);
-        keep({"fwd", "fp32", p, threads, fwd_flops / tf * 1e-9, base, tp.first});
-        keep({"bwd", "fp32", p, threads, 2.5 * fwd_flops / tb * 1e-9, 0.0, tp.second});
-        std::fprintf(stderr, ".");
-        if (bf16_rows) {  // the same values rounded to bf16; fp32 accumulation and LSE
-          using attention::bf16;
-          const auto narrow = [](const ThdTensor<float>& t) {
-            ThdTensor<bf16> r(t.tokens, t.heads, t.head_dim);
-            for (std::size_t i = 0; i < t.storage.size(); ++i) r.storage[i] = bf16(t.storage[i]);
-            return r;
-          };
-          const ThdTensor<bf16> qh = narrow(q), kh = narrow(k), vh = narrow(v), doh = narrow(dout);
-          ThdTensor<bf16> oh(c.seq, c.hq, c.d), dqh(c.seq, c.hq, c.d), dkh(c.seq, c.hkv, c.d), dvh(c.seq, c.hkv, c.d);
-          const attention::CpuFlash<bf16> fh({.threads = threads});
-          std::vector<std::byte> wsh(fh.workspace_bytes(shape, c.seq, c.seq));
-          const double tfh = best_time(
-              [&] { fh.forward(shape, qh.view(), kh.view(), vh.view(), p.slices, oh.view(), lse.view(), wsh); }, budget,
-              5);
-          const double tbh = best_time(
+      for (attention::CpuIsa isa : isas)
+        for (int threads : thread_list) {
+          const attention::CpuFlash<float> flash({.threads = threads, .isa = isa});
+          std::vector<std::byte> ws(flash.workspace_bytes(shape, c.seq, c.seq));
+          const double tf =
+              best_time([&] { flash.forward(shape, q.view(), k.view(), v.view(), p.slices, o.view(), lse.view(), ws); },
+                        budget, 5);
+          const double tb = best_time(
               [&] {
-                fh.backward(shape, qh.view(), kh.view(), vh.view(), oh.view(), lse.view(), doh.view(), p.slices,
-                            dqh.view(), dkh.view(), dvh.view(), wsh);
+                flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), p.slices,
+                               dq.view(), dk.view(), dv.view(), ws);
               },
               budget, 3);
-          std::pair<double, double> th{0, 0};
-          if (!peer.empty()) th = run_torch_peer(python, script, p, threads, "bfloat16", budget);
-          keep({"fwd", "bf16", p, threads, fwd_flops / tfh * 1e-9, 0.0, th.first});
-          keep({"bwd", "bf16", p, threads, 2.5 * fwd_flops / tbh * 1e-9, 0.0, th.second});
+          double base = 0;
+#if defined(SEQPAR_BENCH_OPENBLAS)
+          if (have_blas) {
+            openblas_set_num_threads(threads);
+            ThdTensor<float> ob(c.seq, c.hq, c.d);
+            std::vector<float> s;
+            const double tu = best_time([&] { unfused_forward(p, shape, q.view(), k.view(), v.view(), ob.view(), s); },
+                                        budget, c.seq > 8192 ? 1 : 2);
+            base = fwd_flops / tu * 1e-9;
+          }
+#endif
+          std::pair<double, double> tp{0, 0};
+          if (!peer.empty()) tp = run_torch_peer(python, script, p, threads, "float32", budget);
+          keep({isa, "fwd", "fp32", p, threads, fwd_flops / tf * 1e-9, base, tp.first});
+          keep({isa, "bwd", "fp32", p, threads, 2.5 * fwd_flops / tb * 1e-9, 0.0, tp.second});
           std::fprintf(stderr, ".");
+          if (bf16_rows) {  // the same values rounded to bf16; fp32 accumulation and LSE
+            using attention::bf16;
+            const auto narrow = [](const ThdTensor<float>& t) {
+              ThdTensor<bf16> r(t.tokens, t.heads, t.head_dim);
+              for (std::size_t i = 0; i < t.storage.size(); ++i) r.storage[i] = bf16(t.storage[i]);
+              return r;
+            };
+            const ThdTensor<bf16> qh = narrow(q), kh = narrow(k), vh = narrow(v), doh = narrow(dout);
+            ThdTensor<bf16> oh(c.seq, c.hq, c.d), dqh(c.seq, c.hq, c.d), dkh(c.seq, c.hkv, c.d), dvh(c.seq, c.hkv, c.d);
+            const attention::CpuFlash<bf16> fh({.threads = threads, .isa = isa});
+            std::vector<std::byte> wsh(fh.workspace_bytes(shape, c.seq, c.seq));
+            const double tfh = best_time(
+                [&] { fh.forward(shape, qh.view(), kh.view(), vh.view(), p.slices, oh.view(), lse.view(), wsh); },
+                budget, 5);
+            const double tbh = best_time(
+                [&] {
+                  fh.backward(shape, qh.view(), kh.view(), vh.view(), oh.view(), lse.view(), doh.view(), p.slices,
+                              dqh.view(), dkh.view(), dvh.view(), wsh);
+                },
+                budget, 3);
+            std::pair<double, double> th{0, 0};
+            if (!peer.empty()) th = run_torch_peer(python, script, p, threads, "bfloat16", budget);
+            keep({isa, "fwd", "bf16", p, threads, fwd_flops / tfh * 1e-9, 0.0, th.first});
+            keep({isa, "bwd", "bf16", p, threads, 2.5 * fwd_flops / tbh * 1e-9, 0.0, th.second});
+            std::fprintf(stderr, ".");
+          }
         }
-      }
-      measure_peak(peak_threads, peak, 3);  // more interleaved samples between configurations
+      measure_peak(isas, peak_threads, peak, 3);  // more interleaved samples between configurations
     }
   std::fprintf(stderr, "\n");
 
-  std::printf("measured fp32 FMA peak (best of %d interleaved runs):",
+  std::printf("CPU features: %s; CpuFlash's choice here: %s\n", attention::cpu_features().to_string().c_str(),
+              attention::to_string(attention::CpuFlash<float>().isa()));
+  std::printf("measured fp32 FMA peak per instruction set (best of %d interleaved runs):\n",
               smoke ? 1 : 25 + 3 * rounds * int(configs.size()));
-  for (int t : peak_threads) std::printf("  %dT %.0f GFLOP/s", t, peak[static_cast<std::size_t>(t)]);
-  const double peak1 = peak[1];
-  std::printf("\n\nmicro-kernel (1 thread, L1-resident packed tiles, this build's flags):\n");
+  for (attention::CpuIsa isa : isas) {
+    std::printf("  %-8s", attention::to_string(isa));
+    for (int t : peak_threads) std::printf("  %dT %.0f GFLOP/s", t, peak_of(isa, t));
+    std::printf("\n");
+  }
+  std::printf("\nmicro-kernel (1 thread, L1-resident packed tiles):\n");
   for (const KernelRow& r : kernel_rows)
-    std::printf("  %-22s %3d x %3d x %3d  %7.1f GFLOP/s  %5.1f%% of 1T peak\n", r.what.c_str(), r.m, r.n, r.k, r.gflops,
-                100.0 * r.gflops / peak1);
-  std::printf("\n%-5s %-5s %-6s %6s %4s %7s %3s %9s %6s %9s %7s %9s %7s\n", "pass", "dtype", "mask", "seq", "d",
-              "Hq:Hkv", "thr", "GFLOP/s", "frac", "baseline", "ratio", "torch", "ratio");
+    std::printf("  %-8s %-22s %3d x %3d x %3d  %7.1f GFLOP/s  %5.1f%% of 1T peak\n", attention::to_string(r.isa),
+                r.what.c_str(), r.m, r.n, r.k, r.gflops, 100.0 * r.gflops / peak_of(r.isa, 1));
+  std::printf("\n%-8s %-5s %-5s %-6s %6s %4s %7s %3s %9s %6s %9s %7s %9s %7s\n", "isa", "pass", "dtype", "mask", "seq",
+              "d", "Hq:Hkv", "thr", "GFLOP/s", "frac", "baseline", "ratio", "torch", "ratio");
   for (const Record& x : records) {
-    const double pk = peak[static_cast<std::size_t>(x.threads)];
+    const double pk = peak_of(x.isa, x.threads);
     char base_s[32] = "", ratio_s[32] = "", peer_s[32] = "", pratio_s[32] = "";
     if (x.baseline > 0) {
       std::snprintf(base_s, sizeof base_s, "%.1f", x.baseline);
@@ -543,12 +605,14 @@ int main(int argc, char** argv) {
     } else if (!peer.empty()) {
       std::snprintf(peer_s, sizeof peer_s, "n/a");
     }
-    std::printf("%-5s %-5s %-6s %6lld %4d %4d:%-2d %3d %9.1f %5.1f%% %9s %7s %9s %7s\n", x.pass.c_str(),
-                x.dtype.c_str(), x.p.mask.c_str(), static_cast<long long>(x.p.seq), x.p.d, x.p.hq, x.p.hkv, x.threads,
-                x.gflops, 100.0 * x.gflops / pk, base_s, ratio_s, peer_s, pratio_s);
+    std::printf("%-8s %-5s %-5s %-6s %6lld %4d %4d:%-2d %3d %9.1f %5.1f%% %9s %7s %9s %7s\n",
+                attention::to_string(x.isa), x.pass.c_str(), x.dtype.c_str(), x.p.mask.c_str(),
+                static_cast<long long>(x.p.seq), x.p.d, x.p.hq, x.p.hkv, x.threads, x.gflops, 100.0 * x.gflops / pk,
+                base_s, ratio_s, peer_s, pratio_s);
   }
   if (!have_blas) std::printf("\nbaseline n/a: built without OpenBLAS, or --no-blas\n");
-  if (std::any_of(kernel_rows.begin(), kernel_rows.end(), [&](const KernelRow& r) { return r.gflops > peak1; }))
+  if (std::any_of(kernel_rows.begin(), kernel_rows.end(),
+                  [&](const KernelRow& r) { return r.gflops > peak_of(r.isa, 1); }))
     std::printf(
         "note: a micro-kernel ran above the measured peak: the machine was loaded while the peak was "
         "sampled (the peak is too low), so the frac columns are unreliable\n");
@@ -558,24 +622,30 @@ int main(int argc, char** argv) {
 
   if (!json.empty()) {
     std::ofstream f(json);
-    f << "{\"rounds\": " << rounds << ", \"peak_gflops\": {";
-    for (std::size_t i = 0; i < thread_list.size(); ++i)
-      f << (i ? ", " : "") << "\"" << thread_list[i] << "\": " << peak[static_cast<std::size_t>(thread_list[i])];
+    f << "{\"rounds\": " << rounds << ", \"cpu_features\": \"" << attention::cpu_features().to_string()
+      << "\", \"peak_gflops\": {";
+    for (std::size_t j = 0; j < isas.size(); ++j) {
+      f << (j ? ", " : "") << "\"" << attention::to_string(isas[j]) << "\": {";
+      for (std::size_t i = 0; i < thread_list.size(); ++i)
+        f << (i ? ", " : "") << "\"" << thread_list[i] << "\": " << peak_of(isas[j], thread_list[i]);
+      f << "}";
+    }
     f << "},\n \"micro_kernel\": [";
     for (std::size_t i = 0; i < kernel_rows.size(); ++i) {
       const KernelRow& r = kernel_rows[i];
-      f << (i ? ", " : "") << "{\"what\": \"" << r.what << "\", \"m\": " << r.m << ", \"n\": " << r.n
-        << ", \"k\": " << r.k << ", \"gflops\": " << r.gflops << ", \"fraction_of_peak\": " << r.gflops / peak1 << "}";
+      f << (i ? ", " : "") << "{\"isa\": \"" << attention::to_string(r.isa) << "\", \"what\": \"" << r.what
+        << "\", \"m\": " << r.m << ", \"n\": " << r.n << ", \"k\": " << r.k << ", \"gflops\": " << r.gflops
+        << ", \"fraction_of_peak\": " << r.gflops / peak_of(r.isa, 1) << "}";
     }
     f << "],\n \"rows\": [\n";
     for (std::size_t i = 0; i < records.size(); ++i) {
       const Record& r = records[i];
-      const double pk = peak[static_cast<std::size_t>(r.threads)];
-      f << "  {\"kernel\": \"CpuFlash\", \"dtype\": \"" << r.dtype << "\", \"pass\": \"" << r.pass
-        << "\", \"seq_len\": " << r.p.seq << ", \"head_dim\": " << r.p.d << ", \"heads_q\": " << r.p.hq
-        << ", \"heads_kv\": " << r.p.hkv << ", \"mask\": \"" << r.p.mask << "\", \"documents\": " << r.p.docs.size()
-        << ", \"threads\": " << r.threads << ", \"gflops\": " << r.gflops << ", \"peak_gflops\": " << pk
-        << ", \"fraction_of_peak\": " << r.gflops / pk << ", \"baseline_gflops\": ";
+      const double pk = peak_of(r.isa, r.threads);
+      f << "  {\"kernel\": \"CpuFlash\", \"isa\": \"" << attention::to_string(r.isa) << "\", \"dtype\": \"" << r.dtype
+        << "\", \"pass\": \"" << r.pass << "\", \"seq_len\": " << r.p.seq << ", \"head_dim\": " << r.p.d
+        << ", \"heads_q\": " << r.p.hq << ", \"heads_kv\": " << r.p.hkv << ", \"mask\": \"" << r.p.mask
+        << "\", \"documents\": " << r.p.docs.size() << ", \"threads\": " << r.threads << ", \"gflops\": " << r.gflops
+        << ", \"peak_gflops\": " << pk << ", \"fraction_of_peak\": " << r.gflops / pk << ", \"baseline_gflops\": ";
       if (r.baseline > 0)
         f << r.baseline;
       else

@@ -48,7 +48,7 @@ double rows_bytes(const AttentionShape& s, std::int64_t rows) {
 }
 // Bytes of K, V and their gradients for `rows` prefix rows.
 double kv_bytes(const AttentionShape& s, std::int64_t rows) {
-  return 8.0 * 4.0 * s.heads_kv * s.head_dim * static_cast<double>(rows);
+  return 8.0 * 2.0 * s.heads_kv * (s.qk_dim() + s.v_dim()) * static_cast<double>(rows);  // K, dK; V, dV
 }
 
 double max_rel(const std::vector<double>& got, const std::vector<double>& want) {

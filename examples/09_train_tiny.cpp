@@ -15,7 +15,7 @@
 // that holds it when a document is cut there), train::combine the loss totals of the whole world (the
 // gradient scale is 1 / label tokens of the batch), and train::all_reduce_sum the parameter
 // gradients. The example checks that every step's loss of the 4-rank runs equals the 1-rank loss
-// within 1e-5 relative and that the final parameters match, prints tokens/s, and writes the loss
+// within 1e-5 relative and that the final parameters match (5e-5 of the largest), prints tokens/s, writes the loss
 // curve as CSV and SVG (09_train_tiny_loss.csv / .svg in --out, default the working directory).
 //   usage: 09_train_tiny [--smoke] [--steps N] [--tokens T (per sequence)] [--lr LR] [--out DIR]
 #include <seqpar/seqpar.hpp>
@@ -247,7 +247,11 @@ int main(int argc, char** argv) {
   for (const auto& r : rows) {
     const double le = max_rel_loss(*r.run, single), pe = max_rel_params(*r.run, single);
     std::printf("%-48s %12.0f %12.5f %14.2e %14.2e\n", r.name, tokens / r.run->seconds, r.run->loss.back(), le, pe);
-    ok = ok && le < 1e-5 && pe < 1e-5;  // fp32: only the order of sums differs between the runs
+    // fp32: only the order of sums differs between the runs. Parameters get 5e-5: AdamW's update m / (sqrt(v) + eps)
+    // is about lr = 1e-2 whatever the gradient's size, so a component whose gradient is at fp32's rounding level
+    // moves by up to lr per step in either run (1-rank vs 4-rank, --smoke: 0.7-1.4e-5 by instruction set; a
+    // wrong gradient moves the loss and the parameters by orders of magnitude more).
+    ok = ok && le < 1e-5 && pe < 5e-5;
   }
   std::printf("loss: step 0 %.4f -> step %d %.4f (uniform guess: ln %d = %.4f)\n", single.loss.front(), setup.steps - 1,
               single.loss.back(), c.vocab, std::log(double(c.vocab)));

@@ -10,8 +10,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 INCLUDE = [os.path.join(ROOT, "include"), os.path.join(ROOT, "tests")]
 # seqpar is C++20; torch's default flags say C++17, and the later flag wins.
-# -g0: no debug info (CI time). -march: the CMake build's SEQPAR_ARCH default, so that CpuFlash uses its
-# AVX2/FMA tiles (without it, its portable path runs several times slower); SEQPAR_ARCH="" drops it.
+# -g0: no debug info (CI time). -march: the CMake build's SEQPAR_ARCH default, for the code around CpuFlash's
+# micro-kernels (those are chosen at run time for the CPU: AVX-512, AVX2 or portable, whatever -march says);
+# SEQPAR_ARCH="" drops it.
 ARCH = os.environ.get("SEQPAR_ARCH", "x86-64-v3")
 CXX = ["-std=c++20", "-O2", "-g0", "-DNDEBUG", "-Wno-unused-parameter"] + ([f"-march={ARCH}"] if ARCH else [])
 

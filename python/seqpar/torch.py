@@ -140,6 +140,24 @@ def _backward(ctx, dout, _dlse):
 _attention.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _warn_if_oversubscribed(threads: int, ranks_per_node: int) -> None:
+    """Warns when this host's ranks times the kernels' threads exceed its cores (each rank's threads then
+    share cores with its neighbours': every collective waits for the slowest)."""
+    import os
+    import warnings
+
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    ranks = int(local) if local and local.isdigit() else max(ranks_per_node, 1)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    if threads >= 1 and ranks * threads > cores:
+        warnings.warn(f"seqpar.torch.DistributedAttention: {ranks} ranks on this host x threads = {threads} "
+                      f"exceed its {cores} cores: pass threads={max(cores // ranks, 1)} (or call "
+                      "torch.set_num_threads) so that ranks do not share cores", RuntimeWarning, stacklevel=3)
+
+
 class DistributedAttention(torch.nn.Module):
     """Exact causal attention over a packed batch of documents, sharded over `group`'s ranks.
 
@@ -149,7 +167,9 @@ class DistributedAttention(torch.nn.Module):
     head_dim values per head; v and the output head_dim_v (default: head_dim; MLA: 192 and 128). group: a
     torch.distributed process group (default: the world). ranks_per_node: ranks sharing a node (for
     the hierarchical strategies; 0: all). timeout_s: how long any wait on a peer may take before
-    RuntimeError (default: SEQPAR_TIMEOUT_S or 600 s, the C++ transports' default).
+    RuntimeError (default: SEQPAR_TIMEOUT_S or 600 s, the C++ transports' default; float("inf") or any
+    value past 100 years waits 100 years, without a bound in practice; NaN, 0 or a negative value raises
+    ValueError naming timeout_s).
 
     Tensors: CPU (gloo, or any backend the group has for the CPU): float64, float32, bfloat16 (the
     bf16 kernel on the tensors' storage; fp32 lse). CUDA, only where seqpar.torch.CUDA is true (built
@@ -162,11 +182,18 @@ class DistributedAttention(torch.nn.Module):
     e.g. [((-1, 0), 24), ((127, 0), 24)] for 24 full and 24 window-128 layers (default: every layer
     full). A rank's rows are made once per batch for every layer, balanced for this mix; a call may
     use any window_size (only the balance follows the mix).
+
+    threads: the CPU kernels' threads on this rank (default: torch.get_num_threads() when the layer is
+    made, as torch's own CPU ops use; torchrun sets it to 1 per process when several share a host). A
+    warning says when the ranks on this host (LOCAL_WORLD_SIZE, else ranks_per_node) times threads
+    exceed its cores. The kernels' instruction set is chosen at run time for this CPU (`cpu_isa`:
+    avx512, avx2 or portable; SEQPAR_CPU_ISA forces one).
     """
 
     def __init__(self, strategy: str, heads_q: int, heads_kv: int, head_dim: int, group=None,
                  ranks_per_node: int = 0, timeout_s: Optional[float] = None, head_dim_v: Optional[int] = None,
-                 mask_mix: Optional[Sequence[Tuple[Tuple[int, int], int]]] = None):
+                 mask_mix: Optional[Sequence[Tuple[Tuple[int, int], int]]] = None,
+                 threads: Optional[int] = None):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("seqpar.torch.DistributedAttention: torch.distributed is not initialized "
@@ -187,8 +214,11 @@ class DistributedAttention(torch.nn.Module):
                 raise ValueError(f"seqpar.torch.DistributedAttention: mask_mix[{i}] = {part!r}: must be a pair "
                                  "(window_size, layers), e.g. ((127, 0), 24)") from None
             mix.append((_window_of(window_size, f"mask_mix[{i}] window_size"), int(layers)))
+        if threads is None:
+            threads = torch.get_num_threads()
+        _warn_if_oversubscribed(int(threads), int(ranks_per_node))
         self._layer = _C.Attention(strategy, heads_q, heads_kv, head_dim, group, float(timeout_s),
-                                   int(ranks_per_node), int(head_dim_v), mix)
+                                   int(ranks_per_node), int(head_dim_v), mix, int(threads))
         self._handle = next(_next_handle)
         _layers[self._handle] = self._layer
         _group_sizes[self._handle] = dist.get_world_size(group)
@@ -200,6 +230,16 @@ class DistributedAttention(torch.nn.Module):
     @property
     def strategy(self) -> str:
         return self._layer.strategy
+
+    @property
+    def threads(self) -> int:
+        """The CPU kernels' threads on this rank."""
+        return self._layer.threads
+
+    @property
+    def cpu_isa(self) -> str:
+        """The instruction set the CPU kernels run (float32 and bfloat16; float64 runs the portable path)."""
+        return self._layer.cpu_isa
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: Lengths,
                 return_lse: bool = False, sinks: Optional[torch.Tensor] = None,

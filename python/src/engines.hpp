@@ -42,59 +42,63 @@ constexpr const char* kStrategies[] = {"ulysses",
 template <class S, class Kernel, class Tr>
 std::unique_ptr<sp::runtime::AttentionEngine<Kernel>> engine(Tr& t, const sp::AttentionShape& shape,
                                                              typename S::Arguments args, int ranks_per_node,
-                                                             const sp::MaskMix& masks) {
+                                                             const sp::MaskMix& masks, Kernel kernel) {
   args.ranks_per_node = ranks_per_node;
   args.masks = masks;  // the model's mask mix: what the one placement of each batch is balanced for
-  return std::make_unique<sp::DistributedAttention<S, Kernel>>(t, shape, args);
+  return std::make_unique<sp::DistributedAttention<S, Kernel>>(t, shape, args, std::move(kernel));
 }
 
-/// The named strategy's engine; `masks`: the model's mask mix (the placement serves every layer's mask).
+/// The named strategy's engine running `kernel`; `masks`: the model's mask mix (the placement serves every
+/// layer's mask). Only the named branch runs, so each one may take the kernel.
 template <class Kernel, class Tr>
 std::unique_ptr<sp::runtime::AttentionEngine<Kernel>> make_engine(const std::string& name, Tr& t,
                                                                   const sp::AttentionShape& shape, int rpn,
-                                                                  const sp::MaskMix& masks) {
+                                                                  const sp::MaskMix& masks, Kernel kernel = Kernel()) {
   using namespace sp::partition;
   using sp::Strategy, sp::comm::AllGather, sp::comm::AllToAll, sp::comm::Ring;
   using Hier = sp::comm::Hierarchical<AllToAll, Ring>;
-  if (name == "ulysses") return engine<Strategy<Uniform, AllToAll>, Kernel>(t, shape, {}, rpn, masks);
-  if (name == "ring") return engine<Strategy<Uniform, Ring>, Kernel>(t, shape, {}, rpn, masks);
-  if (name == "zigzag-ring") return engine<Strategy<Zigzag, Ring>, Kernel>(t, shape, {}, rpn, masks);
+  if (name == "ulysses")
+    return engine<Strategy<Uniform, AllToAll>, Kernel>(t, shape, {}, rpn, masks, std::move(kernel));
+  if (name == "ring") return engine<Strategy<Uniform, Ring>, Kernel>(t, shape, {}, rpn, masks, std::move(kernel));
+  if (name == "zigzag-ring") return engine<Strategy<Zigzag, Ring>, Kernel>(t, shape, {}, rpn, masks, std::move(kernel));
   if (name == "zigzag-ring-aware") {
     Strategy<Zigzag, Ring>::Arguments a;
     a.comm.sharding_aware = true;
-    return engine<Strategy<Zigzag, Ring>, Kernel>(t, shape, a, rpn, masks);
+    return engine<Strategy<Zigzag, Ring>, Kernel>(t, shape, a, rpn, masks, std::move(kernel));
   }
   if (name == "per-doc-aware") {
     Strategy<PerDoc, Ring>::Arguments a;
     a.comm.sharding_aware = true;
-    return engine<Strategy<PerDoc, Ring>, Kernel>(t, shape, a, rpn, masks);
+    return engine<Strategy<PerDoc, Ring>, Kernel>(t, shape, a, rpn, masks, std::move(kernel));
   }
-  if (name == "allgather") return engine<Strategy<Zigzag, AllGather>, Kernel>(t, shape, {}, rpn, masks);
+  if (name == "allgather")
+    return engine<Strategy<Zigzag, AllGather>, Kernel>(t, shape, {}, rpn, masks, std::move(kernel));
   if (name == "whole-doc") {
     Strategy<WholeDoc, Ring>::Arguments a;
     a.comm.sharding_aware = true;
-    return engine<Strategy<WholeDoc, Ring>, Kernel>(t, shape, a, rpn, masks);
+    return engine<Strategy<WholeDoc, Ring>, Kernel>(t, shape, a, rpn, masks, std::move(kernel));
   }
   if (name == "hybrid-aware") {
     Strategy<Hybrid, Ring>::Arguments a;
     a.comm.sharding_aware = true;
-    return engine<Strategy<Hybrid, Ring>, Kernel>(t, shape, a, rpn, masks);
+    return engine<Strategy<Hybrid, Ring>, Kernel>(t, shape, a, rpn, masks, std::move(kernel));
   }
   if (name == "hybrid-allgather-aware") {
     Strategy<Hybrid, AllGather>::Arguments a;
     a.comm.sharding_aware = true;
-    return engine<Strategy<Hybrid, AllGather>, Kernel>(t, shape, a, rpn, masks);
+    return engine<Strategy<Hybrid, AllGather>, Kernel>(t, shape, a, rpn, masks, std::move(kernel));
   }
   if (name == "hierarchical") {
     Strategy<Zigzag, Hier>::Arguments a;
     a.comm.outer.sharding_aware = true;
-    return engine<Strategy<Zigzag, Hier>, Kernel>(t, shape, a, rpn, masks);
+    return engine<Strategy<Zigzag, Hier>, Kernel>(t, shape, a, rpn, masks, std::move(kernel));
   }
-  if (name == "basp") return engine<Strategy<BatchAware<Uniform>, AllToAll>, Kernel>(t, shape, {}, rpn, masks);
+  if (name == "basp")
+    return engine<Strategy<BatchAware<Uniform>, AllToAll>, Kernel>(t, shape, {}, rpn, masks, std::move(kernel));
   if (name == "basp-hybrid-hierarchical") {
     Strategy<BatchAware<Hybrid>, Hier>::Arguments a;
     a.comm.outer.sharding_aware = true;
-    return engine<Strategy<BatchAware<Hybrid>, Hier>, Kernel>(t, shape, a, rpn, masks);
+    return engine<Strategy<BatchAware<Hybrid>, Hier>, Kernel>(t, shape, a, rpn, masks, std::move(kernel));
   }
   if (name == "auto") {
     // plan::SelectedAttention: every batch shape simulated on each candidate (an H100 SXM profile:
@@ -111,7 +115,7 @@ std::unique_ptr<sp::runtime::AttentionEngine<Kernel>> make_engine(const std::str
     a.simulation.hardware = sp::replay::profiles::h100_sxm();
     a.ranks_per_node = rpn;
     a.masks = masks;
-    return std::make_unique<Selected>(t, shape, a);
+    return std::make_unique<Selected>(t, shape, a, std::move(kernel));
   }
   std::string known;
   for (const char* s : kStrategies) known += std::string(known.empty() ? "" : ", ") + s;

@@ -43,21 +43,23 @@ class Attention {
   // one placement of each batch is balanced for; every call may pass any window.
   Attention(std::string strategy, int heads_q, int heads_kv, int head_dim,
             const c10::intrusive_ptr<::c10d::ProcessGroup>& group, double timeout_s, int ranks_per_node, int head_dim_v,
-            const std::vector<std::pair<std::int64_t, std::int64_t>>& mask_mix)
+            const std::vector<std::pair<std::int64_t, std::int64_t>>& mask_mix, int threads)
       : strategy_(std::move(strategy)),
         shape_{heads_q, heads_kv, head_dim, 0.0, head_dim_v},
         ranks_per_node_(ranks_per_node),
-        masks_(mix_of(mask_mix)) {
+        masks_(mix_of(mask_mix)),
+        threads_(threads) {
     constexpr std::string_view where = "seqpar.torch.DistributedAttention";
+    sp::detail::require(threads >= 1 && threads <= 1024, where, "threads", threads,
+                        "must be in [1, 1024] (the CPU kernel's threads on this rank; None: torch.get_num_threads())");
     sp::detail::require(heads_q >= 1, where, "heads_q", heads_q, "must be >= 1");
     sp::detail::require(heads_kv >= 1 && heads_q % heads_kv == 0, where, "heads_kv", heads_kv,
                         "must be >= 1 and divide heads_q = " + std::to_string(heads_q));
     sp::detail::require(head_dim >= 1 && head_dim <= 1024, where, "head_dim", head_dim, "must be in [1, 1024]");
     sp::detail::require(head_dim_v >= 1 && head_dim_v <= 1024, where, "head_dim_v", head_dim_v,
                         "must be in [1, 1024] (the value head size; None: head_dim)");
-    sp::detail::require(timeout_s > 0, where, "timeout_s", timeout_s, "must be > 0");
     sp::backend::c10d::Transport::Options options;
-    options.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
+    options.timeout = sp::detail::timeout_from_seconds(where, "timeout_s", timeout_s);  // inf: no bound in practice
     transport_ = std::make_unique<sp::backend::c10d::Transport>(group, options);
     (void)meta_engine();  // an unknown strategy fails here, in the constructor
 #if SEQPAR_TORCH_CUDA
@@ -132,6 +134,14 @@ class Attention {
   [[nodiscard]] const std::string& strategy() const {
     return strategy_;
   }
+  [[nodiscard]] int threads() const {
+    return threads_;
+  }
+  // The instruction set of the CPU kernels' micro-kernels (chosen at run time for this CPU; SEQPAR_CPU_ISA
+  // forces one): the float and bfloat16 paths', float64 always runs the portable one.
+  [[nodiscard]] std::string cpu_isa() const {
+    return sp::attention::to_string(sp::attention::resolve_cpu_isa(sp::attention::CpuIsa::kAuto, "seqpar.torch"));
+  }
 
  private:
   template <class T>
@@ -156,7 +166,9 @@ class Attention {
 
   template <class T>
   Engine<T>& engine_for(std::unique_ptr<Engine<T>>& slot) {
-    if (!slot) slot = make_engine<sp::attention::CpuFlash<T>>(strategy_, *transport_, shape_, ranks_per_node_, masks_);
+    if (!slot)
+      slot = make_engine<sp::attention::CpuFlash<T>>(strategy_, *transport_, shape_, ranks_per_node_, masks_,
+                                                     sp::attention::CpuFlash<T>({.threads = threads_}));
     return *slot;
   }
 
@@ -220,6 +232,7 @@ class Attention {
   sp::AttentionShape shape_;
   int ranks_per_node_;
   sp::MaskMix masks_;
+  int threads_ = 1;  // the CPU kernels' threads on this rank (torch.get_num_threads() unless given)
   std::unique_ptr<sp::backend::c10d::Transport> transport_;  // engines hold a reference: a stable address
   std::unique_ptr<Engine<double>> doubles_;
   std::unique_ptr<Engine<float>> floats_;
@@ -235,11 +248,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "seqpar's DistributedAttention on a torch.distributed process group (see seqpar.torch)";
   pybind11::class_<Attention>(m, "Attention")
       .def(pybind11::init<std::string, int, int, int, const c10::intrusive_ptr<::c10d::ProcessGroup>&, double, int, int,
-                          const std::vector<std::pair<std::int64_t, std::int64_t>>&>(),
+                          const std::vector<std::pair<std::int64_t, std::int64_t>>&, int>(),
            pybind11::arg("strategy"), pybind11::arg("heads_q"), pybind11::arg("heads_kv"), pybind11::arg("head_dim"),
            pybind11::arg("group"), pybind11::arg("timeout_s"), pybind11::arg("ranks_per_node"),
            pybind11::arg("head_dim_v"),
-           pybind11::arg("mask_mix") = std::vector<std::pair<std::int64_t, std::int64_t>>{})
+           pybind11::arg("mask_mix") = std::vector<std::pair<std::int64_t, std::int64_t>>{},
+           pybind11::arg("threads") = 1)
       .def("forward", &Attention::forward, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"),
            pybind11::arg("lengths"), pybind11::arg("sinks") = std::nullopt, pybind11::arg("window") = 0)
       .def("backward", &Attention::backward, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"),
@@ -248,7 +262,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("token_meta", &Attention::token_meta)
       .def_property_readonly("rank", &Attention::rank)
       .def_property_readonly("size", &Attention::size)
-      .def_property_readonly("strategy", &Attention::strategy);
+      .def_property_readonly("strategy", &Attention::strategy)
+      .def_property_readonly("threads", &Attention::threads)
+      .def_property_readonly("cpu_isa", &Attention::cpu_isa);
   std::vector<std::string> names(std::begin(kStrategies), std::end(kStrategies));
   m.attr("STRATEGIES") = names;
   // Whether CUDA tensors run (CudaFlash over the group's NCCL backend): built with SEQPAR_TORCH_CUDA=1.

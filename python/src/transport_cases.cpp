@@ -20,7 +20,7 @@ namespace {
 std::pair<std::vector<std::string>, int> run(const c10::intrusive_ptr<::c10d::ProcessGroup>& group, bool strategies,
                                              double timeout_s) {
   seqpar::backend::c10d::Transport::Options options;
-  options.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
+  options.timeout = seqpar::detail::timeout_from_seconds("_transport_cases", "timeout_s", timeout_s);
   seqpar::backend::c10d::Transport t(group, options);
   seqpar::test::Failures failures;
   int accepted = 0;
@@ -37,7 +37,7 @@ std::pair<std::vector<std::string>, int> run(const c10::intrusive_ptr<::c10d::Pr
 std::pair<int, std::string> recv_from_silent_peer(const c10::intrusive_ptr<::c10d::ProcessGroup>& group, int peer,
                                                   double timeout_s) {
   seqpar::backend::c10d::Transport::Options options;
-  options.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1000));
+  options.timeout = seqpar::detail::timeout_from_seconds("_transport_cases", "timeout_s", timeout_s);
   seqpar::backend::c10d::Transport t(group, options);
   std::vector<std::byte> buf(16);
   pybind11::gil_scoped_release release;

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "support/kernel_cases.hpp"
+#include "support/sanitizer.hpp"
 
 using namespace seqpar;
 
@@ -39,6 +41,14 @@ constexpr kc::Tolerance kTolerance = std::is_same_v<T, double>  ? kc::Tolerance{
 
 template <class T>
 using Harness = kc::HostHarness<attention::CpuFlash<T>>;
+
+// Every tile policy the header has; a test case returns early for one this CPU cannot run.
+#if SEQPAR_CPU_DISPATCH
+#define TILE_POLICIES \
+  attention::detail::PortableTiles<float>, attention::detail::avx2::Avx2Tiles, attention::detail::avx512::Avx512Tiles
+#else
+#define TILE_POLICIES attention::detail::PortableTiles<float>
+#endif
 
 template <class T>
 void fill_normal(ThdView<T> v, std::mt19937_64& rng) {
@@ -78,6 +88,87 @@ TEST_SUITE("attention") {
     attention::CpuFlash<T> flash;
     kc::check_refusals<Harness<T>>(flash);
     CHECK_THROWS_AS(attention::CpuFlash<T>({0, 576, 192}), std::invalid_argument);
+  }
+
+  // Each instruction set this CPU runs, forced by Arguments::isa: the shared conformance cases (small tiles on two
+  // threads: many query tiles and blocks per slice) and the MLA head sizes, for float and bf16 storage. The default
+  // (auto) runs the best one in every other test of the suite.
+  TEST_CASE_TEMPLATE("CpuFlash: the kernel conformance cases on every instruction set this CPU has", T, float,
+                     attention::bf16) {
+    int ran = 0;
+    for (attention::CpuIsa isa : {attention::CpuIsa::kPortable, attention::CpuIsa::kAvx2, attention::CpuIsa::kAvx512}) {
+      if (!attention::cpu_features().supports(isa) || (!SEQPAR_CPU_DISPATCH && isa != attention::CpuIsa::kPortable))
+        continue;
+      CAPTURE(attention::to_string(isa));
+      attention::CpuFlash<T> flash({.threads = 2, .q_tile = 12, .backward_q_block = 6, .isa = isa});
+      REQUIRE(flash.isa() == isa);
+      ++ran;
+      // Under a sanitizer (CI time): the default instruction set runs in every other case of the suite, and
+      // the portable float path is scalar at -O2 (~30x slower than AVX2): its conformance cases only.
+      if (test::kUnderSanitizer && isa == attention::cpu_features().best()) continue;
+      kc::run_cases<Harness<T>>(flash, kTolerance<T>);
+      if (!test::kUnderSanitizer || isa != attention::CpuIsa::kPortable) {
+        CHECK(kc::run_head_size_cases<Harness<T>>(flash, kTolerance<T>) == kc::head_size_cases().size());
+        kc::check_nonfinite_isolation<Harness<T>>(flash, kc::Isolation::kMask, 2);
+      }
+    }
+    CHECK(ran >= 1);
+    MESSAGE("instruction sets run: " << ran << " (this CPU: " << attention::cpu_features().to_string() << ")");
+  }
+
+  TEST_CASE("CpuFlash picks the best instruction set, and refuses by name one the CPU or the type cannot run") {
+    // The choice: the best supported, unless Arguments::isa or SEQPAR_CPU_ISA names one.
+    const attention::CpuFeatures avx2_only{.avx2_fma = true, .avx512 = false, .avx512_bf16 = false};
+    const attention::CpuFeatures none{};
+    const attention::CpuFeatures all{.avx2_fma = true, .avx512 = true, .avx512_bf16 = true};
+    ::unsetenv("SEQPAR_CPU_ISA");
+    CHECK(attention::resolve_cpu_isa(attention::CpuIsa::kAuto, "t", all) == attention::CpuIsa::kAvx512);
+    CHECK(attention::resolve_cpu_isa(attention::CpuIsa::kAuto, "t", avx2_only) == attention::CpuIsa::kAvx2);
+    CHECK(attention::resolve_cpu_isa(attention::CpuIsa::kAuto, "t", none) == attention::CpuIsa::kPortable);
+    CHECK(attention::CpuFlash<float>().isa() == attention::cpu_features().best());
+    CHECK(attention::CpuFlash<double>().isa() == attention::CpuIsa::kPortable);
+    try {
+      (void)attention::resolve_cpu_isa(attention::CpuIsa::kAvx512, "CpuFlash", avx2_only);
+      FAIL("avx512 accepted on a CPU without it");
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()) ==
+            "CpuFlash: args.isa = avx512: this CPU does not support it (it has: avx2+fma); use auto or avx2");
+    }
+    CHECK_THROWS_AS((void)attention::resolve_cpu_isa(attention::CpuIsa::kAvx2, "CpuFlash", none),
+                    std::invalid_argument);
+    try {
+      attention::CpuFlash<double> d({.isa = attention::CpuIsa::kAvx2});
+      FAIL("CpuFlash<double> accepted avx2");
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()) ==
+            "CpuFlash: args.isa = avx2: CpuFlash<double> has the portable kernels only (use auto)");
+    }
+    // The environment variable: a forced instruction set for kAuto, refused by name when unknown or unsupported.
+    ::setenv("SEQPAR_CPU_ISA", "portable", 1);
+    CHECK(attention::CpuFlash<float>().isa() == attention::CpuIsa::kPortable);
+    CHECK(attention::CpuFlash<attention::bf16>().isa() == attention::CpuIsa::kPortable);
+    CHECK(attention::resolve_cpu_isa(attention::CpuIsa::kAvx2, "t", all) == attention::CpuIsa::kAvx2);  // args win
+    ::setenv("SEQPAR_CPU_ISA", "avx512", 1);
+    try {
+      (void)attention::resolve_cpu_isa(attention::CpuIsa::kAuto, "CpuFlash", avx2_only);
+      FAIL("SEQPAR_CPU_ISA=avx512 accepted on a CPU without it");
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()) ==
+            "CpuFlash: SEQPAR_CPU_ISA = avx512: this CPU does not support it (it has: avx2+fma); use auto or avx2");
+    }
+    ::setenv("SEQPAR_CPU_ISA", "sse9", 1);
+    try {
+      attention::CpuFlash<float> f;
+      FAIL("SEQPAR_CPU_ISA=sse9 accepted");
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()) ==
+            "CpuFlash: SEQPAR_CPU_ISA = sse9: is not an instruction set CpuFlash has kernels for (auto, portable, "
+            "avx2, avx512)");
+    }
+    CHECK(attention::CpuFlash<double>().isa() == attention::CpuIsa::kPortable);  // double ignores the variable
+    ::setenv("SEQPAR_CPU_ISA", "auto", 1);
+    CHECK(attention::CpuFlash<float>().isa() == attention::cpu_features().best());
+    ::unsetenv("SEQPAR_CPU_ISA");
   }
 
   TEST_CASE("CpuFlash is deterministic across runs and thread counts") {
@@ -121,13 +212,16 @@ TEST_SUITE("attention") {
     const AttentionShape tiny{1, 1, 8, 1e-300};
     CHECK_THROWS_AS(flash.forward(tiny, q.view(), k.view(), v.view(), sl, o.view(), lse.view(), ws),
                     std::invalid_argument);
-    // double holds it
+    // Past what float keeps exact at head_dim 8 (attention::max_softmax_scale<float>(8) = 9.09e4), within
+    // what double does (4.9e13): float refuses it, double holds it.
+    const AttentionShape large{1, 1, 8, 1e8};
+    CHECK_THROWS_AS(flash.forward(large, q.view(), k.view(), v.view(), sl, o.view(), lse.view(), ws),
+                    std::invalid_argument);
     const attention::CpuFlash<double> flash_d;
     ThdTensor<double> qd(4, 1, 8), kd(4, 1, 8), vd(4, 1, 8), od(4, 1, 8);
     LseTensor<double> lsed(1, 4);
-    std::vector<std::byte> wsd(flash_d.workspace_bytes(AttentionShape{1, 1, 8, 1e30}, 4, 4));
-    CHECK_NOTHROW(flash_d.forward(AttentionShape{1, 1, 8, 1e30}, qd.view(), kd.view(), vd.view(), sl, od.view(),
-                                  lsed.view(), wsd));
+    std::vector<std::byte> wsd(flash_d.workspace_bytes(large, 4, 4));
+    CHECK_NOTHROW(flash_d.forward(large, qd.view(), kd.view(), vd.view(), sl, od.view(), lsed.view(), wsd));
     for (int bad : {std::numeric_limits<int>::max(), attention::CpuFlash<float>::kMaxTileRows + 1, -3}) {
       try {
         attention::CpuFlash<float> f({1, bad, 192});
@@ -139,8 +233,11 @@ TEST_SUITE("attention") {
     }
   }
 
-  TEST_CASE("softmax_row: P within 3e-7 of exp2 in fp64, and the reference max moves only past 2^8") {
-    // The online-softmax row step of the forward (the AVX2 or AVX-512 path where the build has it): its exp2
+  TEST_CASE_TEMPLATE("softmax_row: P within 3e-7 of exp2 in fp64, and the reference max moves only past 2^8", Tiles,
+                     TILE_POLICIES) {
+    if (!attention::cpu_features().supports(Tiles::kIsa)) return;  // not on this CPU
+    CAPTURE(attention::to_string(Tiles::kIsa));
+    // The online-softmax row step of the forward, on every instruction set this CPU has: its exp2
     // polynomial over the whole argument range [-126, 8] that the lazy reference max allows, and the rule
     // that m moves only when a tile's visible max exceeds it by more than kLazyRescale.
     std::mt19937_64 rng(11);
@@ -159,7 +256,7 @@ TEST_SUITE("attention") {
       const float l0 = trial % 5 == 0 ? 0.0f : 3.0f;
       float m = m0, l = l0;
       const std::vector<float> in = row;
-      const float alpha = attention::detail::softmax_row(row.data(), lo, hi, m, l);
+      const float alpha = Tiles::softmax_row(row.data(), lo, hi, m, l);
       float mx = -std::numeric_limits<float>::infinity();
       for (int j = lo; j < hi; ++j) mx = std::max(mx, in[static_cast<std::size_t>(j)]);
       const float want_m = mx > m0 + attention::detail::kLazyRescale ? mx : m0;
@@ -187,7 +284,11 @@ TEST_SUITE("attention") {
     CHECK(kept > 20);
   }
 
-  TEST_CASE("bf16 rounds to nearest even, keeps NaN and infinity, and the vector paths agree with the scalar one") {
+  TEST_CASE_TEMPLATE(
+      "bf16 rounds to nearest even, keeps NaN and infinity, and the vector paths agree with the scalar one", Tiles,
+      TILE_POLICIES) {
+    if (!attention::cpu_features().supports(Tiles::kIsa)) return;  // not on this CPU
+    CAPTURE(attention::to_string(Tiles::kIsa));
     using attention::bf16;
     CHECK(bf16(1.0f).bits == 0x3F80);
     CHECK(bf16(1.00390625f).bits == 0x3F80);    // 1 + 2^-8: halfway, ties to the even 1.0
@@ -205,7 +306,7 @@ TEST_SUITE("attention") {
     for (float& x : acc) x = dist(rng);
     acc[3] = std::numeric_limits<float>::quiet_NaN();
     acc[9] = std::numeric_limits<float>::infinity();
-    attention::detail::store_scaled(vec.data(), acc.data(), 37, 0.5f);
+    Tiles::store_scaled(vec.data(), acc.data(), 37, 0.5f);
     for (int i = 0; i < 37; ++i) ref[static_cast<std::size_t>(i)] = bf16(acc[static_cast<std::size_t>(i)] * 0.5f);
     for (int i = 0; i < 37; ++i) {
       CAPTURE(i);
@@ -213,7 +314,7 @@ TEST_SUITE("attention") {
       CHECK((vec[u].bits == ref[u].bits || (std::isnan(float(vec[u])) && std::isnan(float(ref[u])))));
     }
     std::vector<float> wide(37);
-    attention::detail::load_scaled(ref.data(), wide.data(), 37, 1.0f);
+    Tiles::load_scaled(ref.data(), wide.data(), 37, 1.0f);
     for (int i = 0; i < 37; ++i) {
       const std::size_t u = static_cast<std::size_t>(i);
       CHECK((wide[u] == float(ref[u]) || std::isnan(wide[u])));

@@ -253,7 +253,17 @@ TEST_SUITE("runtime") {
       const auto make = [](int rank) { return LimitedFlash(rank == 1 ? 8 : 128, 1); };
       expect(call_once<LimitedFlash, Ulysses>(3, batch, shape, make), "shape.head_dim = 16");
       expect(call_once<LimitedFlash, Ring>(3, batch, shape, make), "shape.head_dim = 16");
-      expect(call_once<LimitedFlash, Ulysses>(3, batch, shape, make, true), "shape.head_dim = 16");
+      // A backward with no forward before it (issue 40): rank 1 names its kernel's refusal (checked first),
+      // its peers the missing forward; every rank refuses in the agreement, no byte of the program moves.
+      const auto backward = call_once<LimitedFlash, Ulysses>(3, batch, shape, make, true);
+      CHECK(backward[1].invalid_argument);
+      CHECK(contains(backward[1].what, "shape.head_dim = 16"));
+      for (std::size_t r : {std::size_t{0}, std::size_t{2}}) {
+        INFO("rank " << r << ": " << backward[r].what);
+        CHECK(backward[r].invalid_argument);
+        CHECK(contains(backward[r].what, "backward called before any forward of this batch"));
+      }
+      check_only_agreement(backward);
     }
     SUBCASE("a head group narrower than the kernel takes: the engine's shape passes, Ulysses' groups do not") {
       const auto make = [](int rank) { return LimitedFlash(128, rank == 1 ? 6 : 1); };

@@ -15,7 +15,8 @@
 /// item (query head of the group, query tile of `q_tile` rows) the Q tile is packed pre-scaled by
 /// softmax_scale * log2(e), and for each 128-key tile the rows see and each score block of 48 query rows the
 /// scores S = Q K^T come from a broadcast-FMA micro-kernel (6 rows x 64 keys in 24 zmm, 6 x 16 in 12 ymm on
-/// AVX2; the 48 rows share each K^T panel from L1; only the 16-key panels holding visible keys), an online
+/// AVX2; the 48 rows share each K^T panel from L1; only the panels, 64 keys on AVX-512 and 16 on AVX2, holding
+/// visible keys), an online
 /// softmax in base 2 updates the running max / sum (lazily: the output rows are rescaled only when a row's max
 /// grows by more than 2^8) and P V accumulates into an fp32 output tile. Tiles and row blocks that the mask
 /// hides are skipped; only blocks that a mask edge crosses are masked element-wise.
@@ -29,9 +30,14 @@
 /// masked by selection, a slice touches only its own keys of a tile, and a tile whose V, K, Q or dO values hold a NaN
 /// or infinity is multiplied over each row's exact visible keys, so a non-finite value stays in the rows and keys that
 /// read it. Work items run largest-first (by visible area) on the execution context's thread pool (`HostExec`; the
-/// kernel's own context has `threads` threads, 1 runs inline on the caller). AVX-512 micro-kernels are used for float
-/// when compiled with
-/// __AVX512F__; otherwise (and for double) a portable auto-vectorised path with the same blocking.
+/// kernel's own context has `threads` threads, 1 runs inline on the caller).
+///
+/// **Instruction sets.** For float and bf16 storage the micro-kernels are chosen at run time, whatever the
+/// build's -march (cpu_isa.hpp): AVX-512 (6 x 64 blocks in 24 zmm) where the CPU and OS support it, else AVX2 +
+/// FMA (6 x 16 in 12 ymm), else a portable path with the same blocking (also double's path; plain C++, which
+/// GCC 12 leaves scalar at -O2 for float: ~30x slower than AVX2, bench/attention_cpu --isa portable).
+/// `Arguments::isa` or the environment variable SEQPAR_CPU_ISA forces one; `isa()` says which runs. The paths
+/// differ in the order of fp32 sums only (the exp2 polynomial is shared), not in what they compute.
 ///
 /// **Memory.** No allocation in forward/backward: the caller passes `workspace_bytes(shape, q_rows,
 /// k_rows)` bytes (per thread: two q_tile x head_dim fp32 tiles, ~0.6 MB at q_tile 576, d 128; plus
@@ -68,9 +74,12 @@
 #include <string>
 #include <type_traits>
 
+#include "seqpar/attention/cpu_isa.hpp"
 #include "seqpar/attention/detail/bf16.hpp"
 #include "seqpar/attention/detail/call_checks.hpp"
 #include "seqpar/attention/detail/flash_tiles.hpp"
+#include "seqpar/attention/detail/flash_tiles_avx2.hpp"
+#include "seqpar/attention/detail/flash_tiles_avx512.hpp"
 #include "seqpar/attention/kernel.hpp"
 #include "seqpar/core/host_exec.hpp"
 
@@ -81,6 +90,9 @@ struct CpuFlashArguments {
   int threads = 1;             ///< worker threads including the caller; 1 runs inline
   int q_tile = 576;            ///< query rows per forward / dQ work item (K/V tiles stay in L1/L2 across it)
   int backward_q_block = 192;  ///< query rows per block of the backward (packed Q, dO, P, dS)
+  /// The micro-kernels' instruction set: kAuto picks the best this CPU supports (or what the environment
+  /// variable SEQPAR_CPU_ISA names); a named one this CPU lacks is refused. double has the portable path only.
+  CpuIsa isa = CpuIsa::kAuto;
 };
 
 template <class T>
@@ -108,6 +120,13 @@ class CpuFlash {
     seqpar::detail::require(args.backward_q_block >= 1 && args.backward_q_block <= kMaxTileRows, where,
                             "args.backward_q_block", args.backward_q_block,
                             "must be in [1, " + std::to_string(kMaxTileRows) + "]");
+    if constexpr (std::is_same_v<T, double>) {
+      seqpar::detail::require(args.isa == CpuIsa::kAuto || args.isa == CpuIsa::kPortable, where, "args.isa",
+                              to_string(args.isa), "CpuFlash<double> has the portable kernels only (use auto)");
+      isa_ = CpuIsa::kPortable;
+    } else {
+      isa_ = resolve_cpu_isa(args.isa, where);
+    }
     exec_ = HostExec(args.threads);
   }
 
@@ -119,6 +138,8 @@ class CpuFlash {
   ~CpuFlash() = default;
 
   [[nodiscard]] const Arguments& arguments() const noexcept { return args_; }
+  /// The instruction set the micro-kernels run (never kAuto): chosen once, at construction.
+  [[nodiscard]] CpuIsa isa() const noexcept { return isa_; }
   /// The kernel's own context (a pool of `args.threads` threads): used by the calls without one, and
   /// by DistributedAttention unless it is given another.
   [[nodiscard]] const HostExec& exec() const noexcept { return exec_; }
@@ -128,8 +149,9 @@ class CpuFlash {
     return layout(shape, q_rows, k_rows).total;
   }
 
-  /// Whether the kernel runs `shape` on its own context: a well-formed shape whose softmax scale
-  /// stays finite and nonzero in accum_type once multiplied by log2(e). The calls refuse the same.
+  /// Whether the kernel runs `shape` on its own context: a well-formed shape whose softmax scale accum_type
+  /// keeps exact (attention::softmax_scale_status: finite, nonzero, at most max_softmax_scale). The calls
+  /// refuse the same.
   [[nodiscard]] Status can_implement(const AttentionShape& shape) const {
     return implementable(exec_, shape, "CpuFlash");
   }
@@ -152,6 +174,49 @@ class CpuFlash {
     constexpr const char* where = "CpuFlash::forward";
     check(exec, shape, q, k, v, slices, workspace, where);
     detail::check_forward_outputs(where, shape, q, k, v, o, lse, workspace);
+    with_tiles([&]<class Tiles>() { forward_with<Tiles>(exec, shape, q, k, v, slices, o, lse, workspace); });
+  }
+
+  void backward(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
+                ThdView<const T> o, LseView<const accum_type> lse, ThdView<const T> dout,
+                std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
+                std::span<std::byte> workspace) const {
+    backward(exec_, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace);
+  }
+
+  /// Backward on `exec` (at most args.threads threads).
+  void backward(const HostExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
+                ThdView<const T> v, ThdView<const T> o, LseView<const accum_type> lse, ThdView<const T> dout,
+                std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
+                std::span<std::byte> workspace) const {
+    constexpr const char* where = "CpuFlash::backward";
+    check(exec, shape, q, k, v, slices, workspace, where);
+    detail::check_backward_views(where, shape, q, k, v, o, lse, dout, dq, dk, dv, workspace);
+    with_tiles([&]<class Tiles>() {
+      backward_with<Tiles>(exec, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace);
+    });
+  }
+
+ private:
+  using A = accum_type;
+
+  /// Runs f.template operator()<Tiles>() with the tile policy of the instruction set this kernel runs.
+  template <class F>
+  void with_tiles(F&& f) const {
+#if SEQPAR_CPU_DISPATCH
+    if constexpr (std::is_same_v<A, float>) {
+      if (isa_ == CpuIsa::kAvx512) return f.template operator()<detail::avx512::Avx512Tiles>();
+      if (isa_ == CpuIsa::kAvx2) return f.template operator()<detail::avx2::Avx2Tiles>();
+    }
+#endif
+    f.template operator()<detail::PortableTiles<A>>();
+  }
+
+  template <class Tiles>
+  void forward_with(const HostExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
+                    ThdView<const T> v, std::span<const AttnSlice> slices, ThdView<T> o, LseView<accum_type> lse,
+                    std::span<std::byte> workspace) const {
+    constexpr int kP = Tiles::kPanel;
 
     for (int h = 0; h < shape.heads_q; ++h)
       for (std::int64_t t = 0; t < q.tokens; ++t) {
@@ -172,11 +237,11 @@ class CpuFlash {
           for (std::int64_t t = next.fetch_add(1, std::memory_order_relaxed); t < n_kt;
                t = next.fetch_add(1, std::memory_order_relaxed)) {
             const int nk = static_cast<int>(std::min<std::int64_t>(kKT, k.tokens - t * kKT));
-            A* kt = w.k_pack + t * tile_elems(shape.qk_dim());
-            A* vp = w.v_pack + t * tile_elems(shape.v_dim());
-            pack_keys(k, t * kKT, nk, hk, shape.qk_dim(), kt, nullptr);
-            pack_panels(v, t * kKT, nk, hk, shape.v_dim(), vp);
-            w.v_finite[t] = panels_finite(vp, 0, nk, shape.v_dim()) ? 1 : 0;
+            A* kt = w.k_pack + t * tile_elems<kP>(shape.qk_dim());
+            A* vp = w.v_pack + t * tile_elems<kP>(shape.v_dim());
+            pack_keys<Tiles>(k, t * kKT, nk, hk, shape.qk_dim(), kt, nullptr);
+            pack_panels<Tiles>(v, t * kKT, nk, hk, shape.v_dim(), vp);
+            w.v_finite[t] = panels_finite<Tiles>(vp, 0, nk, shape.v_dim()) ? 1 : 0;
           }
         };
         exec.parallel(body);
@@ -188,30 +253,20 @@ class CpuFlash {
         for (std::int64_t idx = next.fetch_add(1, std::memory_order_relaxed); idx < total;
              idx = next.fetch_add(1, std::memory_order_relaxed)) {
           const Tile& tile = w.tiles[idx / group];
-          forward_tile(shape, q, k.tokens, w, slices[static_cast<std::size_t>(tile.slice)], tile,
-                       hk * group + static_cast<int>(idx % group), o, lse, ws);
+          forward_tile<Tiles>(shape, q, k.tokens, w, slices[static_cast<std::size_t>(tile.slice)], tile,
+                              hk * group + static_cast<int>(idx % group), o, lse, ws);
         }
       };
       exec.parallel(body);
     }
   }
 
-  void backward(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
-                ThdView<const T> o, LseView<const accum_type> lse, ThdView<const T> dout,
-                std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
-                std::span<std::byte> workspace) const {
-    backward(exec_, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace);
-  }
-
-  /// Backward on `exec` (at most args.threads threads).
-  void backward(const HostExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
-                ThdView<const T> v, ThdView<const T> o, LseView<const accum_type> lse, ThdView<const T> dout,
-                std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
-                std::span<std::byte> workspace) const {
-    constexpr const char* where = "CpuFlash::backward";
-    check(exec, shape, q, k, v, slices, workspace, where);
-    detail::check_backward_views(where, shape, q, k, v, o, lse, dout, dq, dk, dv, workspace);
-
+  template <class Tiles>
+  void backward_with(const HostExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
+                     ThdView<const T> v, ThdView<const T> o, LseView<const accum_type> lse, ThdView<const T> dout,
+                     std::span<const AttnSlice> slices, ThdView<T> dq, ThdView<T> dk, ThdView<T> dv,
+                     std::span<std::byte> workspace) const {
+    constexpr int kP = Tiles::kPanel;
     const Work w = carve(shape, q.tokens, k.tokens, workspace);
     const int d = shape.qk_dim(), d_v = shape.v_dim();  // q, k, dq, dk rows; v, o, dout, dv rows
     {                                                   // D = rowsum(dO * O), per query head
@@ -221,7 +276,7 @@ class CpuFlash {
           for (std::int64_t t = 0; t < q.tokens; ++t) {
             const T* a = dout.row(t, h);
             const T* b = o.row(t, h);
-            w.delta[h * q.tokens + t] = detail::dot<A>(a, b, d_v);
+            w.delta[h * q.tokens + t] = Tiles::dot(a, b, d_v);
           }
       };
       exec.parallel(body);
@@ -262,12 +317,12 @@ class CpuFlash {
             const std::int64_t nr = std::min(kChunk, q.tokens - r0);
             A* qr = w.qp + r0 * d;
             A* orow = w.op + r0 * d_v;
-            pack_rows(q, r0, nr, h, d, c, qr);
-            pack_rows(dout, r0, nr, h, d_v, A(1), orow);
-            rows_to_panels(qr, nr, d, w.qpp + r0 * kP, q.tokens * kP);
-            rows_to_panels(orow, nr, d_v, w.opp + r0 * kP, q.tokens * kP);
-            if (!detail::all_finite(qr, nr * d)) q_finite.store(false, std::memory_order_relaxed);
-            if (!detail::all_finite(orow, nr * d_v)) o_finite.store(false, std::memory_order_relaxed);
+            pack_rows<Tiles>(q, r0, nr, h, d, c, qr);
+            pack_rows<Tiles>(dout, r0, nr, h, d_v, A(1), orow);
+            rows_to_panels<Tiles>(qr, nr, d, w.qpp + r0 * kP, q.tokens * kP);
+            rows_to_panels<Tiles>(orow, nr, d_v, w.opp + r0 * kP, q.tokens * kP);
+            if (!Tiles::all_finite(qr, nr * d)) q_finite.store(false, std::memory_order_relaxed);
+            if (!Tiles::all_finite(orow, nr * d_v)) o_finite.store(false, std::memory_order_relaxed);
           }
         };
         exec.parallel(body);
@@ -282,8 +337,8 @@ class CpuFlash {
             const int lane = lane_order[at];
             for (std::int64_t t = 0; t < n_kt; ++t)
               if (w.tiles[t].slice == lane)
-                backward_tile(shape, q, k, v, lse, packed, slices, w.tiles[t], h, hh == 0, w.delta, w.dk_acc, w.dv_acc,
-                              w.dq_lanes + static_cast<std::size_t>(lane) * lane_stride, ws);
+                backward_tile<Tiles>(shape, q, k, v, lse, packed, slices, w.tiles[t], h, hh == 0, w.delta, w.dk_acc,
+                                     w.dv_acc, w.dq_lanes + static_cast<std::size_t>(lane) * lane_stride, ws);
           }
         };
         exec.parallel(body);
@@ -308,20 +363,20 @@ class CpuFlash {
                   if (sum == nullptr) {
                     sum = row;
                   } else {
-                    detail::add_scaled_store(sum, row, d, A(1));
+                    Tiles::add_scaled_store(sum, row, d, A(1));
                     std::fill_n(row, d, A(0));
                   }
                 }
                 if (sum == nullptr) continue;
-                detail::add_scaled_store(dq.row(i, h), sum, d, sc);
+                Tiles::add_scaled_store(dq.row(i, h), sum, d, sc);
                 std::fill_n(sum, d, A(0));
               }
             } else {
               const Tile& tile = w.tiles[idx - n_qt];
               for (std::int64_t j = tile.row0; j < tile.row1; ++j) {
                 const auto row = static_cast<std::size_t>(j);
-                detail::add_scaled_store(dk.row(j, hk), w.dk_acc + row * static_cast<std::size_t>(d), d, dk_scale);
-                detail::add_scaled_store(dv.row(j, hk), w.dv_acc + row * static_cast<std::size_t>(d_v), d_v, A(1));
+                Tiles::add_scaled_store(dk.row(j, hk), w.dk_acc + row * static_cast<std::size_t>(d), d, dk_scale);
+                Tiles::add_scaled_store(dv.row(j, hk), w.dv_acc + row * static_cast<std::size_t>(d_v), d_v, A(1));
               }
             }
           }
@@ -331,11 +386,8 @@ class CpuFlash {
     }
   }
 
- private:
-  using A = accum_type;
   static constexpr int kKT = detail::kKeyTile;
   static constexpr int kRB = detail::kRowBlock;
-  static constexpr int kP = detail::kPanel;
   /// Query rows per score block: S (and dP) are computed for this many rows at once, so that each 16-key
   /// panel of K^T (and V in P V) is read from L1 by its 8 register blocks instead of by one (a block of 6
   /// rows at a time streams all of K^T and V, 128 KiB at d 128, from L2 per 6 rows).
@@ -379,13 +431,23 @@ class CpuFlash {
     }
   };
 
-  static constexpr std::size_t round16(std::int64_t n) noexcept { return static_cast<std::size_t>((n + 15) / 16 * 16); }
-  static constexpr std::size_t align64(std::size_t n) noexcept { return (n + 63) / 64 * 64; }
+  static constexpr std::size_t round16(std::int64_t n) noexcept {
+    return static_cast<std::size_t>((n + 15) / 16 * 16);
+  }
+  static constexpr std::size_t align64(std::size_t n) noexcept {
+    return (n + 63) / 64 * 64;
+  }
 
-  [[nodiscard]] int q_tile_rows() const noexcept { return (args_.q_tile + kRB - 1) / kRB * kRB; }
-  [[nodiscard]] int q_block_rows() const noexcept { return (args_.backward_q_block + kRB - 1) / kRB * kRB; }
+  [[nodiscard]] int q_tile_rows() const noexcept {
+    return (args_.q_tile + kRB - 1) / kRB * kRB;
+  }
+  [[nodiscard]] int q_block_rows() const noexcept {
+    return (args_.backward_q_block + kRB - 1) / kRB * kRB;
+  }
   /// Backward lanes: fixed for given Arguments (at least 4 so that 1..4 threads give the same bits).
-  [[nodiscard]] int lanes() const noexcept { return std::max(4, args_.threads); }
+  [[nodiscard]] int lanes() const noexcept {
+    return std::max(4, args_.threads);
+  }
 
   [[nodiscard]] Layout layout(const AttentionShape& shape, std::int64_t q_rows, std::int64_t k_rows) const noexcept {
     const std::int64_t d = std::max({shape.qk_dim(), shape.v_dim(), 1});  // every region fits either width
@@ -411,6 +473,7 @@ class CpuFlash {
     l.dv_off = l.dk_off + align64(kv * sizeof(A));
     l.qp_off = l.dv_off + align64(kv * sizeof(A));
     l.op_off = l.qp_off + align64(qn * du * sizeof(A));
+    constexpr int kP = detail::kMaxPanel;
     const std::size_t dp = static_cast<std::size_t>((d + kP - 1) / kP * kP);
     l.qpp_off = l.op_off + align64(qn * du * sizeof(A));
     l.opp_off = l.qpp_off + align64(qn * dp * sizeof(A));
@@ -491,15 +554,7 @@ class CpuFlash {
       return seqpar::detail::refuse_invalid(
           where, "exec.threads()", exec.threads(),
           "exceeds args.threads = " + std::to_string(args_.threads) + " (the workspace holds one tile set per thread)");
-    if (Status s = shape.status(where); !s) return s;
-    // The scale is applied in accum_type, pre-multiplied by log2(e): it must stay finite and nonzero there.
-    const double sc = shape.scale();
-    const A sa = A(sc);
-    if (!std::isfinite(sa * kLog2e) || (sc != 0.0 && sa == A(0)))
-      return seqpar::detail::refuse_invalid(where, "softmax_scale", sc,
-                                            std::string("is not representable in the accumulation type (") +
-                                                (std::is_same_v<A, float> ? "float" : "double") + ")");
-    return Status::success();
+    return softmax_scale_status<A>(shape, where);  // the shape, and a scale A keeps exact (kernel.hpp)
   }
 
   void check(const HostExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
@@ -548,9 +603,10 @@ class CpuFlash {
     const Mask& m = sl.mask;
     if (m.kind == MaskKind::kFull) return {0, len};
     const std::int64_t lo = std::clamp<std::int64_t>(k0 - m.causal_offset, 0, len);
-    const std::int64_t hi = m.kind == MaskKind::kSlidingWindow
-                                ? std::clamp<std::int64_t>(k1 - 1 - m.causal_offset + m.window, lo, len)
-                                : len;
+    const std::int64_t hi =
+        m.kind == MaskKind::kSlidingWindow
+            ? std::clamp<std::int64_t>(seqpar::detail::add_sat(k1 - 1 - m.causal_offset, m.window), lo, len)
+            : len;
     return {lo, hi};
   }
 
@@ -574,22 +630,28 @@ class CpuFlash {
 
   /// Elements of a key tile packed as B panels of the micro-kernel: K^T ([kKT / kP][d][kP], key panels) or
   /// natural rows ([ceil(d / kP)][kKT][kP], head-dim panels; columns past d are zero).
+  /// P: the policy's panel width; the workspace is laid out for the widest (kMaxPanel), so that it holds a tile
+  /// of every policy.
+  template <int P = detail::kMaxPanel>
   static constexpr std::int64_t tile_elems(int d) noexcept {
-    return std::int64_t{kKT} * ((std::int64_t{d} + kP - 1) / kP * kP);
+    return std::int64_t{kKT} * ((std::int64_t{d} + P - 1) / P * P);
   }
-  /// Distance between two panels of a natural-layout tile (kKT rows of kP).
-  static constexpr std::int64_t kRowPanel = std::int64_t{kKT} * kP;
+  /// Distance between two panels of a natural-layout tile (kKT rows of P).
+  template <int P>
+  static constexpr std::int64_t kRowPanel = std::int64_t{kKT} * P;
 
   /// K^T of keys [j0, j0 + nk) of KV head hk into kt as key panels (column c of K^T, i.e. key c, at
   /// kt[(c / kP) * d * kP + x * kP + c % kP]; keys past nk are zero), optionally also the natural rows into
   /// nat as head-dim panels (pack_panels).
+  template <class Tiles>
   static void pack_keys(ThdView<const T> src, std::int64_t j0, int nk, int hk, int d, A* kt, A* nat) noexcept {
+    constexpr int kP = Tiles::kPanel;
     const std::int64_t kt_panel = std::int64_t{d} * kP;
     int c = 0;
     for (; c + 8 <= nk; c += 8) {  // eight keys at a time (8 x 8 block transposes where vectorised)
       const T* rows[8];
       for (int r = 0; r < 8; ++r) rows[r] = src.row(j0 + c + r, hk);
-      detail::transpose_rows8(rows, d, kt + (c / kP) * kt_panel + c % kP, kP);
+      Tiles::transpose_rows8(rows, d, kt + (c / kP) * kt_panel + c % kP, kP);
     }
     for (; c < kKT; ++c) {
       A* col = kt + (c / kP) * kt_panel + c % kP;
@@ -600,37 +662,43 @@ class CpuFlash {
         for (int x = 0; x < d; ++x) col[x * kP] = A(0);
       }
     }
-    if (nat != nullptr) pack_panels(src, j0, nk, hk, d, nat);
+    if (nat != nullptr) pack_panels<Tiles>(src, j0, nk, hk, d, nat);
   }
 
   /// Rows [j0, j0 + nk) of head hk as head-dim panels: element x of row c at
-  /// dst[(x / kP) * kRowPanel + c * kP + x % kP], zero for x >= d (rows past nk are not written).
+  /// dst[(x / kP) * kRowPanel<kP> + c * kP + x % kP], zero for x >= d (rows past nk are not written).
+  template <class Tiles>
   static void pack_panels(ThdView<const T> src, std::int64_t j0, int nk, int hk, int d, A* dst) noexcept {
+    constexpr int kP = Tiles::kPanel;
     const int full = d / kP * kP;
     for (int c = 0; c < nk; ++c) {
       const T* row = src.row(j0 + c, hk);
       A* out = dst + c * kP;
-      for (int x = 0; x < full; x += kP) detail::load_scaled(row + x, out + (x / kP) * kRowPanel, kP, A(1));
+      for (int x = 0; x < full; x += kP) Tiles::load_scaled(row + x, out + (x / kP) * kRowPanel<kP>, kP, A(1));
       if (full < d) {
-        A* tail = out + (full / kP) * kRowPanel;
-        detail::load_scaled(row + full, tail, d - full, A(1));
+        A* tail = out + (full / kP) * kRowPanel<kP>;
+        Tiles::load_scaled(row + full, tail, d - full, A(1));
         std::fill(tail + (d - full), tail + kP, A(0));
       }
     }
   }
 
   /// Whether rows [c0, c1) of a head-dim-panel tile are all finite (the zero padding is).
+  template <class Tiles>
   static bool panels_finite(const A* p, int c0, int c1, int d) noexcept {
+    constexpr int kP = Tiles::kPanel;
     bool ok = true;
     for (int x = 0; x < d; x += kP)
-      ok &= detail::all_finite(p + (x / kP) * kRowPanel + c0 * kP, std::int64_t{c1 - c0} * kP);
+      ok &= Tiles::all_finite(p + (x / kP) * kRowPanel<kP> + c0 * kP, std::int64_t{c1 - c0} * kP);
     return ok;
   }
 
   /// n packed rows of d values into head-dim panels: value x of row r at dst[(x / kP) * panel + r * kP + x % kP],
   /// zero for x >= d. As a GEMM's B operand a panel is contiguous (row-major rows at a 512-byte stride, d 128,
   /// fall on a few L1 sets: 62 vs 74 GFLOP/s for the dV product's shape).
+  template <class Tiles>
   static void rows_to_panels(const A* rows, std::int64_t n, int d, A* dst, std::int64_t panel) noexcept {
+    constexpr int kP = Tiles::kPanel;
     for (std::int64_t r = 0; r < n; ++r) {
       const A* row = rows + r * d;
       for (int x = 0; x < d; x += kP) {
@@ -642,9 +710,10 @@ class CpuFlash {
     }
   }
 
+  template <class Tiles>
   static void pack_rows(ThdView<const T> src, std::int64_t i0, std::int64_t n, int h, int d, A scale, A* dst) noexcept {
     for (std::int64_t r = 0; r < n; ++r) {
-      detail::load_scaled(src.row(i0 + r, h), dst + r * d, d, scale);
+      Tiles::load_scaled(src.row(i0 + r, h), dst + r * d, d, scale);
     }
   }
 
@@ -681,8 +750,10 @@ class CpuFlash {
 
   /// Query rows `tile` of slice `sl` for query head h, against the KV head's packed tiles in w (k_pack, v_pack,
   /// v_finite): the buffer's 128-key tiles that the rows see, each restricted to the slice's visible keys.
+  template <class Tiles>
   void forward_tile(const AttentionShape& shape, ThdView<const T> q, std::int64_t k_rows, const Work& w,
                     const AttnSlice& sl, const Tile& tile, int h, ThdView<T> o, LseView<A> lse, A* ws) const noexcept {
+    constexpr int kP = Tiles::kPanel;
     const int d = shape.qk_dim(), dv = shape.v_dim();  // Q K^T over d, P V over dv
     const int n = static_cast<int>(tile.row1 - tile.row0);
     const std::int64_t br = q_tile_rows();
@@ -693,7 +764,7 @@ class CpuFlash {
     A* m = s + round16(kSB * kKT);
     A* l = m + round16(br);
     const std::int64_t i0 = sl.q_range.begin + tile.row0;
-    pack_rows(q, i0, n, h, d, A(shape.scale()) * kLog2e, qs);
+    pack_rows<Tiles>(q, i0, n, h, d, A(shape.scale()) * kLog2e, qs);
     std::fill_n(acc, static_cast<std::size_t>(n) * static_cast<std::size_t>(dv), A(0));
     std::fill_n(m, n, -std::numeric_limits<A>::infinity());
     std::fill_n(l, n, A(0));
@@ -704,8 +775,8 @@ class CpuFlash {
     for (std::int64_t t = (ks + keys.begin) / kKT; t * kKT < ks + keys.end; ++t) {
       const std::int64_t kt0 = t * kKT - ks;  // slice-relative key of tile column 0 (may be negative)
       const int nk = static_cast<int>(std::min<std::int64_t>(kKT, k_rows - t * kKT));
-      const A* kt = w.k_pack + t * tile_elems(d);
-      const A* vp = w.v_pack + t * tile_elems(dv);
+      const A* kt = w.k_pack + t * tile_elems<kP>(d);
+      const A* vp = w.v_pack + t * tile_elems<kP>(dv);
       const bool v_finite = w.v_finite[t] != 0;
       for (int g0 = 0; g0 < n; g0 += kSB) {
         int rows = std::min(kSB, n - g0);
@@ -726,31 +797,31 @@ class CpuFlash {
           col_lo[rb] = k_lo[rb] / kP * kP;
           col_hi[rb] = std::min(kKT, (k_hi[rb] + kP - 1) / kP * kP);
         }
-        detail::gemm(nr, kKT, d, qs + (g0 + ra) * d, d, 1, kt, kP, std::int64_t{d} * kP, s + ra * kKT, kKT, false,
-                     {col_lo, col_hi, nullptr, nullptr});
+        Tiles::gemm(nr, kKT, d, qs + (g0 + ra) * d, d, 1, kt, kP, std::int64_t{d} * kP, s + ra * kKT, kKT, false,
+                    {col_lo, col_hi, nullptr, nullptr});
         for (int r = ra; r < rows; ++r) {
           A* sr = s + r * kKT;
           if (lo[r] >= hi[r]) {
             std::fill_n(sr, kKT, A(0));
             continue;
           }
-          const A alpha = detail::softmax_row(sr, lo[r], hi[r], m[g0 + r], l[g0 + r]);
-          if (alpha != A(1)) detail::scale_row(acc + (g0 + r) * dv, dv, alpha);
+          const A alpha = Tiles::softmax_row(sr, lo[r], hi[r], m[g0 + r], l[g0 + r]);
+          if (alpha != A(1)) Tiles::scale_row(acc + (g0 + r) * dv, dv, alpha);
         }
         if (v_finite) {
-          detail::gemm(nr, dv, kKT, s + ra * kKT, kKT, 1, vp, kP, kRowPanel, acc + (g0 + ra) * dv, dv, true,
-                       {nullptr, nullptr, k_lo, k_hi});
+          Tiles::gemm(nr, dv, kKT, s + ra * kKT, kKT, 1, vp, kP, kRowPanel<kP>, acc + (g0 + ra) * dv, dv, true,
+                      {nullptr, nullptr, k_lo, k_hi});
         } else {  // exact per-row key ranges: a masked P is 0, but 0 * (NaN or inf in V) is not
           for (int r = ra; r < rows; ++r)
             if (lo[r] < hi[r])
-              detail::gemm(1, dv, hi[r] - lo[r], s + r * kKT + lo[r], kKT, 1, vp + lo[r] * kP, kP, kRowPanel,
-                           acc + (g0 + r) * dv, dv, true);
+              Tiles::gemm(1, dv, hi[r] - lo[r], s + r * kKT + lo[r], kKT, 1, vp + lo[r] * kP, kP, kRowPanel<kP>,
+                          acc + (g0 + r) * dv, dv, true);
         }
       }
     }
     for (int r = 0; r < n; ++r) {
       if (l[r] == A(0)) continue;  // fully masked row: O = 0, LSE = -inf from the prefill
-      detail::store_scaled(o.row(i0 + r, h), acc + r * dv, dv, A(1) / l[r]);
+      Tiles::store_scaled(o.row(i0 + r, h), acc + r * dv, dv, A(1) / l[r]);
       lse(h, i0 + r) = (m[r] + std::log2(l[r])) * kLn2;
     }
   }
@@ -758,13 +829,16 @@ class CpuFlash {
   /// acc[c] += sum over the block rows r that see key c of w[r][c] * x[r] (for tile columns c in [c0, c1)):
   /// the exact form of acc += W^T X, used when X holds a NaN or infinity, since a masked weight is 0 and
   /// 0 * NaN is NaN. `koff` is the slice-relative key of tile column 0, `b0` the block's first slice row.
+  template <class Tiles>
   static void exact_key_update(const AttnSlice& sl, std::int64_t koff, std::int64_t b0, int nb, int c0, int c1,
                                const A* w, const A* x, int d, A* acc) noexcept {
     for (int c = c0; c < c1; ++c) {
       const Range rows = intersect(rows_seeing(sl, koff + c, koff + c + 1), {b0, b0 + nb});
       if (rows.empty()) continue;
       const int r0 = static_cast<int>(rows.begin - b0);
-      detail::gemm(1, d, static_cast<int>(rows.size()), w + r0 * kKT + c, 1, kKT, x + r0 * d, d, acc + c * d, d, true);
+      Tiles::gemm(1, d, static_cast<int>(rows.size()), w + r0 * kKT + c, 1, kKT, x + r0 * d, d, Tiles::kPanel,
+                  acc + c * d, d,
+                  true);  // row-major B: panel = kPanel
     }
   }
 
@@ -781,9 +855,11 @@ class CpuFlash {
   /// All of key tile `tile` of KV head h / group for query head h: S and dP per block of query rows, then
   /// dV += P^T dO, dK += dS^T (c Q) into the tile's fp32 accumulators (zeroed when `first`) and
   /// dQ += dS K into the lane's dQ buffer (unscaled). Each slice touches only its own keys of the tile.
+  template <class Tiles>
   void backward_tile(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
                      LseView<const A> lse, const Packed& packed, std::span<const AttnSlice> slices, const Tile& tile,
                      int h, bool first, const A* delta, A* dk_acc, A* dv_acc, A* dq_lane, A* ws) const noexcept {
+    constexpr int kP = Tiles::kPanel;
     const int d = shape.qk_dim(), d_v = shape.v_dim();  // S, dK, dQ over d; dP, dV over d_v
     const int hk = h / shape.group_size();
     const std::int64_t rq = q_block_rows();
@@ -800,8 +876,8 @@ class CpuFlash {
     int* dq_hi = dq_lo + (rq / kRB + 1);
     A* dka = dk_acc + tile.row0 * d;
     A* dva = dv_acc + tile.row0 * d_v;
-    pack_keys(k, tile.row0, nk, hk, d, kt, kn);
-    pack_keys(v, tile.row0, nk, hk, d_v, vt, nullptr);
+    pack_keys<Tiles>(k, tile.row0, nk, hk, d, kt, kn);
+    pack_keys<Tiles>(v, tile.row0, nk, hk, d_v, vt, nullptr);
     if (first) {
       std::fill_n(dka, static_cast<std::size_t>(nk) * static_cast<std::size_t>(d), A(0));
       std::fill_n(dva, static_cast<std::size_t>(nk) * static_cast<std::size_t>(d_v), A(0));
@@ -817,7 +893,7 @@ class CpuFlash {
       const Range rows_all = rows_seeing(sl, kr.begin - ks, kr.end - ks);
       // Only this slice's keys of the tile [c0, c1): the other documents' keys must not meet its rows.
       const int c0 = static_cast<int>(kr.begin - tile.row0), c1 = static_cast<int>(kr.end - tile.row0);
-      const bool k_finite = panels_finite(kn, c0, c1, d);
+      const bool k_finite = panels_finite<Tiles>(kn, c0, c1, d);
       for (std::int64_t b0 = rows_all.begin; b0 < rows_all.end; b0 += rq) {
         const int nb = static_cast<int>(std::min<std::int64_t>(rq, rows_all.end - b0));
         const std::int64_t i0 = sl.q_range.begin + b0;
@@ -849,8 +925,8 @@ class CpuFlash {
             continue;
           }
           const detail::BlockRanges cols{col_lo, col_hi, nullptr, nullptr};
-          detail::gemm(rows, kKT, d, qb + g0 * d, d, 1, kt, kP, std::int64_t{d} * kP, p, kKT, false, cols);
-          detail::gemm(rows, kKT, d_v, ob + g0 * d_v, d_v, 1, vt, kP, std::int64_t{d_v} * kP, ds, kKT, false, cols);
+          Tiles::gemm(rows, kKT, d, qb + g0 * d, d, 1, kt, kP, std::int64_t{d} * kP, p, kKT, false, cols);
+          Tiles::gemm(rows, kKT, d_v, ob + g0 * d_v, d_v, 1, vt, kP, std::int64_t{d_v} * kP, ds, kKT, false, cols);
           for (int r = 0; r < rows; ++r) {
             const std::int64_t i = i0 + g0 + r;
             if (lo[r] >= hi[r]) {
@@ -858,7 +934,7 @@ class CpuFlash {
               std::fill_n(ds + r * kKT, kKT, A(0));
               continue;
             }
-            detail::backward_row(p + r * kKT, ds + r * kKT, lo[r], hi[r], lse(h, i) * kLog2e, delta[h * q.tokens + i]);
+            Tiles::backward_row(p + r * kKT, ds + r * kKT, lo[r], hi[r], lse(h, i) * kLog2e, delta[h * q.tokens + i]);
           }
         }
         // Per register block of 6 keys (from c0): the block's query rows that see any of its keys. P and dS are
@@ -869,27 +945,27 @@ class CpuFlash {
           kv_hi[kb] = seen.empty() ? 0 : static_cast<int>(seen.end - b0);
         }
         const detail::BlockRanges key_rows{nullptr, nullptr, kv_lo, kv_hi};
-        if (packed.o_finite || detail::all_finite(ob, std::int64_t{nb} * d_v))  // dV += P^T dO
-          detail::gemm(c1 - c0, d_v, nb, pb + c0, 1, kKT, packed.op + i0 * kP, kP, packed.panel, dva + c0 * d_v, d_v,
-                       true, key_rows);
+        if (packed.o_finite || Tiles::all_finite(ob, std::int64_t{nb} * d_v))  // dV += P^T dO
+          Tiles::gemm(c1 - c0, d_v, nb, pb + c0, 1, kKT, packed.op + i0 * kP, kP, packed.panel, dva + c0 * d_v, d_v,
+                      true, key_rows);
         else
-          exact_key_update(sl, koff, b0, nb, c0, c1, pb, ob, d_v, dva);
-        if (packed.q_finite || detail::all_finite(qb, std::int64_t{nb} * d))  // dK += dS^T (c Q)
-          detail::gemm(c1 - c0, d, nb, sb + c0, 1, kKT, packed.qp + i0 * kP, kP, packed.panel, dka + c0 * d, d, true,
-                       key_rows);
+          exact_key_update<Tiles>(sl, koff, b0, nb, c0, c1, pb, ob, d_v, dva);
+        if (packed.q_finite || Tiles::all_finite(qb, std::int64_t{nb} * d))  // dK += dS^T (c Q)
+          Tiles::gemm(c1 - c0, d, nb, sb + c0, 1, kKT, packed.qp + i0 * kP, kP, packed.panel, dka + c0 * d, d, true,
+                      key_rows);
         else
-          exact_key_update(sl, koff, b0, nb, c0, c1, sb, qb, d, dka);
+          exact_key_update<Tiles>(sl, koff, b0, nb, c0, c1, sb, qb, d, dka);
         if (k_finite) {  // dQ += dS K
-          detail::gemm(nb, d, c1 - c0, sb + c0, kKT, 1, kn + c0 * kP, kP, kRowPanel, dq_lane + i0 * d, d, true,
-                       {nullptr, nullptr, dq_lo, dq_hi});
+          Tiles::gemm(nb, d, c1 - c0, sb + c0, kKT, 1, kn + c0 * kP, kP, kRowPanel<kP>, dq_lane + i0 * d, d, true,
+                      {nullptr, nullptr, dq_lo, dq_hi});
         } else {  // exact per-row key ranges: a masked dS is 0, but 0 * (NaN or inf in K) is not
           const std::int64_t klen = sl.k_range.size();
           for (int r = 0; r < nb; ++r) {
             const Range vis = intersect(sl.mask.visible_keys(b0 + r, klen), {koff + c0, koff + c1});
             if (vis.empty()) continue;
             const int j0 = static_cast<int>(vis.begin - koff);
-            detail::gemm(1, d, static_cast<int>(vis.size()), sb + r * kKT + j0, kKT, 1, kn + j0 * kP, kP, kRowPanel,
-                         dq_lane + (i0 + r) * d, d, true);
+            Tiles::gemm(1, d, static_cast<int>(vis.size()), sb + r * kKT + j0, kKT, 1, kn + j0 * kP, kP, kRowPanel<kP>,
+                        dq_lane + (i0 + r) * d, d, true);
           }
         }
       }
@@ -897,6 +973,7 @@ class CpuFlash {
   }
 
   Arguments args_;
+  CpuIsa isa_ = CpuIsa::kPortable;
   HostExec exec_;
 };
 

@@ -2,10 +2,16 @@
 // seqpar: exact distributed attention over packed long-context batches.
 #pragma once
 
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <numbers>
 #include <span>
+#include <string>
+#include <type_traits>
 
 #include "seqpar/core/attention_shape.hpp"
 #include "seqpar/core/attn_slice.hpp"
@@ -58,6 +64,47 @@ template <AttentionKernel K>
     return kernel.can_implement(exec, shape);
   else
     return kernel.can_implement(shape);
+}
+
+/// The largest |softmax_scale| a kernel accumulating in A runs at head size `head_dim`:
+/// 1 / (log2(e) head_dim^2 epsilon(A)). For q and k entries of magnitude up to 1 a score, in the base-2
+/// units of a flash kernel's softmax, is at most scale log2(e) head_dim, and two evaluations of one score
+/// in A (the forward's, and the backward's recomputation of exp2(s - lse) against the forward's LSE) may
+/// differ by head_dim epsilon(A) of it: at the limit by one unit, a factor of 2 on a probability. Past it
+/// that difference grows without bound and a recomputed probability overflows (issue 40: CpuFlash<bf16>
+/// at softmax_scale 1e10, head_dim 16, returned non-finite dQ and dK where the fp64 reference's are 0).
+/// float: 22713 at head_dim 16, 355 at 128, 5.5 at 1024; double: 1.2e13 at 16, 1.9e11 at 128; the
+/// default scale 1/sqrt(head_dim) is far below every one.
+template <class A>
+[[nodiscard]] constexpr double max_softmax_scale(int head_dim) noexcept {
+  const double d = head_dim > 0 ? static_cast<double>(head_dim) : 1.0;
+  return 1.0 / (std::numbers::log2e * d * d * static_cast<double>(std::numeric_limits<A>::epsilon()));
+}
+
+/// The softmax-scale check every kernel makes (can_implement, and the calls refuse the same): a well-formed
+/// shape (AttentionShape::status) whose scale, multiplied by log2(e), is finite and nonzero in the
+/// accumulation type A, and at most max_softmax_scale<A>(shape.qk_dim()) in magnitude. Refusals name
+/// softmax_scale, its value and the limit.
+template <class A>
+[[nodiscard]] Status softmax_scale_status(const AttentionShape& shape, const char* where) {
+  static_assert(std::is_floating_point_v<A>, "softmax_scale_status: A is the kernel's accumulation type");
+  if (Status s = shape.status(where); !s) return s;
+  const char* const type = std::is_same_v<A, float> ? "float" : std::is_same_v<A, double> ? "double" : "long double";
+  const double sc = shape.scale();
+  const A sa = A(sc);
+  if (!std::isfinite(sa * A(std::numbers::log2e)) || (sc != 0.0 && sa == A(0)))
+    return seqpar::detail::refuse_invalid(where, "softmax_scale", sc,
+                                          std::string("is not representable in the accumulation type (") + type + ")");
+  const double limit = max_softmax_scale<A>(shape.qk_dim());
+  if (std::abs(sc) <= limit) return Status::success();
+  char text[32];
+  std::snprintf(text, sizeof text, "%.6g", limit);
+  return seqpar::detail::refuse_invalid(
+      where, "softmax_scale", sc,
+      std::string("exceeds ") + text + ", the largest the accumulation type (" + type + ") keeps exact at head_dim " +
+          std::to_string(shape.qk_dim()) +
+          " (1 / (log2(e) head_dim^2 epsilon)): past it a score's rounding overflows the softmax's exponential "
+          "and gradients come back non-finite");
 }
 
 /// The pass a kernel call belongs to.

@@ -47,8 +47,11 @@ class Reference {
     return 0;
   }
 
-  /// Any well-formed shape (AttentionShape::status); the calls refuse the same ones.
-  [[nodiscard]] Status can_implement(const AttentionShape& shape) const { return shape.status("Reference"); }
+  /// Any well-formed shape whose softmax scale double keeps exact (softmax_scale_status); the calls refuse
+  /// the same ones.
+  [[nodiscard]] Status can_implement(const AttentionShape& shape) const {
+    return softmax_scale_status<accum_type>(shape, "Reference");
+  }
 
   void forward(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
                std::span<const AttnSlice> slices, ThdView<T> o, LseView<double> lse,
@@ -134,7 +137,7 @@ class Reference {
  private:
   static void check(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
                     std::span<const AttnSlice> slices, const char* where) {
-    shape.validate(where);
+    seqpar::detail::throw_if_refused(softmax_scale_status<accum_type>(shape, where));
     seqpar::detail::check_view(q, where, "q", q.tokens, shape.heads_q, shape.qk_dim());
     seqpar::detail::check_view(k, where, "k", k.tokens, shape.heads_kv, shape.qk_dim());
     seqpar::detail::check_view(v, where, "v", k.tokens, shape.heads_kv, shape.v_dim());

@@ -73,8 +73,8 @@ class ChunkCarry {
     tokens_.resize(chunks.size());
     prefix_.resize(chunks.size());
     mask.validate(where);
-    window_ = mask.window;
     std::vector<Range> all_tokens;
+    std::int64_t reach = 0;  // the most keys a query of a piece can see: its prefix and the piece
     for (std::size_t c = 0; c < chunks.size(); ++c) {
       const Chunk& ch = chunks[c];
       const std::string at = "chunks[" + std::to_string(c) + "]";
@@ -94,9 +94,15 @@ class ChunkCarry {
       }
       tokens_[c] = ch.tokens;
       prefix_[c] = ch.prefix;
-      // With a window, keys before the piece's first query's window are read by no query: not carried.
-      for (Range& p : prefix_[c]) p = visible_prefix(p, window_);
+      for (std::size_t i = 0; i < ch.tokens.size(); ++i)
+        reach = std::max(reach, ch.prefix[i].size() + ch.tokens[i].size());
     }
+    // A window no piece's queries can reach the end of (INT64_MAX, "no window", or just longer than every
+    // piece with its prefix) is no window: the carry's masks and bounds never hold one past the int64 range.
+    window_ = mask.window >= reach ? 0 : mask.window;
+    // With a window, keys before the piece's first query's window are read by no query: not carried.
+    for (auto& prefixes : prefix_)
+      for (Range& p : prefixes) p = visible_prefix(p, window_);
     // Every prefix row must be a token of this chunk or of a chunk before it (chunks run in the given
     // order): else its queries would attend to rows no rank holds, or to rows whose forward runs
     // later (the order checks of forward/backward could then never be satisfied).
@@ -166,7 +172,7 @@ class ChunkCarry {
   }
 
   [[nodiscard]] int world_size() const noexcept { return ranks_; }
-  /// The carry's sliding window (0: none).
+  /// The carry's sliding window (0: none, also for a window longer than every piece with its prefix).
   [[nodiscard]] std::int64_t window() const noexcept { return window_; }
   /// Piece i of chunk c's prefix as the carry uses it (with a window, cut to its last window - 1 rows).
   [[nodiscard]] Range prefix(int c, std::size_t i) const { return prefix_.at(static_cast<std::size_t>(c)).at(i); }
@@ -386,7 +392,8 @@ class ChunkCarry {
       std::int64_t row = 0;
       for (const Range& g : owned(c, me)) {
         Range x = intersect(g, tokens[mine[j].first]);
-        if (window_ > 0) x.end = std::min(x.end, pre.end + window_ - 1);
+        if (window_ > 0)
+          x.end = std::min(x.end, seqpar::detail::add_sat(pre.end, window_ - 1));  // no wrap at INT64_MAX
         if (!x.empty()) {
           const Range q{row + (x.begin - g.begin), row + (x.end - g.begin)};
           if (window_ == 0) {

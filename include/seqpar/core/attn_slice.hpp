@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "seqpar/core/detail/saturating.hpp"
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/range.hpp"
 
@@ -42,8 +43,9 @@ struct Mask {
   [[nodiscard]] constexpr Range visible_keys(std::int64_t qi, std::int64_t k_len) const noexcept {
     if (kind == MaskKind::kFull) return {0, k_len};
     const std::int64_t hi = std::clamp<std::int64_t>(qi + causal_offset + 1, 0, k_len);
-    const std::int64_t lo =
-        kind == MaskKind::kSlidingWindow ? std::clamp<std::int64_t>(qi + causal_offset + 1 - window, 0, hi) : 0;
+    const std::int64_t lo = kind == MaskKind::kSlidingWindow
+                                ? std::clamp<std::int64_t>(detail::sub_sat(qi + causal_offset + 1, window), 0, hi)
+                                : 0;
     return {lo, hi};
   }
 };
@@ -80,7 +82,8 @@ struct AttnSlice {
     // sliding window (visible_keys); both sums over a run of consecutive x have a closed form.
     const std::int64_t x0 = mask.causal_offset + 1;
     std::int64_t total = detail::clamped_sum(x0, x0 + q, k);
-    if (mask.kind == MaskKind::kSlidingWindow) total -= detail::clamped_sum(x0 - mask.window, x0 + q - mask.window, k);
+    if (mask.kind == MaskKind::kSlidingWindow)  // saturated: a window of INT64_MAX is causal, not a wrap
+      total -= detail::clamped_sum(detail::sub_sat(x0, mask.window), detail::sub_sat(x0 + q, mask.window), k);
     return total;
   }
   friend constexpr bool operator==(const AttnSlice&, const AttnSlice&) = default;

@@ -39,13 +39,13 @@ namespace seqpar {
     k.end = std::min(k.end, k.begin + (q.size() - 1) + m.causal_offset + 1);
     if (m.kind == MaskKind::kSlidingWindow) {
       // Keys before the first row's window are never visible.
-      const std::int64_t lo = std::max<std::int64_t>(0, m.causal_offset + 1 - m.window);
+      const std::int64_t lo = std::max<std::int64_t>(0, detail::sub_sat(m.causal_offset + 1, m.window));
       if (lo >= k.size()) return {};
       k.begin += lo;
       m.causal_offset -= lo;
       // Rows whose window has moved past the last key see nothing: row r's first key is
       // r + offset - window + 1, so rows r <= k.size() - 2 - offset + window keep one.
-      const std::int64_t rows = k.size() - 1 - m.causal_offset + m.window;
+      const std::int64_t rows = detail::add_sat(k.size() - 1 - m.causal_offset, m.window);  // INT64_MAX: every row
       if (rows <= 0) return {};
       if (rows < q.size()) q.end = q.begin + rows;
     }

@@ -35,7 +35,9 @@ namespace seqpar::replay {
     if (s.mask.kind != MaskKind::kFull) {
       const std::int64_t first = std::clamp<std::int64_t>(-off, 0, q);
       const std::int64_t last =
-          s.mask.kind == MaskKind::kSlidingWindow ? std::clamp<std::int64_t>(k + s.mask.window - off - 1, 0, q) : q;
+          s.mask.kind == MaskKind::kSlidingWindow
+              ? std::clamp<std::int64_t>(seqpar::detail::add_sat(k - off - 1, s.mask.window), 0, q)
+              : q;
       rows = std::max<std::int64_t>(0, last - first);
     }
     return static_cast<double>(s.area()) + overhead * static_cast<double>(rows);

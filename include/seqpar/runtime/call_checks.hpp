@@ -19,8 +19,9 @@ namespace seqpar::runtime {
 
 /// The local checks of an attention call's tensors, made before the agreement (so that a bad argument
 /// on one rank reaches every rank before any data moves): extents, strides and aliasing of the views,
-/// the caller's workspace, and that backward's O and LSE are what a forward of the same batch and mask
-/// wrote. Each throws std::invalid_argument naming the argument.
+/// the caller's workspace, that a forward of the batch and mask ran before its backward, and that
+/// backward's O and LSE are what a forward of the same batch and mask wrote. Each throws
+/// std::invalid_argument naming the argument.
 template <class T, class A, class Exec>
 class CallChecks {
  public:
@@ -58,6 +59,38 @@ class CallChecks {
   /// Forwards remembered for backward's check of its O and LSE (per object: one object serving every
   /// layer checks the last kForwardRecords layers' forwards).
   static constexpr std::size_t kForwardRecords = 64;
+  /// Distinct (batch, mask) pairs whose forward ran, remembered for backward's check that one did (least
+  /// recently run first out: 256 pairs in flight between a forward and its backward, micro-batches x masks).
+  static constexpr std::size_t kForwardKeys = 256;
+
+  /// Records that a forward of (batch, mask) ran on this object (any context: nothing is read).
+  void remember_forward_ran(std::uint64_t batch, AttentionMask mask) noexcept {
+    ++clock_;
+    std::size_t oldest = 0;
+    for (std::size_t i = 0; i < kForwardKeys; ++i) {
+      if (keys_[i].stamp != 0 && keys_[i].batch == batch && keys_[i].window == mask.window) {
+        keys_[i].stamp = clock_;
+        return;
+      }
+      if (keys_[i].stamp < keys_[oldest].stamp) oldest = i;
+    }
+    keys_[oldest] = {batch, mask.window, clock_};
+  }
+
+  /// Refuses a backward of (batch, mask) when no forward of that batch under that mask ran on this object
+  /// (among its last kForwardKeys distinct pairs): its O and LSE, backward's inputs, were then written by
+  /// nothing this object computed (zeros, another object's, a buffer never filled) and the gradients
+  /// would be silently wrong.
+  void forward_ran(const char* where, std::uint64_t batch, AttentionMask mask) const {
+    for (const Key& k : keys_)
+      if (k.stamp != 0 && k.batch == batch && k.window == mask.window) return;
+    seqpar::detail::throw_invalid(
+        where, "batch", "fingerprint " + std::to_string(batch) + " under " + mask.to_string(),
+        "backward called before any forward of this batch under this mask on this object (it remembers its last " +
+            std::to_string(kForwardKeys) +
+            " distinct batch and mask pairs): run forward first, with the same batch and mask; its O and LSE are "
+            "backward's inputs");
+  }
 
   /// Records where a forward of (batch, mask) wrote O and LSE, and a few of the values (a fixed ring:
   /// recording and checking allocate nothing). Host-synchronous contexts only: a device's values cannot
@@ -138,8 +171,16 @@ class CallChecks {
     return out;
   }
 
+  struct Key {
+    std::uint64_t batch = 0;
+    std::int64_t window = 0;
+    std::uint64_t stamp = 0;  // 0: empty slot; else when a forward of (batch, window) last ran
+  };
+
   std::array<Record, kForwardRecords> records_{};
   std::size_t next_ = 0;  // the slot the next forward records in
+  std::array<Key, kForwardKeys> keys_{};
+  std::uint64_t clock_ = 0;
 };
 
 }  // namespace seqpar::runtime

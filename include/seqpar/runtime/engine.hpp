@@ -318,6 +318,7 @@ class AttentionEngine {
     run(e, e.forward, b, workspace);
     if (sinks != nullptr) SinkEpilogue<exec_type>::forward(exec_, o, lse, sinks->sinks);
     checks_.remember_forward(batch.fingerprint(), mask, o, lse);  // what backward will be handed
+    if (extension == nullptr) checks_.remember_forward_ran(batch.fingerprint(), mask);
   }
 
   void backward_call(const DocumentBatch& batch, AttentionMask mask, ThdView<const value_type> q,
@@ -352,6 +353,8 @@ class AttentionEngine {
       Checks::workspace(where, workspace, found->backward.workspace_bytes(), q, k, v, o, lse, dout, dq, dk, dv);
       if (sinks != nullptr) SinkEpilogue<exec_type>::check(where, sinks->sinks, shape_.heads_q, sinks->dsinks, true);
       checks_.forward_of(where, batch.fingerprint(), mask, o, lse);
+      // A caller above the engine (ChunkedAttention) keeps its own order checks per chunk.
+      if (extension == nullptr) checks_.forward_ran(where, batch.fingerprint(), mask);
     } catch (const std::exception&) {
       refused = std::current_exception();
     }

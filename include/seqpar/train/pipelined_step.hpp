@@ -254,8 +254,8 @@ struct PipelinedStepResult {
   std::size_t peak_activation_bytes = 0;   ///< held_bytes of the chunks in flight right after a forward, max
   double predicted_peak_bytes = 0;         ///< the memory model's value for this rank's rows
   std::size_t peak_bytes_with_extras = 0;  ///< max at any time of activations + recomputed layer + loss grads
-  std::size_t carry_bytes = 0;             ///< K, V, dK, dV of prefix rows kept by the attention, all layers
-  long long layers_recomputed = 0;         ///< layers this rank ran forward twice
+  std::size_t carry_bytes = 0;      ///< K, dK (qk_dim wide), V, dV (v_dim) of the carried prefix rows, all layers
+  long long layers_recomputed = 0;  ///< layers this rank ran forward twice
 };
 
 namespace detail_stage {
@@ -408,9 +408,10 @@ PipelinedStepResult<typename Stage::value_type> run_pipelined_step(Tr& world, St
     chunked.push_back(std::make_unique<runtime::ChunkedAttention<Kernel>>(attention));
     chunked.back()->begin(plan.chunks, detail_stage::mask_of_layer(stage, l));
   }
+  // K and dK rows are qk_dim() wide, V and dV rows v_dim() (MLA: 192 and 128).
   for (const auto& ca : chunked)
-    out.carry_bytes += 4 * static_cast<std::size_t>(ca->carry_rows()) * static_cast<std::size_t>(shape.heads_kv) *
-                       static_cast<std::size_t>(shape.head_dim) * sizeof(T);
+    out.carry_bytes += 2 * static_cast<std::size_t>(ca->carry_rows()) * static_cast<std::size_t>(shape.heads_kv) *
+                       static_cast<std::size_t>(shape.qk_dim() + shape.v_dim()) * sizeof(T);
   detail_stage::ChunkedLayers<Kernel> layer_attention(chunked);
 
   const int prev = world.rank() - group, next = world.rank() + group;

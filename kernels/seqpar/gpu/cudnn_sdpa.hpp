@@ -86,7 +86,8 @@ inline constexpr CudnnSdpaSplitHeadDims kCudnnSdpaSplitHeadDims[] = {{192, 128, 
 
 /// What CudnnSdpa can run and its calls accept on a device of `compute_capability` (major x 10 + minor):
 /// a well-formed shape; head_dim a multiple of 8 up to 256; head_dim_v equal to it (0), or a pair of
-/// kCudnnSdpaSplitHeadDims on a device it lists; a softmax scale finite and non-zero in fp32. An unequal
+/// kCudnnSdpaSplitHeadDims on a device it lists; a softmax scale finite and non-zero in fp32, at most
+/// attention::max_softmax_scale<float>(head_dim). An unequal
 /// pair is refused as `shape.head_dim_v`, saying why (another pair, or the device).
 [[nodiscard]] inline Status cudnn_sdpa_shape_status(const AttentionShape& shape, int compute_capability,
                                                     const char* where) {
@@ -98,6 +99,7 @@ inline constexpr CudnnSdpaSplitHeadDims kCudnnSdpaSplitHeadDims[] = {{192, 128, 
   if (!(std::isfinite(scale) && scale != 0.0f))
     return seqpar::detail::refuse_invalid(where, "shape.softmax_scale", shape.softmax_scale,
                                           "is infinite or zero in fp32, cuDNN's scale type");
+  if (Status s = attention::softmax_scale_status<float>(shape, where); !s) return s;  // what every kernel keeps exact
   if (!shape.split_dims()) return Status::success();
   for (const CudnnSdpaSplitHeadDims& d : kCudnnSdpaSplitHeadDims) {
     if (d.qk != shape.qk_dim() || d.v != shape.v_dim()) continue;

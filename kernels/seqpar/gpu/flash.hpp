@@ -75,7 +75,7 @@ inline constexpr CudaFlashHeadDims kCudaFlashHeadDims[] = {{64, 64}, {128, 128},
 /// kCudaFlashHeadDims. A head_dim no pair has is refused as `shape.head_dim`, one of them with another
 /// value size as `shape.head_dim_v`.
 [[nodiscard]] inline Status cuda_flash_shape_status(const AttentionShape& shape, const char* where) {
-  if (Status s = shape.status(where); !s) return s;
+  if (Status s = attention::softmax_scale_status<float>(shape, where); !s) return s;  // fp32 accumulation
   bool qk_built = false;
   for (const CudaFlashHeadDims& d : kCudaFlashHeadDims) {
     if (d.qk == shape.qk_dim() && d.v == shape.v_dim()) return Status::success();

@@ -264,15 +264,8 @@ class KokkosFlash {
   // scratch of the pass's kernels at these head sizes (launch checks each kernel with scratch_status too).
   [[nodiscard]] Status implementable(const AttentionShape& shape, const char* where, bool forward,
                                      bool backward) const {
-    if (Status s = shape.status(where); !s) return s;
-    // The scale is applied in accum_type (Q is loaded pre-scaled): it must stay finite and nonzero there,
-    // or every score is Inf or 0 and the outputs NaN.
-    const double sc = shape.scale();
-    const A sa = A(sc);
-    if (!std::isfinite(sa) || (sc != 0.0 && sa == A(0)))
-      return seqpar::detail::refuse_invalid(where, "softmax_scale", sc,
-                                            std::string("is not representable in the accumulation type (") +
-                                                (std::is_same_v<A, float> ? "float" : "double") + ")");
+    // The shape, and a scale the accumulation type keeps exact (Q is loaded pre-scaled): the check every kernel makes.
+    if (Status s = attention::softmax_scale_status<A>(shape, where); !s) return s;
     std::size_t bytes = 0;
     if (forward) {
       kokkos::detail::ForwardKernel<ExecSpace, T, A> f;

@@ -121,8 +121,7 @@ class DeviceTransport {
       : group_(std::move(group)), options_(options) {
     constexpr std::string_view where = "c10d::DeviceTransport";
     seqpar::detail::require(group_.defined(), where, "group", "None", "is not a process group");
-    seqpar::detail::require(options.timeout.count() > 0, where, "options.timeout",
-                            std::to_string(options.timeout.count()) + " ms", "must be > 0");
+    options_.timeout = seqpar::detail::checked_timeout(where, "options.timeout", options.timeout);
     seqpar::detail::require(options.device >= -1, where, "options.device", options.device,
                             "must be a device number, or -1 for the current device");
     device_ = options.device >= 0 ? options.device : static_cast<int>(c10::cuda::current_device());

@@ -319,8 +319,7 @@ class Transport {
       : group_(std::move(group)), options_(options) {
     constexpr std::string_view where = "c10d::Transport";
     seqpar::detail::require(group_.defined(), where, "group", "None", "is not a process group");
-    seqpar::detail::require(options.timeout.count() > 0, where, "options.timeout",
-                            std::to_string(options.timeout.count()) + " ms", "must be > 0");
+    options_.timeout = seqpar::detail::checked_timeout(where, "options.timeout", options.timeout);
     size_ = group_->getSize();
     rank_ = group_->getRank();
     for (int r = 0; r < size_; ++r) group_rank_.push_back(r);

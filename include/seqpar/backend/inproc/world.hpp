@@ -72,8 +72,10 @@ class World {
   explicit World(int n) : World(n, Options{}) {}
   World(int n, Options options) : size_(n), options_(options) {
     seqpar::detail::require(n >= 1, "inproc::World", "n", n, "must be >= 1");
-    seqpar::detail::require(options.timeout.count() > 0, "inproc::World", "options.timeout",
-                            std::to_string(options.timeout.count()) + " ms", "must be > 0");
+    options_.timeout = seqpar::detail::checked_timeout("inproc::World", "options.timeout", options.timeout);
+    seqpar::detail::require(options.stuck_grace.count() >= 0, "inproc::World", "options.stuck_grace",
+                            std::to_string(options.stuck_grace.count()) + " ms", "must be >= 0 (0: the default)");
+    options_.stuck_grace = std::min(options.stuck_grace, seqpar::detail::kLongestTimeout);
     const Memory& m = options.memory;
     seqpar::detail::require(m.copy != nullptr && m.allocate != nullptr && m.release != nullptr, "inproc::World",
                             "options.memory", "a null function", "copy, allocate and release must be set");

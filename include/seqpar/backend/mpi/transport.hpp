@@ -152,8 +152,7 @@ class Transport {
   /// transport makes the others throw Errc::kTimeout instead of hanging in MPI_Comm_dup).
   Transport(MPI_Comm comm, Options options) : options_(options) {
     constexpr std::string_view where = "mpi::Transport";
-    seqpar::detail::require(options.timeout.count() > 0, where, "options.timeout",
-                            std::to_string(options.timeout.count()) + " ms", "must be > 0");
+    options_.timeout = seqpar::detail::checked_timeout(where, "options.timeout", options.timeout);
     seqpar::detail::require(
         options.max_bytes_per_call >= 1 && options.max_bytes_per_call <= static_cast<std::size_t>(INT_MAX), where,
         "options.max_bytes_per_call", options.max_bytes_per_call, "must be in [1, INT_MAX]");

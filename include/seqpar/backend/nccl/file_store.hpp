@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "seqpar/core/error.hpp"
+#include "seqpar/core/timeout.hpp"
 
 namespace seqpar::backend::nccl {
 
@@ -40,10 +41,8 @@ namespace seqpar::backend::nccl {
 class FileStore {
  public:
   explicit FileStore(std::filesystem::path path, std::chrono::milliseconds timeout = std::chrono::seconds{120})
-      : path_(std::move(path)), timeout_(timeout) {
+      : path_(std::move(path)), timeout_(seqpar::detail::checked_timeout("nccl::FileStore", "timeout", timeout)) {
     seqpar::detail::require(!path_.empty(), "nccl::FileStore", "path", "\"\"", "must name a file");
-    seqpar::detail::require(timeout_.count() > 0, "nccl::FileStore", "timeout",
-                            std::to_string(timeout_.count()) + " ms", "must be > 0");
   }
 
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }

@@ -32,6 +32,7 @@
 #include "seqpar/backend/nccl/detail/state.hpp"
 #include "seqpar/backend/nccl/file_store.hpp"
 #include "seqpar/core/error.hpp"
+#include "seqpar/core/timeout.hpp"
 #include "seqpar/core/transport.hpp"
 
 namespace seqpar::backend::nccl {
@@ -205,7 +206,8 @@ class Transport {
   Transport(const UniqueId& id, int rank, int size, Options options) {
     constexpr std::string_view where = "nccl::Transport";
     validate(where, rank, size, options);
-    s_ = detail::join(where, id, rank, size, options.timeout, options.device);
+    s_ = detail::join(where, id, rank, size, seqpar::detail::checked_timeout(where, "options.timeout", options.timeout),
+                      options.device);
   }
 
   /// A world of one rank: this process's device alone.
@@ -252,9 +254,7 @@ class Transport {
   }
   /// Changes the deadline of later operations (a split inherits its parent's).
   void set_timeout(std::chrono::milliseconds timeout) {
-    seqpar::detail::require(timeout.count() > 0, "nccl::Transport::set_timeout", "timeout",
-                            std::to_string(timeout.count()) + " ms", "must be > 0");
-    live("set_timeout").timeout = timeout;
+    live("set_timeout").timeout = seqpar::detail::checked_timeout("nccl::Transport::set_timeout", "timeout", timeout);
   }
   /// Whether the communicator was aborted, and why.
   [[nodiscard]] bool aborted() const noexcept { return s_ && !s_->aborted.empty(); }
@@ -387,8 +387,7 @@ class Transport {
   // ---- arguments and the checks every call makes ---------------------------------------------------
 
   static void validate(std::string_view where, int rank, int size, const Options& options) {
-    seqpar::detail::require(options.timeout.count() > 0, where, "options.timeout",
-                            std::to_string(options.timeout.count()) + " ms", "must be > 0");
+    (void)seqpar::detail::checked_timeout(where, "options.timeout", options.timeout);  // clamped where used
     seqpar::detail::require(options.device >= -1, where, "options.device", options.device,
                             "must be a device number, or -1 for the current device");
     seqpar::detail::require(size >= 1, where, "size", size, "must be >= 1");

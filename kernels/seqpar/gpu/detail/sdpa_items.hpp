@@ -85,7 +85,7 @@ struct SdpaRun {
       continue;
     }
     // Row i' >= inside sees [i' + o + 1 - window, k): visible keys remain while i' + o + 1 - window < k.
-    if (inside + o + 1 - s.mask.window < k)
+    if (seqpar::detail::sub_sat(inside + o + 1, s.mask.window) < k)
       throw std::invalid_argument(
           std::string(where) + ": slices[" + std::to_string(i) + "] (q " + std::to_string(s.q_range.begin) + ".." +
           std::to_string(s.q_range.end) + ", k " + std::to_string(s.k_range.begin) + ".." +

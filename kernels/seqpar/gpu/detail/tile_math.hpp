@@ -39,7 +39,9 @@ SEQPAR_HD constexpr std::int64_t clamp64(std::int64_t x, std::int64_t lo, std::i
 SEQPAR_HD constexpr KeySpan visible_keys(const Mask& m, std::int64_t qi, std::int64_t k_len) noexcept {
   if (m.kind == MaskKind::kFull) return {0, k_len};
   const std::int64_t hi = clamp64(qi + m.causal_offset + 1, 0, k_len);
-  const std::int64_t lo = m.kind == MaskKind::kSlidingWindow ? clamp64(qi + m.causal_offset + 1 - m.window, 0, hi) : 0;
+  const std::int64_t lo = m.kind == MaskKind::kSlidingWindow
+                              ? clamp64(seqpar::detail::sub_sat(qi + m.causal_offset + 1, m.window), 0, hi)
+                              : 0;
   return {lo, hi};
 }
 
@@ -62,9 +64,10 @@ SEQPAR_HD constexpr KeySpan rows_of_keys(const AttnSlice& s, std::int64_t c0, st
   if (s.mask.kind == MaskKind::kFull) return {0, q_len};
   // hi(qi) > c0  <=>  qi + offset + 1 > c0; with a window also lo(qi) < c1  <=>  qi + offset + 1 - window < c1.
   const std::int64_t begin = clamp64(c0 - s.mask.causal_offset, 0, q_len);
-  const std::int64_t end = s.mask.kind == MaskKind::kSlidingWindow
-                               ? clamp64(c1 - s.mask.causal_offset - 1 + s.mask.window, 0, q_len)
-                               : q_len;
+  const std::int64_t end =
+      s.mask.kind == MaskKind::kSlidingWindow
+          ? clamp64(seqpar::detail::add_sat(c1 - s.mask.causal_offset - 1, s.mask.window), 0, q_len)
+          : q_len;
   return {begin, end};
 }
 

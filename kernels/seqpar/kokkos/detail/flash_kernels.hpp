@@ -75,7 +75,9 @@ KOKKOS_INLINE_FUNCTION void visible_keys(const AttnSlice& s, std::int64_t qi, st
     return;
   }
   hi = clamp64(qi + s.mask.causal_offset + 1, 0, klen);
-  lo = s.mask.kind == MaskKind::kSlidingWindow ? clamp64(qi + s.mask.causal_offset + 1 - s.mask.window, 0, hi) : 0;
+  lo = s.mask.kind == MaskKind::kSlidingWindow
+           ? clamp64(seqpar::detail::sub_sat(qi + s.mask.causal_offset + 1, s.mask.window), 0, hi)
+           : 0;
 }
 
 /// Slice-relative rows [lo, hi) that see at least one of the slice-relative keys [k0, k1) (k0 < k1):
@@ -89,7 +91,9 @@ KOKKOS_INLINE_FUNCTION void rows_seeing(const AttnSlice& s, std::int64_t k0, std
     return;
   }
   lo = clamp64(k0 - s.mask.causal_offset, 0, len);
-  hi = s.mask.kind == MaskKind::kSlidingWindow ? clamp64(k1 - 1 - s.mask.causal_offset + s.mask.window, lo, len) : len;
+  hi = s.mask.kind == MaskKind::kSlidingWindow
+           ? clamp64(seqpar::detail::add_sat(k1 - 1 - s.mask.causal_offset, s.mask.window), lo, len)
+           : len;
 }
 
 /// Exclusive scan over the slices: the query tiles of every non-empty slice, written in the final pass.

@@ -1,0 +1,141 @@
+// SPDX-License-Identifier: Apache-2.0
+// seqpar: exact distributed attention over packed long-context batches.
+#pragma once
+
+/// @file
+/// `attention::CpuIsa`: the instruction sets CpuFlash's micro-kernels exist for, what this CPU supports
+/// (read once at run time, as ATen's CPU capability and oneDNN's dispatch do), and how a user forces one.
+///
+/// A header-only library cannot rely on its users' `-march`: the AVX2 and AVX-512 micro-kernels are compiled
+/// with per-function target attributes whatever the build's flags, and CpuFlash picks the best one the CPU
+/// (and its OS, for the AVX-512 register state) supports when it is constructed. An explicit choice comes
+/// from `CpuFlashArguments::isa`, else from the environment variable `SEQPAR_CPU_ISA` (auto, portable, avx2,
+/// avx512); one the CPU cannot run is refused by name.
+///
+/// @code
+/// attention::CpuFlash<float> flash({.threads = 2});             // AVX-512 on an AVX-512 machine, else AVX2 ...
+/// attention::CpuFlash<float> avx2({.isa = attention::CpuIsa::kAvx2});   // the AVX2 path, forced
+/// std::printf("%s\n", attention::to_string(flash.isa()));
+/// @endcode
+
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "seqpar/core/error.hpp"
+
+// The run-time dispatch needs GCC's or Clang's target attributes and an x86-64 target. NVCC's front end
+// (a CUDA translation unit including CpuFlash) gets the portable path only.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && \
+    !defined(SEQPAR_NO_CPU_DISPATCH)
+#define SEQPAR_CPU_DISPATCH 1
+#else
+#define SEQPAR_CPU_DISPATCH 0
+#endif
+
+namespace seqpar::attention {
+
+/// CpuFlash's micro-kernel families. kAuto: the best this CPU supports (or `SEQPAR_CPU_ISA`).
+enum class CpuIsa {
+  kAuto,
+  kPortable,  ///< plain C++, auto-vectorised for the build's -march; any CPU, and double
+  kAvx2,      ///< AVX2 + FMA: 8-lane fp32 tiles (6 x 16 register blocks)
+  kAvx512,    ///< AVX-512 F/BW/DQ/VL: 16-lane fp32 tiles (6 x 64 register blocks)
+};
+
+[[nodiscard]] constexpr const char* to_string(CpuIsa isa) noexcept {
+  switch (isa) {
+    case CpuIsa::kAuto:
+      return "auto";
+    case CpuIsa::kPortable:
+      return "portable";
+    case CpuIsa::kAvx2:
+      return "avx2";
+    case CpuIsa::kAvx512:
+      return "avx512";
+  }
+  return "?";
+}
+
+/// The name `to_string` gives, or nullopt.
+[[nodiscard]] inline std::optional<CpuIsa> parse_cpu_isa(std::string_view name) noexcept {
+  for (CpuIsa isa : {CpuIsa::kAuto, CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512})
+    if (name == to_string(isa)) return isa;
+  return std::nullopt;
+}
+
+/// What this CPU and its OS support, as far as CpuFlash cares. Read with cpuid (and xgetbv for the OS's
+/// register state) by the compiler's `__builtin_cpu_supports`.
+struct CpuFeatures {
+  bool avx2_fma = false;
+  bool avx512 = false;       ///< F, BW, DQ and VL: what the AVX-512 tiles use
+  bool avx512_bf16 = false;  ///< vdpbf16ps (reported; the tiles convert bf16 to fp32 and do not use it yet)
+
+  [[nodiscard]] bool supports(CpuIsa isa) const noexcept {
+    switch (isa) {
+      case CpuIsa::kAvx512:
+        return avx512;
+      case CpuIsa::kAvx2:
+        return avx2_fma;
+      default:
+        return true;
+    }
+  }
+  /// The best micro-kernels this CPU runs.
+  [[nodiscard]] CpuIsa best() const noexcept {
+    return avx512 ? CpuIsa::kAvx512 : avx2_fma ? CpuIsa::kAvx2 : CpuIsa::kPortable;
+  }
+  /// e.g. "avx2+fma avx512(f,bw,dq,vl) avx512_bf16", or "none" for a CPU with neither.
+  [[nodiscard]] std::string to_string() const {
+    std::string s;
+    if (avx2_fma) s += "avx2+fma";
+    if (avx512) s += s.empty() ? "avx512(f,bw,dq,vl)" : " avx512(f,bw,dq,vl)";
+    if (avx512_bf16) s += " avx512_bf16";
+    return s.empty() ? "none" : s;
+  }
+};
+
+/// This CPU's features, read once.
+[[nodiscard]] inline const CpuFeatures& cpu_features() noexcept {
+  static const CpuFeatures features = [] {
+    CpuFeatures f;
+#if SEQPAR_CPU_DISPATCH
+    __builtin_cpu_init();
+    f.avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    f.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
+#endif
+    return f;
+  }();
+  return features;
+}
+
+/// The micro-kernels a float or bf16 CpuFlash runs for `requested`: itself when this CPU supports it, the
+/// best supported one for kAuto (or what `SEQPAR_CPU_ISA` names, when set); anything else is refused,
+/// naming the argument, its value and what the CPU has. `features` is the CPU's (a parameter for tests).
+[[nodiscard]] inline CpuIsa resolve_cpu_isa(CpuIsa requested, std::string_view where,
+                                            const CpuFeatures& features = cpu_features()) {
+  std::string_view argument = "args.isa";
+  if (requested == CpuIsa::kAuto) {
+    const char* env = std::getenv("SEQPAR_CPU_ISA");
+    if (env == nullptr || *env == '\0') return features.best();
+    const std::optional<CpuIsa> named = parse_cpu_isa(env);
+    seqpar::detail::require(named.has_value(), where, "SEQPAR_CPU_ISA", env,
+                            "is not an instruction set CpuFlash has kernels for (auto, portable, avx2, avx512)");
+    if (*named == CpuIsa::kAuto) return features.best();
+    requested = *named;
+    argument = "SEQPAR_CPU_ISA";
+  }
+  if (!SEQPAR_CPU_DISPATCH && requested != CpuIsa::kPortable)
+    seqpar::detail::throw_invalid(where, argument, to_string(requested),
+                                  "this build has the portable kernels only (not x86-64 with GCC or Clang, "
+                                  "or SEQPAR_NO_CPU_DISPATCH is defined)");
+  seqpar::detail::require(
+      features.supports(requested), where, argument, to_string(requested),
+      "this CPU does not support it (it has: " + features.to_string() + "); use auto or " + to_string(features.best()));
+  return requested;
+}
+
+}  // namespace seqpar::attention

@@ -197,11 +197,7 @@ std::vector<KernelRow> time_tile_gemms(attention::CpuIsa isa, int d, double budg
                                   time_gemm<Tiles>("O += P V", 96, d, kKT, true, budget_s),
                                   time_gemm<Tiles>("O += P V, row-major V", 96, d, kKT, false, budget_s)};
   };
-#if SEQPAR_CPU_DISPATCH
-  if (isa == attention::CpuIsa::kAvx512) return rows.template operator()<attention::detail::avx512::Avx512Tiles>();
-  if (isa == attention::CpuIsa::kAvx2) return rows.template operator()<attention::detail::avx2::Avx2Tiles>();
-#endif
-  return rows.template operator()<attention::detail::PortableTiles<float>>();
+  return attention::detail::with_tile_policy<float>(isa, rows);
 }
 
 // ---- problem setup ----
@@ -384,8 +380,7 @@ int main(int argc, char** argv) {
         if (x == "all") {  // every instruction set this CPU runs, narrowest first
           for (attention::CpuIsa isa :
                {attention::CpuIsa::kPortable, attention::CpuIsa::kAvx2, attention::CpuIsa::kAvx512})
-            if (attention::cpu_features().supports(isa) && (SEQPAR_CPU_DISPATCH || isa == attention::CpuIsa::kPortable))
-              isas.push_back(isa);
+            if (attention::cpu_isa_runnable(isa)) isas.push_back(isa);
           continue;
         }
         const auto isa = attention::parse_cpu_isa(x);

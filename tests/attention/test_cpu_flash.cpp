@@ -97,8 +97,7 @@ TEST_SUITE("attention") {
                      attention::bf16) {
     int ran = 0;
     for (attention::CpuIsa isa : {attention::CpuIsa::kPortable, attention::CpuIsa::kAvx2, attention::CpuIsa::kAvx512}) {
-      if (!attention::cpu_features().supports(isa) || (!SEQPAR_CPU_DISPATCH && isa != attention::CpuIsa::kPortable))
-        continue;
+      if (!attention::cpu_isa_runnable(isa)) continue;
       CAPTURE(attention::to_string(isa));
       attention::CpuFlash<T> flash({.threads = 2, .q_tile = 12, .backward_q_block = 6, .isa = isa});
       REQUIRE(flash.isa() == isa);

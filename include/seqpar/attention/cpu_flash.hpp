@@ -78,8 +78,7 @@
 #include "seqpar/attention/detail/bf16.hpp"
 #include "seqpar/attention/detail/call_checks.hpp"
 #include "seqpar/attention/detail/flash_tiles.hpp"
-#include "seqpar/attention/detail/flash_tiles_avx2.hpp"
-#include "seqpar/attention/detail/flash_tiles_avx512.hpp"
+#include "seqpar/attention/detail/tile_dispatch.hpp"
 #include "seqpar/attention/kernel.hpp"
 #include "seqpar/core/host_exec.hpp"
 
@@ -174,7 +173,8 @@ class CpuFlash {
     constexpr const char* where = "CpuFlash::forward";
     check(exec, shape, q, k, v, slices, workspace, where);
     detail::check_forward_outputs(where, shape, q, k, v, o, lse, workspace);
-    with_tiles([&]<class Tiles>() { forward_with<Tiles>(exec, shape, q, k, v, slices, o, lse, workspace); });
+    detail::with_tile_policy<A>(
+        isa_, [&]<class Tiles>() { forward_with<Tiles>(exec, shape, q, k, v, slices, o, lse, workspace); });
   }
 
   void backward(const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k, ThdView<const T> v,
@@ -192,25 +192,13 @@ class CpuFlash {
     constexpr const char* where = "CpuFlash::backward";
     check(exec, shape, q, k, v, slices, workspace, where);
     detail::check_backward_views(where, shape, q, k, v, o, lse, dout, dq, dk, dv, workspace);
-    with_tiles([&]<class Tiles>() {
+    detail::with_tile_policy<A>(isa_, [&]<class Tiles>() {
       backward_with<Tiles>(exec, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace);
     });
   }
 
  private:
   using A = accum_type;
-
-  /// Runs f.template operator()<Tiles>() with the tile policy of the instruction set this kernel runs.
-  template <class F>
-  void with_tiles(F&& f) const {
-#if SEQPAR_CPU_DISPATCH
-    if constexpr (std::is_same_v<A, float>) {
-      if (isa_ == CpuIsa::kAvx512) return f.template operator()<detail::avx512::Avx512Tiles>();
-      if (isa_ == CpuIsa::kAvx2) return f.template operator()<detail::avx2::Avx2Tiles>();
-    }
-#endif
-    f.template operator()<detail::PortableTiles<A>>();
-  }
 
   template <class Tiles>
   void forward_with(const HostExec& exec, const AttentionShape& shape, ThdView<const T> q, ThdView<const T> k,
@@ -431,23 +419,13 @@ class CpuFlash {
     }
   };
 
-  static constexpr std::size_t round16(std::int64_t n) noexcept {
-    return static_cast<std::size_t>((n + 15) / 16 * 16);
-  }
-  static constexpr std::size_t align64(std::size_t n) noexcept {
-    return (n + 63) / 64 * 64;
-  }
+  static constexpr std::size_t round16(std::int64_t n) noexcept { return static_cast<std::size_t>((n + 15) / 16 * 16); }
+  static constexpr std::size_t align64(std::size_t n) noexcept { return (n + 63) / 64 * 64; }
 
-  [[nodiscard]] int q_tile_rows() const noexcept {
-    return (args_.q_tile + kRB - 1) / kRB * kRB;
-  }
-  [[nodiscard]] int q_block_rows() const noexcept {
-    return (args_.backward_q_block + kRB - 1) / kRB * kRB;
-  }
+  [[nodiscard]] int q_tile_rows() const noexcept { return (args_.q_tile + kRB - 1) / kRB * kRB; }
+  [[nodiscard]] int q_block_rows() const noexcept { return (args_.backward_q_block + kRB - 1) / kRB * kRB; }
   /// Backward lanes: fixed for given Arguments (at least 4 so that 1..4 threads give the same bits).
-  [[nodiscard]] int lanes() const noexcept {
-    return std::max(4, args_.threads);
-  }
+  [[nodiscard]] int lanes() const noexcept { return std::max(4, args_.threads); }
 
   [[nodiscard]] Layout layout(const AttentionShape& shape, std::int64_t q_rows, std::int64_t k_rows) const noexcept {
     const std::int64_t d = std::max({shape.qk_dim(), shape.v_dim(), 1});  // every region fits either width

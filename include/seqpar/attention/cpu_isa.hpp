@@ -112,6 +112,11 @@ struct CpuFeatures {
   return features;
 }
 
+/// Whether this build and this CPU run `isa`'s micro-kernels (kAuto and kPortable: always).
+[[nodiscard]] inline bool cpu_isa_runnable(CpuIsa isa, const CpuFeatures& features = cpu_features()) noexcept {
+  return isa == CpuIsa::kAuto || isa == CpuIsa::kPortable || (SEQPAR_CPU_DISPATCH && features.supports(isa));
+}
+
 /// The micro-kernels a float or bf16 CpuFlash runs for `requested`: itself when this CPU supports it, the
 /// best supported one for kAuto (or what `SEQPAR_CPU_ISA` names, when set); anything else is refused,
 /// naming the argument, its value and what the CPU has. `features` is the CPU's (a parameter for tests).

@@ -13,6 +13,7 @@
 #include <seqpar/attention/sinks.hpp>
 #include <seqpar/backend/c10d/device_transport.hpp>
 
+#include <map>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -31,6 +32,9 @@ constexpr std::string_view kWhere = "seqpar.torch.DistributedAttention";
 
 template <class T>
 using Engine = sp::runtime::AttentionEngine<sp::attention::CudaFlash<T>>;
+// One engine per softmax scale a call used (0: 1 / sqrt(head_dim)).
+template <class T>
+using Engines = std::map<double, std::unique_ptr<Engine<T>>>;
 
 // `to` waits for what `from` has issued so far (an event; no host wait).
 void order(cudaStream_t from, cudaStream_t to) {
@@ -52,11 +56,12 @@ struct CudaAttention::State {
   std::chrono::milliseconds timeout;
   int ranks_per_node;
   sp::MaskMix masks;                                              // the model's: placements balance it
+  double capacity_factor;                                         // whole-doc's and hybrid's (0: default)
   std::optional<c10::Device> device;                              // of the first call: every call's
   std::unique_ptr<sp::backend::c10d::DeviceTransport> transport;  // engines hold a reference
-  std::unique_ptr<Engine<float>> floats;
-  std::unique_ptr<Engine<__half>> halves;
-  std::unique_ptr<Engine<__nv_bfloat16>> bf16s;
+  Engines<float> floats;
+  Engines<__half> halves;
+  Engines<__nv_bfloat16> bf16s;
 
   // The transport on q's device, made at the first call: the group must have an NCCL backend for CUDA.
   sp::backend::c10d::DeviceTransport& transport_on(const at::Tensor& q) {
@@ -81,9 +86,15 @@ struct CudaAttention::State {
   }
 
   template <class T>
-  Engine<T>& engine_for(std::unique_ptr<Engine<T>>& slot, sp::backend::c10d::DeviceTransport& t) {
+  Engine<T>& engine_for(Engines<T>& engines, double scale, sp::backend::c10d::DeviceTransport& t) {
     // CudaFlash{}: streams of its own on the current device (the guard's: q's).
-    if (!slot) slot = make_engine<sp::attention::CudaFlash<T>>(strategy, t, shape, ranks_per_node, masks);
+    std::unique_ptr<Engine<T>>& slot = engines[scale];
+    if (!slot) {
+      sp::AttentionShape scaled = shape;
+      scaled.softmax_scale = scale;
+      slot = make_engine<sp::attention::CudaFlash<T>>(strategy, t, scaled, ranks_per_node, masks,
+                                                      sp::attention::CudaFlash<T>(), capacity_factor);
+    }
     return *slot;
   }
 
@@ -105,9 +116,9 @@ struct CudaAttention::State {
   }
 
   template <class T>
-  std::vector<at::Tensor> forward_as(std::unique_ptr<Engine<T>>& slot, const at::Tensor& q, const at::Tensor& k,
+  std::vector<at::Tensor> forward_as(Engines<T>& engines, const at::Tensor& q, const at::Tensor& k,
                                      const at::Tensor& v, const Lengths& lengths,
-                                     const std::optional<at::Tensor>& sinks, sp::AttentionMask mask) {
+                                     const std::optional<at::Tensor>& sinks, sp::AttentionMask mask, double scale) {
     const c10::cuda::CUDAGuard guard(q.device());
     require_cuda_head_sizes();
     auto& t = transport_on(q);
@@ -119,7 +130,7 @@ struct CudaAttention::State {
     const at::Tensor s = checked_sinks(sinks, q);
     at::Tensor o = at::empty({q.size(0), q.size(1), shape.v_dim()}, q.options());
     at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
-    auto& e = engine_for<T>(slot, t);
+    auto& e = engine_for<T>(engines, scale, t);
     run(e, [&] {
       if (s.defined())
         e.forward(batch, mask, qv, kv, vv, thd<T>(o, "o", dtype, q.device()), lse_view<float>(lse),
@@ -131,10 +142,10 @@ struct CudaAttention::State {
   }
 
   template <class T>
-  std::vector<at::Tensor> backward_as(std::unique_ptr<Engine<T>>& slot, const at::Tensor& q, const at::Tensor& k,
+  std::vector<at::Tensor> backward_as(Engines<T>& engines, const at::Tensor& q, const at::Tensor& k,
                                       const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
                                       const at::Tensor& dout, const Lengths& lengths,
-                                      const std::optional<at::Tensor>& sinks, sp::AttentionMask mask) {
+                                      const std::optional<at::Tensor>& sinks, sp::AttentionMask mask, double scale) {
     const c10::cuda::CUDAGuard guard(q.device());
     require_cuda_head_sizes();
     auto& t = transport_on(q);
@@ -153,7 +164,7 @@ struct CudaAttention::State {
                dk = at::empty_like(k, at::MemoryFormat::Contiguous),
                dv = at::empty_like(v, at::MemoryFormat::Contiguous);
     at::Tensor dsinks = at::empty({s.defined() ? shape.heads_q : 0}, lse.options());
-    auto& e = engine_for<T>(slot, t);
+    auto& e = engine_for<T>(engines, scale, t);
     run(e, [&] {
       if (s.defined())
         e.backward(batch, mask, qv, kv, vv, ov, lse_view<const float>(lse), dov, thd<T>(dq, "dq", dtype, dev),
@@ -184,22 +195,23 @@ struct CudaAttention::State {
 
 CudaAttention::CudaAttention(std::string strategy, const sp::AttentionShape& shape,
                              c10::intrusive_ptr<::c10d::ProcessGroup> group, std::chrono::milliseconds timeout,
-                             int ranks_per_node, sp::MaskMix masks)
+                             int ranks_per_node, sp::MaskMix masks, double capacity_factor)
     : s_(std::make_unique<State>(State{std::move(strategy), shape, std::move(group), timeout, ranks_per_node,
-                                       std::move(masks), std::nullopt, nullptr, nullptr, nullptr, nullptr})) {}
+                                       std::move(masks), capacity_factor, std::nullopt, nullptr, nullptr, nullptr,
+                                       nullptr})) {}
 
 CudaAttention::~CudaAttention() = default;
 
 std::vector<at::Tensor> CudaAttention::forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                const Lengths& lengths, const std::optional<at::Tensor>& sinks,
-                                               sp::AttentionMask mask) {
+                                               sp::AttentionMask mask, double scale) {
   switch (q.scalar_type()) {
     case at::kFloat:
-      return s_->forward_as<float>(s_->floats, q, k, v, lengths, sinks, mask);
+      return s_->forward_as<float>(s_->floats, q, k, v, lengths, sinks, mask, scale);
     case at::kHalf:
-      return s_->forward_as<__half>(s_->halves, q, k, v, lengths, sinks, mask);
+      return s_->forward_as<__half>(s_->halves, q, k, v, lengths, sinks, mask, scale);
     case at::kBFloat16:
-      return s_->forward_as<__nv_bfloat16>(s_->bf16s, q, k, v, lengths, sinks, mask);
+      return s_->forward_as<__nv_bfloat16>(s_->bf16s, q, k, v, lengths, sinks, mask, scale);
     default:
       break;
   }
@@ -210,14 +222,14 @@ std::vector<at::Tensor> CudaAttention::forward(const at::Tensor& q, const at::Te
 std::vector<at::Tensor> CudaAttention::backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                 const at::Tensor& o, const at::Tensor& lse, const at::Tensor& dout,
                                                 const Lengths& lengths, const std::optional<at::Tensor>& sinks,
-                                                sp::AttentionMask mask) {
+                                                sp::AttentionMask mask, double scale) {
   switch (q.scalar_type()) {
     case at::kFloat:
-      return s_->backward_as<float>(s_->floats, q, k, v, o, lse, dout, lengths, sinks, mask);
+      return s_->backward_as<float>(s_->floats, q, k, v, o, lse, dout, lengths, sinks, mask, scale);
     case at::kHalf:
-      return s_->backward_as<__half>(s_->halves, q, k, v, o, lse, dout, lengths, sinks, mask);
+      return s_->backward_as<__half>(s_->halves, q, k, v, o, lse, dout, lengths, sinks, mask, scale);
     case at::kBFloat16:
-      return s_->backward_as<__nv_bfloat16>(s_->bf16s, q, k, v, o, lse, dout, lengths, sinks, mask);
+      return s_->backward_as<__nv_bfloat16>(s_->bf16s, q, k, v, o, lse, dout, lengths, sinks, mask, scale);
     default:
       break;
   }

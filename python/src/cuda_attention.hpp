@@ -27,7 +27,7 @@ class CudaAttention {
   /// Not collective: the transport and engines are made at the first call, on q's device.
   CudaAttention(std::string strategy, const seqpar::AttentionShape& shape,
                 c10::intrusive_ptr<::c10d::ProcessGroup> group, std::chrono::milliseconds timeout, int ranks_per_node,
-                seqpar::MaskMix masks);
+                seqpar::MaskMix masks, double capacity_factor);
   CudaAttention(const CudaAttention&) = delete;
   CudaAttention& operator=(const CudaAttention&) = delete;
   ~CudaAttention();
@@ -37,11 +37,12 @@ class CudaAttention {
   /// (64/64, 128/128, MLA's 192/128; others are refused by name). Optional sinks: heads_q float32 logits on
   /// q's device (the engine's sink epilogue; their values are checked on a host copy).
   std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Lengths& lengths,
-                                  const std::optional<at::Tensor>& sinks, seqpar::AttentionMask mask);
+                                  const std::optional<at::Tensor>& sinks, seqpar::AttentionMask mask, double scale);
+  /// scale: the softmax scale (0: 1 / sqrt(head_dim)), one engine per scale.
   /// dq, dk, dv and the sinks' gradient summed over the ranks (an empty tensor without sinks).
   std::vector<at::Tensor> backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
                                    const at::Tensor& lse, const at::Tensor& dout, const Lengths& lengths,
-                                   const std::optional<at::Tensor>& sinks, seqpar::AttentionMask mask);
+                                   const std::optional<at::Tensor>& sinks, seqpar::AttentionMask mask, double scale);
 
  private:
   struct State;

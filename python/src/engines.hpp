@@ -9,6 +9,7 @@
 #include <seqpar/replay/hardware.hpp>
 #include <seqpar/seqpar.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -39,6 +40,15 @@ constexpr const char* kStrategies[] = {"ulysses",
                                        "basp-hybrid-hierarchical",
                                        "auto"};
 
+/// What "auto" runs: plan::SelectedAttention over one strategy of each family seqpar-plan compares (the
+/// layer asks it which one a batch got).
+template <class Kernel>
+using AutoSelected = sp::plan::SelectedAttention<
+    Kernel, sp::Strategy<sp::partition::Uniform, sp::comm::AllToAll>, sp::Strategy<sp::partition::Zigzag, sp::comm::Ring>,
+    sp::Strategy<sp::partition::Hybrid, sp::comm::Ring>,
+    sp::Strategy<sp::partition::Zigzag, sp::comm::Hierarchical<sp::comm::AllToAll, sp::comm::Ring>>,
+    sp::Strategy<sp::partition::BatchAware<sp::partition::Uniform>, sp::comm::AllToAll>>;
+
 template <class S, class Kernel, class Tr>
 std::unique_ptr<sp::runtime::AttentionEngine<Kernel>> engine(Tr& t, const sp::AttentionShape& shape,
                                                              typename S::Arguments args, int ranks_per_node,
@@ -48,15 +58,35 @@ std::unique_ptr<sp::runtime::AttentionEngine<Kernel>> engine(Tr& t, const sp::At
   return std::make_unique<sp::DistributedAttention<S, Kernel>>(t, shape, args, std::move(kernel));
 }
 
+/// The strategies whose placement keeps documents whole within a per-rank token capacity
+/// (capacity_factor x tokens / ranks): WholeDoc and Hybrid.
+inline bool has_capacity(const std::string& name) {
+  return name == "whole-doc" || name == "hybrid-aware" || name == "hybrid-allgather-aware" ||
+         name == "basp-hybrid-hierarchical";
+}
+
 /// The named strategy's engine running `kernel`; `masks`: the model's mask mix (the placement serves every
-/// layer's mask). Only the named branch runs, so each one may take the kernel.
+/// layer's mask); `capacity_factor` (0: the partitioner's default, 1.25) for the strategies with a token
+/// capacity. Only the named branch runs, so each one may take the kernel.
 template <class Kernel, class Tr>
 std::unique_ptr<sp::runtime::AttentionEngine<Kernel>> make_engine(const std::string& name, Tr& t,
                                                                   const sp::AttentionShape& shape, int rpn,
-                                                                  const sp::MaskMix& masks, Kernel kernel = Kernel()) {
+                                                                  const sp::MaskMix& masks, Kernel kernel = Kernel(),
+                                                                  double capacity_factor = 0.0) {
   using namespace sp::partition;
   using sp::Strategy, sp::comm::AllGather, sp::comm::AllToAll, sp::comm::Ring;
   using Hier = sp::comm::Hierarchical<AllToAll, Ring>;
+  constexpr std::string_view where = "seqpar.torch.DistributedAttention";
+  if (capacity_factor != 0.0 && !has_capacity(name))
+    sp::detail::throw_invalid(where, "capacity_factor", capacity_factor,
+                              "applies to whole-doc and the hybrid strategies (their per-rank token capacity), not "
+                              "strategy '" + name + "'");
+  if (capacity_factor != 0.0 && !(std::isfinite(capacity_factor) && capacity_factor >= 1.0))
+    sp::detail::throw_invalid(where, "capacity_factor", capacity_factor,
+                              "must be finite and >= 1 (a rank holds up to capacity_factor x tokens / ranks)");
+  const auto capacity = [&](double& field) {
+    if (capacity_factor != 0.0) field = capacity_factor;
+  };
   if (name == "ulysses")
     return engine<Strategy<Uniform, AllToAll>, Kernel>(t, shape, {}, rpn, masks, std::move(kernel));
   if (name == "ring") return engine<Strategy<Uniform, Ring>, Kernel>(t, shape, {}, rpn, masks, std::move(kernel));
@@ -76,16 +106,19 @@ std::unique_ptr<sp::runtime::AttentionEngine<Kernel>> make_engine(const std::str
   if (name == "whole-doc") {
     Strategy<WholeDoc, Ring>::Arguments a;
     a.comm.sharding_aware = true;
+    capacity(a.partition.capacity_factor);
     return engine<Strategy<WholeDoc, Ring>, Kernel>(t, shape, a, rpn, masks, std::move(kernel));
   }
   if (name == "hybrid-aware") {
     Strategy<Hybrid, Ring>::Arguments a;
     a.comm.sharding_aware = true;
+    capacity(a.partition.capacity_factor);
     return engine<Strategy<Hybrid, Ring>, Kernel>(t, shape, a, rpn, masks, std::move(kernel));
   }
   if (name == "hybrid-allgather-aware") {
     Strategy<Hybrid, AllGather>::Arguments a;
     a.comm.sharding_aware = true;
+    capacity(a.partition.capacity_factor);
     return engine<Strategy<Hybrid, AllGather>, Kernel>(t, shape, a, rpn, masks, std::move(kernel));
   }
   if (name == "hierarchical") {
@@ -98,15 +131,14 @@ std::unique_ptr<sp::runtime::AttentionEngine<Kernel>> make_engine(const std::str
   if (name == "basp-hybrid-hierarchical") {
     Strategy<BatchAware<Hybrid>, Hier>::Arguments a;
     a.comm.outer.sharding_aware = true;
+    capacity(a.partition.inner.capacity_factor);
     return engine<Strategy<BatchAware<Hybrid>, Hier>, Kernel>(t, shape, a, rpn, masks, std::move(kernel));
   }
   if (name == "auto") {
     // plan::SelectedAttention: every batch shape simulated on each candidate (an H100 SXM profile:
     // the choice is the GPU's, whatever runs here) and the fastest run; every rank chooses the same
     // without talking. The candidates: one of each family seqpar-plan compares.
-    using Selected =
-        sp::plan::SelectedAttention<Kernel, Strategy<Uniform, AllToAll>, Strategy<Zigzag, Ring>, Strategy<Hybrid, Ring>,
-                                    Strategy<Zigzag, Hier>, Strategy<BatchAware<Uniform>, AllToAll>>;
+    using Selected = AutoSelected<Kernel>;
     typename Selected::Arguments a;
     a.names = {"ulysses", "zigzag-ring-aware", "hybrid-aware", "hierarchical", "basp"};
     std::get<1>(a.strategies).comm.sharding_aware = true;
@@ -190,6 +222,74 @@ std::span<T> span_of(const at::Tensor& t) {
 template <class T>
 sp::LseView<T> lse_view(const at::Tensor& t) {
   return sp::LseView<T>::dense(static_cast<T*>(t.data_ptr()), static_cast<int>(t.size(0)), t.size(1));
+}
+
+/// The batch's document lengths from FlashAttention's varlen form: `cu_seqlens`, the cumulative token
+/// offsets of the documents of the whole packed batch (every rank's tokens: documents + 1 values, from 0,
+/// increasing), and `doc_counts`, the documents of each packed sequence in order (none: one sequence).
+/// Integer tensors on any device (read on the host: a CUDA tensor costs one copy). Refusals name the
+/// argument and the value at fault.
+inline Lengths lengths_of(const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& doc_counts) {
+  constexpr std::string_view where = "seqpar.torch.varlen_attention";
+  const auto ints = [&](const at::Tensor& t, const char* name) {
+    if (at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type()) || t.scalar_type() == at::kBool)
+      sp::detail::throw_invalid(where, std::string(name) + ".dtype", c10::toString(t.scalar_type()),
+                                "must be an integer type (int32 or int64, as FlashAttention's cu_seqlens)");
+    if (t.dim() != 1) sp::detail::throw_invalid(where, std::string(name) + ".dim()", t.dim(), "must be 1");
+    const at::Tensor h = t.to(at::kCPU, at::kLong).contiguous();
+    const std::int64_t* p = h.data_ptr<std::int64_t>();
+    return std::vector<std::int64_t>(p, p + h.numel());
+  };
+  const std::vector<std::int64_t> cu = ints(cu_seqlens, "cu_seqlens");
+  if (cu.size() < 2)
+    sp::detail::throw_invalid(where, "cu_seqlens.shape[0]", static_cast<std::int64_t>(cu.size()),
+                              "must be >= 2 (documents + 1 cumulative offsets, from 0)");
+  if (cu[0] != 0) sp::detail::throw_invalid(where, "cu_seqlens[0]", cu[0], "must be 0");
+  std::vector<std::int64_t> docs(cu.size() - 1);
+  for (std::size_t i = 0; i < docs.size(); ++i) {
+    docs[i] = cu[i + 1] - cu[i];
+    if (docs[i] < 1)
+      sp::detail::throw_invalid(where, "cu_seqlens[" + std::to_string(i + 1) + "]", cu[i + 1],
+                                "must exceed cu_seqlens[" + std::to_string(i) + "] = " + std::to_string(cu[i]) +
+                                    " (every document holds at least one token)");
+  }
+  if (!doc_counts || !doc_counts->defined()) return {std::move(docs)};
+  const std::vector<std::int64_t> counts = ints(*doc_counts, "doc_counts");
+  Lengths out;
+  std::size_t at = 0;
+  for (std::size_t s = 0; s < counts.size(); ++s) {
+    if (counts[s] < 1 || counts[s] > static_cast<std::int64_t>(docs.size() - at))
+      sp::detail::throw_invalid(where, "doc_counts[" + std::to_string(s) + "]", counts[s],
+                                "must be in [1, " + std::to_string(docs.size() - at) +
+                                    "]: each sequence holds at least one of cu_seqlens' " +
+                                    std::to_string(docs.size()) + " documents, in order");
+    out.emplace_back(docs.begin() + static_cast<std::ptrdiff_t>(at),
+                     docs.begin() + static_cast<std::ptrdiff_t>(at + static_cast<std::size_t>(counts[s])));
+    at += static_cast<std::size_t>(counts[s]);
+  }
+  if (at != docs.size())
+    sp::detail::throw_invalid(where, "doc_counts", "sum " + std::to_string(at),
+                              "must be " + std::to_string(docs.size()) + ", cu_seqlens' documents");
+  return out;
+}
+
+/// A refusal of the engine, in the torch op's terms: the views' fields as the tensors' shapes (q.tokens
+/// is q.shape[0]; lse is (heads_q, tokens)), the C++ entry point as the op's name.
+inline std::string torch_terms(std::string what) {
+  const auto replace_all = [&](const std::string& from, const std::string& to) {
+    for (std::size_t at = what.find(from); at != std::string::npos; at = what.find(from, at + to.size()))
+      what.replace(at, from.size(), to);
+  };
+  for (const char* t : {"q", "k", "v", "o", "dout", "dq", "dk", "dv"}) {
+    replace_all(std::string(t) + ".tokens", std::string(t) + ".shape[0]");
+    replace_all(std::string(t) + ".heads", std::string(t) + ".shape[1]");
+    replace_all(std::string(t) + ".head_dim", std::string(t) + ".shape[2]");
+  }
+  replace_all("lse.heads", "lse.shape[0]");
+  replace_all("lse.tokens", "lse.shape[1]");
+  replace_all("DistributedAttention::forward", "seqpar.torch.DistributedAttention (forward)");
+  replace_all("DistributedAttention::backward", "seqpar.torch.DistributedAttention (backward)");
+  return what;
 }
 
 inline sp::DocumentBatch make_batch(const Lengths& lengths) {

@@ -9,10 +9,13 @@
 #include <torch/extension.h>
 
 #include <seqpar/backend/c10d/transport.hpp>
+#include <seqpar/plan/candidates.hpp>
 #include <seqpar/seqpar.hpp>
 #include <seqpar/train/token_meta.hpp>
 
 #include <chrono>
+#include <cmath>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,12 +46,13 @@ class Attention {
   // one placement of each batch is balanced for; every call may pass any window.
   Attention(std::string strategy, int heads_q, int heads_kv, int head_dim,
             const c10::intrusive_ptr<::c10d::ProcessGroup>& group, double timeout_s, int ranks_per_node, int head_dim_v,
-            const std::vector<std::pair<std::int64_t, std::int64_t>>& mask_mix, int threads)
+            const std::vector<std::pair<std::int64_t, std::int64_t>>& mask_mix, int threads, double capacity_factor)
       : strategy_(std::move(strategy)),
         shape_{heads_q, heads_kv, head_dim, 0.0, head_dim_v},
         ranks_per_node_(ranks_per_node),
         masks_(mix_of(mask_mix)),
-        threads_(threads) {
+        threads_(threads),
+        capacity_factor_(capacity_factor) {
     constexpr std::string_view where = "seqpar.torch.DistributedAttention";
     sp::detail::require(threads >= 1 && threads <= 1024, where, "threads", threads,
                         "must be in [1, 1024] (the CPU kernel's threads on this rank; None: torch.get_num_threads())");
@@ -63,58 +67,72 @@ class Attention {
     transport_ = std::make_unique<sp::backend::c10d::Transport>(group, options);
     (void)meta_engine();  // an unknown strategy fails here, in the constructor
 #if SEQPAR_TORCH_CUDA
-    cuda_ = std::make_unique<CudaAttention>(strategy_, shape_, group, options.timeout, ranks_per_node, masks_);
+    cuda_ = std::make_unique<CudaAttention>(strategy_, shape_, group, options.timeout, ranks_per_node, masks_,
+                                            capacity_factor);
 #endif
   }
 
-  // window: the call's sliding window in keys, the query's own included (0: causal): FlashAttention's
-  // window_size = (window - 1, 0).
-  std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Lengths& lengths,
-                                  const std::optional<at::Tensor>& sinks, std::int64_t window) {
-    const sp::AttentionMask mask = mask_of(window);
+  // The batch: cu_seqlens (documents + 1 cumulative offsets over the whole packed batch) and doc_counts (the
+  // documents of each sequence; none: one). window: the call's sliding window in keys, the query's own
+  // included (0: causal): FlashAttention's window_size = (window - 1, 0). scale: the softmax scale (0:
+  // 1 / sqrt(head_dim)).
+  std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& doc_counts,
+                                  const std::optional<at::Tensor>& sinks, std::int64_t window, double scale) {
+    return in_torch_terms(q, cu_seqlens, doc_counts, [&] {
+      const Lengths lengths = lengths_of(cu_seqlens, doc_counts);
+      const sp::AttentionMask mask = mask_of(window);
+      check_scale(scale);
+      last_lengths_ = lengths;  // what repr's "chose" reports
 #if SEQPAR_TORCH_CUDA
-    if (q.is_cuda()) return cuda_->forward(q, k, v, lengths, sinks, mask);
+      if (q.is_cuda()) return cuda_->forward(q, k, v, lengths, sinks, mask, scale);
 #endif
-    switch (q.scalar_type()) {
-      case at::kDouble:
-        return forward_as<double>(doubles_, q, k, v, lengths, sinks, mask);
-      case at::kFloat:
-        return forward_as<float>(floats_, q, k, v, lengths, sinks, mask);
-      case at::kBFloat16:  // CpuFlash<bf16> on the tensors' own storage: fp32 accumulation, fp32 lse
-        return forward_as<Bf16>(bf16s_, q, k, v, lengths, sinks, mask);
-      default:
-        break;
-    }
-    sp::detail::throw_invalid("seqpar.torch.DistributedAttention", "q.dtype", c10::toString(q.scalar_type()),
-                              "must be float64, float32 or bfloat16");
+      switch (q.scalar_type()) {
+        case at::kDouble:
+          return forward_as<double>(doubles_, q, k, v, lengths, sinks, mask, scale);
+        case at::kFloat:
+          return forward_as<float>(floats_, q, k, v, lengths, sinks, mask, scale);
+        case at::kBFloat16:  // CpuFlash<bf16> on the tensors' own storage: fp32 accumulation, fp32 lse
+          return forward_as<Bf16>(bf16s_, q, k, v, lengths, sinks, mask, scale);
+        default:
+          break;
+      }
+      sp::detail::throw_invalid("seqpar.torch.DistributedAttention", "q.dtype", c10::toString(q.scalar_type()),
+                                "must be float64, float32 or bfloat16");
+    });
   }
 
   // dq, dk, dv and the sinks' gradient (summed over the ranks; an empty tensor without sinks).
   std::vector<at::Tensor> backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
-                                   const at::Tensor& lse, const at::Tensor& dout, const Lengths& lengths,
-                                   const std::optional<at::Tensor>& sinks, std::int64_t window) {
-    const sp::AttentionMask mask = mask_of(window);
+                                   const at::Tensor& lse, const at::Tensor& dout, const at::Tensor& cu_seqlens,
+                                   const std::optional<at::Tensor>& doc_counts, const std::optional<at::Tensor>& sinks,
+                                   std::int64_t window, double scale) {
+    return in_torch_terms(q, cu_seqlens, doc_counts, [&] {
+      const Lengths lengths = lengths_of(cu_seqlens, doc_counts);
+      const sp::AttentionMask mask = mask_of(window);
+      check_scale(scale);
 #if SEQPAR_TORCH_CUDA
-    if (q.is_cuda()) return cuda_->backward(q, k, v, o, lse, dout, lengths, sinks, mask);
+      if (q.is_cuda()) return cuda_->backward(q, k, v, o, lse, dout, lengths, sinks, mask, scale);
 #endif
-    switch (q.scalar_type()) {
-      case at::kDouble:
-        return backward_as<double>(doubles_, q, k, v, o, lse, dout, lengths, sinks, mask);
-      case at::kFloat:
-        return backward_as<float>(floats_, q, k, v, o, lse, dout, lengths, sinks, mask);
-      case at::kBFloat16:
-        return backward_as<Bf16>(bf16s_, q, k, v, o, lse, dout, lengths, sinks, mask);
-      default:
-        break;
-    }
-    sp::detail::throw_invalid("seqpar.torch.DistributedAttention", "q.dtype", c10::toString(q.scalar_type()),
-                              "must be float64, float32 or bfloat16");
+      switch (q.scalar_type()) {
+        case at::kDouble:
+          return backward_as<double>(doubles_, q, k, v, o, lse, dout, lengths, sinks, mask, scale);
+        case at::kFloat:
+          return backward_as<float>(floats_, q, k, v, o, lse, dout, lengths, sinks, mask, scale);
+        case at::kBFloat16:
+          return backward_as<Bf16>(bf16s_, q, k, v, o, lse, dout, lengths, sinks, mask, scale);
+        default:
+          break;
+      }
+      sp::detail::throw_invalid("seqpar.torch.DistributedAttention", "q.dtype", c10::toString(q.scalar_type()),
+                                "must be float64, float32 or bfloat16");
+    });
   }
 
   // This rank's rows: for each, its global token, sequence, document, position in the document, and
   // the global token of its next-token label (-1 for a document's last token). Local: no communication.
-  std::vector<at::Tensor> token_meta(const Lengths& lengths) {
-    const sp::DocumentBatch batch = make_batch(lengths);
+  std::vector<at::Tensor> token_meta(const at::Tensor& cu_seqlens, const std::optional<at::Tensor>& doc_counts) {
+    const sp::DocumentBatch batch = make_batch(lengths_of(cu_seqlens, doc_counts));
     auto& e = meta_engine();
     const sp::train::TokenMeta m = sp::train::token_meta(batch, e.placement(batch), transport_->rank());
     const auto longs = [](const auto& v) {
@@ -123,6 +141,17 @@ class Attention {
       return t;
     };
     return {longs(m.global_index), longs(m.sequence), longs(m.document), longs(m.position), longs(m.label_index)};
+  }
+
+  // The strategy "auto" chose for the batch (the planner's choice; the strategy's own name otherwise).
+  // Local: no communication.
+  // Without a batch: the last forward's ("" before the first).
+  std::string chosen(const std::optional<at::Tensor>& cu_seqlens, const std::optional<at::Tensor>& doc_counts) {
+    Lengths lengths = cu_seqlens ? lengths_of(*cu_seqlens, doc_counts) : last_lengths_;
+    if (lengths.empty()) return {};
+    if (auto* selected = dynamic_cast<AutoSelected<sp::attention::CpuFlash<double>>*>(&meta_engine()))
+      return selected->choice(make_batch(lengths)).name;
+    return strategy_;
   }
 
   [[nodiscard]] int rank() const {
@@ -146,6 +175,43 @@ class Attention {
  private:
   template <class T>
   using Engine = sp::runtime::AttentionEngine<sp::attention::CpuFlash<T>>;
+  // One engine per softmax scale a call used (0: 1 / sqrt(head_dim)); a model has one or two.
+  template <class T>
+  using Engines = std::map<double, std::unique_ptr<Engine<T>>>;
+
+  // Runs `call`, rethrowing its refusals in the op's terms (tensor shapes, not the C++ views' fields), and
+  // a refusal of q's rows with the rows this rank holds of the batch (lengths of another batch, or rows
+  // not taken with token_indices, are the usual cause).
+  template <class F>
+  std::vector<at::Tensor> in_torch_terms(const at::Tensor& q, const at::Tensor& cu_seqlens,
+                                         const std::optional<at::Tensor>& doc_counts, F&& call) {
+    try {
+      return call();
+    } catch (const std::invalid_argument& e) {
+      std::string what = torch_terms(e.what());
+      if (what.find("q.shape[0] = ") != std::string::npos) {
+        std::int64_t rows = -1, total = -1;
+        try {
+          const sp::DocumentBatch batch = make_batch(lengths_of(cu_seqlens, doc_counts));
+          rows = meta_engine().local_tokens(batch);
+          total = batch.total_tokens();
+        } catch (const std::exception&) {
+        }
+        if (rows >= 0)
+          what += " (this rank holds " + std::to_string(rows) + " of the batch's " + std::to_string(total) +
+                  " tokens under strategy '" + strategy_ + "': q, k, v must be the rows token_indices() gives for "
+                  "the same lengths; q.shape[0] = " + std::to_string(q.size(0)) +
+                  " suggests rows of another batch, or lengths that do not describe these rows)";
+      }
+      throw std::invalid_argument(what);
+    }
+  }
+
+  static void check_scale(double scale) {
+    if (!(std::isfinite(scale) && scale >= 0.0))
+      sp::detail::throw_invalid("seqpar.torch.DistributedAttention", "softmax_scale", scale,
+                                "must be finite and > 0 (None: 1 / sqrt(head_dim))");
+  }
 
   static sp::AttentionMask mask_of(std::int64_t window) {
     const sp::AttentionMask mask{window};
@@ -161,21 +227,26 @@ class Attention {
   }
 
   sp::runtime::AttentionEngine<sp::attention::CpuFlash<double>>& meta_engine() {
-    return engine_for<double>(doubles_);
+    return engine_for<double>(doubles_);  // placements do not depend on the scale
   }
 
   template <class T>
-  Engine<T>& engine_for(std::unique_ptr<Engine<T>>& slot) {
-    if (!slot)
-      slot = make_engine<sp::attention::CpuFlash<T>>(strategy_, *transport_, shape_, ranks_per_node_, masks_,
-                                                     sp::attention::CpuFlash<T>({.threads = threads_}));
+  Engine<T>& engine_for(Engines<T>& engines, double scale = 0.0) {
+    std::unique_ptr<Engine<T>>& slot = engines[scale];
+    if (!slot) {
+      sp::AttentionShape shape = shape_;
+      shape.softmax_scale = scale;
+      slot = make_engine<sp::attention::CpuFlash<T>>(strategy_, *transport_, shape, ranks_per_node_, masks_,
+                                                     sp::attention::CpuFlash<T>({.threads = threads_}),
+                                                     capacity_factor_);
+    }
     return *slot;
   }
 
   template <class T>
-  std::vector<at::Tensor> forward_as(std::unique_ptr<Engine<T>>& slot, const at::Tensor& q, const at::Tensor& k,
+  std::vector<at::Tensor> forward_as(Engines<T>& engines, const at::Tensor& q, const at::Tensor& k,
                                      const at::Tensor& v, const Lengths& lengths,
-                                     const std::optional<at::Tensor>& sinks, sp::AttentionMask mask) {
+                                     const std::optional<at::Tensor>& sinks, sp::AttentionMask mask, double scale) {
     using Accum = typename sp::attention::CpuFlash<T>::accum_type;
     const at::ScalarType dtype = q.scalar_type();
     const sp::DocumentBatch batch = make_batch(lengths);
@@ -184,7 +255,7 @@ class Attention {
     const at::Tensor s = sinks_tensor(sinks, shape_, c10::CppTypeToScalarType<Accum>::value, q);
     at::Tensor o = at::empty({q.size(0), q.size(1), shape_.v_dim()}, q.options());
     at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(c10::CppTypeToScalarType<Accum>::value));
-    auto& e = engine_for<T>(slot);
+    auto& e = engine_for<T>(engines, scale);
     {
       pybind11::gil_scoped_release release;  // peers may be other threads of this process (tests)
       if (s.defined())
@@ -196,10 +267,10 @@ class Attention {
   }
 
   template <class T>
-  std::vector<at::Tensor> backward_as(std::unique_ptr<Engine<T>>& slot, const at::Tensor& q, const at::Tensor& k,
+  std::vector<at::Tensor> backward_as(Engines<T>& engines, const at::Tensor& q, const at::Tensor& k,
                                       const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
                                       const at::Tensor& dout, const Lengths& lengths,
-                                      const std::optional<at::Tensor>& sinks, sp::AttentionMask mask) {
+                                      const std::optional<at::Tensor>& sinks, sp::AttentionMask mask, double scale) {
     using Accum = typename sp::attention::CpuFlash<T>::accum_type;
     const at::ScalarType dtype = q.scalar_type();
     const sp::DocumentBatch batch = make_batch(lengths);
@@ -215,7 +286,7 @@ class Attention {
                dk = at::empty_like(k, at::MemoryFormat::Contiguous),
                dv = at::empty_like(v, at::MemoryFormat::Contiguous);
     at::Tensor dsinks = at::empty({s.defined() ? shape_.heads_q : 0}, lse.options());
-    auto& e = engine_for<T>(slot);
+    auto& e = engine_for<T>(engines, scale);
     {
       pybind11::gil_scoped_release release;
       if (s.defined())
@@ -232,11 +303,13 @@ class Attention {
   sp::AttentionShape shape_;
   int ranks_per_node_;
   sp::MaskMix masks_;
+  Lengths last_lengths_;  // the last forward's batch
+  double capacity_factor_ = 0.0;  // whole-doc's and hybrid's token capacity (0: the partitioner's default)
   int threads_ = 1;  // the CPU kernels' threads on this rank (torch.get_num_threads() unless given)
   std::unique_ptr<sp::backend::c10d::Transport> transport_;  // engines hold a reference: a stable address
-  std::unique_ptr<Engine<double>> doubles_;
-  std::unique_ptr<Engine<float>> floats_;
-  std::unique_ptr<Engine<Bf16>> bf16s_;
+  Engines<double> doubles_;
+  Engines<float> floats_;
+  Engines<Bf16> bf16s_;
 #if SEQPAR_TORCH_CUDA
   std::unique_ptr<CudaAttention> cuda_;  // CUDA tensors: CudaFlash over the group's NCCL backend
 #endif
@@ -248,18 +321,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "seqpar's DistributedAttention on a torch.distributed process group (see seqpar.torch)";
   pybind11::class_<Attention>(m, "Attention")
       .def(pybind11::init<std::string, int, int, int, const c10::intrusive_ptr<::c10d::ProcessGroup>&, double, int, int,
-                          const std::vector<std::pair<std::int64_t, std::int64_t>>&, int>(),
+                          const std::vector<std::pair<std::int64_t, std::int64_t>>&, int, double>(),
            pybind11::arg("strategy"), pybind11::arg("heads_q"), pybind11::arg("heads_kv"), pybind11::arg("head_dim"),
            pybind11::arg("group"), pybind11::arg("timeout_s"), pybind11::arg("ranks_per_node"),
            pybind11::arg("head_dim_v"),
            pybind11::arg("mask_mix") = std::vector<std::pair<std::int64_t, std::int64_t>>{},
-           pybind11::arg("threads") = 1)
+           pybind11::arg("threads") = 1, pybind11::arg("capacity_factor") = 0.0)
       .def("forward", &Attention::forward, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"),
-           pybind11::arg("lengths"), pybind11::arg("sinks") = std::nullopt, pybind11::arg("window") = 0)
+           pybind11::arg("cu_seqlens"), pybind11::arg("doc_counts") = std::nullopt,
+           pybind11::arg("sinks") = std::nullopt, pybind11::arg("window") = 0, pybind11::arg("scale") = 0.0)
       .def("backward", &Attention::backward, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"),
-           pybind11::arg("o"), pybind11::arg("lse"), pybind11::arg("dout"), pybind11::arg("lengths"),
-           pybind11::arg("sinks") = std::nullopt, pybind11::arg("window") = 0)
-      .def("token_meta", &Attention::token_meta)
+           pybind11::arg("o"), pybind11::arg("lse"), pybind11::arg("dout"), pybind11::arg("cu_seqlens"),
+           pybind11::arg("doc_counts") = std::nullopt, pybind11::arg("sinks") = std::nullopt,
+           pybind11::arg("window") = 0, pybind11::arg("scale") = 0.0)
+      .def("token_meta", &Attention::token_meta, pybind11::arg("cu_seqlens"), pybind11::arg("doc_counts") = std::nullopt)
+      .def("chosen", &Attention::chosen, pybind11::arg("cu_seqlens") = std::nullopt,
+           pybind11::arg("doc_counts") = std::nullopt)
       .def_property_readonly("rank", &Attention::rank)
       .def_property_readonly("size", &Attention::size)
       .def_property_readonly("strategy", &Attention::strategy)
@@ -267,6 +344,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("cpu_isa", &Attention::cpu_isa);
   std::vector<std::string> names(std::begin(kStrategies), std::end(kStrategies));
   m.attr("STRATEGIES") = names;
+  // seqpar-plan's names (plan::standard_candidates): the op's strategies are the same list, plus "auto".
+  m.def("plan_names", [] {
+    std::vector<std::string> out;
+    for (const auto& c : sp::plan::standard_candidates()) out.push_back(c.name);
+    return out;
+  });
   // Whether CUDA tensors run (CudaFlash over the group's NCCL backend): built with SEQPAR_TORCH_CUDA=1.
   m.attr("CUDA") = static_cast<bool>(SEQPAR_TORCH_CUDA);
 }

@@ -31,16 +31,18 @@ def sdpa(q, k, v, lengths):
     return o.transpose(0, 1), lse
 
 
-def explicit(q, k, v, lengths, sinks=None, window=0):
+def explicit(q, k, v, lengths, sinks=None, window=0, scale=None):
     """The definition written out, for value heads of their own size and attention sinks: q, k (T, H, D),
     v (T, Hkv, Dv) of the whole batch, sinks (Hq,) or None -> o (T, Hq, Dv), lse (Hq, T). Scores q.k /
     sqrt(D) under the document-causal mask; each query head's sink logit appended as one more column
-    of every row (a softmax term with no value); softmax over the row; o = P v over the key columns."""
+    of every row (a softmax term with no value); softmax over the row; o = P v over the key columns.
+    scale: the softmax scale (None: 1 / sqrt(D))."""
     t, hq, d = q.shape
     group = hq // k.shape[1]
     kh = k.repeat_interleave(group, dim=1).transpose(0, 1)  # (Hq, T, D)
     vh = v.repeat_interleave(group, dim=1).transpose(0, 1)  # (Hq, T, Dv)
-    scores = (q.transpose(0, 1) @ kh.transpose(1, 2)) / d ** 0.5  # (Hq, T, T)
+    scale = d ** -0.5 if scale is None else scale
+    scores = (q.transpose(0, 1) @ kh.transpose(1, 2)) * scale  # (Hq, T, T)
     scores = scores.masked_fill(~doc_mask(lengths, window), float("-inf"))
     if sinks is not None:
         scores = torch.cat([scores, sinks.to(scores.dtype)[:, None, None].expand(hq, t, 1)], dim=-1)

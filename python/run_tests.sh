@@ -15,9 +15,9 @@ if [[ ! -x "$venv/bin/python" ]]; then
   stamp "creating $venv"
   "$python" -m venv "$venv"
 fi
-if ! "$venv/bin/python" -c "import torch, pytest" 2>/dev/null; then
-  stamp "installing torch and pytest from PyPI"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check torch pytest numpy
+if ! "$venv/bin/python" -c "import torch, pytest, transformers" 2>/dev/null; then
+  stamp "installing torch, pytest and transformers from PyPI"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check torch pytest numpy transformers
 fi
 stamp "building the extension (torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)'))"
 # In place: setuptools' build/ under python/ keeps the objects, so an unchanged source is not recompiled.

@@ -51,7 +51,7 @@ setup(
     name="seqpar",
     version="0.1.0",
     description="seqpar: exact distributed attention over packed batches, as a torch op",
-    packages=["seqpar"],
+    packages=["seqpar", "seqpar.integrations"],
     ext_modules=[ext(n, s) for n, s in MODULES.items() if not only or n in only],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )

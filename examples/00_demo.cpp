@@ -140,13 +140,13 @@ int main(int argc, char** argv) {
   run_strategy.operator()<ZigzagRing>("zigzag-ring", "Megatron/TE context parallel (baseline)", {});
   FlashCp::Arguments flashcp;
   flashcp.comm.sharding_aware = true;
-  run_strategy.operator()<FlashCp>("flashcp", "Hybrid + sharding-aware ring (FlashCP)", flashcp);
+  run_strategy.operator()<FlashCp>("hybrid-aware", "Hybrid + sharding-aware ring (FlashCP)", flashcp);
   run_strategy.operator()<Basp>("basp", "BatchAware<Uniform> + all-to-all (BASP)", {});
 
   // The planner: every candidate simulated on the profile, the fastest run; its choice is the same on
   // every rank (the simulation is deterministic), so rank 0's is the world's.
   Planner::Arguments pargs;
-  pargs.names = {"zigzag-ring", "flashcp", "basp", "ulysses", "usp"};
+  pargs.names = {"zigzag-ring", "hybrid-aware", "basp", "ulysses", "hierarchical"};  // seqpar-plan's names
   std::get<1>(pargs.strategies).comm.sharding_aware = true;
   std::get<4>(pargs.strategies).comm.outer.sharding_aware = true;
   pargs.simulation = sim;

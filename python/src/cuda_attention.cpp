@@ -116,9 +116,9 @@ struct CudaAttention::State {
   }
 
   template <class T>
-  std::vector<at::Tensor> forward_as(Engines<T>& engines, const at::Tensor& q, const at::Tensor& k,
-                                     const at::Tensor& v, const Lengths& lengths,
-                                     const std::optional<at::Tensor>& sinks, sp::AttentionMask mask, double scale) {
+  std::vector<at::Tensor> forward_as(Engines<T>& engines, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const Lengths& lengths, const std::optional<at::Tensor>& sinks,
+                                     sp::AttentionMask mask, double scale) {
     const c10::cuda::CUDAGuard guard(q.device());
     require_cuda_head_sizes();
     auto& t = transport_on(q);
@@ -196,9 +196,18 @@ struct CudaAttention::State {
 CudaAttention::CudaAttention(std::string strategy, const sp::AttentionShape& shape,
                              c10::intrusive_ptr<::c10d::ProcessGroup> group, std::chrono::milliseconds timeout,
                              int ranks_per_node, sp::MaskMix masks, double capacity_factor)
-    : s_(std::make_unique<State>(State{std::move(strategy), shape, std::move(group), timeout, ranks_per_node,
-                                       std::move(masks), capacity_factor, std::nullopt, nullptr, nullptr, nullptr,
-                                       nullptr})) {}
+    : s_(std::make_unique<State>(State{std::move(strategy),
+                                       shape,
+                                       std::move(group),
+                                       timeout,
+                                       ranks_per_node,
+                                       std::move(masks),
+                                       capacity_factor,
+                                       std::nullopt,
+                                       nullptr,
+                                       {},
+                                       {},
+                                       {}})) {}
 
 CudaAttention::~CudaAttention() = default;
 

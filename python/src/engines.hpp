@@ -44,8 +44,8 @@ constexpr const char* kStrategies[] = {"ulysses",
 /// layer asks it which one a batch got).
 template <class Kernel>
 using AutoSelected = sp::plan::SelectedAttention<
-    Kernel, sp::Strategy<sp::partition::Uniform, sp::comm::AllToAll>, sp::Strategy<sp::partition::Zigzag, sp::comm::Ring>,
-    sp::Strategy<sp::partition::Hybrid, sp::comm::Ring>,
+    Kernel, sp::Strategy<sp::partition::Uniform, sp::comm::AllToAll>,
+    sp::Strategy<sp::partition::Zigzag, sp::comm::Ring>, sp::Strategy<sp::partition::Hybrid, sp::comm::Ring>,
     sp::Strategy<sp::partition::Zigzag, sp::comm::Hierarchical<sp::comm::AllToAll, sp::comm::Ring>>,
     sp::Strategy<sp::partition::BatchAware<sp::partition::Uniform>, sp::comm::AllToAll>>;
 
@@ -80,7 +80,8 @@ std::unique_ptr<sp::runtime::AttentionEngine<Kernel>> make_engine(const std::str
   if (capacity_factor != 0.0 && !has_capacity(name))
     sp::detail::throw_invalid(where, "capacity_factor", capacity_factor,
                               "applies to whole-doc and the hybrid strategies (their per-rank token capacity), not "
-                              "strategy '" + name + "'");
+                              "strategy '" +
+                                  name + "'");
   if (capacity_factor != 0.0 && !(std::isfinite(capacity_factor) && capacity_factor >= 1.0))
     sp::detail::throw_invalid(where, "capacity_factor", capacity_factor,
                               "must be finite and >= 1 (a rank holds up to capacity_factor x tokens / ranks)");

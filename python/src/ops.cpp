@@ -199,8 +199,10 @@ class Attention {
         }
         if (rows >= 0)
           what += " (this rank holds " + std::to_string(rows) + " of the batch's " + std::to_string(total) +
-                  " tokens under strategy '" + strategy_ + "': q, k, v must be the rows token_indices() gives for "
-                  "the same lengths; q.shape[0] = " + std::to_string(q.size(0)) +
+                  " tokens under strategy '" + strategy_ +
+                  "': q, k, v must be the rows token_indices() gives for "
+                  "the same lengths; q.shape[0] = " +
+                  std::to_string(q.size(0)) +
                   " suggests rows of another batch, or lengths that do not describe these rows)";
       }
       throw std::invalid_argument(what);
@@ -236,17 +238,17 @@ class Attention {
     if (!slot) {
       sp::AttentionShape shape = shape_;
       shape.softmax_scale = scale;
-      slot = make_engine<sp::attention::CpuFlash<T>>(strategy_, *transport_, shape, ranks_per_node_, masks_,
-                                                     sp::attention::CpuFlash<T>({.threads = threads_}),
-                                                     capacity_factor_);
+      slot =
+          make_engine<sp::attention::CpuFlash<T>>(strategy_, *transport_, shape, ranks_per_node_, masks_,
+                                                  sp::attention::CpuFlash<T>({.threads = threads_}), capacity_factor_);
     }
     return *slot;
   }
 
   template <class T>
-  std::vector<at::Tensor> forward_as(Engines<T>& engines, const at::Tensor& q, const at::Tensor& k,
-                                     const at::Tensor& v, const Lengths& lengths,
-                                     const std::optional<at::Tensor>& sinks, sp::AttentionMask mask, double scale) {
+  std::vector<at::Tensor> forward_as(Engines<T>& engines, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const Lengths& lengths, const std::optional<at::Tensor>& sinks,
+                                     sp::AttentionMask mask, double scale) {
     using Accum = typename sp::attention::CpuFlash<T>::accum_type;
     const at::ScalarType dtype = q.scalar_type();
     const sp::DocumentBatch batch = make_batch(lengths);
@@ -303,9 +305,9 @@ class Attention {
   sp::AttentionShape shape_;
   int ranks_per_node_;
   sp::MaskMix masks_;
-  Lengths last_lengths_;  // the last forward's batch
+  int threads_ = 1;               // the CPU kernels' threads on this rank (torch.get_num_threads() unless given)
   double capacity_factor_ = 0.0;  // whole-doc's and hybrid's token capacity (0: the partitioner's default)
-  int threads_ = 1;  // the CPU kernels' threads on this rank (torch.get_num_threads() unless given)
+  Lengths last_lengths_;          // the last forward's batch
   std::unique_ptr<sp::backend::c10d::Transport> transport_;  // engines hold a reference: a stable address
   Engines<double> doubles_;
   Engines<float> floats_;
@@ -334,7 +336,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("o"), pybind11::arg("lse"), pybind11::arg("dout"), pybind11::arg("cu_seqlens"),
            pybind11::arg("doc_counts") = std::nullopt, pybind11::arg("sinks") = std::nullopt,
            pybind11::arg("window") = 0, pybind11::arg("scale") = 0.0)
-      .def("token_meta", &Attention::token_meta, pybind11::arg("cu_seqlens"), pybind11::arg("doc_counts") = std::nullopt)
+      .def("token_meta", &Attention::token_meta, pybind11::arg("cu_seqlens"),
+           pybind11::arg("doc_counts") = std::nullopt)
       .def("chosen", &Attention::chosen, pybind11::arg("cu_seqlens") = std::nullopt,
            pybind11::arg("doc_counts") = std::nullopt)
       .def_property_readonly("rank", &Attention::rank)

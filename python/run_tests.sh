@@ -4,8 +4,8 @@
 #  2. torch and pytest from PyPI into it, when missing (torch's wheel brings its C++ headers);
 #  3. the extension (python/setup.py: seqpar._C, and the test module seqpar._transport_cases, which only this
 #     build makes: SEQPAR_BUILD_TEST_MODULES=1), built in place against that torch;
-#  4. pytest over python/tests (real processes, gloo; test_packaging.py checks the sdist and the metadata
-#     without compiling). Extra arguments go to pytest.
+#  4. pytest over python/tests (real processes, gloo; test_packaging.py checks the sdist, the metadata and
+#     the wheel, which reuses the objects of step 3: no compile). Extra arguments go to pytest.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${SEQPAR_VENV:-$root/build/venv}

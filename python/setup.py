@@ -2,6 +2,7 @@
 # Builds seqpar's torch extension: `pip install --no-build-isolation ./python` (torch must already be installed:
 # the extension is compiled against the torch it will run with; seqpar_build.py says why). The package's
 # metadata is pyproject.toml's; what needs torch or the repository is here.
+import glob
 import os
 import sys
 
@@ -68,8 +69,21 @@ if os.environ.get("SEQPAR_BUILD_TEST_MODULES", "0") == "1":
 only = [m for m in os.environ.get("SEQPAR_EXTENSIONS", "").split(",") if m]
 seqpar_build.write_build_info(torch, VERSION, CUDA)
 
+
+
+class BuildExt(BuildExtension.with_options(use_ninja=True)):
+    def run(self):
+        # setuptools' build/lib keeps every module ever built there (run_tests.sh's in-place build of the test
+        # module goes through it too), and a wheel takes all of build/lib: drop the modules this build does not make.
+        wanted = {self.get_ext_filename(e.name) for e in self.extensions}
+        for path in glob.glob(os.path.join(self.build_lib, "seqpar", "*.so")):
+            if os.path.relpath(path, self.build_lib) not in wanted:
+                os.remove(path)
+        super().run()
+
+
 setup(
     ext_modules=[m for m in MODULES if not only or m.name in only],
     install_requires=[seqpar_build.torch_requirement(torch)],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildExt},
 )

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The package as pip builds it, without compiling (the build of run_tests.sh is the compile check): the sdist
+"""The package as pip builds it, without compiling again (the wheel reuses the objects of run_tests.sh's build): the sdist
 is self-contained (the repository's headers, the CUDA build's kernel files and the shared compile settings;
 nothing from tests/, no test module), the wheel's metadata pins the torch it is built against, a build
 without torch says in one line what to run, and the package refuses at import a torch it was not built for.
@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import zipfile
 
 import torch
 
@@ -61,6 +62,22 @@ def test_wheel_metadata_requires_the_torch_it_is_built_against(tmp_path):
     assert "Name: seqpar" in metadata and any(line.startswith("Requires-Python: ") for line in metadata), metadata
     done = hook("get_requires_for_build_wheel")
     assert done.returncode == 0 and "'torch'" in done.stdout, done.stdout + done.stderr
+
+
+def test_wheel_holds_the_extension_and_headers_not_the_test_module(tmp_path):
+    # pip's in-tree build reuses the objects of run_tests.sh's build (same flags): no compile, seconds.
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+                           "--disable-pip-version-check", "-w", str(tmp_path), PYTHON_DIR], env=ENV,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (wheel,) = tmp_path.glob("seqpar-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        metadata = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode().splitlines()
+    assert any(n.startswith("seqpar/_C.") and n.endswith(".so") for n in names), names
+    assert "seqpar/include/seqpar/seqpar.hpp" in names and "seqpar/_build_info.py" in names, names
+    assert not [n for n in names if "transport_cases" in n or "/tests/" in n], names
+    assert any(line.startswith("Requires-Dist: torch==") for line in metadata), metadata
 
 
 def test_build_without_torch_says_what_to_run(tmp_path):

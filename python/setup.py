@@ -15,7 +15,6 @@ import seqpar_build  # noqa: E402
 torch = seqpar_build.require_torch()
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
-VERSION = "0.1.0"  # pyproject.toml's
 seqpar_build.copy_from_repository()  # the repository's headers into seqpar/include, from_repo/ (not in an sdist)
 FLAGS = seqpar_build.build_flags()  # cmake/build_flags.json, the CMake build's settings
 INCLUDE = [seqpar_build.INCLUDE]
@@ -67,8 +66,7 @@ if os.environ.get("SEQPAR_BUILD_TEST_MODULES", "0") == "1":
     MODULES.append(test_extension())
 # SEQPAR_EXTENSIONS=seqpar._C builds one module (development: each takes minutes to compile).
 only = [m for m in os.environ.get("SEQPAR_EXTENSIONS", "").split(",") if m]
-seqpar_build.write_build_info(torch, VERSION, CUDA)
-
+seqpar_build.write_build_info(torch, CUDA)
 
 
 class BuildExt(BuildExtension.with_options(use_ninja=True)):

@@ -5,6 +5,7 @@ nothing from tests/, no test module), the wheel's metadata pins the torch it is 
 without torch says in one line what to run, and the package refuses at import a torch it was not built for.
 The PEP 517 hooks are called as a frontend calls them (`python -m build --no-isolation`, pip)."""
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -113,3 +114,11 @@ def test_readme_install_command_is_the_one_the_build_names():
     assert command in seqpar_build.NEEDS_TORCH
     with open(os.path.join(ROOT, "README.md")) as f:
         assert f"\n{command}  " in f.read()
+
+
+def test_version_is_the_cmake_projects():
+    with open(os.path.join(PYTHON_DIR, "pyproject.toml")) as f:
+        python = re.search(r'^version = "([^"]+)"', f.read(), re.M).group(1)
+    with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
+        cmake = re.search(r"project\(seqpar VERSION ([0-9.]+)", f.read()).group(1)
+    assert python == cmake, (python, cmake)

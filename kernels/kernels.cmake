@@ -26,7 +26,7 @@ if(NOT _seqpar_cuda_mode STREQUAL "OFF")
       set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
       set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
     endif()
-    set(CMAKE_CUDA_STANDARD 20)
+    set(CMAKE_CUDA_STANDARD ${SEQPAR_FLAGS_CXX_STANDARD})
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     set(CMAKE_CUDA_EXTENSIONS OFF)
     find_package(CUDAToolkit REQUIRED)
@@ -42,7 +42,7 @@ if(SEQPAR_WITH_CUDA)
   target_include_directories(seqpar_cuda INTERFACE $<BUILD_INTERFACE:${CMAKE_CURRENT_LIST_DIR}>
                                                    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
   target_link_libraries(seqpar_cuda INTERFACE seqpar::seqpar CUDA::cudart)
-  target_compile_definitions(seqpar_cuda INTERFACE SEQPAR_ENABLE_CUDA=1)
+  target_compile_definitions(seqpar_cuda INTERFACE ${SEQPAR_FLAGS_CUDA_DEFINITIONS})
   # The host-only headers (.hpp: context, memory, errors, slice upload, tile arithmetic) compile with
   # the C++ compiler too; they are a header set, checked alone by all_verify_interface_header_sets.
   # The .cuh headers need nvcc and are compiled by the CUDA tests and benchmarks.
@@ -52,8 +52,9 @@ if(SEQPAR_WITH_CUDA)
   target_sources(seqpar_cuda INTERFACE FILE_SET HEADERS BASE_DIRS ${CMAKE_CURRENT_LIST_DIR}
                  FILES ${SEQPAR_CUDA_HOST_HEADERS})
   set_target_properties(seqpar_cuda PROPERTIES VERIFY_INTERFACE_HEADER_SETS ${SEQPAR_VERIFY_HEADERS})
-  # Device lambdas and constexpr host functions (AttnSlice::area, Mask) called from device code.
-  target_compile_options(seqpar_cuda INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:--extended-lambda --expt-relaxed-constexpr>)
+  # Device lambdas and constexpr host functions (AttnSlice::area, Mask) called from device code
+  # (cmake/build_flags.json's cuda_flags, which the torch extension's CUDA build passes too).
+  target_compile_options(seqpar_cuda INTERFACE "$<$<COMPILE_LANGUAGE:CUDA>:${SEQPAR_FLAGS_CUDA_FLAGS}>")
 
   # seqpar::cuda_instances (the project's tests, benchmarks and examples; not installed): CudaFlash<T>
   # and DataOps<CudaExec> compiled once, for T = float, __half, __nv_bfloat16, so that their host code

@@ -17,8 +17,17 @@ for p in include_paths("cuda") + [sysconfig.get_paths()["include"]]:
     print(p)
 PY
 )
-flags=(-std=c++20 -O0 -fsyntax-only -Wall -Wextra -Werror -Wno-unused-parameter -Wno-deprecated-declarations
-       -DTORCH_API_INCLUDE_EXTENSION_H -DTORCH_EXTENSION_NAME=_C -DSEQPAR_TORCH_CUDA=1 -DSEQPAR_ENABLE_CUDA=1
+# The C++ standard and the CUDA definitions: cmake/build_flags.json, as the CMake build and setup.py.
+mapfile -t shared < <("$python" - "$root/cmake/build_flags.json" <<'PY'
+import json, sys
+flags = json.load(open(sys.argv[1]))
+print(f"-std=c++{flags['cxx_standard']}")
+for d in flags["cuda_definitions"]:
+    print(f"-D{d}")
+PY
+)
+flags=("${shared[@]}" -O0 -fsyntax-only -Wall -Wextra -Werror -Wno-unused-parameter -Wno-deprecated-declarations
+       -DTORCH_API_INCLUDE_EXTENSION_H -DTORCH_EXTENSION_NAME=_C -DSEQPAR_TORCH_CUDA=1
        -I"$root/include" -I"$root/kernels" -I"$root/python/src")
 for dir in "${system[@]}"; do flags+=(-isystem "$dir"); done
 sources=("$@")

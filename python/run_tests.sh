@@ -2,8 +2,10 @@
 # The Python package's tests, as CI runs them (ctest's python.pytest, `make test`):
 #  1. build/venv: a virtual environment, made once and reused (SEQPAR_VENV overrides the path);
 #  2. torch and pytest from PyPI into it, when missing (torch's wheel brings its C++ headers);
-#  3. the extension (python/setup.py: seqpar._C and the test module), built against that torch;
-#  4. pytest over python/tests (real processes, gloo). Extra arguments go to pytest.
+#  3. the extension (python/setup.py: seqpar._C, and the test module seqpar._transport_cases, which only this
+#     build makes: SEQPAR_BUILD_TEST_MODULES=1), built in place against that torch;
+#  4. pytest over python/tests (real processes, gloo; test_packaging.py checks the sdist, the metadata and
+#     the wheel, which reuses the objects of step 3: no compile). Extra arguments go to pytest.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${SEQPAR_VENV:-$root/build/venv}
@@ -21,7 +23,7 @@ if ! "$venv/bin/python" -c "import torch, pytest, transformers" 2>/dev/null; the
 fi
 stamp "building the extension (torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)'))"
 # In place: setuptools' build/ under python/ keeps the objects, so an unchanged source is not recompiled.
-(cd "$root/python" && MAX_JOBS=${MAX_JOBS:-1} "$venv/bin/python" setup.py --quiet build_ext --inplace)
+(cd "$root/python" && MAX_JOBS=${MAX_JOBS:-1} SEQPAR_BUILD_TEST_MODULES=1 "$venv/bin/python" setup.py --quiet build_ext --inplace)
 stamp "pytest"
 cd "$root/python/tests"
 PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"

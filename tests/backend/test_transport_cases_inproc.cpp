@@ -16,11 +16,11 @@ using seqpar::backend::inproc::World;
 
 namespace {
 
-constexpr std::array kWorldSizes{2, 4, 8};
+constexpr std::array kCaseWorldSizes{2, 4, 8};
 
 template <class Body>
 void on_every_world(Body&& body) {
-  for (int n : kWorldSizes) {
+  for (int n : kCaseWorldSizes) {
     INFO("world size " << n);
     seqpar::test::Failures failures;
     World(n).run([&](Transport& t) { body(t, failures); });
@@ -56,7 +56,7 @@ TEST_SUITE("backend") {
     });
   }
   TEST_CASE("transport cases (inproc): strategies against the fp64 reference") {
-    for (int n : kWorldSizes) {
+    for (int n : kCaseWorldSizes) {
       INFO("world size " << n);
       seqpar::test::Failures failures;
       std::atomic<int> accepted{0};

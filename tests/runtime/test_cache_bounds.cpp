@@ -33,7 +33,7 @@ DocumentBatch random_batch(std::mt19937& rng) {
 }
 
 template <class Engine>
-std::vector<double> forward(Engine& attn, const DocumentBatch& batch, const AttentionShape& shape) {
+std::vector<double> forward_output(Engine& attn, const DocumentBatch& batch, const AttentionShape& shape) {
   const std::int64_t n = attn.local_tokens(batch);
   ThdTensor<double> q(n, shape.heads_q, shape.head_dim), kv(n, shape.heads_kv, shape.head_dim),
       o(n, shape.heads_q, shape.head_dim);
@@ -70,10 +70,10 @@ TEST_SUITE("runtime") {
       DistributedAttention<S, attention::Reference<double>> attn(t, shape, args);
       std::mt19937 rng(2027);
       const DocumentBatch first = random_batch(rng);
-      const std::vector<double> o_first = forward(attn, first, shape);
+      const std::vector<double> o_first = forward_output(attn, first, shape);
       for (int step = 0; step < 300; ++step) {
         const DocumentBatch batch = random_batch(rng);
-        (void)forward(attn, batch, shape);
+        (void)forward_output(attn, batch, shape);
         const auto sizes = attn.cache_sizes();
         std::lock_guard lock(mu);
         most_batches = std::max(most_batches, sizes.batches);
@@ -82,7 +82,7 @@ TEST_SUITE("runtime") {
         most_transports = std::max(most_transports, sizes.transports);
         if (t.rank() == 0) groupings.insert(attn.plan(batch).groups);
       }
-      const std::vector<double> o_again = forward(attn, first, shape);  // long evicted: compiled, split again
+      const std::vector<double> o_again = forward_output(attn, first, shape);  // long evicted: compiled, split again
       std::lock_guard lock(mu);
       same_bits = same_bits && o_again == o_first;
     });

@@ -60,7 +60,7 @@ std::vector<std::string> run_world(int n, Body body) {
   return errors;
 }
 
-bool contains(const std::string& s, const std::string& part) {
+bool contains_text(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
 
@@ -86,10 +86,11 @@ TEST_SUITE("runtime") {
       const std::string& peer = errors[static_cast<std::size_t>(1 - stale_rank)];
       CAPTURE(stale);
       CAPTURE(peer);
-      CHECK(contains(stale, "DistributedAttention::backward: o = "));
-      CHECK(contains(stale, "holds the output of a forward of another batch (fingerprint " +
-                                std::to_string(kBatch.fingerprint())));
-      CHECK(contains(peer, "rank " + std::to_string(stale_rank) + " refused its arguments before any communication"));
+      CHECK(contains_text(stale, "DistributedAttention::backward: o = "));
+      CHECK(contains_text(stale, "holds the output of a forward of another batch (fingerprint " +
+                                     std::to_string(kBatch.fingerprint())));
+      CHECK(contains_text(peer,
+                          "rank " + std::to_string(stale_rank) + " refused its arguments before any communication"));
     }
     // LSE alone stale (O from the right forward): named as lse.
     const auto errors = run_world(2, [&](int, auto& t) {
@@ -101,7 +102,7 @@ TEST_SUITE("runtime") {
       attn.backward(kOther, b.q.view(), b.k.view(), b.v.view(), b.o.view(), a.lse.view(), b.dout.view(), b.dq.view(),
                     b.dk.view(), b.dv.view());
     });
-    for (const std::string& e : errors) CHECK(contains(e, "DistributedAttention::backward: lse = "));
+    for (const std::string& e : errors) CHECK(contains_text(e, "DistributedAttention::backward: lse = "));
   }
 
   TEST_CASE("one object serving many layers: forward 1..L then backward L..1 gives each layer's own gradients") {

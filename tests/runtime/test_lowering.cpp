@@ -19,7 +19,7 @@ using namespace seqpar::runtime;
 
 namespace {
 
-DocumentBatch random_batch(std::mt19937& rng) {
+DocumentBatch lowering_batch(std::mt19937& rng) {
   std::vector<std::vector<std::int64_t>> seqs;
   const int sequences = std::uniform_int_distribution<int>(1, 3)(rng);
   for (int s = 0; s < sequences; ++s) {
@@ -114,7 +114,7 @@ void check_lowered(const comm::Program& program, std::uint64_t inputs) {
 template <class S>
 void check_strategy_lowering(std::mt19937& rng, typename S::Arguments args = {}) {
   for (int trial = 0; trial < 6; ++trial) {
-    const DocumentBatch batch = random_batch(rng);
+    const DocumentBatch batch = lowering_batch(rng);
     const int world = std::uniform_int_distribution<int>(1, 8)(rng);
     const AttentionShape shape{8, 4, 16};
     const Topology topo{world, args.ranks_per_node == 0 ? world : args.ranks_per_node};

@@ -28,7 +28,7 @@ using namespace seqpar;
 
 namespace {
 
-constexpr double kFp64Tolerance = 1e-10;
+constexpr double kHeadSizesTolerance = 1e-10;
 constexpr int kQk = 24, kV = 16;  // small, unequal, not multiples of each other's panel count
 
 AttentionShape mla_shape(int heads_q, int heads_kv) {
@@ -55,11 +55,11 @@ void check_head_sizes(Combination) {
       if (!S::can_implement(args, b.batch, shape, Topology{world, args.ranks_per_node}, b.mask).ok) continue;
       ++accepted;
       const auto err = test::check_strategy<S, attention::Reference<double>>(b, shape, world, args, {}, 3 + world);
-      CHECK(err.o < kFp64Tolerance);
-      CHECK(err.lse < kFp64Tolerance);
-      CHECK(err.dq < kFp64Tolerance);
-      CHECK(err.dk < kFp64Tolerance);
-      CHECK(err.dv < kFp64Tolerance);
+      CHECK(err.o < kHeadSizesTolerance);
+      CHECK(err.lse < kHeadSizesTolerance);
+      CHECK(err.dq < kHeadSizesTolerance);
+      CHECK(err.dk < kHeadSizesTolerance);
+      CHECK(err.dv < kHeadSizesTolerance);
       CHECK(err.bytes_match);  // K and V pieces counted at their own sizes, as the transport moved them
     }
   }
@@ -192,7 +192,7 @@ TEST_SUITE("strategy") {
           return std::make_unique<DistributedAttention<Ring, Kernel>>(t, shape);
         },
         13);
-    CHECK(err.max() < kFp64Tolerance);
+    CHECK(err.max() < kHeadSizesTolerance);
     CHECK(err.bytes_match);
   }
 

@@ -18,14 +18,13 @@
 #include <vector>
 
 #include "support/distributed_check.hpp"
-#include "support/sanitizer.hpp"
 #include "support/strategy_list.hpp"
 
 using namespace seqpar;
 
 namespace {
 
-constexpr double kFp64Tolerance = 1e-9;
+constexpr double kModelTolerance = 1e-9;
 using Ref = attention::Reference<double>;
 using Storage = test::HostStorage;
 
@@ -176,13 +175,12 @@ TEST_SUITE("strategy") {
     // layer, the placement balanced for the declared mix {causal: 2, window 16: 2}.
     constexpr std::int64_t kWindow = 16;
     int runs = 0;
-    // Worlds 2, 3, 5, 8 in the Release build; 2 and 5 under a sanitizer (tests/support/sanitizer.hpp).
-    const std::vector<int> worlds = test::kUnderSanitizer ? std::vector<int>{2, 5} : std::vector<int>{2, 3, 5, 8};
+    // Worlds 2, 3, 5, 8; under a sanitizer, on strategy_list.hpp's sanitizer sweep.
     test::for_each_combination([&]<class C>(C) {
       using S = typename C::strategy;
       typename S::Arguments args = C::arguments();
       args.masks = {{AttentionMask::causal(), 2}, {AttentionMask::sliding_window(kWindow), 2}};
-      for (const int world : worlds) {
+      for (const int world : {2, 3, 5, 8}) {
         const DocumentBatch batch = model_batch(kWindow, 31u * static_cast<unsigned>(world) + 7u);
         const AttentionShape shape = world == 2 ? AttentionShape{4, 2, 8} : AttentionShape{8, 8, 8};
         args.ranks_per_node = world >= 4 ? world / 2 : world;
@@ -195,13 +193,13 @@ TEST_SUITE("strategy") {
         CHECK(e.rows_fixed);
         for (std::size_t l = 0; l < e.layers.size(); ++l) {
           INFO("layer " << l << (l % 2 == 1 ? std::string(" (window)") : std::string(" (full)")));
-          CHECK(e.layers[l].max() < kFp64Tolerance);
+          CHECK(e.layers[l].max() < kModelTolerance);
         }
         ++runs;
       }
     });
     MESSAGE(runs << " (combination, world) models of 4 layers");
-    CHECK(runs >= (test::kUnderSanitizer ? 75 : 150));
+    CHECK(runs >= 150 * static_cast<int>(test::kNumSweptCombinations) / static_cast<int>(test::kNumCombinations));
   }
 
   TEST_CASE("a model alternating window and full layers through DPP chunks: the same rows per chunk, exact") {
@@ -226,12 +224,13 @@ TEST_SUITE("strategy") {
         CHECK(e.rows_fixed);
         for (std::size_t l = 0; l < e.layers.size(); ++l) {
           INFO("layer " << l << (l % 2 == 1 ? std::string(" (window)") : std::string(" (full)")));
-          CHECK(e.layers[l].max() < kFp64Tolerance);
+          CHECK(e.layers[l].max() < kModelTolerance);
         }
         ++runs;
       }
     });
-    CHECK(runs >= 60);
+    MESSAGE(runs << " (combination, world) chunked models of 2 layers");
+    CHECK(runs >= 60 * static_cast<int>(test::kNumSweptCombinations) / static_cast<int>(test::kNumCombinations));
   }
 
   TEST_CASE("property: a batch's placement does not depend on the masks of its calls (every partitioner)") {
@@ -262,7 +261,7 @@ TEST_SUITE("strategy") {
         }
       }
     });
-    CHECK(checked > 500);
+    CHECK(checked > 500 * static_cast<int>(test::kNumSweptCombinations) / static_cast<int>(test::kNumCombinations));
     // Through the engine: owned_ranges before any call equal those after calls under several masks.
     using S = Strategy<partition::PerDoc, comm::AllGather>;
     S::Arguments args;

@@ -29,7 +29,7 @@ using namespace seqpar;
 
 namespace {
 
-constexpr double kFp64Tolerance = 1e-10;
+constexpr double kSinksTolerance = 1e-10;
 
 // One logit per query head, drawn so that the sink matters (comparable with a row's largest scores),
 // with one head of a large sink (most of the softmax) and one without a sink (-inf).
@@ -67,12 +67,12 @@ void check_sinks(Combination) {
       ++accepted;
       const auto err =
           test::check_strategy<S, attention::Reference<double>>(b, shape, world, args, {}, 7 + world, sinks);
-      CHECK(err.o < kFp64Tolerance);
-      CHECK(err.lse < kFp64Tolerance);
-      CHECK(err.dq < kFp64Tolerance);
-      CHECK(err.dk < kFp64Tolerance);
-      CHECK(err.dv < kFp64Tolerance);
-      CHECK(err.dsinks < kFp64Tolerance);
+      CHECK(err.o < kSinksTolerance);
+      CHECK(err.lse < kSinksTolerance);
+      CHECK(err.dq < kSinksTolerance);
+      CHECK(err.dk < kSinksTolerance);
+      CHECK(err.dv < kSinksTolerance);
+      CHECK(err.dsinks < kSinksTolerance);
       CHECK(err.bytes_match);  // the sinks add no message to the programs (only the gradient's gather)
     }
   }
@@ -81,8 +81,8 @@ void check_sinks(Combination) {
 }
 
 template <class Kernel, class S>
-test::Errors run_kernel(const test::MaskedBatch& batch, const AttentionShape& shape, int world,
-                        const typename S::Arguments& args, const std::vector<double>& sinks) {
+test::Errors run_with_sinks(const test::MaskedBatch& batch, const AttentionShape& shape, int world,
+                            const typename S::Arguments& args, const std::vector<double>& sinks) {
   return test::check_attention<Kernel>(
       batch, shape, world,
       [&](backend::inproc::Transport& t) -> std::unique_ptr<runtime::AttentionEngine<Kernel>> {
@@ -119,15 +119,15 @@ TEST_SUITE("strategy") {
       CHECK(e.bytes_match);
     };
     using F32 = attention::CpuFlash<float>;
-    check_fp32(run_kernel<F32, Ring>(batch, shape, 4, {}, sinks));
-    check_fp32(run_kernel<F32, Ulysses>(batch, shape, 2, {}, sinks));
-    check_fp32(run_kernel<F32, Gather>(test::windowed(batch, 16), shape, 3, {}, sinks));
-    check_fp32(run_kernel<F32, Hier>(batch, shape, 4, hier, sinks));
+    check_fp32(run_with_sinks<F32, Ring>(batch, shape, 4, {}, sinks));
+    check_fp32(run_with_sinks<F32, Ulysses>(batch, shape, 2, {}, sinks));
+    check_fp32(run_with_sinks<F32, Gather>(test::windowed(batch, 16), shape, 3, {}, sinks));
+    check_fp32(run_with_sinks<F32, Hier>(batch, shape, 4, hier, sinks));
     // bf16 storage: the tolerances of tests/strategy/test_bf16.cpp (the sinks' gradient sums
     // dO . O' over every row in fp32 from bf16 values).
     using B16 = attention::CpuFlash<attention::bf16>;
-    for (const test::Errors& e : {run_kernel<B16, Ring>(batch, shape, 4, {}, sinks),
-                                  run_kernel<B16, Hier>(test::windowed(batch, 9), shape, 4, hier, sinks)}) {
+    for (const test::Errors& e : {run_with_sinks<B16, Ring>(batch, shape, 4, {}, sinks),
+                                  run_with_sinks<B16, Hier>(test::windowed(batch, 9), shape, 4, hier, sinks)}) {
       CHECK(e.o < 1e-2);
       CHECK(e.lse < 1e-2);
       CHECK(e.dq < 2e-2);
@@ -154,7 +154,7 @@ TEST_SUITE("strategy") {
           return std::make_unique<DistributedAttention<S, Kernel>>(t, shape);
         },
         13, sinks);
-    CHECK(err.max() < kFp64Tolerance);
+    CHECK(err.max() < kSinksTolerance);
     CHECK(err.bytes_match);
   }
 
@@ -167,8 +167,8 @@ TEST_SUITE("strategy") {
     const auto none = test::check_strategy<S, attention::Reference<double>>(batch, shape, 3, {}, {}, 5);
     const auto minus_inf =
         test::check_strategy<S, attention::Reference<double>>(batch, shape, 3, {}, {}, 5, {ninf, ninf});
-    CHECK(none.max() < kFp64Tolerance);
-    CHECK(minus_inf.max() < kFp64Tolerance);  // and its dsinks are exactly 0 (the oracle's)
+    CHECK(none.max() < kSinksTolerance);
+    CHECK(minus_inf.max() < kSinksTolerance);  // and its dsinks are exactly 0 (the oracle's)
 
     // One rank, the kernel called directly: forward, apply_sinks, backward with the sink's O and LSE,
     // accumulate_sink_gradient; against the oracle.
@@ -187,7 +187,7 @@ TEST_SUITE("strategy") {
     g.dsinks.push_back(ds);
     test::Errors e;
     g.errors(e);
-    CHECK(e.max() < kFp64Tolerance);
+    CHECK(e.max() < kSinksTolerance);
   }
 
   TEST_CASE("sinks: bad logits and disagreeing ranks are refused before any communication") {

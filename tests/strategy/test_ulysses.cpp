@@ -12,7 +12,7 @@ using Ulysses = Strategy<partition::Uniform, comm::AllToAll>;
 
 namespace {
 // fp64 kernels: the only error is summation order, ~1e-12 relative to the output scale.
-constexpr double kFp64Tolerance = 1e-10;
+constexpr double kUlyssesTolerance = 1e-10;
 }  // namespace
 
 TEST_SUITE("strategy") {
@@ -24,7 +24,7 @@ TEST_SUITE("strategy") {
         const AttentionShape shape{8, 8, 16};
         const auto err = test::check_strategy<Ulysses, attention::Reference<double>>(batch, shape, world);
         INFO("world " << world << " seed " << seed << " tokens " << batch.total_tokens());
-        CHECK(err.max() < kFp64Tolerance);
+        CHECK(err.max() < kUlyssesTolerance);
         CHECK(err.bytes_match);
         if (world > 1) CHECK(err.bytes_forward > 0);
       }
@@ -39,7 +39,7 @@ TEST_SUITE("strategy") {
     for (const Case c : {Case{4, 8, 4}, Case{2, 8, 2}, Case{8, 8, 2}, Case{4, 4, 1}, Case{3, 6, 3}, Case{8, 16, 4}}) {
       INFO("world " << c.world << " heads " << c.hq << ":" << c.hkv);
       const auto err = test::check_strategy<Ulysses, attention::Reference<double>>(batch, {c.hq, c.hkv, 8}, c.world);
-      CHECK(err.max() < kFp64Tolerance);
+      CHECK(err.max() < kUlyssesTolerance);
       CHECK(err.bytes_match);
     }
   }
@@ -50,7 +50,7 @@ TEST_SUITE("strategy") {
          {std::tuple{3, 4, 4}, std::tuple{4, 6, 6}, std::tuple{3, 5, 5}, std::tuple{8, 9, 3}, std::tuple{6, 12, 4}}) {
       INFO("world " << world << " heads " << hq << ":" << hkv);
       const auto err = test::check_strategy<Ulysses, attention::Reference<double>>(batch, {hq, hkv, 8}, world);
-      CHECK(err.max() < kFp64Tolerance);
+      CHECK(err.max() < kUlyssesTolerance);
       CHECK(err.bytes_match);
     }
   }
@@ -62,7 +62,7 @@ TEST_SUITE("strategy") {
     const auto err = test::check_strategy<Ulysses, attention::Reference<double>>(batch, {4, 4, 8}, 2);
     const std::uint64_t per_tensor = 20 * 2 * 8 * 8;
     CHECK(err.bytes_forward == 2 * (3 * per_tensor + per_tensor + 2 * 20 * 8));
-    CHECK(err.max() < kFp64Tolerance);
+    CHECK(err.max() < kUlyssesTolerance);
   }
 
   TEST_CASE("AllToAll refuses more ranks than query heads, before any communication") {

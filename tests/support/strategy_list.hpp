@@ -6,6 +6,10 @@
 // bench/comm_volume.cpp (its rows take their communicator configurations from here). A new partitioner
 // or communicator configuration is added here once and every one of them picks it up.
 //
+// Under a sanitizer (tests/support/sanitizer.hpp: CI's ASan + UBSan and TSan builds) for_each_combination
+// and for_each_communicator visit, and so instantiate, only kSanitizerSweep's diagonal of the table (see
+// there); the Release build runs all of it against the fp64 reference.
+//
 // @code
 // seqpar::test::for_each_combination([]<class C>(C) {
 //   using S = typename C::strategy;               // Strategy<Partitioner, Communicator>
@@ -17,11 +21,15 @@
 
 #include <seqpar/seqpar.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
+#include <utility>
+
+#include "support/sanitizer.hpp"
 
 namespace seqpar::test {
 
@@ -129,7 +137,34 @@ struct Combination {
   }
 };
 
+/// The sanitizer sweep: which (partitioner, communicator configuration) pairs, by index into Partitioners and
+/// Communicators, the sweeps visit under a sanitizer. A sanitizer's job is memory errors, undefined
+/// behaviour and races in the code the tests reach, not re-proving each combination's numbers (the Release
+/// build does: all 49 against the fp64 reference), and each combination is its own instantiation of the
+/// strategy, the engine and the checks: the whole table made the strategy tests ~60% of the ASan build's
+/// compile time. So: one diagonal, pairs (k mod partitioners, (k + kSanitizerSweepOffset) mod communicators)
+/// for k < max(partitioners, communicators): every partitioner and every communicator configuration (all
+/// four communicator types) at least once. The offset 5 makes it disjoint from the strategies
+/// tests/support/transport_cases.hpp runs under the same sanitizers (Ulysses, the zigzag ring, USP, BASP,
+/// Llama 3 CP, FlashCP: static_assert there), so that the two together reach 14 distinct pairs.
+inline constexpr std::size_t kSanitizerSweepOffset = 5;
+constexpr bool in_sanitizer_sweep(std::size_t partitioner, std::size_t communicator) {
+  for (std::size_t k = 0; k < std::max(kNumPartitioners, kNumCommunicators); ++k)
+    if (k % kNumPartitioners == partitioner && (k + kSanitizerSweepOffset) % kNumCommunicators == communicator)
+      return true;
+  return false;
+}
+/// How many combinations for_each_combination visits in this build (all of them without a sanitizer).
+inline constexpr std::size_t kNumSweptCombinations =
+    kUnderSanitizer ? std::max(kNumPartitioners, kNumCommunicators) : kNumCombinations;
+
 namespace list_detail {
+template <class T, class... Ts>
+constexpr std::size_t index_of(std::tuple<Ts...>*) {
+  std::size_t i = 0;
+  const bool found = ((std::is_same_v<T, Ts> || (++i, false)) || ...);
+  return found ? i : sizeof...(Ts);
+}
 template <class... Ts, class Fn>
 void for_each_type(std::tuple<Ts...>*, Fn& fn) {
   (fn(std::type_identity<Ts>{}), ...);
@@ -150,13 +185,28 @@ void for_each_type(Fn&& fn) {
   list_detail::for_each_type(static_cast<Tuple*>(nullptr), fn);
 }
 
-/// fn(Combination<P, V>{}) for every communicator configuration V, in the order of Communicators.
+/// Index of T in the std::tuple type `Tuple` (its size when T is not listed).
+template <class T, class Tuple>
+inline constexpr std::size_t kIndexOf = list_detail::index_of<T>(static_cast<Tuple*>(nullptr));
+
+/// fn(Combination<P, V>{}) for every communicator configuration V, in the order of Communicators; under a
+/// sanitizer only those V paired with P in the sanitizer sweep (all of them for a P not in Partitioners).
 template <class P, class Fn>
 void for_each_communicator(Fn&& fn) {
-  for_each_type<Communicators>([&]<class V>(std::type_identity<V>) { fn(Combination<P, V>{}); });
+  constexpr std::size_t p = kIndexOf<P, Partitioners>;
+  [&]<std::size_t... C>(std::index_sequence<C...>) {
+    (
+        [&] {
+          if constexpr (!kUnderSanitizer || p == kNumPartitioners || in_sanitizer_sweep(p, C))
+            fn(Combination<P, std::tuple_element_t<C, Communicators>>{});
+        }(),
+        ...);
+  }
+  (std::make_index_sequence<kNumCommunicators>{});
 }
 
-/// fn(Combination<P, V>{}) for every partitioner P and communicator configuration V, partitioner-major.
+/// fn(Combination<P, V>{}) for every partitioner P and communicator configuration V, partitioner-major
+/// (under a sanitizer: the sanitizer sweep's kNumSweptCombinations).
 template <class Fn>
 void for_each_combination(Fn&& fn) {
   for_each_type<Partitioners>([&]<class P>(std::type_identity<P>) { for_each_communicator<P>(fn); });

@@ -495,6 +495,15 @@ using TransportStrategies = std::tuple<
     TransportStrategy<partition::Zigzag, communicators::AllGather>,                                     // Llama 3 CP
     TransportStrategy<partition::Hybrid, communicators::AllGatherShardingAware>>;                       // FlashCP
 inline constexpr int kNumTransportStrategies = static_cast<int>(std::tuple_size_v<TransportStrategies>);
+// Under a sanitizer the strategy suite runs only strategy_list.hpp's sanitizer sweep; these are run there
+// too (backend, mpi), and are kept off that diagonal so that the two reach different pairs.
+static_assert(
+    []<class... Ts>(std::tuple<Ts...>*) {
+      return (!in_sanitizer_sweep(kIndexOf<typename Ts::partitioner, Partitioners>,
+                                  kIndexOf<typename Ts::variant, Communicators>) &&
+              ...);
+    }(static_cast<TransportStrategies*>(nullptr)),
+    "a transport strategy is on strategy_list.hpp's sanitizer sweep");
 
 /// Runs every strategy of TransportStrategies over `t`; returns how many the topology accepted (all of
 /// them, on 2, 4 and 8 ranks: kNumTransportStrategies).

@@ -23,7 +23,8 @@ if ! "$venv/bin/python" -c "import torch, pytest, transformers" 2>/dev/null; the
 fi
 stamp "building the extension (torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)'))"
 # In place: setuptools' build/ under python/ keeps the objects, so an unchanged source is not recompiled.
-(cd "$root/python" && MAX_JOBS=${MAX_JOBS:-1} SEQPAR_BUILD_TEST_MODULES=1 "$venv/bin/python" setup.py --quiet build_ext --inplace)
+# MAX_JOBS=2: the two modules (seqpar._C, the test module) compile side by side; this test starts first.
+(cd "$root/python" && MAX_JOBS=${MAX_JOBS:-2} SEQPAR_BUILD_TEST_MODULES=1 "$venv/bin/python" setup.py --quiet build_ext --inplace)
 stamp "pytest"
 cd "$root/python/tests"
 PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"

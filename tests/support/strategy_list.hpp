@@ -29,7 +29,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "support/sanitizer.hpp"
+#include "sanitizer.hpp"  // beside this header: bench/comm_volume.cpp includes it by a relative path
 
 namespace seqpar::test {
 

@@ -59,14 +59,6 @@ def _flat(nested: List[List[int]]) -> Tuple[List[int], List[int]]:
     return [d for s in nested for d in s], [len(s) for s in nested]
 
 
-def _unflat(docs: List[int], per_seq: List[int]) -> List[List[int]]:
-    out, at = [], 0
-    for n in per_seq:
-        out.append(list(docs[at:at + n]))
-        at += n
-    return out
-
-
 def _accum_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32  # the kernels' accumulation type
 

@@ -83,7 +83,7 @@ class Attention {
       const Lengths lengths = lengths_of(cu_seqlens, doc_counts);
       const sp::AttentionMask mask = mask_of(window);
       check_scale(scale);
-      last_lengths_ = lengths;  // what repr's "chose" reports
+      if (strategy_ == "auto") last_lengths_ = lengths;  // what repr's "chose" reports (no copy otherwise)
 #if SEQPAR_TORCH_CUDA
       if (q.is_cuda()) return cuda_->forward(q, k, v, lengths, sinks, mask, scale);
 #endif
@@ -145,8 +145,9 @@ class Attention {
 
   // The strategy "auto" chose for the batch (the planner's choice; the strategy's own name otherwise).
   // Local: no communication.
-  // Without a batch: the last forward's ("" before the first).
+  // Without a batch: the last forward's ("" before the first, for "auto").
   std::string chosen(const std::optional<at::Tensor>& cu_seqlens, const std::optional<at::Tensor>& doc_counts) {
+    if (strategy_ != "auto") return strategy_;
     Lengths lengths = cu_seqlens ? lengths_of(*cu_seqlens, doc_counts) : last_lengths_;
     if (lengths.empty()) return {};
     if (auto* selected = dynamic_cast<AutoSelected<sp::attention::CpuFlash<double>>*>(&meta_engine()))
@@ -307,7 +308,7 @@ class Attention {
   sp::MaskMix masks_;
   int threads_ = 1;               // the CPU kernels' threads on this rank (torch.get_num_threads() unless given)
   double capacity_factor_ = 0.0;  // whole-doc's and hybrid's token capacity (0: the partitioner's default)
-  Lengths last_lengths_;          // the last forward's batch
+  Lengths last_lengths_;          // the last forward's batch ("auto" only)
   std::unique_ptr<sp::backend::c10d::Transport> transport_;  // engines hold a reference: a stable address
   Engines<double> doubles_;
   Engines<float> floats_;

@@ -109,14 +109,14 @@ def _require_seqpar(model: torch.nn.Module) -> None:
     # confined to the rank, silently wrong. (from_config sets the implementation on the config object it is
     # given: a config shared with another model can switch this one.)
     name = getattr(model.config, "_attn_implementation", None)
-    if name not in AttentionInterfaceNames():
+    if name not in _registered_names():
         raise ValueError(f"seqpar.integrations.transformers: model.config._attn_implementation = {name!r}: the model "
                          "does not run seqpar's attention: load it with attn_implementation=\"seqpar\" (after "
                          "register()) or call model.set_attn_implementation(\"seqpar\"); a config object shared "
                          "with another model may have been switched by it")
 
 
-def AttentionInterfaceNames() -> set:
+def _registered_names() -> set:
     """The names seqpar's attention function is registered under."""
     from transformers import AttentionInterface
 

@@ -20,7 +20,9 @@
 /// Items are grouped into runs (one graph execution each) by mask class and window. A backward run
 /// also needs key-disjoint items (cuDNN writes dK/dV, it does not add), so backward runs are split
 /// into waves whose key ranges do not overlap; and every run is cut so that its padded statistics
-/// (items x longest query) stay within twice the query rows, which bounds the workspace.
+/// (items x longest query) stay within twice the query rows, which bounds the workspace. A run's items
+/// are then sorted by first query row, and its tables (sdpa_run_tables) padded to a power-of-two count
+/// (issue 38, A3 and C1).
 
 #include <algorithm>
 #include <cstddef>
@@ -183,9 +185,12 @@ struct SdpaRun {
 
 /// A run's item tables as a graph reads them (uploaded by CudnnSdpa::prepare): `padded` entries (the
 /// item count bucketed with sdpa_bucket when padding, else the item count) of first query and key
-/// token and lengths, then one end entry. Padding items have q_len = k_len = 0 (TransformerEngine pads
-/// its THD batch to max_b the same way: cuDNN runs no row of an item of length 0) and sit at the end of
-/// the run's rows, so the query offsets stay increasing. `rows_q` / `rows_k`: prefix sums of the real
+/// token and lengths, then one end entry. Padding items have q_len = k_len = 0 and sit at the end of
+/// the run's rows. Zero-length padding is how TransformerEngine pads its THD batch to max_b (the
+/// 2026-12-06 static review; not checked on a GPU here): cudnn-frontend #943's NaN rows come from
+/// seq_len_kv = 0 with seq_len_q > 0 (cuDNN 9.22-9.24), which a padding item never has, as it has no
+/// row. CudnnSdpa::Arguments::pad_items turns it off should a device run show otherwise. At the end of
+/// the run's rows, the query offsets stay increasing. `rows_q` / `rows_k`: prefix sums of the real
 /// items' query and key lengths (padded + 1 entries), the row ranges the backward zeroes and adds
 /// (a backward run is key-disjoint, so each key row is in at most one item).
 struct SdpaRunTables {

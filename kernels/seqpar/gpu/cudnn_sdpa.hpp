@@ -178,24 +178,25 @@ struct CudnnSdpaFeatures {
 /// Whether cuDNN `versions.cudnn` with cudnn-frontend `versions.frontend`, on a device of
 /// `compute_capability` (major x 10 + minor), runs CudnnSdpa's ragged (THD, padding-mask) graphs of
 /// `shape` with `features`. A pure function (tested on the CPU); each refusal names what is missing.
-/// The numbers, from cudnn-frontend 1.32's checks (node/sdpa_support_surface.h, node/scaled_dot_product_
-/// flash_attention.h, "sdpa node") and TransformerEngine's support gates (fused_attn.cpp), which agree:
+/// The numbers, from cudnn-frontend 1.32's checks (node/sdpa_support_surface.h, "support surface", and
+/// node/scaled_dot_product_flash_attention.h, "sdpa node"; line numbers of 1.32.0) and TransformerEngine's
+/// support gates (fused_attn.cpp, via research/anchors-2026-12-06.md section 2), which agree:
 ///  - cudnn-frontend 1.9.0: ragged batches with bottom-right causal and sliding-window masks (its release
 ///    notes); cuDNN 9.
 ///  - never cuDNN 9.10.0 or 9.10.1: "SDPA FP16/BF16 forward is not supported ... due to known bugs"
-///    (support surface, the HALF branch; TransformerEngine excludes them too).
+///    (support surface :290; TransformerEngine excludes them too).
 ///  - before Hopper (compute capability < 9.0): ragged offsets from 9.18.1 ("THD (ragged offset) is only
-///    supported in Hopper and above", support surface, the is_ragged check).
-///  - GQA (heads_q != heads_kv) over ragged batches: 9.6.0 (sdpa node, backward validate).
-///  - bottom-right causal: 9.6.0 (support surface: before it only at s_q, s_kv multiples of 64, which
+///    supported in Hopper and above", support surface :435-438).
+///  - GQA (heads_q != heads_kv) over ragged batches: 9.6.0 (sdpa node :1597, the backward's check).
+///  - bottom-right causal: 9.6.0 (support surface :190-193: before it only at s_q, s_kv multiples of 64, which
 ///    CudnnSdpa's buckets would meet while TransformerEngine's matrix asks 9.6 for THD).
-///  - a sliding window on Hopper: 9.10.2 (support surface and sdpa node: up to 9.9 the band with
+///  - a sliding window on Hopper: 9.10.2 (support surface :325-338, sdpa node :1515-1517: up to 9.9 the band with
 ///    bottom-right alignment is refused whenever s_q == s_kv, nearly every bucketed run; 9.10.0/9.10.1
 ///    are excluded above).
-///  - 192/128 on Blackwell (10.x): 9.11.0 (sdpa node: the backward's 192/128 case starts there).
+///  - 192/128 on Blackwell (10.x): 9.11.0 (sdpa node :1403: the backward's 192/128 case starts there).
 ///  - deterministic backward: none for ragged batches on sm_8x and sm_12x ("Deterministic algorithm is not
-///    supported for bprop thd on SM8X and SM12X GPUs", sdpa node, from 9.18.1; before it ragged batches do
-///    not run there at all); on Blackwell from 9.18.0 (sdpa node).
+///    supported for bprop thd on SM8X and SM12X GPUs", sdpa node :1560-1563, from 9.18.1; before it ragged
+///    batches do not run there at all); on Blackwell from 9.18.0 (sdpa node :1547-1550).
 [[nodiscard]] inline Status cudnn_sdpa_version_status(const CudnnVersions& versions, int compute_capability,
                                                       const AttentionShape& shape, const CudnnSdpaFeatures& features,
                                                       const char* where) {

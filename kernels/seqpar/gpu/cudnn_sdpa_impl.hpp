@@ -163,11 +163,14 @@ struct CudnnSdpaState {
   CudnnSdpaState& operator=(const CudnnSdpaState&) = delete;
   ~CudnnSdpaState() {
     graphs.clear();
+    int previous = -1;
+    (void)cudaGetDevice(&previous);  // a destructor does not throw: errors are ignored here
     for (auto& [stream, r] : streams)
       if (r.handle != nullptr) {
         (void)cudaSetDevice(r.device);  // a handle is destroyed on its own device
         (void)cudnnDestroy(r.handle);
       }
+    if (previous >= 0) (void)cudaSetDevice(previous);
   }
 
   // The caller holds the mutex and has set exec's device (DeviceScope).

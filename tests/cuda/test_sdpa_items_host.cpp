@@ -242,7 +242,7 @@ TEST_SUITE("cuda_host") {
     CHECK(runs[0].items.size() == 2);
   }
 
-  TEST_CASE("CudnnSdpa items: runs sorted by first query row; padded tables (A3, C1)") {
+  TEST_CASE("CudnnSdpa items: runs sorted by first query row, padded tables (A3, C1)") {
     // Items of very different lengths (the run used to be sorted longest first), a one-row document
     // between long ones, and a short slice at the end of a long buffer.
     const std::vector<AttnSlice> s{{{0, 3}, {0, 3}, Mask::causal()},

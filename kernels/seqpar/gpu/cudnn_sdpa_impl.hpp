@@ -229,7 +229,10 @@ inline GraphKey graph_key(const gpu::CudaExec& exec, const CudnnSdpaParams& para
   key.head_dim_v = shape.v_dim();
   key.scale = static_cast<float>(shape.scale());
   key.deterministic = params.pass == Pass::kBackward && deterministic;
-  for (int t = 0; t < ops::kTensors; ++t) {
+  // The forward's graph has Q, K, V and O only: the other tensors' strides stay 0 in its key, so that the
+  // graphs prepare builds for dense views are the ones a call with dense views finds.
+  const int tensors = params.pass == Pass::kForward ? ops::kDo : ops::kTensors;
+  for (int t = 0; t < tensors; ++t) {
     key.strides[2 * t] = views.head_stride[t];
     key.strides[2 * t + 1] = views.token_stride[t];
   }

@@ -317,7 +317,7 @@ TEST_SUITE("cudnn") {
   TEST_CASE("CudnnSdpa at MLA's 192/128 (sm_90+): non-finite isolation and refusals of bad input") {
     auto sdpa = make_sdpa<__nv_bfloat16>();
     if (!runs_mla(sdpa)) return;
-    kc::check_nonfinite_isolation<MlaHarness>(sdpa, kc::Isolation::kDocumentOrTile, 2);
+    kc::check_nonfinite_isolation<MlaHarness>(sdpa, kc::Isolation::kDocumentOrTile, 6, 256);
     kc::check_refusals<MlaHarness>(sdpa);
   }
   TEST_CASE("CudnnSdpa: a graph cuDNN will not build is a std::invalid_argument with cuDNN's reason") {
@@ -334,10 +334,12 @@ TEST_SUITE("cudnn") {
                          doctest::Contains("graph (bottom-right causal mask)"), std::invalid_argument);
   }
   TEST_CASE("CudnnSdpa keeps a NaN or infinity inside its document and the documents sharing its tiles (A1)") {
-    // CudnnSdpa's contract (a) (cudnn_sdpa.hpp): cuDNN's tiles of up to 128 rows from an item's first row
-    // may carry a neighbour's non-finite value into the item; every other document stays bit-identical.
+    // CudnnSdpa's contract (a) (cudnn_sdpa.hpp): cuDNN's tiles of up to 256 rows from an item's first row
+    // may carry a neighbour's non-finite value into the item; every other document stays bit-identical
+    // (the first document against plants at rows 300, 340 and 370; the last two against plants at 100
+    // and 130), and the planted document's outputs are non-finite where they must be.
     auto sdpa = make_sdpa<__nv_bfloat16>();
-    kc::check_nonfinite_isolation<SdpaHarness<__nv_bfloat16, 128>>(sdpa, kc::Isolation::kDocumentOrTile, 6);
+    kc::check_nonfinite_isolation<SdpaHarness<__nv_bfloat16, 128>>(sdpa, kc::Isolation::kDocumentOrTile, 6, 256);
   }
   TEST_CASE("CudnnSdpa refuses bad input, and a sliding window cut by its slice's last key by name") {
     attention::CudnnSdpa<__nv_bfloat16> sdpa;

@@ -40,11 +40,11 @@
 ///   std::invalid_argument below.
 /// - Non-finite values (issue 38, A1; contract (a) of the 2026-12-06 static review): a NaN or infinity in
 ///   q, k, v or dout stays non-finite in its own document's outputs (it is never hidden), and may also
-///   reach the outputs of a document that shares one of cuDNN's tiles with it (the 64 or 128 rows it
-///   loads from an item's first row, which run into the next document; P = 0 times NaN is NaN inside the
-///   MMA). CudaFlash and the CPU kernels keep it inside its document. A redo on CudaFlash after a
-///   device-side scan would keep that promise too, at a host synchronization per call; a non-finite input
-///   already ruins the training step, so CudnnSdpa does not pay for it.
+///   reach the outputs of a document that shares one of cuDNN's tiles with it (the rows it loads from an
+///   item's first row on, up to 256 stated here: 64 to 176 in FlashAttention-3-like kernels, cuDNN's are
+///   closed; they run into the next document, and P = 0 times NaN is NaN inside the MMA). CudaFlash and the CPU kernels
+///   keep it inside its document. A redo on CudaFlash after a device-side scan would keep that promise too, at a host
+///   synchronization per call; a non-finite input already ruins the training step, so CudnnSdpa does not pay for it.
 /// - Buffers past the views (issue 38, A4, possible): cuDNN's tiles may read up to a tile of rows past the
 ///   last item of a buffer. Views whose buffers hold finite rows there (or end at an allocation whose tail
 ///   is readable) are safe; bench/device/run.sh checks a NaN-poisoned tail on the GPU. The buffers

@@ -204,7 +204,7 @@ bench_exe() { for p in "$build/bench/$1" "$build/$1"; do [[ -x $p ]] && echo "$p
 cudnn_test=$build/tests/seqpar_test_cudnn_sdpa
 if [[ -x $cudnn_test ]]; then
   stage cudnn_record optional 90 env CUDNN_FRONTEND_LOG_INFO=1 CUDNN_FRONTEND_LOG_FILE="$logs/cudnn_frontend.log" \
-    "$cudnn_test" -s -tc='*graph cache*,*refuses bad input*'
+    "$cudnn_test" -tc='*graph cache*,*refuses bad input*'
   # The engine choices in a few lines (the full log stays in logs.tar.gz).
   if [[ -f $logs/cudnn_frontend.log ]]; then
     grep -ioE '(implementation|engine|heuristic|cudnn_backend_version|cudnn version)[^,;]{0,80}' \

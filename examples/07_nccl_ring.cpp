@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // 07: Zigzag ring attention (sharding-aware) over NCCL, one process per GPU.
 //
-// Example 06 on GPUs: the same strategy with the CUDA kernel (attention::CudaFlash<float>) on device
+// Example 06 on GPUs: the same strategy with the CUDA kernel for fp32 (attention::CudaFlash<float>; in
+// fp16/bf16 use attention::DefaultCudaKernel<T>, kernels/seqpar/gpu/default_kernel.hpp: cuDNN's fused
+// attention, CudnnSdpa, where seqpar::cudnn is built, else CudaFlash) on device
 // buffers, its KV blocks moved by seqpar::backend::nccl::Transport on the execution context's comm
 // stream while the compute stream runs attention (events order the two; nothing waits on the host
 // inside the ring). Every rank builds the same batch and inputs (fixed seed), uploads only its shard
@@ -47,7 +49,7 @@ int run(sp::backend::nccl::Transport& t, std::int64_t tokens) {
   for (std::int64_t left = tokens; left > 0; left -= docs.back())
     docs.push_back(std::clamp<std::int64_t>(std::llround(doc_len(rng)), 1, left));
   const sp::DocumentBatch batch = sp::DocumentBatch::single(docs);
-  const sp::AttentionShape shape{8, 2, 64};  // GQA 8:2, head_dim 64 (CudaFlash: 64 or 128)
+  const sp::AttentionShape shape{8, 2, 64};  // GQA 8:2, head_dim 64 (CudaFlash: 64, 128 or 192/128)
   const std::int64_t n = batch.total_tokens();
   sp::ThdTensor<float> q(n, shape.heads_q, shape.head_dim), k(n, shape.heads_kv, shape.head_dim),
       v(n, shape.heads_kv, shape.head_dim), dout(n, shape.heads_q, shape.head_dim);

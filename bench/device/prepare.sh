@@ -5,6 +5,7 @@
 # along: doctest (tests/CMakeLists.txt: find_package(doctest REQUIRED)), its header and its CMake
 # package with the package's install prefix made relative (Debian's says /usr, where the GPU machine
 # has no doctest.h); and cudnn-frontend's headers for CudnnSdpa (cmake/install_cudnn_frontend.sh).
+# Then a dry run of the device run's scripts and built programs here: each must refuse cleanly without a GPU.
 #   bench/device/prepare.sh [DEST]      (DEST defaults to build/device_carry)
 set -euo pipefail
 
@@ -66,6 +67,39 @@ if "$root/cmake/install_cudnn_frontend.sh" "$root/build/cudnn_frontend" >&2; the
   frontend="cudnn-frontend $(cat "$dest/cudnn_frontend/VERSION")"
 else
   echo "prepare.sh: no cudnn-frontend: the device run will not build CudnnSdpa" >&2
+fi
+
+# Dry run of the device run's pieces here, where there is no GPU: the scripts parse, and every program the
+# run calls refuses cleanly (exit 77, "no CUDA device") rather than failing. Built programs are tried where
+# a build folder has them (SEQPAR_DRY_BUILD, default build/release); the Python ones with SEQPAR_PYTHON
+# (default python3; a torch without a GPU, or no torch, both skip).
+python=${SEQPAR_PYTHON:-python3}
+dry_build=${SEQPAR_DRY_BUILD:-$root/build/release}
+dry_fail=0
+expect_skip() {  # expect_skip NAME CMD...: exit 0 or 77 is clean, anything else is not
+  local rc=0
+  "${@:2}" >"$check/$1.log" 2>&1 || rc=$?
+  if [[ $rc -eq 77 || $rc -eq 0 ]]; then
+    echo "prepare.sh: dry run: $1: exit $rc ($(tail -n 1 "$check/$1.log" | cut -c1-120))"
+  else
+    echo "prepare.sh: dry run: $1: exit $rc, not a clean refusal:" >&2
+    tail -n 20 "$check/$1.log" >&2
+    dry_fail=1
+  fi
+}
+bash -n "$root/bench/device/run.sh" || dry_fail=1
+"$python" -m py_compile "$root/bench/device/torch_peers.py" "$root/bench/device/torch_op_cuda.py" || dry_fail=1
+expect_skip torch_peers_dry "$python" "$root/bench/device/torch_peers.py" --dry-run --smoke
+expect_skip torch_peers_mla_dry "$python" "$root/bench/device/torch_peers.py" --dry-run --smoke --mla
+expect_skip torch_op_cuda env PYTHONPATH="$root/python" "$python" "$root/bench/device/torch_op_cuda.py"
+for exe in tests/seqpar_test_cudnn_sdpa tests/seqpar_test_cudnn_strategies bench/attention_cuda; do
+  [[ -x $dry_build/$exe ]] || continue
+  expect_skip "$(basename "$exe")" "$dry_build/$exe"
+done
+[[ -x $dry_build/bench/attention_cuda ]] && expect_skip attention_compare "$dry_build/bench/attention_cuda" --smoke --compare
+if ((dry_fail)); then
+  echo "prepare.sh: the dry run found a script or program that does not refuse cleanly without a GPU" >&2
+  exit 1
 fi
 
 cat >"$dest/README" <<EOF

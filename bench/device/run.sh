@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# The device run of the CUDA path: one call on the GPU machine (H200, 16 cores), under 8 minutes.
+# The device run of the CUDA path: one call on the GPU machine (H100 or H200, 16 cores), under 8 minutes.
 #   bench/device/run.sh OUTDIR
 # Configures a Release build for sm_90a only in build/device, builds the CUDA targets (the tests
 # tests/cuda/test_*, tests/cudnn/test_* (CudnnSdpa, when cuDNN is found), the CPU side
 # seqpar_tests_cuda_host, the benches attention_cuda (CudaFlash and CudnnSdpa) and runtime_cuda), runs `ctest -L cuda`, attention_cuda --json, torch_peers.py beside
 # it, runtime_cuda --json, a compute-sanitizer memcheck of attention_cuda --smoke and, with time left,
-# racecheck of the same and memcheck of the test executables. Every stage runs under `timeout` inside
+# racecheck of the same and memcheck of the test executables. For CudnnSdpa (issue 38), right after the
+# build: cudnn-frontend's log of the engines cuDNN picks and of the graph cache over ten document mixes,
+# and memcheck of its test's cases near the views' ends; after the benches: attention_cuda --compare
+# (CudnnSdpa against CudaFlash, forward and backward, GQA, a window, 192/128), torch's peers at 192/128,
+# and the torch extension built with SEQPAR_TORCH_CUDA=1 and run on one process with each kernel choice
+# (bench/device/torch_op_cuda.py). Their JSON goes in logs.tar.gz. Every stage runs under `timeout` inside
 # one time budget, the build and the tests leaving time for the benchmarks; a failed stage is recorded
 # and the next still runs.
 #
@@ -190,6 +195,32 @@ else
 fi
 bench_exe() { for p in "$build/bench/$1" "$build/$1"; do [[ -x $p ]] && echo "$p" && return; done; }
 
+# ---- 2b. CudnnSdpa first (issue 38; the review of 2026-12-06, "does not yet cover" 1, 2, 8) --------------
+# The cuDNN and frontend versions, and which engine (UNIFIED or COMPOSITE) cuDNN picks per mask: cudnn-
+# frontend's own log of the graph-cache test (ten document mixes: graphs built, build time, workspace) and
+# of the refusal test (versions and the deterministic gate); then memcheck of the CudnnSdpa test on the
+# cases that read near the views' ends (a NaN-poisoned tail, A3's offsets, one-row documents), the only
+# check that sees a read past a view.
+cudnn_test=$build/tests/seqpar_test_cudnn_sdpa
+if [[ -x $cudnn_test ]]; then
+  stage cudnn_record optional 90 env CUDNN_FRONTEND_LOG_INFO=1 CUDNN_FRONTEND_LOG_FILE="$logs/cudnn_frontend.log" \
+    "$cudnn_test" -tc='*graph cache*,*refuses bad input*'
+  # The engine choices in a few lines (the full log stays in logs.tar.gz).
+  if [[ -f $logs/cudnn_frontend.log ]]; then
+    grep -ioE '(implementation|engine|heuristic|cudnn_backend_version|cudnn version)[^,;]{0,80}' \
+      "$logs/cudnn_frontend.log" | sort | uniq -c | sort -rn | head -n 40 >"$logs/cudnn_engines.txt"
+    gzip -f "$logs/cudnn_frontend.log"
+  fi
+  if command -v compute-sanitizer >/dev/null; then
+    stage memcheck_cudnn optional 150 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 \
+      "$cudnn_test" -tc='*NaN past the views*,*layouts*'
+  else
+    skip memcheck_cudnn "no compute-sanitizer"
+  fi
+else
+  skip cudnn_record "seqpar_test_cudnn_sdpa not built (no cuDNN or cudnn-frontend)"
+fi
+
 # ---- 3. the CUDA tests ----------------------------------------------------------------------------------
 if [[ $configured -eq 0 && $tests == ON ]]; then
   # -j 4: the tests share the one GPU; they are independent processes. Label regex cuda also selects
@@ -208,10 +239,34 @@ else
   failed_bench=1
   skip attention_cuda "not built"
 fi
+# CudnnSdpa against CudaFlash on identical inputs at the bench sizes, forward and backward: MHA, GQA 4:1, d 64
+# and 128, a window of 4096 on 1 x 16K, MLA's 192/128 (issue 38; its JSON goes in logs.tar.gz).
+if [[ -n $attention ]]; then
+  stage attention_compare bench 100 "$attention" --compare --json "$logs/attention_compare.json"
+fi
 peers_args=(--json "$out/torch_peers.json")
 [[ -f $logs/mixes.json ]] && peers_args+=(--mixes "$logs/mixes.json")
 [[ -f $out/attention_cuda.json ]] && peers_args+=(--compare "$out/attention_cuda.json")
 stage torch_peers bench 150 env PYTHONUNBUFFERED=1 python3 "$root/bench/device/torch_peers.py" "${peers_args[@]}"
+# torch's SDPA backends at MLA's 192/128 beside the compare table's CudnnSdpa and CudaFlash at 192/128.
+stage torch_peers_mla bench 60 env PYTHONUNBUFFERED=1 python3 "$root/bench/device/torch_peers.py" --mla \
+  --backends flash,cudnn --reps 5 --json "$logs/torch_peers_mla.json"
+
+# ---- 4b. the torch op's CUDA path (issue 38): the extension built with SEQPAR_TORCH_CUDA=1 for this GPU,
+# then one process over NCCL with each kernel choice ("auto", "flash", "cudnn", "seqpar") against float64.
+if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  reserve=60 stage torch_ext_build optional 240 env -C "$root/python" SEQPAR_TORCH_CUDA=1 SEQPAR_CUDA_ARCHS="$arch" \
+    SEQPAR_EXTENSIONS=seqpar._C MAX_JOBS="$jobs" python3 setup.py --quiet build_ext --inplace
+  if [[ $? -eq 0 ]]; then
+    stage torch_op_cuda hard 90 env PYTHONPATH="$root/python" PYTHONUNBUFFERED=1 \
+      python3 "$root/bench/device/torch_op_cuda.py" --json "$logs/torch_op_cuda.json"
+  else
+    skip torch_op_cuda "the extension did not build"
+  fi
+else
+  skip torch_ext_build "no torch with CUDA on this machine"
+fi
+
 runtime=$(bench_exe runtime_cuda)
 if [[ -n $runtime ]]; then
   stage runtime_cuda bench 120 "$runtime" --json "$out/runtime_cuda.json"
@@ -260,7 +315,12 @@ fi
     grep -E 'tests passed|tests failed|\*\*\*(Failed|Skipped|Not Run|Timeout)|Not Run|Total Test time' \
       "$logs/ctest.log" | tail -n 25
   fi
-  for name in attention_cuda torch_peers runtime_cuda; do
+  if [[ -f $logs/cudnn_engines.txt ]]; then
+    echo
+    echo "--- cuDNN engines and versions (cudnn-frontend's log, counted) ---"
+    head -n 20 "$logs/cudnn_engines.txt" | cut -c1-200
+  fi
+  for name in cudnn_record attention_compare torch_op_cuda attention_cuda torch_peers runtime_cuda; do
     [[ -f $logs/$name.log ]] || continue
     echo
     echo "--- $name (tail) ---"

@@ -38,7 +38,8 @@ import sys
 import time
 
 HEADS = 16
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = ((64, 64), (128, 128))  # (q/k, v) head sizes
+MLA_HEAD_DIMS = ((192, 128),)  # --mla: DeepSeek's q/k 192, v 128 (beside attention_cuda --compare's 192/128)
 TOKENS = 16384
 # The packed mix: must match attention_cuda.cpp (LognormalSpec in main).
 LOGNORMAL = {"median": 256.0, "sigma": 1.0, "seed": 20240607}
@@ -147,21 +148,21 @@ def time_calls(timer, call, warmup, samples, sample_ms, max_inner):
 
 
 # ---- the peers ------------------------------------------------------------------------------------
-def sdpa_route(torch, device, backend, mix, heads, d):
+def sdpa_route(torch, device, backend, mix, heads, d, dv):
     """(forward, backward) closures of SDPA under one backend: batched or per document."""
     from torch.nn.attention import sdpa_kernel
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
     gen = torch.Generator(device=device).manual_seed(1)
 
-    def leaf(b, n):  # (B, L, H, d) storage, used as its (B, H, L, d) view
-        return torch.randn(b, n, heads, d, device=device, dtype=torch.bfloat16, generator=gen).requires_grad_()
+    def leaf(b, n, width):  # (B, L, H, width) storage, used as its (B, H, L, width) view
+        return torch.randn(b, n, heads, width, device=device, dtype=torch.bfloat16, generator=gen).requires_grad_()
 
     if uniform(mix):
-        n = documents(mix)[0]
-        groups = [[leaf(len(mix["sequences"]), n) for _ in range(3)]]
+        n, b = documents(mix)[0], len(mix["sequences"])
+        groups = [[leaf(b, n, d), leaf(b, n, d), leaf(b, n, dv)]]
     else:
-        groups = [[leaf(1, n) for _ in range(3)] for n in documents(mix)]
+        groups = [[leaf(1, n, d), leaf(1, n, d), leaf(1, n, dv)] for n in documents(mix)]
 
     def forward():
         with sdpa_kernel(backend):
@@ -178,7 +179,7 @@ def sdpa_route(torch, device, backend, mix, heads, d):
     return forward, backward
 
 
-def varlen_route(torch, device, mix, heads, d):
+def varlen_route(torch, device, mix, heads, d, dv):
     import inspect
 
     from torch.nn.attention.varlen import varlen_attn
@@ -187,7 +188,8 @@ def varlen_route(torch, device, mix, heads, d):
     n = sum(docs)
     gen = torch.Generator(device=device).manual_seed(1)
     q, k, v = (
-        torch.randn(n, heads, d, device=device, dtype=torch.bfloat16, generator=gen).requires_grad_() for _ in range(3)
+        torch.randn(n, heads, width, device=device, dtype=torch.bfloat16, generator=gen).requires_grad_()
+        for width in (d, d, dv)
     )
     cu = torch.tensor([0] + [sum(docs[: i + 1]) for i in range(len(docs))], device=device, dtype=torch.int32)
     params = inspect.signature(varlen_attn).parameters
@@ -240,7 +242,7 @@ def run_peers(args, mixes):
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
     chosen = [b for b in args.backends.split(",") if b]
     print("%-4s %-10s %5s %4s %-16s %9s %9s" % ("pass", "mix", "docs", "d", "peer", "ms", "TFLOP/s"))
-    for d in HEAD_DIMS:
+    for d, dv in (MLA_HEAD_DIMS if args.mla else HEAD_DIMS):
         if args.head_dim and d != args.head_dim:
             continue
         for mix in mixes:
@@ -248,17 +250,17 @@ def run_peers(args, mixes):
             for name in chosen:
                 if name == "varlen":
                     if not uniform(mix):
-                        peers.append(("varlen", "varlen", lambda mix=mix: varlen_route(torch, dev, mix, heads, d)))
+                        peers.append(("varlen", "varlen", lambda mix=mix: varlen_route(torch, dev, mix, heads, d, dv)))
                 elif name in backends:
                     route = "batched" if uniform(mix) else "per-document"
-                    peers.append((name, route, lambda b=backends[name], mix=mix: sdpa_route(torch, dev, b, mix, heads, d)))
+                    peers.append((name, route, lambda b=backends[name], mix=mix: sdpa_route(torch, dev, b, mix, heads, d, dv)))
                 else:
                     print("torch_peers: unknown backend %r (flash, cudnn, varlen)" % name, file=sys.stderr)
-            fwd_flops = 4.0 * d * heads * visible_pairs(mix)
+            fwd_flops = 2.0 * (d + dv) * heads * visible_pairs(mix)  # 4 d Hq pairs where dv == d
             for name, route, make in peers:
                 base = {"kind": "attention", "impl": "torch", "backend": name, "route": route, "dtype": "bf16",
                         "mix": mix["name"], "sequences": len(mix["sequences"]), "documents": len(documents(mix)),
-                        "tokens": sum(documents(mix)), "head_dim": d, "heads_q": heads, "heads_kv": heads,
+                        "tokens": sum(documents(mix)), "head_dim": d, "head_dim_v": dv, "heads_q": heads, "heads_kv": heads,
                         "mask": "document-causal", "visible_pairs": visible_pairs(mix)}
                 label = "%s/%s" % (name, route)
                 try:
@@ -332,7 +334,8 @@ def main():
     ap.add_argument("--json", help="write the records here")
     ap.add_argument("--compare", help="attention_cuda's --json: print seqpar beside the best peer")
     ap.add_argument("--backends", default="flash,cudnn,varlen", help="comma list of flash, cudnn, varlen")
-    ap.add_argument("--head-dim", type=int, default=0, choices=(0, 64, 128))
+    ap.add_argument("--head-dim", type=int, default=0, choices=(0, 64, 128, 192))
+    ap.add_argument("--mla", action="store_true", help="head sizes 192/128 (q/k, v) instead of 64 and 128")
     ap.add_argument("--reps", type=int, default=15, help="timed samples per case")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, one sample")
     ap.add_argument("--dry-run", action="store_true", help="print the shapes (and check --mixes), no torch")
@@ -350,7 +353,8 @@ def main():
               % (mix["name"], len(mix["sequences"]), len(docs), sum(docs), max(docs), visible_pairs(mix),
                  4.0 * 128 * heads * visible_pairs(mix)))
     if args.dry_run:
-        print("torch_peers: dry run: heads %d, head dims %s, backends %s" % (heads, HEAD_DIMS, args.backends))
+        print("torch_peers: dry run: heads %d, head dims %s, backends %s"
+              % (heads, MLA_HEAD_DIMS if args.mla else HEAD_DIMS, args.backends))
         return 1 if agree is False else 0
 
     rc, records = run_peers(args, mixes)

@@ -4,6 +4,11 @@
 // tests, benchmarks and CudnnSdpa instances (seqpar::cuda_instances). They need no cuDNN.
 #include "seqpar/gpu/detail/sdpa_ops.cuh"
 
-template void seqpar::gpu::detail::sdpa_ops::accumulate<__half>(cudaStream_t, seqpar::ThdView<__half>, const __half*);
-template void seqpar::gpu::detail::sdpa_ops::accumulate<__nv_bfloat16>(cudaStream_t, seqpar::ThdView<__nv_bfloat16>,
-                                                                       const __nv_bfloat16*);
+namespace ops = seqpar::gpu::detail::sdpa_ops;
+template void ops::accumulate<__half>(cudaStream_t, seqpar::ThdView<__half>, const __half*);
+template void ops::accumulate<__nv_bfloat16>(cudaStream_t, seqpar::ThdView<__nv_bfloat16>, const __nv_bfloat16*);
+template void ops::zero_rows<__half>(cudaStream_t, seqpar::ThdView<__half>, ops::RowRanges);
+template void ops::zero_rows<__nv_bfloat16>(cudaStream_t, seqpar::ThdView<__nv_bfloat16>, ops::RowRanges);
+template void ops::accumulate_rows<__half>(cudaStream_t, seqpar::ThdView<__half>, const __half*, ops::RowRanges);
+template void ops::accumulate_rows<__nv_bfloat16>(cudaStream_t, seqpar::ThdView<__nv_bfloat16>, const __nv_bfloat16*,
+                                                  ops::RowRanges);

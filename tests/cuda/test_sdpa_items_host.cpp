@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <random>
 #include <stdexcept>
@@ -34,6 +35,48 @@ bool item_sees(const SdpaItem& it, std::int64_t i, std::int64_t j) {
   const std::int64_t diag = i + it.k_len - it.q_len;  // bottom-right alignment
   if (j > diag) return false;
   return it.mask == SdpaMask::kCausal || j > diag - it.window;
+}
+
+// A run's item tables (sdpa_run_tables): the real items in order, then zero-length padding items at the
+// run's end (the query offsets never decrease), a power-of-two count when padding, prefix sums of the
+// real lengths.
+void check_tables(const gpu::detail::SdpaRun& run, const gpu::detail::SdpaRunTables& t, bool pad) {
+  const auto n = static_cast<std::int64_t>(run.items.size());
+  if (pad) {
+    CHECK(t.padded >= n);
+    CHECK(t.padded >= 2);
+    CHECK((t.padded & (t.padded - 1)) == 0);
+    CHECK(t.padded < 2 * std::max<std::int64_t>(n, 2));
+  } else {
+    CHECK(t.padded == n);
+  }
+  const auto m = static_cast<std::size_t>(t.padded);
+  REQUIRE(t.q_tokens.size() == m + 1);
+  REQUIRE(t.k_tokens.size() == m + 1);
+  REQUIRE(t.q_lens.size() == m);
+  REQUIRE(t.k_lens.size() == m);
+  REQUIRE(t.rows_q.size() == m + 1);
+  REQUIRE(t.rows_k.size() == m + 1);
+  std::int64_t rq = 0, rk = 0;
+  for (std::size_t b = 0; b < m; ++b) {
+    CHECK(t.rows_q[b] == rq);
+    CHECK(t.rows_k[b] == rk);
+    if (b < run.items.size()) {
+      const SdpaItem& it = run.items[b];
+      CHECK(t.q_tokens[b] == it.q_begin);
+      CHECK(t.k_tokens[b] == it.k_begin);
+      CHECK(t.q_lens[b] == it.q_len);
+      CHECK(t.k_lens[b] == it.k_len);
+    } else {
+      CHECK(t.q_lens[b] == 0);
+      CHECK(t.k_lens[b] == 0);
+    }
+    CHECK(t.q_tokens[b] <= t.q_tokens[b + 1]);  // monotone query offsets, padding included
+    rq += t.q_lens[b];
+    rk += t.k_lens[b];
+  }
+  CHECK(t.rows_q[m] == rq);
+  CHECK(t.rows_k[m] == rk);
 }
 
 // Every pair of the buffers (query row, key row) the slices make visible, against the items'.
@@ -78,6 +121,20 @@ void check_cover(const std::vector<AttnSlice>& slices, std::int64_t q_rows, std:
       }
       CHECK(longest == run.max_q);
       CHECK(static_cast<std::int64_t>(run.items.size()) * run.max_q <= gpu::detail::sdpa_stats_rows_bound(q_rows));
+      // A3: a run's items in increasing first query row (query-disjoint, so strictly), its Q/O/dO/dQ
+      // ragged offsets increasing as in a packed batch.
+      for (std::size_t a = 1; a < run.items.size(); ++a)
+        CHECK(run.items[a - 1].q_begin + run.items[a - 1].q_len <= run.items[a].q_begin);
+      // B4: a window left in a run cuts some row of its item (it is below the item's s_kv).
+      if (run.mask == SdpaMask::kWindow)
+        for (const SdpaItem& it : run.items) CHECK(it.window < it.k_len);
+      // C1: the tables a graph reads, padded and not: the statistics (bucketed items x bucketed longest
+      // query per head, un-ragged) stay within the workspace's bound.
+      for (const bool pad : {false, true}) {
+        const auto t = gpu::detail::sdpa_run_tables(run, pad);
+        check_tables(run, t, pad);
+        CHECK(t.padded * gpu::detail::sdpa_bucket(run.max_q) <= gpu::detail::sdpa_graph_stats_rows_bound(q_rows));
+      }
       if (backward)  // cuDNN writes dK/dV: one run never holds two items with a common key
         for (std::size_t a = 0; a < run.items.size(); ++a)
           for (std::size_t b = a + 1; b < run.items.size(); ++b) {
@@ -128,7 +185,10 @@ TEST_SUITE("cuda_host") {
           default: {
             // A window that cuDNN can say: the keys reach past the last row's diagonal (or it sees
             // nothing there), so no row's window is cut by the last key.
-            m = Mask::sliding_window(1 + static_cast<std::int64_t>(rng() % 6), offset);
+            // One in four: a window that cuts nothing (B4), up to INT64_MAX.
+            const std::int64_t w = rng() % 4 == 0 ? std::numeric_limits<std::int64_t>::max() - (rng() % 2)
+                                                  : 1 + static_cast<std::int64_t>(rng() % 6);
+            m = Mask::sliding_window(w, offset);
             break;
           }
         }
@@ -145,6 +205,118 @@ TEST_SUITE("cuda_host") {
       CAPTURE(trial);
       check_cover(slices, q_rows, k_rows);
     }
+  }
+
+  TEST_CASE("CudnnSdpa items: a window that cuts no row is the causal mask, up to INT64_MAX (B4)") {
+    constexpr std::int64_t kHuge = std::numeric_limits<std::int64_t>::max();
+    // Windows at, just below and far above the item's s_kv, with and without a full tail, offsets of both
+    // signs: the cover is exact and windows that cut nothing leave no window item.
+    for (const std::int64_t offset : {-3, 0, 2, 7})
+      for (const std::int64_t w : {std::int64_t{1}, std::int64_t{9}, std::int64_t{10}, std::int64_t{11},
+                                   std::int64_t{40}, std::int64_t{1} << 31, kHuge - 1, kHuge}) {
+        CAPTURE(offset);
+        CAPTURE(w);
+        const std::vector<AttnSlice> inside{{{0, 10}, {0, 40}, Mask::sliding_window(w, offset)}};
+        check_cover(inside, 10, 40);
+        for (const SdpaItem& it : gpu::detail::sdpa_items(inside, "test")) {
+          CHECK(it.mask != SdpaMask::kFull);  // the keys reach past every row's diagonal: no full tail
+          CHECK((it.mask == SdpaMask::kWindow) == (w < it.k_len));
+        }
+        // Keys that end before the last rows' diagonal: a huge window is causal with a full tail.
+        const std::vector<AttnSlice> tail{{{0, 10}, {0, 6}, Mask::sliding_window(w, offset)}};
+        bool expressible = true;
+        try {
+          (void)gpu::detail::sdpa_items(tail, "test");
+        } catch (const std::invalid_argument&) {
+          expressible = false;
+        }
+        if (w >= 10 + offset + 6) CHECK(expressible);  // no row is cut: causal plus a full tail
+        if (expressible) check_cover(tail, 10, 6);
+      }
+    // A window slice and a causal one that it equals merge into one run.
+    const std::vector<AttnSlice> both{{{0, 10}, {0, 10}, Mask::causal()},
+                                      {{10, 20}, {10, 20}, Mask::sliding_window(kHuge)}};
+    const auto runs = gpu::detail::sdpa_runs(gpu::detail::sdpa_items(both, "test"), 20, false);
+    REQUIRE(runs.size() == 1);
+    CHECK(runs[0].mask == SdpaMask::kCausal);
+    CHECK(runs[0].items.size() == 2);
+  }
+
+  TEST_CASE("CudnnSdpa items: runs sorted by first query row, padded tables (A3, C1)") {
+    // Items of very different lengths (the run used to be sorted longest first), a one-row document
+    // between long ones, and a short slice at the end of a long buffer.
+    const std::vector<AttnSlice> s{{{0, 3}, {0, 3}, Mask::causal()},
+                                   {{3, 40}, {3, 40}, Mask::causal()},
+                                   {{40, 41}, {40, 41}, Mask::causal()},
+                                   {{41, 90}, {41, 90}, Mask::causal()},
+                                   {{990, 1000}, {990, 1000}, Mask::causal()}};
+    check_cover(s, 1000, 1000);
+    const auto runs = gpu::detail::sdpa_runs(gpu::detail::sdpa_items(s, "test"), 1000, true);
+    REQUIRE(runs.size() == 1);
+    REQUIRE(runs[0].items.size() == 5);
+    const auto t = gpu::detail::sdpa_run_tables(runs[0], true);
+    CHECK(t.padded == 8);
+    CHECK(t.q_tokens == std::vector<std::int64_t>{0, 3, 40, 41, 990, 1000, 1000, 1000, 1000});
+    CHECK(t.q_lens == std::vector<std::int32_t>{3, 37, 1, 49, 10, 0, 0, 0});
+    CHECK(t.rows_q == std::vector<std::int64_t>{0, 3, 40, 41, 90, 100, 100, 100, 100});
+    CHECK(gpu::detail::sdpa_bucket(1) == 2);
+    CHECK(gpu::detail::sdpa_bucket(2) == 2);
+    CHECK(gpu::detail::sdpa_bucket(3) == 4);
+    CHECK(gpu::detail::sdpa_bucket(4096) == 4096);
+    CHECK(gpu::detail::sdpa_bucket(4097) == 8192);
+  }
+
+  TEST_CASE("CudnnSdpa version gates: cuDNN and cudnn-frontend versions, device, shape, mask (B2)") {
+    using attention::CudnnSdpaFeatures;
+    using attention::CudnnVersions;
+    const AttentionShape mha{4, 4, 128}, gqa{8, 2, 128};
+    AttentionShape mla{4, 2, 192};
+    mla.head_dim_v = 128;
+    const CudnnSdpaFeatures none{}, causal{true, false, false}, window{true, true, false}, det{false, false, true};
+    const auto gate = [](std::int64_t cudnn, int cc, const AttentionShape& shape, const CudnnSdpaFeatures& f,
+                         std::int64_t frontend = 13200) {
+      return attention::cudnn_sdpa_version_status(CudnnVersions{cudnn, frontend}, cc, shape, f, "CudnnSdpa");
+    };
+    const auto refused_as = [](const Status& s, const char* text) {
+      CAPTURE(s.reason);
+      return !s && s.reason.find(text) != std::string::npos;
+    };
+    // torch 2.11's cuDNN 9.19.0 with cudnn-frontend 1.32 runs everything on Hopper.
+    for (const auto& f : {none, causal, window, det}) {
+      CHECK(gate(91900, 90, mha, f));
+      CHECK(gate(91900, 90, gqa, f));
+      CHECK(gate(91900, 90, mla, f));
+    }
+    CHECK(refused_as(gate(91900, 90, mha, none, 10800), "cudnn_frontend version = 1.8.0"));
+    CHECK(refused_as(gate(90000, 90, mha, none, 10800), "needs 1.9.0"));
+    CHECK(refused_as(gate(80906, 90, mha, none), "cuDNN version = 8.9.6"));
+    CHECK(refused_as(gate(91000, 90, mha, none), "known bugs in 9.10.0 and 9.10.1"));
+    CHECK(refused_as(gate(91001, 100, mha, none), "use 9.10.2 or newer"));
+    // Ragged batches before Hopper: 9.18.1.
+    CHECK(refused_as(gate(91800, 80, mha, none), "ragged (THD) batches on compute capability 8.0"));
+    CHECK(refused_as(gate(91800, 89, mha, none), "needs 9.18.1"));
+    CHECK(gate(91801, 80, mha, causal));
+    CHECK(gate(91801, 86, gqa, window));
+    CHECK(gate(90000, 120, mha, none));  // sm_120 is past the ragged check's "< 9.0"
+    // GQA and bottom-right masks: 9.6.0.
+    CHECK(gate(90500, 90, mha, none));
+    CHECK(refused_as(gate(90500, 90, gqa, none), "grouped KV heads (shape.heads_q 8 != shape.heads_kv 2)"));
+    CHECK(refused_as(gate(90500, 90, mha, causal), "a bottom-right causal mask over ragged batches needs 9.6.0"));
+    CHECK(gate(90600, 90, gqa, causal));
+    // Sliding windows on Hopper: 9.10.2 (other devices: 9.6.0 with the bottom-right mask).
+    CHECK(refused_as(gate(90900, 90, mha, window), "a sliding window (bottom-right band) on Hopper needs 9.10.2"));
+    CHECK(gate(91002, 90, mha, window));
+    CHECK(gate(90900, 100, mha, window));
+    // 192/128 on Blackwell: 9.11.0.
+    CHECK(refused_as(gate(91002, 100, mla, none), "head sizes 192/128 on Blackwell needs 9.11.0"));
+    CHECK(gate(91100, 100, mla, none));
+    CHECK(gate(91002, 90, mla, none));
+    // cuDNN's deterministic backward: none on sm_8x / sm_12x for ragged batches; Blackwell from 9.18.0.
+    CHECK(refused_as(gate(91900, 80, mha, det), "arguments.deterministic = true"));
+    CHECK(refused_as(gate(91900, 120, mha, det), "SM8X and SM12X"));
+    CHECK(refused_as(gate(91700, 100, mha, det), "deterministic backward on Blackwell needs 9.18.0"));
+    CHECK(gate(91800, 100, mha, det));
+    CHECK(gate(90600, 90, mha, det));
   }
 
   TEST_CASE("CudnnSdpa items: a sliding window cut by its slice's last key is refused by name") {

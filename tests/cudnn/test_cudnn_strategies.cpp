@@ -9,11 +9,13 @@
 // without one (2026-12-04): compiled there, to be run by bench/device/run.sh. MLA's head sizes 192/128
 // (2026-12-05): ring, all-to-all and all-gather strategies on devices of compute capability 9.0 and newer
 // (skipped with a message on older ones, where CudnnSdpa refuses the shape); compiled, never run.
+// Attention sinks through an engine on CudnnSdpa (issue 38, 2026-12-07): compiled, never run.
 #include <doctest/doctest.h>
 
 #include <seqpar/seqpar.hpp>
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <random>
 #include <vector>
@@ -32,14 +34,14 @@ using Kernel = attention::CudnnSdpa<__nv_bfloat16>;
 constexpr double kBf16Tolerance = 2.5e-2;
 
 template <class S>
-test::Errors check_on_gpu(const DocumentBatch& batch, const AttentionShape& shape, int world,
-                          typename S::Arguments args) {
+test::Errors check_on_gpu(const test::MaskedBatch& batch, const AttentionShape& shape, int world,
+                          typename S::Arguments args, const std::vector<double>& sinks = {}) {
   return test::distributed_check<Kernel, test::DeviceStorage>(
       batch, shape, world,
       [&](backend::inproc::Transport& t) -> std::unique_ptr<runtime::AttentionEngine<Kernel>> {
         return std::make_unique<DistributedAttention<S, Kernel>>(t, shape, args, Kernel{});
       },
-      static_cast<std::uint32_t>(world) + 11);
+      static_cast<std::uint32_t>(world) + 11, sinks);
 }
 
 // Two sequences of lognormal documents (median 12 tokens, length-1 documents among them).
@@ -91,6 +93,30 @@ TEST_SUITE("cudnn") {
         check.template operator()<Usp>("BatchAware<PerDoc> x Hierarchical(A2A, Ring)", usp);
       }
       CHECK(run >= 2);
+    }
+  }
+  TEST_CASE("CudnnSdpa<__nv_bfloat16> with attention sinks through an engine: the LSE's units end to end") {
+    // The engine applies sinks from each row's LSE (attention/sinks.hpp): cuDNN's statistics must be the
+    // natural-log LSE of the scaled scores, as every other kernel's. Ring and a hierarchical strategy
+    // with a sliding window, against the fp64 reference with the same sinks (issue 38, device item 7).
+    using namespace seqpar;
+    std::mt19937 rng(4);
+    const DocumentBatch batch({test::lognormal_docs(120, 12.0, 1.0, rng), test::lognormal_docs(80, 6.0, 1.0, rng)});
+    const AttentionShape shape{4, 2, 64};
+    const std::vector<double> sinks{4.0, -0.5, 1.25, -std::numeric_limits<double>::infinity()};
+    using Ring = Strategy<partition::Zigzag, comm::Ring>;
+    using Hier = Strategy<partition::Hybrid, comm::Hierarchical<comm::AllToAll, comm::Ring>>;
+    Hier::Arguments hier;
+    hier.ranks_per_node = 2;
+    for (const test::Errors& e : {check_on_gpu<Ring>(batch, shape, 3, {}, sinks),
+                                  check_on_gpu<Hier>(test::windowed(batch, 24), shape, 4, hier, sinks)}) {
+      CHECK(e.o < kBf16Tolerance);
+      CHECK(e.lse < kBf16Tolerance);
+      CHECK(e.dq < kBf16Tolerance);
+      CHECK(e.dk < kBf16Tolerance);
+      CHECK(e.dv < kBf16Tolerance);
+      CHECK(e.dsinks < kBf16Tolerance);
+      CHECK(e.bytes_match);
     }
   }
   TEST_CASE(

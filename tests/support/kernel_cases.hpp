@@ -349,6 +349,10 @@ std::size_t run_long_cases(typename H::kernel_type& kernel, Tolerance tol, std::
 enum class Isolation {
   kDocument,  ///< only outputs of its own document: other documents' outputs are bit-for-bit the clean ones
   kMask,      ///< only the rows and keys that read it under the mask (its document's other rows stay clean too)
+  /// CudnnSdpa's contract (issue 38, A1): kDocument, and also the outputs of a document whose tiles, of
+  /// `tile_rows` rows from its first row, cover the planted token (cuDNN loads whole tiles from an item's
+  /// ragged offset; P = 0 times NaN is NaN inside its MMA).
+  kDocumentOrTile,
 };
 
 /// Four documents packed in one buffer (key tiles straddle their boundaries), masks causal, causal, sliding
@@ -358,7 +362,8 @@ enum class Isolation {
 /// last tokens (a key a neighbouring document's rows must not read, even with weight 0), the first token of
 /// the full-mask document, then tokens mid-tile in a causal and in the sliding-window document.
 template <class H>
-void check_nonfinite_isolation(typename H::kernel_type& kernel, Isolation level, int positions = 6) {
+void check_nonfinite_isolation(typename H::kernel_type& kernel, Isolation level, int positions = 6,
+                               std::int64_t tile_rows = 128) {
   using T = typename H::value_type;
   using A = typename H::accum_type;
   using Thd = typename H::template Thd<T>;
@@ -440,6 +445,10 @@ void check_nonfinite_isolation(typename H::kernel_type& kernel, Isolation level,
           bool o_dep = false, dq_dep = false, kv_dep = false;
           if (level == Isolation::kDocument) {
             o_dep = dq_dep = kv_dep = doc_of(t) == doc_of(at);
+          } else if (level == Isolation::kDocumentOrTile) {
+            const Range doc = slices[doc_of(t)].q_range;
+            const std::int64_t tiles_end = doc.begin + (doc.size() + tile_rows - 1) / tile_rows * tile_rows;
+            o_dep = dq_dep = kv_dep = doc_of(t) == doc_of(at) || (at >= doc.begin && at < tiles_end);
           } else if (which == 0) {  // q[at]: row at, and the keys it sees
             o_dep = dq_dep = t == at;
             kv_dep = sees(at, t);

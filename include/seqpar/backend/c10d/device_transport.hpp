@@ -100,7 +100,8 @@ class DeviceRequest {
 /// @code
 /// // Python: the op on CUDA tensors with dist.init_process_group("nccl") (seqpar.torch)
 /// seqpar::backend::c10d::DeviceTransport t(process_group, {.timeout = 600s, .device = 0});
-/// seqpar::DistributedAttention<ZigzagRing, attention::CudaFlash<__nv_bfloat16>> attn(t, shape, args);
+/// // bf16: attention::DefaultCudaKernel (kernels/seqpar/gpu/default_kernel.hpp) is CudnnSdpa where built
+/// seqpar::DistributedAttention<ZigzagRing, attention::DefaultCudaKernel<__nv_bfloat16>> attn(t, shape, args);
 /// attn.forward(batch, q, k, v, o, lse);  // device views; enqueued on the kernel's streams
 /// @endcode
 class DeviceTransport {

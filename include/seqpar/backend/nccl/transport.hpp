@@ -190,7 +190,8 @@ class Request {
 /// seqpar::backend::mpi::Transport host(MPI_COMM_WORLD);
 /// cudaSetDevice(local_rank);
 /// auto t = seqpar::backend::nccl::Transport::bootstrap(host);
-/// seqpar::DistributedAttention<ZigzagRing, attention::CudaFlash<__nv_bfloat16>> attn(t, shape, args);
+/// // bf16: attention::DefaultCudaKernel (kernels/seqpar/gpu/default_kernel.hpp) is CudnnSdpa where built
+/// seqpar::DistributedAttention<ZigzagRing, attention::DefaultCudaKernel<__nv_bfloat16>> attn(t, shape, args);
 /// attn.forward(batch, q, k, v, o, lse);                                 // device views
 /// t.synchronize();                                                      // under the deadline
 /// @endcode

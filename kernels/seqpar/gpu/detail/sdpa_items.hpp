@@ -20,7 +20,9 @@
 /// Items are grouped into runs (one graph execution each) by mask class and window. A backward run
 /// also needs key-disjoint items (cuDNN writes dK/dV, it does not add), so backward runs are split
 /// into waves whose key ranges do not overlap; and every run is cut so that its padded statistics
-/// (items x longest query) stay within twice the query rows, which bounds the workspace.
+/// (items x longest query) stay within twice the query rows, which bounds the workspace. A run's items
+/// are then sorted by first query row, and its tables (sdpa_run_tables) padded to a power-of-two count
+/// (issue 38, A3 and C1).
 
 #include <algorithm>
 #include <cstddef>
@@ -75,12 +77,18 @@ struct SdpaRun {
     // Rows whose diagonal stays inside the keys (row i sees keys <= i + o < k): a bottom-right item of
     // s_kv = s_q + o. The rows after them see every key.
     const std::int64_t inside = std::clamp<std::int64_t>(k - o, 0, rows);
-    const bool window = s.mask.kind == MaskKind::kSlidingWindow;
+    // A window that cuts no row on the left is the causal mask (issue 38, B4): row i' sees keys from
+    // i' + o + 1 - window, cut nowhere in the bottom-right item when window >= inside + o (its s_kv), and
+    // nowhere in the rows after it when window >= rows + o. Exact; it merges such items into the causal
+    // runs and keeps windows of 2^31 and more (a "no window" sentinel) out of cuDNN's int band bound: a
+    // window left in an item is below its s_kv, which fits in int32 (the calls check their buffers).
+    const bool windowed = s.mask.kind == MaskKind::kSlidingWindow;
+    const bool item_window = windowed && s.mask.window < inside + o;
     if (inside > 0)
       items.push_back({s.q_range.begin + r0, inside, s.k_range.begin, inside + o,
-                       window ? SdpaMask::kWindow : SdpaMask::kCausal, window ? s.mask.window : 0, i});
+                       item_window ? SdpaMask::kWindow : SdpaMask::kCausal, item_window ? s.mask.window : 0, i});
     if (inside == rows) continue;
-    if (!window) {
+    if (!windowed || s.mask.window >= rows + o) {
       items.push_back({s.q_range.begin + r0 + inside, rows - inside, s.k_range.begin, k, SdpaMask::kFull, 0, i});
       continue;
     }
@@ -98,7 +106,10 @@ struct SdpaRun {
 }
 
 /// Runs of `items`: grouped by mask and window; with `key_disjoint` (backward) split into waves whose
-/// key ranges do not overlap; each cut so that items x longest query <= 2 * max(q_rows, longest).
+/// key ranges do not overlap; each cut so that items x longest query <= 2 * max(q_rows, longest); each
+/// run's items sorted by first query row (issue 38, A3: its Q, O, dO and dQ ragged offsets increase,
+/// as in the packed batches every other cuDNN user passes; items are query-disjoint, so they are
+/// strictly increasing).
 [[nodiscard]] inline std::vector<SdpaRun> sdpa_runs(std::vector<SdpaItem> items, std::int64_t q_rows,
                                                     bool key_disjoint) {
   std::sort(items.begin(), items.end(), [](const SdpaItem& a, const SdpaItem& b) {
@@ -139,6 +150,8 @@ struct SdpaRun {
           run.max_k = std::max(run.max_k, wave[e].k_len);
           ++e;
         }
+        std::sort(run.items.begin(), run.items.end(),
+                  [](const SdpaItem& x, const SdpaItem& y) { return x.q_begin < y.q_begin; });
         runs.push_back(std::move(run));
         b = e;
       }
@@ -151,6 +164,73 @@ struct SdpaRun {
 /// Floats of padded statistics a run needs per head (items x longest query): at most this bound.
 [[nodiscard]] constexpr std::int64_t sdpa_stats_rows_bound(std::int64_t q_rows) noexcept {
   return 2 * q_rows;
+}
+
+/// A graph's S_q / S_kv for a longest item of n rows, and its batch size for n items: the next power of
+/// two, at least 2, so that a training run's changing document mixes reuse a few graphs (issue 38, C1).
+/// At least 2: cudnn-frontend's backward refuses S_q = S_kv = 1 (scaled_dot_product_flash_attention.h,
+/// 1.32), which a run of one-token items would ask for; the padding mask carries the true lengths.
+[[nodiscard]] constexpr std::int64_t sdpa_bucket(std::int64_t n) noexcept {
+  std::int64_t b = 2;
+  while (b < n) b *= 2;
+  return b;
+}
+
+/// Floats of padded statistics per head of a run as a graph sees it, (bucketed items) x (bucketed
+/// longest query): each bucket at most doubles, so at most 4 x sdpa_stats_rows_bound (8 q_rows, at least
+/// 8 for the 2 x 2 of a one-row call).
+[[nodiscard]] constexpr std::int64_t sdpa_graph_stats_rows_bound(std::int64_t q_rows) noexcept {
+  return 4 * sdpa_stats_rows_bound(q_rows < 1 ? 1 : q_rows);
+}
+
+/// A run's item tables as a graph reads them (uploaded by CudnnSdpa::prepare): `padded` entries (the
+/// item count bucketed with sdpa_bucket when padding, else the item count) of first query and key
+/// token and lengths, then one end entry. Padding items have q_len = k_len = 0 and sit at the end of
+/// the run's rows. Zero-length padding is how TransformerEngine pads its THD batch to max_b (the
+/// 2026-12-06 static review; not checked on a GPU here): cudnn-frontend #943's NaN rows come from
+/// seq_len_kv = 0 with seq_len_q > 0 (cuDNN 9.22-9.24), which a padding item never has, as it has no
+/// row. CudnnSdpa::Arguments::pad_items turns it off should a device run show otherwise. At the end of
+/// the run's rows, the query offsets stay increasing. `rows_q` / `rows_k`: prefix sums of the real
+/// items' query and key lengths (padded + 1 entries), the row ranges the backward zeroes and adds
+/// (a backward run is key-disjoint, so each key row is in at most one item).
+struct SdpaRunTables {
+  std::int64_t padded = 0;
+  std::vector<std::int64_t> q_tokens, k_tokens;  ///< padded + 1
+  std::vector<std::int32_t> q_lens, k_lens;      ///< padded
+  std::vector<std::int64_t> rows_q, rows_k;      ///< padded + 1
+};
+
+[[nodiscard]] inline SdpaRunTables sdpa_run_tables(const SdpaRun& run, bool pad_items) {
+  SdpaRunTables t;
+  const auto n = static_cast<std::int64_t>(run.items.size());
+  t.padded = pad_items ? sdpa_bucket(n) : n;
+  const auto m = static_cast<std::size_t>(t.padded);
+  t.q_tokens.assign(m + 1, 0);
+  t.k_tokens.assign(m + 1, 0);
+  t.q_lens.assign(m, 0);
+  t.k_lens.assign(m, 0);
+  t.rows_q.assign(m + 1, 0);
+  t.rows_k.assign(m + 1, 0);
+  std::int64_t q_end = 0, k_end = 0;
+  for (std::size_t b = 0; b < run.items.size(); ++b) {
+    const SdpaItem& it = run.items[b];
+    t.q_tokens[b] = it.q_begin;
+    t.k_tokens[b] = it.k_begin;
+    // int32 lengths: the call checks that its buffers hold fewer than 2^31 elements (ragged offsets).
+    t.q_lens[b] = static_cast<std::int32_t>(it.q_len);
+    t.k_lens[b] = static_cast<std::int32_t>(it.k_len);
+    q_end = std::max(q_end, it.q_begin + it.q_len);
+    k_end = std::max(k_end, it.k_begin + it.k_len);
+    t.rows_q[b + 1] = t.rows_q[b] + it.q_len;
+    t.rows_k[b + 1] = t.rows_k[b] + it.k_len;
+  }
+  for (std::size_t b = run.items.size(); b <= m; ++b) {  // the padding items and the end entry
+    t.q_tokens[b] = q_end;
+    t.k_tokens[b] = k_end;
+    t.rows_q[b] = t.rows_q[run.items.size()];
+    t.rows_k[b] = t.rows_k[run.items.size()];
+  }
+  return t;
 }
 
 }  // namespace seqpar::gpu::detail

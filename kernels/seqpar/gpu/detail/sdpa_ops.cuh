@@ -67,6 +67,48 @@ __global__ void accumulate(T* dst, std::int64_t token_stride, std::int64_t head_
   }
 }
 
+// The buffer row of a run's r-th row (r < ranges.rows): the item b with prefix[b] <= r < prefix[b + 1]
+// (binary search; zero-length items share their prefix with the next and are skipped by it).
+__device__ inline std::int64_t row_of(RowRanges ranges, std::int64_t r) {
+  int lo = 0, hi = ranges.items;  // invariant: prefix[lo] <= r < prefix[hi]
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    if (ranges.prefix[mid] <= r)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return ranges.tokens[lo] + (r - ranges.prefix[lo]);
+}
+
+template <class T>
+__global__ void zero_rows(T* data, std::int64_t token_stride, std::int64_t head_stride, int heads, int head_dim,
+                          RowRanges ranges) {
+  const std::int64_t n = ranges.rows * heads * head_dim;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const int d = static_cast<int>(i % head_dim);
+    const std::int64_t rh = i / head_dim;
+    const int h = static_cast<int>(rh % heads);
+    data[row_of(ranges, rh / heads) * token_stride + h * head_stride + d] = from_float<T>(0.0f);
+  }
+}
+
+template <class T>
+__global__ void accumulate_rows(T* dst, std::int64_t token_stride, std::int64_t head_stride, int heads, int head_dim,
+                                const T* src, RowRanges ranges) {
+  const std::int64_t n = ranges.rows * heads * head_dim;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const int d = static_cast<int>(i % head_dim);
+    const std::int64_t rh = i / head_dim;
+    const int h = static_cast<int>(rh % heads);
+    const std::int64_t t = row_of(ranges, rh / heads);
+    T& out = dst[t * token_stride + h * head_stride + d];
+    out = from_float<T>(to_float(out) + to_float(src[(t * heads + h) * head_dim + d]));
+  }
+}
+
 // Blocks for a grid-stride loop over n elements: enough to fill an H200 several times over.
 inline unsigned blocks_for(std::int64_t n) {
   const std::int64_t b = (n + 255) / 256;
@@ -102,6 +144,24 @@ void accumulate(cudaStream_t stream, ThdView<T> dst, const T* src) {
   if (n == 0) return;
   kernels::accumulate<T><<<kernels::blocks_for(n), 256, 0, stream>>>(dst.data, dst.token_stride, dst.head_stride,
                                                                      dst.tokens, dst.heads, dst.head_dim, src);
+  SEQPAR_CUDA_CHECK(cudaGetLastError(), "CudnnSdpa: adding a gradient");
+}
+
+template <class T>
+void zero_rows(cudaStream_t stream, ThdView<T> scratch, RowRanges ranges) {
+  const std::int64_t n = ranges.rows * scratch.heads * scratch.head_dim;
+  if (n == 0) return;
+  kernels::zero_rows<T><<<kernels::blocks_for(n), 256, 0, stream>>>(
+      scratch.data, scratch.token_stride, scratch.head_stride, scratch.heads, scratch.head_dim, ranges);
+  SEQPAR_CUDA_CHECK(cudaGetLastError(), "CudnnSdpa: zeroing a run's gradient rows");
+}
+
+template <class T>
+void accumulate_rows(cudaStream_t stream, ThdView<T> dst, const T* src, RowRanges ranges) {
+  const std::int64_t n = ranges.rows * dst.heads * dst.head_dim;
+  if (n == 0) return;
+  kernels::accumulate_rows<T><<<kernels::blocks_for(n), 256, 0, stream>>>(dst.data, dst.token_stride, dst.head_stride,
+                                                                          dst.heads, dst.head_dim, src, ranges);
   SEQPAR_CUDA_CHECK(cudaGetLastError(), "CudnnSdpa: adding a gradient");
 }
 

@@ -10,8 +10,9 @@
 ///    slices of wider buffers), as cuDNN's ragged-offset tensors (int32, items + 1 each).
 ///  - `scatter_stats` / `gather_stats`: cuDNN's padded statistics (items, heads, S_max, 1) to and from
 ///    the call's LSE view (heads, tokens).
-///  - `accumulate`: dst += src, src a dense (tokens, heads, d) scratch cuDNN wrote (cuDNN's backward
-///    writes its gradients; the kernel protocol adds them).
+///  - `zero_rows` / `accumulate_rows`: a run's rows of a dense (tokens, heads, d) scratch zeroed, then
+///    added into the call's gradient (cuDNN's backward writes its gradients; the kernel protocol adds
+///    them), only the rows of the run's items.
 
 #include <cuda_runtime_api.h>
 
@@ -40,9 +41,28 @@ void scatter_stats(cudaStream_t stream, const float* stats, const std::int64_t* 
 void gather_stats(cudaStream_t stream, LseView<const float> lse, const std::int64_t* q_tokens,
                   const std::int32_t* q_lens, int items, int heads, std::int64_t max_q, float* stats);
 
-/// dst(t, h, :) += src[(t * heads + h) * head_dim + :] for every token and head of dst (in float,
-/// rounded once).
+/// The rows of a run's items, in device tables: item b holds rows [tokens[b], tokens[b] + prefix[b + 1] -
+/// prefix[b]) of a buffer; `rows` = prefix[items] rows in all (items of zero length allowed: a run's
+/// padding). The backward's zeroing and adding touch only these rows (issue 38, C2).
+struct RowRanges {
+  const std::int64_t* tokens = nullptr;  ///< device, items + 1
+  const std::int64_t* prefix = nullptr;  ///< device, items + 1: prefix sums of the items' lengths
+  int items = 0;
+  std::int64_t rows = 0;
+};
+
+/// scratch(t, :, :) = 0 for the rows t of `ranges` (scratch: dense (tokens, heads, head_dim), as its view says).
+template <class T>
+void zero_rows(cudaStream_t stream, ThdView<T> scratch, RowRanges ranges);
+
+/// dst(t, h, :) += src[(t * heads + h) * head_dim + :] for every token and head of dst (in float, rounded
+/// once): the whole-buffer form (CudnnSdpa itself adds only its runs' rows, accumulate_rows).
 template <class T>
 void accumulate(cudaStream_t stream, ThdView<T> dst, const T* src);
+
+/// dst(t, h, :) += src[(t * heads + h) * head_dim + :] for the rows t of `ranges` and every head of dst (in
+/// float, rounded once); src is the dense (tokens, heads, head_dim) scratch cuDNN wrote.
+template <class T>
+void accumulate_rows(cudaStream_t stream, ThdView<T> dst, const T* src, RowRanges ranges);
 
 }  // namespace seqpar::gpu::detail::sdpa_ops

@@ -220,6 +220,19 @@ def _warn_if_oversubscribed(threads: int, ranks_per_node: int) -> None:
                       "torch.set_num_threads) so that ranks do not share cores", RuntimeWarning, stacklevel=3)
 
 
+_KERNELS = ("auto", "flash", "cudnn", "seqpar")
+
+
+def _kernel_of(args) -> str:
+    """The layer's kernel argument, checked here for its type (the C++ layer checks the name and says which
+    kernels this build has). Layers pickled before the argument existed have none: "auto"."""
+    kernel = args.get("kernel", "auto")
+    if not isinstance(kernel, str):
+        raise TypeError(f"seqpar.torch.DistributedAttention: kernel = {kernel!r}: must be a str, one of "
+                        f"{', '.join(_KERNELS)}")
+    return kernel
+
+
 class DistributedAttention(torch.nn.Module):
     """Exact causal attention over a packed batch of documents, sharded over `group`'s ranks.
 
@@ -255,6 +268,16 @@ class DistributedAttention(torch.nn.Module):
     exceed its cores. The kernels' instruction set is chosen at run time for this CPU (`cpu_isa`:
     avx512, avx2 or portable; SEQPAR_CPU_ISA forces one).
 
+    kernel: the attention kernel. "auto" (default): on CUDA tensors of float16 / bfloat16, torch's own
+    FlashAttention ops (aten::_flash_attention_forward / _backward, varlen: FlashAttention 2 as torch ships
+    it, or FlashAttention 4 where torch.nn.attention.activate_flash_attention_impl("FA4") is active) where
+    they take the shape (head_dim == head_dim_v, a multiple of 8 up to 256, compute capability 8.0+), else
+    seqpar's CudaFlash (also the float32 kernel); on CPU tensors seqpar's CpuFlash. "flash": the same choice,
+    with one warning when a call falls back to CudaFlash (float32, or a shape FlashAttention refuses); it
+    refuses CPU tensors by name. "seqpar": seqpar's own kernels only. "cudnn" (cuDNN's SDPA) is not linked
+    into this extension yet and is refused by name. The `kernel` property says which kernel ran the last
+    call. The torch-flash kernel is compiled, never run: no GPU has executed it yet.
+
     Made on every rank of `group` together: the ranks compare their strategy, heads and head sizes
     (one all_gather_object) and raise ValueError naming both values when they differ. A proper module
     attribute: copy.deepcopy makes a layer with the same arguments on the same group; pickling (torch.save
@@ -265,7 +288,7 @@ class DistributedAttention(torch.nn.Module):
     def __init__(self, strategy: str, heads_q: int, heads_kv: int, head_dim: int, group=None,
                  ranks_per_node: int = 0, timeout_s: Optional[float] = None, head_dim_v: Optional[int] = None,
                  mask_mix: Optional[Sequence[Tuple[Tuple[int, int], int]]] = None,
-                 threads: Optional[int] = None, capacity_factor: Optional[float] = None):
+                 threads: Optional[int] = None, capacity_factor: Optional[float] = None, kernel: str = "auto"):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("seqpar.torch.DistributedAttention: torch.distributed is not initialized "
@@ -282,7 +305,7 @@ class DistributedAttention(torch.nn.Module):
         mask_mix = [tuple(part) if isinstance(part, (list, tuple)) else part for part in (mask_mix or ())]
         self._args = dict(strategy=strategy, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
                           ranks_per_node=ranks_per_node, timeout_s=timeout_s, head_dim_v=head_dim_v,
-                          mask_mix=mask_mix, threads=threads, capacity_factor=capacity_factor)
+                          mask_mix=mask_mix, threads=threads, capacity_factor=capacity_factor, kernel=kernel)
         self._build(group)
 
     def _build(self, group) -> None:
@@ -301,7 +324,7 @@ class DistributedAttention(torch.nn.Module):
         _warn_if_oversubscribed(int(a["threads"]), int(a["ranks_per_node"]))
         self._layer = _C.Attention(a["strategy"], a["heads_q"], a["heads_kv"], a["head_dim"], group,
                                    float(a["timeout_s"]), int(a["ranks_per_node"]), int(a["head_dim_v"]), mix,
-                                   int(a["threads"]), float(a["capacity_factor"] or 0.0))
+                                   int(a["threads"]), float(a["capacity_factor"] or 0.0), _kernel_of(a))
         self._agree(group)
         self._handle = next(_next_handle)
         _layers[self._handle] = self._layer
@@ -311,8 +334,8 @@ class DistributedAttention(torch.nn.Module):
         """The ranks' constructor arguments compared (one all_gather_object): a layer made with another
         strategy or shape on one rank would otherwise fail at its first call with a hash mismatch."""
         keys = ("strategy", "heads_q", "heads_kv", "head_dim", "head_dim_v", "ranks_per_node", "mask_mix",
-                "capacity_factor")
-        mine = {key: self._args[key] for key in keys}
+                "capacity_factor", "kernel")
+        mine = {key: self._args.get(key, "auto") if key == "kernel" else self._args[key] for key in keys}
         everyone = [None] * dist.get_world_size(group)
         dist.all_gather_object(everyone, mine, group=group)
         me = dist.get_rank(group)
@@ -353,6 +376,10 @@ class DistributedAttention(torch.nn.Module):
         chose = self._layer.chosen()
         if chose and a["strategy"] == "auto":
             text += f", chose={chose!r} (last batch)"
+        text += f", kernel={_kernel_of(a)!r}"
+        ran = self._layer.kernel_ran
+        if ran:
+            text += f" (ran {ran!r})"
         return text + f", threads={a['threads']}, cpu_isa={self.cpu_isa!r}"
 
     def __del__(self):
@@ -369,6 +396,13 @@ class DistributedAttention(torch.nn.Module):
         otherwise. Local (no communication); every rank gets the same answer."""
         cu, counts = self._batch(lengths, cu_seqlens, doc_counts)
         return self._layer.chosen(cu, counts)
+
+    @property
+    def kernel(self) -> str:
+        """The kernel that ran the last call: "seqpar" (seqpar's CpuFlash / CudaFlash) or "flash" (torch's
+        FlashAttention ops); before the first call, the constructor's `kernel` argument ("auto", "flash" or
+        "seqpar")."""
+        return self._layer.kernel_ran or self._layer.kernel
 
     @property
     def threads(self) -> int:

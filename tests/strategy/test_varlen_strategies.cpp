@@ -27,10 +27,10 @@ namespace {
 
 // The stand-in rounds its LSE to float, as FA returns it; the engine merges partial results with it, so
 // outputs and gradients carry that rounding (~1e-7 relative); everything else is fp64.
-constexpr double kTolerance = 1e-5;
+constexpr double kVarlenTolerance = 1e-5;
 
 // Small batches: the stand-in is naive fp64 attention, and 49 combinations x 8 worlds x 2 masks run (~3 s).
-DocumentBatch make_batch(int sequences, std::uint32_t seed) {
+DocumentBatch varlen_batch(int sequences, std::uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<std::vector<std::int64_t>> seqs;
   for (int b = 0; b < sequences; ++b) {
@@ -42,43 +42,43 @@ DocumentBatch make_batch(int sequences, std::uint32_t seed) {
   return DocumentBatch(seqs);
 }
 
-void check(const test::Errors& err) {
-  CHECK(err.o < kTolerance);
-  CHECK(err.lse < kTolerance);
-  CHECK(err.dq < kTolerance);
-  CHECK(err.dk < kTolerance);
-  CHECK(err.dv < kTolerance);
+void check_varlen_errors(const test::Errors& err) {
+  CHECK(err.o < kVarlenTolerance);
+  CHECK(err.lse < kVarlenTolerance);
+  CHECK(err.dq < kVarlenTolerance);
+  CHECK(err.dk < kVarlenTolerance);
+  CHECK(err.dv < kVarlenTolerance);
   CHECK(err.bytes_match);
 }
 
-int combination_index = 0;
-int world_runs = 0;  // (combination, world) pairs that ran, over the sweep
+int varlen_combination_index = 0;
+int varlen_world_runs = 0;  // (combination, world) pairs that ran, over the sweep
 
 template <class Combination>
-void check_combination(Combination) {
+void check_varlen_combination(Combination) {
   using S = typename Combination::strategy;
   const std::string name = Combination::name();
-  const int index = combination_index++;
+  const int index = varlen_combination_index++;
   typename S::Arguments args = Combination::arguments();
   int accepted = 0;
   for (int world = 1; world <= 8; ++world) {
     const AttentionShape shape = (index + world) % 2 == 0 ? AttentionShape{4, 4, 8} : AttentionShape{6, 2, 8};
-    const DocumentBatch batch = make_batch(1 + (index + world) % 3, 97u * static_cast<unsigned>(index) + 13u);
+    const DocumentBatch batch = varlen_batch(1 + (index + world) % 3, 97u * static_cast<unsigned>(index) + 13u);
     args.ranks_per_node = world >= 4 ? world / 2 : world;
     const Topology topo{world, args.ranks_per_node};
     INFO(name << ": world " << world << ", " << batch.documents().size() << " documents, heads " << shape.heads_q << ":"
               << shape.heads_kv);
     if (!S::can_implement(args, batch, shape, topo).ok) continue;
     ++accepted;
-    ++world_runs;
-    check(test::check_strategy<S, test::VarlenStandin>(batch, shape, world, args));
+    ++varlen_world_runs;
+    check_varlen_errors(test::check_strategy<S, test::VarlenStandin>(batch, shape, world, args));
     const std::int64_t windows[] = {1, 2, 3, 5, 9, 17, 40};  // 40: longer than most shards and documents
     const AttentionMask window{windows[(index + world) % 7]};
     INFO("window " << window.window);
     auto wargs = args;
     wargs.masks = MaskMix::only(window);
     if (!S::can_implement(wargs, batch, shape, topo, window).ok) continue;
-    check(test::check_strategy<S, test::VarlenStandin>({batch, window}, shape, world, wargs));
+    check_varlen_errors(test::check_strategy<S, test::VarlenStandin>({batch, window}, shape, world, wargs));
   }
   MESSAGE(name << ": " << accepted << " of 8 world sizes run");
   // WholeDoc keeps documents whole within a token capacity and refuses most worlds of these small batches with
@@ -90,7 +90,7 @@ void check_combination(Combination) {
 
 TEST_SUITE("strategy") {
   TEST_CASE("VarlenStandin (the torch-flash mapping on the CPU): every combination against fp64, worlds 1-8") {
-    test::for_each_combination([](auto combination) { check_combination(combination); });
-    CHECK(world_runs >= 5 * static_cast<int>(test::kNumSweptCombinations));  // ~7.5 per combination here
+    test::for_each_combination([](auto combination) { check_varlen_combination(combination); });
+    CHECK(varlen_world_runs >= 5 * static_cast<int>(test::kNumSweptCombinations));  // ~7.5 per combination here
   }
 }

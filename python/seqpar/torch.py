@@ -34,6 +34,9 @@ STRATEGIES = tuple(_C.STRATEGIES)
 # process group's NCCL backend, stream-ordered with torch's current stream. Only in an extension built
 # with SEQPAR_TORCH_CUDA=1; that path is compiled in CI and has never run on a GPU.
 CUDA = bool(getattr(_C, "CUDA", False))
+# Whether kernel="cudnn" (cuDNN's fused attention, attention::CudnnSdpa) is in this build: the CUDA path built
+# where cuDNN and cudnn-frontend were found (python/setup.py). Compiled, never run on a GPU.
+CUDNN = bool(getattr(_C, "CUDNN", False))
 Lengths = Union[Sequence[int], Sequence[Sequence[int]]]
 
 # The C++ layers by handle: the op's schema carries an int, not a Python object.
@@ -268,15 +271,17 @@ class DistributedAttention(torch.nn.Module):
     exceed its cores. The kernels' instruction set is chosen at run time for this CPU (`cpu_isa`:
     avx512, avx2 or portable; SEQPAR_CPU_ISA forces one).
 
-    kernel: the attention kernel. "auto" (default): on CUDA tensors of float16 / bfloat16, torch's own
-    FlashAttention ops (aten::_flash_attention_forward / _backward, varlen: FlashAttention 2 as torch ships
-    it, or FlashAttention 4 where torch.nn.attention.activate_flash_attention_impl("FA4") is active) where
-    they take the shape (head_dim == head_dim_v, a multiple of 8 up to 256, compute capability 8.0+), else
-    seqpar's CudaFlash (also the float32 kernel); on CPU tensors seqpar's CpuFlash. "flash": the same choice,
-    with one warning when a call falls back to CudaFlash (float32, or a shape FlashAttention refuses); it
-    refuses CPU tensors by name. "seqpar": seqpar's own kernels only. "cudnn" (cuDNN's SDPA) is not linked
-    into this extension yet and is refused by name. The `kernel` property says which kernel ran the last
-    call. The torch-flash kernel is compiled, never run: no GPU has executed it yet.
+    kernel: the attention kernel of float16 / bfloat16 CUDA calls. "auto" (default): cuDNN's fused attention
+    (attention::CudnnSdpa, where this build has it: CUDNN) for calls it takes (not sliding-window calls: cuDNN's
+    band cannot be cut on the right by a ring step's last key), else torch's own FlashAttention ops
+    (aten::_flash_attention_forward / _backward, varlen; FlashAttention 4 where
+    torch.nn.attention.activate_flash_attention_impl("FA4") is active) where they take the shape (head_dim ==
+    head_dim_v, a multiple of 8 up to 256, compute capability 8.0+), else seqpar's CudaFlash, which is also
+    the float32 kernel. "cudnn" / "flash": that kernel where it takes the call, else CudaFlash with one
+    warning per reason. "seqpar": seqpar's own kernels only. CPU tensors run seqpar's CpuFlash: there the
+    kernel must be "auto" or "seqpar" ("cudnn" and "flash" are refused by name, as is a kernel this build
+    lacks). The `kernel` property says which kernel ran the last call. The vendor kernels' paths are
+    compiled, never run: no GPU has executed them yet.
 
     Made on every rank of `group` together: the ranks compare their strategy, heads and head sizes
     (one all_gather_object) and raise ValueError naming both values when they differ. A proper module
@@ -399,9 +404,9 @@ class DistributedAttention(torch.nn.Module):
 
     @property
     def kernel(self) -> str:
-        """The kernel that ran the last call: "seqpar" (seqpar's CpuFlash / CudaFlash) or "flash" (torch's
-        FlashAttention ops); before the first call, the constructor's `kernel` argument ("auto", "flash" or
-        "seqpar")."""
+        """The kernel that ran the last call: "seqpar" (seqpar's CpuFlash / CudaFlash), "cudnn" (cuDNN's fused
+        attention) or "flash" (torch's FlashAttention ops); before the first call, the constructor's `kernel`
+        argument ("auto", "cudnn", "flash" or "seqpar")."""
         return self._layer.kernel_ran or self._layer.kernel
 
     @property

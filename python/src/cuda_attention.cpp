@@ -21,7 +21,6 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
-#include <variant>
 
 #include "engines.hpp"
 #include "seqpar/gpu/check.hpp"
@@ -29,6 +28,13 @@
 #include "seqpar/gpu/exec.hpp"
 #include "seqpar/gpu/flash.hpp"
 #include "torch_flash.hpp"
+
+#ifndef SEQPAR_TORCH_CUDNN
+#define SEQPAR_TORCH_CUDNN 0  // python/setup.py defines it 1 where it finds cuDNN and cudnn-frontend
+#endif
+#if SEQPAR_TORCH_CUDNN
+#include "seqpar/gpu/cudnn_sdpa.hpp"
+#endif
 
 namespace seqpar_torch {
 
@@ -43,6 +49,25 @@ template <class T>
 using Engines = EnginesOf<sp::attention::CudaFlash<T>>;
 template <class T>
 using FlashEngines = EnginesOf<TorchFlash<T>>;
+
+// The vendor kernels' engines of a 16-bit type T (none for float): TorchFlash's, and CudnnSdpa's where this
+// build has cuDNN (SEQPAR_TORCH_CUDNN, python/setup.py), with one CudnnSdpa asked can_implement (its cuDNN
+// version checks need a handle on q's device).
+template <class T>
+struct Vendors {
+  FlashEngines<T> flash;
+#if SEQPAR_TORCH_CUDNN
+  EnginesOf<sp::attention::CudnnSdpa<T>> cudnn;
+  std::unique_ptr<sp::attention::CudnnSdpa<T>> cudnn_probe;
+#endif
+};
+template <>
+struct Vendors<float> {};
+
+enum class Choice { kCudnn, kFlash, kSeqpar };
+const char* name_of(Choice c) {
+  return c == Choice::kCudnn ? "cudnn" : c == Choice::kFlash ? "flash" : "seqpar";
+}
 
 // `to` waits for what `from` has issued so far (an event; no host wait). Returns the first error.
 cudaError_t order_status(cudaStream_t from, cudaStream_t to) noexcept {
@@ -97,16 +122,16 @@ struct CudaAttention::State {
   int ranks_per_node;
   sp::MaskMix masks;                                              // the model's: placements balance it
   double capacity_factor;                                         // whole-doc's and hybrid's (0: default)
-  std::string kernel;                                             // "auto", "flash" or "seqpar" (checked by ops.cpp)
+  std::string kernel;                                             // "auto", "cudnn", "flash", "seqpar" (ops.cpp checks)
   std::optional<c10::Device> device;                              // of the first call: every call's
   std::unique_ptr<sp::backend::c10d::DeviceTransport> transport;  // engines hold a reference
   Engines<float> floats;
   Engines<__half> halves;
   Engines<__nv_bfloat16> bf16s;
-  FlashEngines<__half> flash_halves;
-  FlashEngines<__nv_bfloat16> flash_bf16s;
-  std::monostate no_flash;       // float32: CudaFlash only
-  std::string ran;               // the kernel of the last call: "flash" or "seqpar"
+  Vendors<float> vendor_floats;  // none: CudaFlash is the fp32 kernel
+  Vendors<__half> vendor_halves;
+  Vendors<__nv_bfloat16> vendor_bf16s;
+  std::string ran;               // the kernel of the last call: "cudnn", "flash" or "seqpar"
   std::set<std::string> warned;  // fallbacks already said (one log line each)
 
   // The transport on q's device, made at the first call: the group must have an NCCL backend for CUDA.
@@ -144,27 +169,48 @@ struct CudaAttention::State {
     return *slot;
   }
 
-  // Whether a call of T at `scale` runs TorchFlash: kernel "auto" or "flash", a 16-bit type, and a shape
-  // torch's FlashAttention takes on q's device. Otherwise CudaFlash runs it; where the choice was the vendor
-  // kernel, one warning per layer and reason says why (never an exception: the call still runs).
+  // Which kernel runs a call of T at `scale` under `mask` on q's device (a choice per layer, dtype, scale and
+  // mask: the forward's and the backward's agree). "auto": CudnnSdpa where this build has it and it takes the
+  // shape, else TorchFlash where torch's FlashAttention takes it, else CudaFlash (the float32 kernel too);
+  // "cudnn" / "flash": that kernel where it takes the shape, else CudaFlash; "seqpar": CudaFlash. A fallback to
+  // CudaFlash from a vendor kernel is said once per layer and reason (a warning, never an exception).
   template <class T>
-  bool use_flash(double scale, const at::Tensor& q) {
-    if (kernel == "seqpar") return false;
+  Choice choose(Vendors<T>& vendors, double scale, sp::AttentionMask mask, const at::Tensor& q) {
+    if (kernel == "seqpar") return Choice::kSeqpar;
     std::string why;
     if constexpr (std::is_same_v<T, float>) {
-      if (kernel != "flash") return false;  // "auto": CudaFlash is the fp32 kernel
-      why = "q.dtype = float32 (FlashAttention runs float16 and bfloat16)";
+      (void)vendors, (void)mask;
+      if (kernel == "auto") return Choice::kSeqpar;  // CudaFlash is the fp32 kernel
+      why = "q.dtype = float32 (cuDNN's SDPA and FlashAttention run float16 and bfloat16)";
     } else {
       sp::AttentionShape scaled = shape;
       scaled.softmax_scale = scale;
-      const cudaDeviceProp* prop = at::cuda::getDeviceProperties(q.device().index());
-      const sp::Status s = TorchFlash<T>::shape_status(10 * prop->major + prop->minor, scaled);
-      if (s.ok) return true;
-      why = s.reason;
+#if SEQPAR_TORCH_CUDNN
+      if (kernel == "auto" || kernel == "cudnn") {
+        if (mask.window != 0) {
+          // CudnnSdpa refuses, mid-call, a window whose rows reach past a slice's last key (cuDNN's band has no
+          // right cut), which ring and all-gather steps make: windowed calls never go to it.
+          why = "sliding-window calls (cuDNN's band cannot be cut on the right by a slice's last key)";
+        } else {
+          if (!vendors.cudnn_probe) vendors.cudnn_probe = std::make_unique<sp::attention::CudnnSdpa<T>>();
+          const sp::Status s = vendors.cudnn_probe->can_implement(vendors.cudnn_probe->exec(), scaled);
+          if (s.ok) return Choice::kCudnn;
+          why = s.reason;
+        }
+      }
+#else
+      (void)mask;
+#endif
+      if (kernel == "auto" || kernel == "flash") {
+        const cudaDeviceProp* prop = at::cuda::getDeviceProperties(q.device().index());
+        const sp::Status s = TorchFlash<T>::shape_status(10 * prop->major + prop->minor, scaled);
+        if (s.ok) return Choice::kFlash;
+        why = s.reason;
+      }
     }
     if (warned.insert(why).second)
       TORCH_WARN("seqpar.torch.DistributedAttention: kernel='", kernel, "' falls back to seqpar's CudaFlash for ", why);
-    return false;
+    return Choice::kSeqpar;
   }
 
   // The head sizes CudaFlash is built for (64/64, 128/128 and MLA's 192/128): others are refused here,
@@ -265,39 +311,38 @@ struct CudaAttention::State {
     after.order_now();
   }
 
-  // Flash: FlashEngines<T> for the 16-bit types, std::monostate for float (FlashAttention has no fp32 kernel).
-  template <class T, class Flash>
-  std::vector<at::Tensor> forward_typed(Engines<T>& own, Flash& flash, const at::Tensor& q, const at::Tensor& k,
+  template <class T>
+  std::vector<at::Tensor> forward_typed(Engines<T>& own, Vendors<T>& vendors, const at::Tensor& q, const at::Tensor& k,
                                         const at::Tensor& v, const Lengths& lengths,
                                         const std::optional<at::Tensor>& sinks, sp::AttentionMask mask, double scale) {
+    const Choice choice = choose<T>(vendors, scale, mask, q);
+    ran = name_of(choice);
     if constexpr (!std::is_same_v<T, float>) {
-      if (use_flash<T>(scale, q)) {
-        ran = "flash";
-        return forward_as<TorchFlash<T>>(flash, q, k, v, lengths, sinks, mask, scale);
-      }
-    } else {
-      (void)flash;
-      (void)use_flash<T>(scale, q);  // kernel="flash" on float32: the fallback's one warning
+#if SEQPAR_TORCH_CUDNN
+      if (choice == Choice::kCudnn)
+        return forward_as<sp::attention::CudnnSdpa<T>>(vendors.cudnn, q, k, v, lengths, sinks, mask, scale);
+#endif
+      if (choice == Choice::kFlash)
+        return forward_as<TorchFlash<T>>(vendors.flash, q, k, v, lengths, sinks, mask, scale);
     }
-    ran = "seqpar";
     return forward_as<sp::attention::CudaFlash<T>>(own, q, k, v, lengths, sinks, mask, scale);
   }
-  template <class T, class Flash>
-  std::vector<at::Tensor> backward_typed(Engines<T>& own, Flash& flash, const at::Tensor& q, const at::Tensor& k,
+  template <class T>
+  std::vector<at::Tensor> backward_typed(Engines<T>& own, Vendors<T>& vendors, const at::Tensor& q, const at::Tensor& k,
                                          const at::Tensor& v, const at::Tensor& o, const at::Tensor& lse,
                                          const at::Tensor& dout, const Lengths& lengths,
                                          const std::optional<at::Tensor>& sinks, sp::AttentionMask mask, double scale) {
-    // The same choice as the forward's (it depends on the layer, dtype, scale and device only).
+    const Choice choice = choose<T>(vendors, scale, mask, q);  // the forward's (same layer, dtype, scale, mask)
+    ran = name_of(choice);
     if constexpr (!std::is_same_v<T, float>) {
-      if (use_flash<T>(scale, q)) {
-        ran = "flash";
-        return backward_as<TorchFlash<T>>(flash, q, k, v, o, lse, dout, lengths, sinks, mask, scale);
-      }
-    } else {
-      (void)flash;
-      (void)use_flash<T>(scale, q);
+#if SEQPAR_TORCH_CUDNN
+      if (choice == Choice::kCudnn)
+        return backward_as<sp::attention::CudnnSdpa<T>>(vendors.cudnn, q, k, v, o, lse, dout, lengths, sinks, mask,
+                                                        scale);
+#endif
+      if (choice == Choice::kFlash)
+        return backward_as<TorchFlash<T>>(vendors.flash, q, k, v, o, lse, dout, lengths, sinks, mask, scale);
     }
-    ran = "seqpar";
     return backward_as<sp::attention::CudaFlash<T>>(own, q, k, v, o, lse, dout, lengths, sinks, mask, scale);
   }
 };
@@ -335,11 +380,11 @@ std::vector<at::Tensor> CudaAttention::forward(const at::Tensor& q, const at::Te
                                                sp::AttentionMask mask, double scale) {
   switch (q.scalar_type()) {
     case at::kFloat:
-      return s_->forward_typed<float>(s_->floats, s_->no_flash, q, k, v, lengths, sinks, mask, scale);
+      return s_->forward_typed<float>(s_->floats, s_->vendor_floats, q, k, v, lengths, sinks, mask, scale);
     case at::kHalf:
-      return s_->forward_typed<__half>(s_->halves, s_->flash_halves, q, k, v, lengths, sinks, mask, scale);
+      return s_->forward_typed<__half>(s_->halves, s_->vendor_halves, q, k, v, lengths, sinks, mask, scale);
     case at::kBFloat16:
-      return s_->forward_typed<__nv_bfloat16>(s_->bf16s, s_->flash_bf16s, q, k, v, lengths, sinks, mask, scale);
+      return s_->forward_typed<__nv_bfloat16>(s_->bf16s, s_->vendor_bf16s, q, k, v, lengths, sinks, mask, scale);
     default:
       break;
   }
@@ -353,12 +398,13 @@ std::vector<at::Tensor> CudaAttention::backward(const at::Tensor& q, const at::T
                                                 sp::AttentionMask mask, double scale) {
   switch (q.scalar_type()) {
     case at::kFloat:
-      return s_->backward_typed<float>(s_->floats, s_->no_flash, q, k, v, o, lse, dout, lengths, sinks, mask, scale);
+      return s_->backward_typed<float>(s_->floats, s_->vendor_floats, q, k, v, o, lse, dout, lengths, sinks, mask,
+                                       scale);
     case at::kHalf:
-      return s_->backward_typed<__half>(s_->halves, s_->flash_halves, q, k, v, o, lse, dout, lengths, sinks, mask,
+      return s_->backward_typed<__half>(s_->halves, s_->vendor_halves, q, k, v, o, lse, dout, lengths, sinks, mask,
                                         scale);
     case at::kBFloat16:
-      return s_->backward_typed<__nv_bfloat16>(s_->bf16s, s_->flash_bf16s, q, k, v, o, lse, dout, lengths, sinks, mask,
+      return s_->backward_typed<__nv_bfloat16>(s_->bf16s, s_->vendor_bf16s, q, k, v, o, lse, dout, lengths, sinks, mask,
                                                scale);
     default:
       break;

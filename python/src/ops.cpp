@@ -26,6 +26,9 @@
 #ifndef SEQPAR_TORCH_CUDA
 #define SEQPAR_TORCH_CUDA 0  // python/setup.py defines it 1 when built with CUDA (SEQPAR_TORCH_CUDA=1)
 #endif
+#ifndef SEQPAR_TORCH_CUDNN
+#define SEQPAR_TORCH_CUDNN 0  // python/setup.py defines it 1 with CUDA where it finds cuDNN and cudnn-frontend
+#endif
 #if SEQPAR_TORCH_CUDA
 #include "cuda_attention.hpp"
 #endif
@@ -178,12 +181,12 @@ class Attention {
   [[nodiscard]] int threads() const {
     return threads_;
   }
-  // The kernel the constructor was given ("auto", "flash" or "seqpar").
+  // The kernel the constructor was given ("auto", "cudnn", "flash" or "seqpar").
   [[nodiscard]] const std::string& kernel() const {
     return kernel_;
   }
-  // The kernel of the last call: "seqpar" (CpuFlash on CPU tensors, CudaFlash on CUDA ones) or "flash"
-  // (torch's FlashAttention ops); "" before the first call.
+  // The kernel of the last call: "seqpar" (CpuFlash on CPU tensors, CudaFlash on CUDA ones), "cudnn"
+  // (CudnnSdpa) or "flash" (torch's FlashAttention ops); "" before the first call.
   [[nodiscard]] std::string kernel_ran() const {
 #if SEQPAR_TORCH_CUDA
     if (last_cuda_) return cuda_->kernel_ran();
@@ -197,17 +200,23 @@ class Attention {
   }
 
  private:
-  // The kernel names the layer takes. "cudnn" (attention::CudnnSdpa) is not linked into this extension yet:
-  // refused by name, so that a caller asking for it knows (issue 38). Where the extension has no CUDA path,
-  // only the CPU's: "auto" and "seqpar".
+  // The kernel names the layer takes: "cudnn" where the extension was built with cuDNN (SEQPAR_TORCH_CUDNN),
+  // "flash" where it has the CUDA path, "auto" and "seqpar" always; the others refused by name, saying what
+  // this build lacks (issue 38).
   static void check_kernel(const std::string& kernel) {
     constexpr std::string_view where = "seqpar.torch.DistributedAttention";
     if (kernel == "auto" || kernel == "seqpar") return;
-    if (kernel == "cudnn")
+    if (kernel == "cudnn") {
+      if (SEQPAR_TORCH_CUDNN) return;
       sp::detail::throw_invalid(
           where, "kernel", "'cudnn'",
-          "is not available in this build: cuDNN's SDPA (attention::CudnnSdpa) is not linked into "
-          "the torch extension yet; use 'auto', 'flash' (torch's FlashAttention) or 'seqpar'");
+          SEQPAR_TORCH_CUDA
+              ? "is not in this build: the extension was built without cuDNN (python/setup.py links "
+                "attention::CudnnSdpa where it finds cuDNN, e.g. the nvidia-cudnn wheel of a CUDA torch, "
+                "and cudnn-frontend's headers: CUDNN_FRONTEND_ROOT or build/cudnn_frontend)"
+              : "is not in this build: cuDNN's SDPA needs the extension's CUDA path (SEQPAR_TORCH_CUDA=1) "
+                "and cuDNN; this build runs CPU tensors only, whose kernel is 'seqpar' (or 'auto')");
+    }
     if (kernel == "flash") {
       if (SEQPAR_TORCH_CUDA) return;
       sp::detail::throw_invalid(where, "kernel", "'flash'",
@@ -416,4 +425,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   // Whether CUDA tensors run (CudaFlash over the group's NCCL backend): built with SEQPAR_TORCH_CUDA=1.
   m.attr("CUDA") = static_cast<bool>(SEQPAR_TORCH_CUDA);
+  // Whether kernel="cudnn" (attention::CudnnSdpa) is in this build: CUDA with cuDNN and cudnn-frontend found.
+  m.attr("CUDNN") = static_cast<bool>(SEQPAR_TORCH_CUDNN);
 }

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The CUDA path (an extension built with SEQPAR_TORCH_CUDA=1: attention::CudaFlash, and torch's
-FlashAttention ops behind seqpar's kernel protocol for float16 / bfloat16 with kernel="auto", over the
+"""The CUDA path (an extension built with SEQPAR_TORCH_CUDA=1: attention::CudaFlash, and cuDNN's SDPA or
+torch's FlashAttention ops behind seqpar's kernel protocol for float16 / bfloat16 with kernel="auto", over the
 group's NCCL backend) against fp64 SDPA, forward and backward, on 1 process and on 2 where there are 2 GPUs.
 Skipped without the CUDA build or a GPU: it has never run (the CI machines have no GPU)."""
 import pytest
@@ -40,8 +40,11 @@ def _cuda(rank, world, kernel):
             o, lse = attn(lq, lk, lv, lengths, return_lse=True)
             o.backward(do[rows].to("cuda", dtype))
             got = (o, lse, lq.grad, lk.grad, lv.grad)
-            # auto: torch's FlashAttention for the 16-bit types (d 64 is FA's), CudaFlash for float32.
-            want = "flash" if kernel == "auto" and dtype != torch.float32 else "seqpar"
+            # auto: cuDNN (where built) or torch's FlashAttention for the 16-bit types (d 64 is both's), CudaFlash
+            # for float32.
+            want = "seqpar"
+            if dtype != torch.float32 and kernel != "seqpar":
+                want = "cudnn" if kernel == "auto" and spt.CUDNN else "flash"
             assert attn.kernel == want, f"{name} {dtype} kernel={kernel}: ran {attn.kernel}, expected {want}"
             for what, a, b in zip(("o", "lse", "dq", "dk", "dv"), got, refs):
                 b = b[:, rows] if what == "lse" else b[rows]
@@ -50,7 +53,7 @@ def _cuda(rank, world, kernel):
     return errors
 
 
-@pytest.mark.parametrize("kernel", ["auto", "seqpar"])
+@pytest.mark.parametrize("kernel", ["auto", "flash", "seqpar"])
 @pytest.mark.parametrize("world", [1, 2])
 def test_cuda_matches_sdpa(world, kernel):
     if world > torch.cuda.device_count():

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The layer's kernel argument (issue 38): the names it takes, refusals by name (an unknown kernel, "cudnn"
-which this extension does not link, "flash" on CPU tensors or in a build without the CUDA path), which kernel
+"""The layer's kernel argument (issue 38): the names it takes, refusals by name (an unknown kernel, "cudnn" or
+"flash" in a build without them, either on CPU tensors), which kernel
 ran (the `kernel` property and repr), and the argument kept through deepcopy, pickling and the ranks'
 agreement. On CPU: the CUDA kernels' own checks need a GPU (compiled only)."""
 import copy
@@ -24,14 +24,17 @@ def _kernel_argument(rank, world):
 
     expect(ValueError, ["kernel", "'fast'", "auto, flash, cudnn, seqpar"],
            lambda: spt.DistributedAttention("ulysses", 2, 1, 4, kernel="fast"))
-    expect(ValueError, ["kernel", "'cudnn'", "not linked"],
-           lambda: spt.DistributedAttention("ulysses", 2, 1, 4, kernel="cudnn"))
+    if not spt.CUDNN:
+        expect(ValueError, ["kernel", "'cudnn'", "not in this build"],
+               lambda: spt.DistributedAttention("ulysses", 2, 1, 4, kernel="cudnn"))
     expect(TypeError, ["kernel", "must be a str"], lambda: spt.DistributedAttention("ulysses", 2, 1, 4, kernel=1))
-    if spt.CUDA:  # the layer takes "flash" and refuses CPU tensors by name
-        flash = spt.DistributedAttention("ulysses", 2, 1, 4, kernel="flash")
-        n = len(flash.token_indices(lengths))
-        q, k, v = (torch.randn(n, h, 4, dtype=torch.float64) for h in (2, 1, 1))
-        expect(ValueError, ["kernel", "'flash'", "CUDA tensors only", "'seqpar'"], lambda: flash(q, k, v, lengths))
+    if spt.CUDA:  # the layer takes "flash" (and "cudnn" with cuDNN) and refuses CPU tensors by name
+        for kernel in ("flash", "cudnn") if spt.CUDNN else ("flash",):
+            vendor = spt.DistributedAttention("ulysses", 2, 1, 4, kernel=kernel)
+            n = len(vendor.token_indices(lengths))
+            q, k, v = (torch.randn(n, h, 4, dtype=torch.float64) for h in (2, 1, 1))
+            expect(ValueError, ["kernel", f"'{kernel}'", "CUDA tensors only", "'seqpar'"],
+                   lambda: vendor(q, k, v, lengths))
     else:
         expect(ValueError, ["kernel", "'flash'", "SEQPAR_TORCH_CUDA=1"],
                lambda: spt.DistributedAttention("ulysses", 2, 1, 4, kernel="flash"))

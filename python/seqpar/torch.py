@@ -30,9 +30,10 @@ import torch.distributed as dist
 from . import _C
 
 STRATEGIES = tuple(_C.STRATEGIES)
-# Whether CUDA tensors run: attention::CudaFlash (fp32, fp16, bf16; head sizes 64/64, 128/128, 192/128) over the
-# process group's NCCL backend, stream-ordered with torch's current stream. Only in an extension built
-# with SEQPAR_TORCH_CUDA=1; that path is compiled in CI and has never run on a GPU.
+# Whether CUDA tensors run: attention::CudaFlash (fp32, fp16, bf16; head sizes 64/64, 128/128, 192/128), and for
+# fp16 / bf16 cuDNN's SDPA (CUDNN) or torch's FlashAttention ops (the layer's `kernel`), over the process
+# group's NCCL backend, stream-ordered with torch's current stream. Only in an extension built with
+# SEQPAR_TORCH_CUDA=1; that path is compiled in CI and has never run on a GPU.
 CUDA = bool(getattr(_C, "CUDA", False))
 # Whether kernel="cudnn" (cuDNN's fused attention, attention::CudnnSdpa) is in this build: the CUDA path built
 # where cuDNN and cudnn-frontend were found (python/setup.py). Compiled, never run on a GPU.

@@ -11,6 +11,7 @@ replacing or contradicting the user's torch. So the build requires the torch alr
 `get_requires_for_build_*` hooks say "torch" (which `python -m build --no-isolation` checks), and where torch
 cannot be imported (an isolated build, or none installed) the build stops with NEEDS_TORCH, one line.
 """
+import glob
 import json
 import os
 import re
@@ -102,10 +103,47 @@ def copy_from_repository():
     text = _read(os.path.join(root, "cmake", "build_flags.json"))
     _write(os.path.join(FROM_REPO, "cmake", "build_flags.json"), text)
     instances = set(json.loads(text)["torch_cuda_instances"])
+    # cudnn_sdpa_impl.hpp and instances_cudnn/ need cudnn-frontend: compiled only where setup.py finds it
+    # (cudnn_paths) beside cuDNN.
     _sync(os.path.join(root, "kernels", "seqpar", "gpu"), os.path.join(FROM_REPO, "kernels", "seqpar", "gpu"),
-          lambda n: n.endswith((".hpp", ".cuh")) and n != "cudnn_sdpa_impl.hpp")  # that one needs cudnn-frontend
+          lambda n: n.endswith((".hpp", ".cuh")))
     _sync(os.path.join(root, "kernels", "instances"), os.path.join(FROM_REPO, "kernels", "instances"),
           lambda n: n in instances)
+    _sync(os.path.join(root, "kernels", "instances_cudnn"), os.path.join(FROM_REPO, "kernels", "instances_cudnn"),
+          lambda n: n == "cudnn_sdpa.cpp")
+
+
+def cudnn_paths():
+    """(cuDNN's include and library folders, cudnn-frontend's include folder) for the torch extension's
+    CUDA build to compile attention::CudnnSdpa, or None where one is missing. cuDNN: CUDNN_ROOT, else the
+    nvidia-cudnn wheel that a CUDA build of torch installs (nvidia/cudnn/{include,lib}); cudnn-frontend
+    (header-only): CUDNN_FRONTEND_ROOT, else the repository's build/cudnn_frontend
+    (cmake/install_cudnn_frontend.sh). SEQPAR_TORCH_CUDNN=0 turns it off."""
+    if os.environ.get("SEQPAR_TORCH_CUDNN", "1") == "0":
+        return None
+    roots = [os.environ["CUDNN_ROOT"]] if os.environ.get("CUDNN_ROOT") else []
+    try:
+        import nvidia.cudnn
+
+        roots += [os.path.dirname(f) for f in (getattr(nvidia.cudnn, "__file__", None),) if f]
+        roots += list(getattr(nvidia.cudnn, "__path__", []))
+    except ImportError:
+        pass
+    cudnn = None
+    for r in roots:
+        inc, lib = os.path.join(r, "include"), os.path.join(r, "lib")
+        if os.path.isfile(os.path.join(inc, "cudnn.h")) and glob.glob(os.path.join(lib, "libcudnn.so*")):
+            cudnn = (inc, lib)
+            break
+    fronts = [os.environ["CUDNN_FRONTEND_ROOT"]] if os.environ.get("CUDNN_FRONTEND_ROOT") else []
+    root = repository()
+    if root is not None:
+        fronts.append(os.path.join(root, "build", "cudnn_frontend"))
+    front = next((os.path.join(f, "include") for f in fronts
+                  if os.path.isfile(os.path.join(f, "include", "cudnn_frontend.h"))), None)
+    if cudnn is None or front is None:
+        return None
+    return cudnn[0], cudnn[1], front
 
 
 def build_flags():

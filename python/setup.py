@@ -41,12 +41,30 @@ NVCC = [STD, "-O3", "-DNDEBUG"] + CUDA_DEFINES + FLAGS["cuda_flags"] + [
     "-U__CUDA_NO_HALF2_OPERATORS__"] + [f"-gencode=arch=compute_{a},code=sm_{a}" for a in CUDA_ARCHS]
 
 
+# With CUDA, attention::CudnnSdpa (cuDNN's fused attention, the torch op's default 16-bit kernel) where cuDNN and
+# cudnn-frontend are found (seqpar_build.cudnn_paths: the nvidia-cudnn wheel of a CUDA torch, CUDNN_ROOT,
+# CUDNN_FRONTEND_ROOT or build/cudnn_frontend; SEQPAR_TORCH_CUDNN=0: without). Compiled, never run on a GPU.
+CUDNN = seqpar_build.cudnn_paths() if CUDA else None
+
+
 def extension():
     sources = [os.path.join("src", "ops.cpp")]
     if CUDA:
-        return CUDAExtension("seqpar._C", sources + CUDA_SOURCES,
-                             include_dirs=INCLUDE + [os.path.join(seqpar_build.FROM_REPO, "kernels")],
-                             extra_compile_args={"cxx": CXX + ["-DSEQPAR_TORCH_CUDA=1"] + CUDA_DEFINES, "nvcc": NVCC})
+        include = INCLUDE + [os.path.join(seqpar_build.FROM_REPO, "kernels")]
+        cxx = CXX + ["-DSEQPAR_TORCH_CUDA=1"] + CUDA_DEFINES
+        link, libraries, library_dirs = [], [], []
+        if CUDNN:
+            cudnn_include, cudnn_lib, frontend_include = CUDNN
+            sources = sources + [os.path.join("from_repo", "kernels", "instances_cudnn", "cudnn_sdpa.cpp")]
+            include = include + [cudnn_include, frontend_include]
+            cxx = cxx + ["-DSEQPAR_TORCH_CUDNN=1"]
+            # The wheel ships libcudnn.so.9 only (no unversioned link); cudnn-frontend compiles some engines
+            # at run time (NVRTC).
+            link = [f"-L{cudnn_lib}", "-l:libcudnn.so.9", f"-Wl,-rpath,{cudnn_lib}"]
+            libraries = ["nvrtc"]
+        return CUDAExtension("seqpar._C", sources + CUDA_SOURCES, include_dirs=include, libraries=libraries,
+                             library_dirs=library_dirs, extra_link_args=link,
+                             extra_compile_args={"cxx": cxx, "nvcc": NVCC})
     return CppExtension("seqpar._C", sources, include_dirs=INCLUDE, extra_compile_args=CXX)
 
 

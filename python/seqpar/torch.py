@@ -30,10 +30,14 @@ import torch.distributed as dist
 from . import _C
 
 STRATEGIES = tuple(_C.STRATEGIES)
-# Whether CUDA tensors run: attention::CudaFlash (fp32, fp16, bf16; head sizes 64/64, 128/128, 192/128) over the
-# process group's NCCL backend, stream-ordered with torch's current stream. Only in an extension built
-# with SEQPAR_TORCH_CUDA=1; that path is compiled in CI and has never run on a GPU.
+# Whether CUDA tensors run: attention::CudaFlash (fp32, fp16, bf16; head sizes 64/64, 128/128, 192/128), and for
+# fp16 / bf16 cuDNN's SDPA (CUDNN) or torch's FlashAttention ops (the layer's `kernel`), over the process
+# group's NCCL backend, stream-ordered with torch's current stream. Only in an extension built with
+# SEQPAR_TORCH_CUDA=1; that path is compiled in CI and has never run on a GPU.
 CUDA = bool(getattr(_C, "CUDA", False))
+# Whether kernel="cudnn" (cuDNN's fused attention, attention::CudnnSdpa) is in this build: the CUDA path built
+# where cuDNN and cudnn-frontend were found (python/setup.py). Compiled, never run on a GPU.
+CUDNN = bool(getattr(_C, "CUDNN", False))
 Lengths = Union[Sequence[int], Sequence[Sequence[int]]]
 
 # The C++ layers by handle: the op's schema carries an int, not a Python object.
@@ -220,6 +224,19 @@ def _warn_if_oversubscribed(threads: int, ranks_per_node: int) -> None:
                       "torch.set_num_threads) so that ranks do not share cores", RuntimeWarning, stacklevel=3)
 
 
+_KERNELS = ("auto", "flash", "cudnn", "seqpar")
+
+
+def _kernel_of(args) -> str:
+    """The layer's kernel argument, checked here for its type (the C++ layer checks the name and says which
+    kernels this build has). Layers pickled before the argument existed have none: "auto"."""
+    kernel = args.get("kernel", "auto")
+    if not isinstance(kernel, str):
+        raise TypeError(f"seqpar.torch.DistributedAttention: kernel = {kernel!r}: must be a str, one of "
+                        f"{', '.join(_KERNELS)}")
+    return kernel
+
+
 class DistributedAttention(torch.nn.Module):
     """Exact causal attention over a packed batch of documents, sharded over `group`'s ranks.
 
@@ -255,6 +272,18 @@ class DistributedAttention(torch.nn.Module):
     exceed its cores. The kernels' instruction set is chosen at run time for this CPU (`cpu_isa`:
     avx512, avx2 or portable; SEQPAR_CPU_ISA forces one).
 
+    kernel: the attention kernel of float16 / bfloat16 CUDA calls. "auto" (default): cuDNN's fused attention
+    (attention::CudnnSdpa, where this build has it: CUDNN) for calls it takes (not sliding-window calls: cuDNN's
+    band cannot be cut on the right by a ring step's last key), else torch's own FlashAttention ops
+    (aten::_flash_attention_forward / _backward, varlen; FlashAttention 4 where
+    torch.nn.attention.activate_flash_attention_impl("FA4") is active) where they take the shape (head_dim ==
+    head_dim_v, a multiple of 8 up to 256, compute capability 8.0+), else seqpar's CudaFlash, which is also
+    the float32 kernel. "cudnn" / "flash": that kernel where it takes the call, else CudaFlash with one
+    warning per reason. "seqpar": seqpar's own kernels only. CPU tensors run seqpar's CpuFlash: there the
+    kernel must be "auto" or "seqpar" ("cudnn" and "flash" are refused by name, as is a kernel this build
+    lacks). The `kernel` property says which kernel ran the last call. The vendor kernels' paths are
+    compiled, never run: no GPU has executed them yet.
+
     Made on every rank of `group` together: the ranks compare their strategy, heads and head sizes
     (one all_gather_object) and raise ValueError naming both values when they differ. A proper module
     attribute: copy.deepcopy makes a layer with the same arguments on the same group; pickling (torch.save
@@ -265,7 +294,7 @@ class DistributedAttention(torch.nn.Module):
     def __init__(self, strategy: str, heads_q: int, heads_kv: int, head_dim: int, group=None,
                  ranks_per_node: int = 0, timeout_s: Optional[float] = None, head_dim_v: Optional[int] = None,
                  mask_mix: Optional[Sequence[Tuple[Tuple[int, int], int]]] = None,
-                 threads: Optional[int] = None, capacity_factor: Optional[float] = None):
+                 threads: Optional[int] = None, capacity_factor: Optional[float] = None, kernel: str = "auto"):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("seqpar.torch.DistributedAttention: torch.distributed is not initialized "
@@ -282,7 +311,7 @@ class DistributedAttention(torch.nn.Module):
         mask_mix = [tuple(part) if isinstance(part, (list, tuple)) else part for part in (mask_mix or ())]
         self._args = dict(strategy=strategy, heads_q=heads_q, heads_kv=heads_kv, head_dim=head_dim,
                           ranks_per_node=ranks_per_node, timeout_s=timeout_s, head_dim_v=head_dim_v,
-                          mask_mix=mask_mix, threads=threads, capacity_factor=capacity_factor)
+                          mask_mix=mask_mix, threads=threads, capacity_factor=capacity_factor, kernel=kernel)
         self._build(group)
 
     def _build(self, group) -> None:
@@ -301,7 +330,7 @@ class DistributedAttention(torch.nn.Module):
         _warn_if_oversubscribed(int(a["threads"]), int(a["ranks_per_node"]))
         self._layer = _C.Attention(a["strategy"], a["heads_q"], a["heads_kv"], a["head_dim"], group,
                                    float(a["timeout_s"]), int(a["ranks_per_node"]), int(a["head_dim_v"]), mix,
-                                   int(a["threads"]), float(a["capacity_factor"] or 0.0))
+                                   int(a["threads"]), float(a["capacity_factor"] or 0.0), _kernel_of(a))
         self._agree(group)
         self._handle = next(_next_handle)
         _layers[self._handle] = self._layer
@@ -311,8 +340,8 @@ class DistributedAttention(torch.nn.Module):
         """The ranks' constructor arguments compared (one all_gather_object): a layer made with another
         strategy or shape on one rank would otherwise fail at its first call with a hash mismatch."""
         keys = ("strategy", "heads_q", "heads_kv", "head_dim", "head_dim_v", "ranks_per_node", "mask_mix",
-                "capacity_factor")
-        mine = {key: self._args[key] for key in keys}
+                "capacity_factor", "kernel")
+        mine = {key: self._args.get(key, "auto") if key == "kernel" else self._args[key] for key in keys}
         everyone = [None] * dist.get_world_size(group)
         dist.all_gather_object(everyone, mine, group=group)
         me = dist.get_rank(group)
@@ -353,6 +382,10 @@ class DistributedAttention(torch.nn.Module):
         chose = self._layer.chosen()
         if chose and a["strategy"] == "auto":
             text += f", chose={chose!r} (last batch)"
+        text += f", kernel={_kernel_of(a)!r}"
+        ran = self._layer.kernel_ran
+        if ran:
+            text += f" (ran {ran!r})"
         return text + f", threads={a['threads']}, cpu_isa={self.cpu_isa!r}"
 
     def __del__(self):
@@ -369,6 +402,13 @@ class DistributedAttention(torch.nn.Module):
         otherwise. Local (no communication); every rank gets the same answer."""
         cu, counts = self._batch(lengths, cu_seqlens, doc_counts)
         return self._layer.chosen(cu, counts)
+
+    @property
+    def kernel(self) -> str:
+        """The kernel that ran the last call: "seqpar" (seqpar's CpuFlash / CudaFlash), "cudnn" (cuDNN's fused
+        attention) or "flash" (torch's FlashAttention ops); before the first call, the constructor's `kernel`
+        argument ("auto", "cudnn", "flash" or "seqpar")."""
+        return self._layer.kernel_ran or self._layer.kernel
 
     @property
     def threads(self) -> int:

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The torch op's CUDA path, in extensions built with SEQPAR_TORCH_CUDA=1 (python/setup.py): seqpar's
-// DistributedAttention with attention::CudaFlash on CUDA tensors, over backend::c10d::DeviceTransport
+// DistributedAttention on CUDA tensors with attention::CudnnSdpa (where the build has cuDNN) or TorchFlash
+// (torch's FlashAttention ops) for float16 / bfloat16, or attention::CudaFlash (float32, and every shape the
+// vendor kernels refuse), over backend::c10d::DeviceTransport
 // (the process group's NCCL backend), ordered after and before torch's current stream. Compiled in CI
 // (compile only); it has never run on a GPU.
 #pragma once
@@ -25,9 +27,13 @@ class CudaAttention {
   using Lengths = std::vector<std::vector<std::int64_t>>;
 
   /// Not collective: the transport and engines are made at the first call, on q's device.
+  /// kernel, for float16 / bfloat16: "auto" (CudnnSdpa where the extension has cuDNN and it takes the call,
+  /// else TorchFlash, torch's FlashAttention ops, where they take the shape, else CudaFlash), "cudnn" or
+  /// "flash" (that kernel, else CudaFlash with one warning per reason), "seqpar" (CudaFlash always); float32
+  /// runs CudaFlash. ops.cpp checks the name.
   CudaAttention(std::string strategy, const seqpar::AttentionShape& shape,
                 c10::intrusive_ptr<::c10d::ProcessGroup> group, std::chrono::milliseconds timeout, int ranks_per_node,
-                seqpar::MaskMix masks, double capacity_factor);
+                seqpar::MaskMix masks, double capacity_factor, std::string kernel = "auto");
   CudaAttention(const CudaAttention&) = delete;
   CudaAttention& operator=(const CudaAttention&) = delete;
   ~CudaAttention();
@@ -38,6 +44,9 @@ class CudaAttention {
   /// q's device (the engine's sink epilogue; their values are checked on a host copy).
   std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Lengths& lengths,
                                   const std::optional<at::Tensor>& sinks, seqpar::AttentionMask mask, double scale);
+  /// The kernel of the last call: "cudnn" (CudnnSdpa), "flash" (TorchFlash) or "seqpar" (CudaFlash); "" before
+  /// the first.
+  [[nodiscard]] const std::string& kernel_ran() const noexcept;
   /// scale: the softmax scale (0: 1 / sqrt(head_dim)), one engine per scale.
   /// dq, dk, dv and the sinks' gradient summed over the ranks (an empty tensor without sinks).
   std::vector<at::Tensor> backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,

@@ -26,6 +26,9 @@
 #ifndef SEQPAR_TORCH_CUDA
 #define SEQPAR_TORCH_CUDA 0  // python/setup.py defines it 1 when built with CUDA (SEQPAR_TORCH_CUDA=1)
 #endif
+#ifndef SEQPAR_TORCH_CUDNN
+#define SEQPAR_TORCH_CUDNN 0  // python/setup.py defines it 1 with CUDA where it finds cuDNN and cudnn-frontend
+#endif
 #if SEQPAR_TORCH_CUDA
 #include "cuda_attention.hpp"
 #endif
@@ -46,14 +49,17 @@ class Attention {
   // one placement of each batch is balanced for; every call may pass any window.
   Attention(std::string strategy, int heads_q, int heads_kv, int head_dim,
             const c10::intrusive_ptr<::c10d::ProcessGroup>& group, double timeout_s, int ranks_per_node, int head_dim_v,
-            const std::vector<std::pair<std::int64_t, std::int64_t>>& mask_mix, int threads, double capacity_factor)
+            const std::vector<std::pair<std::int64_t, std::int64_t>>& mask_mix, int threads, double capacity_factor,
+            std::string kernel = "auto")
       : strategy_(std::move(strategy)),
         shape_{heads_q, heads_kv, head_dim, 0.0, head_dim_v},
         ranks_per_node_(ranks_per_node),
         masks_(mix_of(mask_mix)),
         threads_(threads),
-        capacity_factor_(capacity_factor) {
+        capacity_factor_(capacity_factor),
+        kernel_(std::move(kernel)) {
     constexpr std::string_view where = "seqpar.torch.DistributedAttention";
+    check_kernel(kernel_);
     sp::detail::require(threads >= 1 && threads <= 1024, where, "threads", threads,
                         "must be in [1, 1024] (the CPU kernel's threads on this rank; None: torch.get_num_threads())");
     sp::detail::require(heads_q >= 1, where, "heads_q", heads_q, "must be >= 1");
@@ -68,7 +74,7 @@ class Attention {
     (void)meta_engine();  // an unknown strategy fails here, in the constructor
 #if SEQPAR_TORCH_CUDA
     cuda_ = std::make_unique<CudaAttention>(strategy_, shape_, group, options.timeout, ranks_per_node, masks_,
-                                            capacity_factor);
+                                            capacity_factor, kernel_);
 #endif
   }
 
@@ -85,8 +91,12 @@ class Attention {
       check_scale(scale);
       if (strategy_ == "auto") last_lengths_ = lengths;  // what repr's "chose" reports (no copy otherwise)
 #if SEQPAR_TORCH_CUDA
-      if (q.is_cuda()) return cuda_->forward(q, k, v, lengths, sinks, mask, scale);
+      if (q.is_cuda()) {
+        last_cuda_ = true;
+        return cuda_->forward(q, k, v, lengths, sinks, mask, scale);
+      }
 #endif
+      require_cpu_kernel();
       switch (q.scalar_type()) {
         case at::kDouble:
           return forward_as<double>(doubles_, q, k, v, lengths, sinks, mask, scale);
@@ -112,8 +122,12 @@ class Attention {
       const sp::AttentionMask mask = mask_of(window);
       check_scale(scale);
 #if SEQPAR_TORCH_CUDA
-      if (q.is_cuda()) return cuda_->backward(q, k, v, o, lse, dout, lengths, sinks, mask, scale);
+      if (q.is_cuda()) {
+        last_cuda_ = true;
+        return cuda_->backward(q, k, v, o, lse, dout, lengths, sinks, mask, scale);
+      }
 #endif
+      require_cpu_kernel();
       switch (q.scalar_type()) {
         case at::kDouble:
           return backward_as<double>(doubles_, q, k, v, o, lse, dout, lengths, sinks, mask, scale);
@@ -167,6 +181,18 @@ class Attention {
   [[nodiscard]] int threads() const {
     return threads_;
   }
+  // The kernel the constructor was given ("auto", "cudnn", "flash" or "seqpar").
+  [[nodiscard]] const std::string& kernel() const {
+    return kernel_;
+  }
+  // The kernel of the last call: "seqpar" (CpuFlash on CPU tensors, CudaFlash on CUDA ones), "cudnn"
+  // (CudnnSdpa) or "flash" (torch's FlashAttention ops); "" before the first call.
+  [[nodiscard]] std::string kernel_ran() const {
+#if SEQPAR_TORCH_CUDA
+    if (last_cuda_) return cuda_->kernel_ran();
+#endif
+    return ran_cpu_ ? "seqpar" : "";
+  }
   // The instruction set of the CPU kernels' micro-kernels (chosen at run time for this CPU; SEQPAR_CPU_ISA
   // forces one): the float and bfloat16 paths', float64 always runs the portable one.
   [[nodiscard]] std::string cpu_isa() const {
@@ -174,6 +200,44 @@ class Attention {
   }
 
  private:
+  // The kernel names the layer takes: "cudnn" where the extension was built with cuDNN (SEQPAR_TORCH_CUDNN),
+  // "flash" where it has the CUDA path, "auto" and "seqpar" always; the others refused by name, saying what
+  // this build lacks (issue 38).
+  static void check_kernel(const std::string& kernel) {
+    constexpr std::string_view where = "seqpar.torch.DistributedAttention";
+    if (kernel == "auto" || kernel == "seqpar") return;
+    if (kernel == "cudnn") {
+      if (SEQPAR_TORCH_CUDNN) return;
+      sp::detail::throw_invalid(
+          where, "kernel", "'cudnn'",
+          SEQPAR_TORCH_CUDA
+              ? "is not in this build: the extension was built without cuDNN (python/setup.py links "
+                "attention::CudnnSdpa where it finds cuDNN, e.g. the nvidia-cudnn wheel of a CUDA torch, "
+                "and cudnn-frontend's headers: CUDNN_FRONTEND_ROOT or build/cudnn_frontend)"
+              : "is not in this build: cuDNN's SDPA needs the extension's CUDA path (SEQPAR_TORCH_CUDA=1) "
+                "and cuDNN; this build runs CPU tensors only, whose kernel is 'seqpar' (or 'auto')");
+    }
+    if (kernel == "flash") {
+      if (SEQPAR_TORCH_CUDA) return;
+      sp::detail::throw_invalid(where, "kernel", "'flash'",
+                                "needs the extension's CUDA path (built with SEQPAR_TORCH_CUDA=1): this build runs CPU "
+                                "tensors only, whose kernel is 'seqpar' (or 'auto')");
+    }
+    sp::detail::throw_invalid(where, "kernel", "'" + kernel + "'",
+                              "is not a kernel (one of: auto, flash, cudnn, seqpar)");
+  }
+  // CPU tensors run CpuFlash: a layer made with kernel="flash" refuses them by name.
+  void require_cpu_kernel() {
+    if (kernel_ != "auto" && kernel_ != "seqpar")
+      sp::detail::throw_invalid("seqpar.torch.DistributedAttention", "kernel", "'" + kernel_ + "'",
+                                "runs CUDA tensors only; on CPU tensors the kernel is 'seqpar' (make the layer with "
+                                "kernel='auto' or 'seqpar')");
+    ran_cpu_ = true;
+#if SEQPAR_TORCH_CUDA
+    last_cuda_ = false;
+#endif
+  }
+
   template <class T>
   using Engine = sp::runtime::AttentionEngine<sp::attention::CpuFlash<T>>;
   // One engine per softmax scale a call used (0: 1 / sqrt(head_dim)); a model has one or two.
@@ -308,13 +372,16 @@ class Attention {
   sp::MaskMix masks_;
   int threads_ = 1;               // the CPU kernels' threads on this rank (torch.get_num_threads() unless given)
   double capacity_factor_ = 0.0;  // whole-doc's and hybrid's token capacity (0: the partitioner's default)
+  std::string kernel_ = "auto";   // the constructor's kernel (check_kernel)
+  bool ran_cpu_ = false;          // a CPU call ran (kernel_ran)
   Lengths last_lengths_;          // the last forward's batch ("auto" only)
   std::unique_ptr<sp::backend::c10d::Transport> transport_;  // engines hold a reference: a stable address
   Engines<double> doubles_;
   Engines<float> floats_;
   Engines<Bf16> bf16s_;
 #if SEQPAR_TORCH_CUDA
-  std::unique_ptr<CudaAttention> cuda_;  // CUDA tensors: CudaFlash over the group's NCCL backend
+  std::unique_ptr<CudaAttention> cuda_;  // CUDA tensors: TorchFlash or CudaFlash over the group's NCCL backend
+  bool last_cuda_ = false;               // the last call ran CUDA tensors (kernel_ran)
 #endif
 };
 
@@ -324,12 +391,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "seqpar's DistributedAttention on a torch.distributed process group (see seqpar.torch)";
   pybind11::class_<Attention>(m, "Attention")
       .def(pybind11::init<std::string, int, int, int, const c10::intrusive_ptr<::c10d::ProcessGroup>&, double, int, int,
-                          const std::vector<std::pair<std::int64_t, std::int64_t>>&, int, double>(),
+                          const std::vector<std::pair<std::int64_t, std::int64_t>>&, int, double, std::string>(),
            pybind11::arg("strategy"), pybind11::arg("heads_q"), pybind11::arg("heads_kv"), pybind11::arg("head_dim"),
            pybind11::arg("group"), pybind11::arg("timeout_s"), pybind11::arg("ranks_per_node"),
            pybind11::arg("head_dim_v"),
            pybind11::arg("mask_mix") = std::vector<std::pair<std::int64_t, std::int64_t>>{},
-           pybind11::arg("threads") = 1, pybind11::arg("capacity_factor") = 0.0)
+           pybind11::arg("threads") = 1, pybind11::arg("capacity_factor") = 0.0, pybind11::arg("kernel") = "auto")
       .def("forward", &Attention::forward, pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"),
            pybind11::arg("cu_seqlens"), pybind11::arg("doc_counts") = std::nullopt,
            pybind11::arg("sinks") = std::nullopt, pybind11::arg("window") = 0, pybind11::arg("scale") = 0.0)
@@ -345,7 +412,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("size", &Attention::size)
       .def_property_readonly("strategy", &Attention::strategy)
       .def_property_readonly("threads", &Attention::threads)
-      .def_property_readonly("cpu_isa", &Attention::cpu_isa);
+      .def_property_readonly("cpu_isa", &Attention::cpu_isa)
+      .def_property_readonly("kernel", &Attention::kernel)
+      .def_property_readonly("kernel_ran", &Attention::kernel_ran);
   std::vector<std::string> names(std::begin(kStrategies), std::end(kStrategies));
   m.attr("STRATEGIES") = names;
   // seqpar-plan's names (plan::standard_candidates): the op's strategies are the same list, plus "auto".
@@ -356,4 +425,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   // Whether CUDA tensors run (CudaFlash over the group's NCCL backend): built with SEQPAR_TORCH_CUDA=1.
   m.attr("CUDA") = static_cast<bool>(SEQPAR_TORCH_CUDA);
+  // Whether kernel="cudnn" (attention::CudnnSdpa) is in this build: CUDA with cuDNN and cudnn-frontend found.
+  m.attr("CUDNN") = static_cast<bool>(SEQPAR_TORCH_CUDNN);
 }

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The CUDA path (an extension built with SEQPAR_TORCH_CUDA=1: attention::CudaFlash over the group's
-NCCL backend) against fp64 SDPA, forward and backward, on 1 process and on 2 where there are 2 GPUs.
+"""The CUDA path (an extension built with SEQPAR_TORCH_CUDA=1: attention::CudaFlash, and cuDNN's SDPA or
+torch's FlashAttention ops behind seqpar's kernel protocol for float16 / bfloat16 with kernel="auto", over the
+group's NCCL backend) against fp64 SDPA, forward and backward, on 1 process and on 2 where there are 2 GPUs.
 Skipped without the CUDA build or a GPU: it has never run (the CI machines have no GPU)."""
 import pytest
 import torch
@@ -16,7 +17,7 @@ TOL = {torch.bfloat16: (1e-2, 2e-2), torch.float16: (1e-2, 2e-2), torch.float32:
 STRATEGIES = ["ulysses", "zigzag-ring", "hybrid-aware", "basp"]
 
 
-def _cuda(rank, world):
+def _cuda(rank, world, kernel):
     import torch
     import seqpar.torch as spt
     from reference import long_tail, sdpa
@@ -24,7 +25,7 @@ def _cuda(rank, world):
     hq, hkv, d = 4, 2, 64
     errors = {}
     for name in STRATEGIES:
-        attn = spt.DistributedAttention(name, hq, hkv, d, timeout_s=60)
+        attn = spt.DistributedAttention(name, hq, hkv, d, timeout_s=60, kernel=kernel)
         for dtype in TOL:
             lengths = long_tail(3, sequences=2, tokens=96)
             total = sum(sum(s) for s in lengths)
@@ -39,6 +40,12 @@ def _cuda(rank, world):
             o, lse = attn(lq, lk, lv, lengths, return_lse=True)
             o.backward(do[rows].to("cuda", dtype))
             got = (o, lse, lq.grad, lk.grad, lv.grad)
+            # auto: cuDNN (where built) or torch's FlashAttention for the 16-bit types (d 64 is both's), CudaFlash
+            # for float32.
+            want = "seqpar"
+            if dtype != torch.float32 and kernel != "seqpar":
+                want = "cudnn" if kernel == "auto" and spt.CUDNN else "flash"
+            assert attn.kernel == want, f"{name} {dtype} kernel={kernel}: ran {attn.kernel}, expected {want}"
             for what, a, b in zip(("o", "lse", "dq", "dk", "dv"), got, refs):
                 b = b[:, rows] if what == "lse" else b[rows]
                 err = (a.double().cpu() - b).abs().max().item() / max(1.0, b.abs().max().item()) if a.numel() else 0.0
@@ -46,11 +53,12 @@ def _cuda(rank, world):
     return errors
 
 
+@pytest.mark.parametrize("kernel", ["auto", "flash", "seqpar"])
 @pytest.mark.parametrize("world", [1, 2])
-def test_cuda_matches_sdpa(world):
+def test_cuda_matches_sdpa(world, kernel):
     if world > torch.cuda.device_count():
         pytest.skip(f"needs {world} GPUs")
-    for rank, errors in enumerate(run(_cuda, world, backend="nccl", timeout=300)):
+    for rank, errors in enumerate(run(_cuda, world, kernel, backend="nccl", timeout=300)):
         assert len(errors) == len(STRATEGIES) * len(TOL) * 5
         bad = {}
         for (name, dtype, what), err in errors.items():

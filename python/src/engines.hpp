@@ -291,6 +291,7 @@ inline std::string torch_terms(std::string what) {
     replace_all(std::string(t) + ".heads", std::string(t) + ".shape[1]");
     replace_all(std::string(t) + ".head_dim", std::string(t) + ".shape[2]");
   }
+  replace_all("owned_ranges(batch)", "token_indices() of the same lengths");
   replace_all("lse.heads", "lse.shape[0]");
   replace_all("lse.tokens", "lse.shape[1]");
   replace_all("DistributedAttention::forward", "seqpar.torch.DistributedAttention (forward)");

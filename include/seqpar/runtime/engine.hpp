@@ -322,6 +322,7 @@ class AttentionEngine {
       found = &checked_entry(where, batch, mask);
       require_kernel(where, found->forward_kernel);
       const std::int64_t n = found->plan.local_tokens(rank());
+      check_rows(where, batch, n, q.tokens);
       Checks::forward_views(where, shape_, n, q, k, v, o, lse);
       Checks::not_input(where, "o", o, q, k, v);
       Checks::not_input(where, "lse", lse, q, k, v);
@@ -364,6 +365,7 @@ class AttentionEngine {
       found = &checked_entry(where, batch, mask);
       require_kernel(where, found->backward_kernel);
       const std::int64_t n = found->plan.local_tokens(rank());
+      check_rows(where, batch, n, q.tokens);
       Checks::forward_views(where, shape_, n, q, k, v, o, lse);
       seqpar::detail::check_view(dout, where, "dout", n, shape_.heads_q, shape_.v_dim());
       seqpar::detail::check_view(dq, where, "dq", n, shape_.heads_q, shape_.qk_dim());
@@ -499,6 +501,40 @@ class AttentionEngine {
   // A kernel's refusal, as the bad argument it is (local: before agree, like every check of a call).
   static void require_kernel(const char* where, const Status& kernel) {
     if (!kernel) throw std::invalid_argument(std::string(where) + ": the kernel cannot run it: " + kernel.reason);
+  }
+
+  // q's rows against this rank's share of the batch, refused with the plan the rows were expected from
+  // and, when a batch this object placed before gives this rank that many rows, that batch: rows laid
+  // out for another batch (of the same token count, too) are the usual cause. The rows do not depend on
+  // the call's mask (one placement per batch serves every layer). Builds its message only when it refuses.
+  void check_rows(const char* where, const DocumentBatch& batch, std::int64_t expected, std::int64_t rows) const {
+    if (rows == expected) return;
+    const int me = world_.rank();
+    const auto describe = [](std::uint64_t fingerprint, std::int64_t tokens, std::int64_t documents) {
+      return "fingerprint " + std::to_string(fingerprint) + ": " + std::to_string(tokens) + " tokens in " +
+             std::to_string(documents) + " documents";
+    };
+    std::string why =
+        "expected " + std::to_string(expected) + ", the rows rank " + std::to_string(me) +
+        " holds of this call's batch (" +
+        describe(batch.fingerprint(), batch.total_tokens(), static_cast<std::int64_t>(batch.documents().size())) +
+        ") as this strategy places it on " + std::to_string(world_.size()) + " ranks";
+    std::string other;
+    cache_.for_each_placement([&](const std::vector<std::int64_t>& key, const Placement& p) {
+      if (!other.empty() || p.batch_fingerprint == batch.fingerprint() || p.world_size() <= me ||
+          p.local_tokens(me) != rows)
+        return;
+      // key: the document offsets (documents + 1 words), -1, the sequence offsets, the total tokens.
+      const auto cut = std::find(key.begin(), key.end(), std::int64_t{-1});
+      other = describe(p.batch_fingerprint, key.back(), static_cast<std::int64_t>(cut - key.begin()) - 1);
+    });
+    if (!other.empty())
+      why += "; " + std::to_string(rows) + " is what this rank holds of another batch this object placed (" + other +
+             "): rows laid out for that batch? Pass the batch the rows were taken for (owned_ranges(batch))";
+    else
+      why += "; no batch this object placed gives this rank " + std::to_string(rows) +
+             " rows: rows of another batch, strategy or world size, or not taken with owned_ranges(batch)";
+    seqpar::detail::throw_invalid(where, "q.tokens", rows, why);
   }
 
   static void check_batch(const char* where, const DocumentBatch& batch) {

@@ -6,6 +6,8 @@
 // backward with sinks after a forward without them is refused by name.
 #include <doctest/doctest.h>
 
+#include <seqpar/runtime/chunked_attention.hpp>
+#include <seqpar/schedule/dynamic_chunk.hpp>
 #include <seqpar/seqpar.hpp>
 
 #include <algorithm>
@@ -227,5 +229,103 @@ TEST_SUITE("adversarial") {
       CHECK(contains(refused.errors[r], "dsinks would be the gradient of a softmax that never ran"));
     }
     CHECK(refused.took < kPrompt);
+  }
+}
+
+TEST_SUITE("adversarial") {
+  TEST_CASE("messages: rows that do not match name the batch they were expected from and the one they fit") {
+    const AttentionShape shape{2, 1, 4};
+    using Even = DistributedAttention<Strategy<partition::Uniform, comm::Ring>, attention::Reference<double>>;
+    const DocumentBatch laid({{10, 6}}), called({{12, 6}});  // 8 and 9 rows per rank (Uniform, 2 ranks)
+    for (const bool known : {true, false}) {
+      CAPTURE(known);
+      const test::WorldOutcome w = test::run_world(
+          2,
+          [&](int, auto& t) {
+            Even attn(t, shape);
+            AttentionTensors<double> l(attn.local_tokens(laid), shape);  // places `laid` (this object knows it)
+            if (known) {
+              attn.forward(called, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view());
+            } else {
+              AttentionTensors<double> m(l.q.tokens - 1, shape);
+              attn.forward(called, m.q.view(), m.k.view(), m.v.view(), m.o.view(), m.lse.view());
+            }
+          },
+          kTimeout);
+      for (int r = 0; r < 2; ++r) {
+        const std::string& e = w.errors[static_cast<std::size_t>(r)];
+        CAPTURE(e);
+        CHECK(w.invalid[static_cast<std::size_t>(r)]);
+        const std::string rows = known ? "8" : "7";
+        CHECK(contains(e, "DistributedAttention::forward: q.tokens = " + rows + ": expected 9, the rows rank " +
+                              std::to_string(r) + " holds of this call's batch (fingerprint " +
+                              std::to_string(called.fingerprint()) +
+                              ": 18 tokens in 2 documents) as this strategy places it on 2 ranks; "));
+        if (known)
+          CHECK(contains(e, "8 is what this rank holds of another batch this object placed (fingerprint " +
+                                std::to_string(laid.fingerprint()) +
+                                ": 16 tokens in 2 documents): rows laid out for that batch? Pass the batch the rows "
+                                "were taken for (owned_ranges(batch))"));
+        else
+          CHECK(contains(e,
+                         "no batch this object placed gives this rank 7 rows: rows of another batch, strategy or "
+                         "world size, or not taken with owned_ranges(batch)"));
+      }
+      CHECK(w.took < kPrompt);
+    }
+  }
+}
+
+TEST_SUITE("adversarial") {
+  TEST_CASE(
+      "chunks: ChunkedAttention::begin(batch, ...) refuses another batch's chunks and prefixes cut for another mask") {
+    const AttentionShape shape{2, 1, 4};
+    const DocumentBatch batch({{30, 10}}), other({{10, 30}});  // the same 40 tokens, documents swapped
+    const schedule::ChunkPlan plan =
+        schedule::DynamicChunk{{.token_capacity = 12, .time_target = 0, .slices = 0, .cost = {}}}.plan(batch);
+    std::vector<Chunk> cut = plan.chunks;  // prefixes cut to what a window of 4 keys sees
+    bool shorter = false;
+    for (Chunk& c : cut)
+      for (Range& p : c.prefix) {
+        const Range seen = visible_prefix(p, 4);
+        shorter = shorter || seen.size() < p.size();
+        p = seen;
+      }
+    REQUIRE(shorter);
+    // c: 0 this batch's chunks (causal); 1 the window's cut chunks under their window; 2 another batch's
+    //    chunks; 3 the cut chunks under a causal layer. Only rank 1 errs in 2 and 3.
+    for (int c = 0; c < 4; ++c) {
+      CAPTURE(c);
+      const test::WorldOutcome w = test::run_world(
+          2,
+          [&](int rank, auto& t) {
+            Attn attn(t, shape);
+            runtime::ChunkedAttention<attention::Reference<double>> chunked(attn);
+            const bool bad = rank == 1;
+            if (c == 0) chunked.begin(batch, plan.chunks);
+            if (c == 1) chunked.begin(batch, cut, AttentionMask::sliding_window(4));
+            if (c == 2) chunked.begin(bad ? other : batch, plan.chunks);
+            if (c == 3) chunked.begin(batch, bad ? cut : plan.chunks);
+          },
+          kTimeout);
+      if (c < 2) {
+        for (const std::string& e : w.errors) CHECK(e.empty());
+        continue;
+      }
+      CAPTURE(w.errors[1]);
+      CHECK(w.invalid[1]);
+      CHECK(contains(w.errors[1], "ChunkedAttention::begin: chunks["));
+      // Another batch's chunks: a piece crosses one of this batch's document ends, or starts inside a
+      // document without its prefix (whichever chunk comes first); the cut prefixes miss causal keys.
+      if (c == 2)
+        CHECK(contains(w.errors[1], "(the chunks of another batch, of fingerprint other than this batch's " +
+                                        std::to_string(other.fingerprint()) + "? or prefixes cut for another mask"));
+      else
+        CHECK((contains(w.errors[1], "].prefix[") && contains(w.errors[1], "must read the keys ") &&
+               contains(w.errors[1], "this layer's causal?)")));
+      CHECK(w.codes[0] == static_cast<int>(Errc::kPeerFailed));
+      CHECK(contains(w.errors[0], "rank 1 refused its chunks before any communication: ChunkedAttention::begin: "));
+      CHECK(w.took < kPrompt);
+    }
   }
 }

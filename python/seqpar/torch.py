@@ -44,6 +44,7 @@ Lengths = Union[Sequence[int], Sequence[Sequence[int]]]
 _layers: dict = {}
 _group_sizes: dict = {}  # handle -> the size of its layer's process group (the sinks' gradient share)
 _next_handle = itertools.count()
+_layers_made: dict = {}  # process group -> layers made on it: each layer's number in the calls' agreement
 
 
 def _nested(lengths: Lengths) -> List[List[int]]:
@@ -148,20 +149,37 @@ def _setup_context(ctx, inputs, output):
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, cu_seqlens, doc_counts, sinks)
     ctx.handle, ctx.window, ctx.scale = handle, window, scale
+    # The C++ layer itself: the graph keeps it for the backward even if the module is freed first.
+    ctx.layer, ctx.group_size = _layers.get(handle), _group_sizes.get(handle)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, dout, _dlse):
     q, k, v, o, lse, cu_seqlens, doc_counts, sinks = ctx.saved_tensors
-    dq, dk, dv, dsinks = _attention_backward(q, k, v, o, lse, dout.contiguous(), cu_seqlens, doc_counts, sinks,
-                                             ctx.handle, ctx.window, ctx.scale)
+    # A module freed after its forward (del, or a model rebuilt on one rank): its backward still runs, on
+    # the layer the graph kept, so that no rank raises alone while its peers wait in theirs.
+    revived = ctx.handle not in _layers and getattr(ctx, "layer", None) is not None
+    if revived:
+        _layers[ctx.handle], _group_sizes[ctx.handle] = ctx.layer, ctx.group_size
+    try:
+        dq, dk, dv, dsinks = _attention_backward(q, k, v, o, lse, dout.contiguous(), cu_seqlens, doc_counts, sinks,
+                                                 ctx.handle, ctx.window, ctx.scale)
+    finally:
+        if revived:
+            _layers.pop(ctx.handle, None)
+    if revived:
+        group_size = ctx.group_size
+    else:
+        group_size = _group_sizes[ctx.handle]
     if sinks is None:
         return dq, dk, dv, None, None, None, None, None, None
     # The op sums the sinks' gradient over the group (the C++ API's contract); autograd gets this
     # rank's equal share of that sum, so that the all-reduce (sum) a trainer runs over every replicated
     # parameter's gradient gives the whole batch's gradient, as it does for the projections around
     # attention, whose gradients are each rank's partial sums.
-    return dq, dk, dv, None, None, dsinks / _group_sizes[ctx.handle], None, None, None
+    if revived:
+        _group_sizes.pop(ctx.handle, None)
+    return dq, dk, dv, None, None, dsinks / group_size, None, None, None
 
 
 _attention.register_autograd(_backward, setup_context=_setup_context)
@@ -332,6 +350,9 @@ class DistributedAttention(torch.nn.Module):
                                    float(a["timeout_s"]), int(a["ranks_per_node"]), int(a["head_dim_v"]), mix,
                                    int(a["threads"]), float(a["capacity_factor"] or 0.0), _kernel_of(a))
         self._agree(group)
+        # Its number among the layers made on this group (made on every rank together: the same on each),
+        # compared in every call: two layers called in different orders on two ranks raise, naming it.
+        self._layer.set_layer(_layers_made.setdefault(group, itertools.count()).__next__())
         self._handle = next(_next_handle)
         _layers[self._handle] = self._layer
         _group_sizes[self._handle] = dist.get_world_size(group)
@@ -469,20 +490,28 @@ class DistributedAttention(torch.nn.Module):
         the all-reduce (sum) of replicated parameters' gradients a trainer runs anyway gives the whole
         batch's gradient, as for every other parameter."""
         checked = (("q", q), ("k", k), ("v", v)) + ((("sinks", sinks),) if sinks is not None else ())
-        for name, t in checked:
-            # Checked here: a tensor on another device would dispatch the op to that device's
-            # (fake) implementation instead of reaching the kernels' checks.
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"seqpar.torch.DistributedAttention: {name} = {type(t).__name__}: must be a tensor")
-            if t.device.type == "cuda" and not CUDA:
-                raise ValueError(f"seqpar.torch.DistributedAttention: {name}.device = {t.device}: must be cpu "
-                                 "(this extension was built without its CUDA path: SEQPAR_TORCH_CUDA=1)")
-            if t.device.type not in ("cpu", "cuda"):
-                raise ValueError(f"seqpar.torch.DistributedAttention: {name}.device = {t.device}: must be cpu "
-                                 "(the CPU kernels)" + (" or cuda (the CUDA kernels)" if CUDA else ""))
-        window = _window_of(window_size)
-        scale = _scale_of(softmax_scale)
-        cu, counts = self._batch(lengths, cu_seqlens, doc_counts)
+        try:
+            for name, t in checked:
+                # Checked here: a tensor on another device would dispatch the op to that device's
+                # (fake) implementation instead of reaching the kernels' checks.
+                if not isinstance(t, torch.Tensor):
+                    raise TypeError(f"seqpar.torch.DistributedAttention: {name} = {type(t).__name__}: must be a "
+                                    "tensor")
+                if t.device.type == "cuda" and not CUDA:
+                    raise ValueError(f"seqpar.torch.DistributedAttention: {name}.device = {t.device}: must be cpu "
+                                     "(this extension was built without its CUDA path: SEQPAR_TORCH_CUDA=1)")
+                if t.device.type not in ("cpu", "cuda"):
+                    raise ValueError(f"seqpar.torch.DistributedAttention: {name}.device = {t.device}: must be cpu "
+                                     "(the CPU kernels)" + (" or cuda (the CUDA kernels)" if CUDA else ""))
+            window = _window_of(window_size)
+            scale = _scale_of(softmax_scale)
+            cu, counts = self._batch(lengths, cu_seqlens, doc_counts)
+        except (TypeError, ValueError) as e:
+            # This rank's outcome of the call's agreement: its peers, already in theirs, raise at once
+            # (RuntimeError naming this rank and why) instead of waiting for it until the timeout.
+            if not any(isinstance(t, torch.Tensor) and t.is_cuda for t in (q, k, v)):  # CUDA: its own transport
+                self._layer.refuse(str(e))
+            raise
         o, lse = _attention(q, k, v, cu, counts, sinks, self._handle, window, scale)
         return (o, lse) if return_lse else o
 

@@ -172,6 +172,11 @@ sp::ThdView<T> thd(const at::Tensor& t, const char* name, at::ScalarType dtype, 
                               std::string("must be ") + c10::toString(dtype) + " like q");
   if (t.dim() != 3)
     sp::detail::throw_invalid(where, std::string(name) + ".dim()", t.dim(), "must be 3: (tokens, heads, head_dim)");
+  // No rows (a rank the placement gave no tokens): nothing is read, and autograd may hand such a rank an
+  // expanded gradient of stride 0, which torch counts as contiguous: the view takes dense strides.
+  if (t.numel() == 0)
+    return {static_cast<T*>(t.data_ptr()), t.size(0), static_cast<int>(t.size(1)), static_cast<int>(t.size(2)),
+            t.size(1) * t.size(2),         t.size(2)};
   if (t.size(2) > 1 && t.stride(2) != 1)
     sp::detail::throw_invalid(where, std::string(name) + ".stride(2)", t.stride(2), "must be 1 (head_dim contiguous)");
   return {static_cast<T*>(t.data_ptr()), t.size(0),   static_cast<int>(t.size(1)),
@@ -286,6 +291,7 @@ inline std::string torch_terms(std::string what) {
     replace_all(std::string(t) + ".heads", std::string(t) + ".shape[1]");
     replace_all(std::string(t) + ".head_dim", std::string(t) + ".shape[2]");
   }
+  replace_all("owned_ranges(batch)", "token_indices() of the same lengths");
   replace_all("lse.heads", "lse.shape[0]");
   replace_all("lse.tokens", "lse.shape[1]");
   replace_all("DistributedAttention::forward", "seqpar.torch.DistributedAttention (forward)");

@@ -91,6 +91,7 @@ class Attention {
       check_scale(scale);
       if (strategy_ == "auto") last_lengths_ = lengths;  // what repr's "chose" reports (no copy otherwise)
 #if SEQPAR_TORCH_CUDA
+      in_engine_ = q.is_cuda();  // the CUDA path reports to its own transport (python/src/cuda_attention.cpp)
       if (q.is_cuda()) {
         last_cuda_ = true;
         return cuda_->forward(q, k, v, lengths, sinks, mask, scale);
@@ -122,6 +123,7 @@ class Attention {
       const sp::AttentionMask mask = mask_of(window);
       check_scale(scale);
 #if SEQPAR_TORCH_CUDA
+      in_engine_ = q.is_cuda();
       if (q.is_cuda()) {
         last_cuda_ = true;
         return cuda_->backward(q, k, v, o, lse, dout, lengths, sinks, mask, scale);
@@ -247,9 +249,15 @@ class Attention {
   // Runs `call`, rethrowing its refusals in the op's terms (tensor shapes, not the C++ views' fields), and
   // a refusal of q's rows with the rows this rank holds of the batch (lengths of another batch, or rows
   // not taken with token_indices, are the usual cause).
+  //
+  // A refusal of the binding's own checks (dtype, strides, head sizes, sinks, lengths, window, scale: any
+  // exception before the engine's call) is this rank's outcome of the call's agreement: refuse() sends it
+  // to every peer, whose engine call then raises "rank R refused its arguments ..." at once instead of
+  // waiting for this rank until the timeout. The engine's own refusals went through its agreement already.
   template <class F>
   std::vector<at::Tensor> in_torch_terms(const at::Tensor& q, const at::Tensor& cu_seqlens,
                                          const std::optional<at::Tensor>& doc_counts, F&& call) {
+    in_engine_ = false;
     try {
       return call();
     } catch (const std::invalid_argument& e) {
@@ -270,10 +278,41 @@ class Attention {
                   std::to_string(q.size(0)) +
                   " suggests rows of another batch, or lengths that do not describe these rows)";
       }
+      if (!in_engine_) refuse(what);
       throw std::invalid_argument(what);
+    } catch (const std::exception& e) {
+      if (!in_engine_) refuse(e.what());
+      throw;
     }
   }
 
+ public:
+  // Which layer this is, compared in every call's agreement (seqpar/torch.py numbers the layers made on a
+  // process group: their constructor is collective, so every rank numbers them alike): two layers called
+  // in different orders on two ranks are then a RuntimeError naming the layer on every rank. Every engine
+  // of the layer (one per dtype and scale) carries it: the element type tells those apart.
+  void set_layer(std::int64_t layer) {
+    layer_ = static_cast<std::uint64_t>(layer);
+    for (auto& [scale, e] : doubles_) e->set_layer(layer_);
+    for (auto& [scale, e] : floats_) e->set_layer(layer_);
+    for (auto& [scale, e] : bf16s_) e->set_layer(layer_);
+  }
+
+  // This rank refuses the call its peers are making (`why`: the exception it raises), as its outcome of
+  // the call's agreement (runtime/agreement.hpp): the peers raise seqpar::Error (kPeerFailed) naming this
+  // rank and `why` at once. For the checks seqpar/torch.py makes before the op. Returns once the peers
+  // have it (a peer that is gone too: the transport's timeout, whose error is dropped for `why`).
+  void refuse(const std::string& why) {
+    sp::runtime::Agreement agreement("seqpar.torch.DistributedAttention");
+    std::vector<sp::runtime::Agreement::Record> records;
+    try {
+      pybind11::gil_scoped_release release;  // peers may be other threads of this process (tests)
+      agreement.run(*transport_, std::make_exception_ptr(std::invalid_argument(why)), records);
+    } catch (const std::exception&) {  // the agreement rethrows `why` itself (or a transport error)
+    }
+  }
+
+ private:
   static void check_scale(double scale) {
     if (!(std::isfinite(scale) && scale >= 0.0))
       sp::detail::throw_invalid("seqpar.torch.DistributedAttention", "softmax_scale", scale,
@@ -306,6 +345,7 @@ class Attention {
       slot =
           make_engine<sp::attention::CpuFlash<T>>(strategy_, *transport_, shape, ranks_per_node_, masks_,
                                                   sp::attention::CpuFlash<T>({.threads = threads_}), capacity_factor_);
+      if (layer_ != kUnnamed) slot->set_layer(layer_);
     }
     return *slot;
   }
@@ -323,6 +363,7 @@ class Attention {
     at::Tensor o = at::empty({q.size(0), q.size(1), shape_.v_dim()}, q.options());
     at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(c10::CppTypeToScalarType<Accum>::value));
     auto& e = engine_for<T>(engines, scale);
+    in_engine_ = true;  // from here the engine's agreement reports this rank's refusals
     {
       pybind11::gil_scoped_release release;  // peers may be other threads of this process (tests)
       if (s.defined())
@@ -354,6 +395,7 @@ class Attention {
                dv = at::empty_like(v, at::MemoryFormat::Contiguous);
     at::Tensor dsinks = at::empty({s.defined() ? shape_.heads_q : 0}, lse.options());
     auto& e = engine_for<T>(engines, scale);
+    in_engine_ = true;
     {
       pybind11::gil_scoped_release release;
       if (s.defined())
@@ -375,6 +417,9 @@ class Attention {
   std::string kernel_ = "auto";   // the constructor's kernel (check_kernel)
   bool ran_cpu_ = false;          // a CPU call ran (kernel_ran)
   Lengths last_lengths_;          // the last forward's batch ("auto" only)
+  bool in_engine_ = false;        // the call reached the engine (its agreement reports this rank's refusals)
+  static constexpr std::uint64_t kUnnamed = ~std::uint64_t{0};
+  std::uint64_t layer_ = kUnnamed;  // set_layer's number (unnamed: each engine's order on the transport)
   std::unique_ptr<sp::backend::c10d::Transport> transport_;  // engines hold a reference: a stable address
   Engines<double> doubles_;
   Engines<float> floats_;
@@ -404,6 +449,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("o"), pybind11::arg("lse"), pybind11::arg("dout"), pybind11::arg("cu_seqlens"),
            pybind11::arg("doc_counts") = std::nullopt, pybind11::arg("sinks") = std::nullopt,
            pybind11::arg("window") = 0, pybind11::arg("scale") = 0.0)
+      .def("refuse", &Attention::refuse, pybind11::arg("why"))
+      .def("set_layer", &Attention::set_layer, pybind11::arg("layer"))
       .def("token_meta", &Attention::token_meta, pybind11::arg("cu_seqlens"),
            pybind11::arg("doc_counts") = std::nullopt)
       .def("chosen", &Attention::chosen, pybind11::arg("cu_seqlens") = std::nullopt,

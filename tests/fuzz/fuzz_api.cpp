@@ -26,7 +26,12 @@
 //  - the GLPK checkpointing MILP (milp_case, when seqpar::glpk is built): random small problems, also
 //    with bad orders, non-finite models and bad options: refused, or a plan no worse than the greedy's;
 //  - train::shard / shard_rows / token_meta with random ranks, rows and plans of another batch
-//    (train_case): the rows the plan or the ranges name, or std::invalid_argument.
+//    (train_case): the rows the plan or the ranges name, or std::invalid_argument;
+//  - DistributedAttention over Zigzag x Ring on 1 to 3 in-process ranks with a drawn window (none, small,
+//    or huge: up to INT64_MAX), sinks (none, finite, some heads -inf, or one rank's out of sync), a value
+//    head size of its own, and a DPP schedule grouped from the chunk plan of this batch or of another of the
+//    same tokens (replicated_case): exact against the fp64 oracle, or Errc::kMismatch naming the sinks on
+//    every rank, or the schedule refused by name.
 // Exits non-zero on the first violation, printing the seed.
 //   fuzz_api [--seconds S] [--seed N] [--replay A,B,...]
 #include <seqpar/schedule/dynamic_chunk.hpp>
@@ -46,6 +51,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <optional>
@@ -466,6 +472,7 @@ void planner_case(std::mt19937& rng) {
 // What the newer cases drew, printed with the summary (so that a run shows each path was taken).
 struct DrawnCounts {
   long chunked_exact = 0, chunked_refused = 0, milp_solved = 0, milp_refused = 0, train_ok = 0, train_refused = 0;
+  long replicated_exact = 0, replicated_refused = 0;
 } g_counts;
 
 // How a rank's call ended: 0 returned, 1 std::invalid_argument, 2 kPeerFailed, 3 kMismatch, 4 other.
@@ -774,6 +781,90 @@ void train_case(std::mt19937& rng) {
   }
 }
 
+// Issue 40: windows (also huge), sinks (also -inf, also out of sync on one rank), value head sizes, and a
+// schedule kept from another batch's chunk plan. Exact, or refused by name on every rank.
+void replicated_case(std::mt19937& rng) {
+  using S = Strategy<partition::Zigzag, comm::Ring>;
+  using K = attention::Reference<double>;
+  const DocumentBatch batch = random_batch(rng);
+  const int world = 1 + pick(rng, 3);
+  const int hkv = 1 + pick(rng, 2);
+  const int widths[] = {8, 4, 12};
+  const AttentionShape shape{hkv * (1 + pick(rng, 2)), hkv, 8, 0.0, widths[pick(rng, 3)]};
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  const std::int64_t windows[] = {0, 1 + pick(rng, 12), kMax - pick(rng, 3), (std::int64_t{1} << 62) + pick(rng, 999)};
+  const AttentionMask mask{windows[pick(rng, 4)]};
+  const int sink_kind = pick(rng, 4);  // 0 none, 1 finite, 2 some heads -inf, 3 one rank's out of sync
+  std::vector<double> sinks;
+  std::normal_distribution<double> normal(0.0, 2.0);
+  if (sink_kind != 0) {
+    for (int h = 0; h < shape.heads_q; ++h) sinks.push_back(normal(rng));
+    if (sink_kind == 2) sinks[static_cast<std::size_t>(pick(rng, shape.heads_q))] = -INFINITY;
+  }
+  const std::uint32_t seed = rng();
+  const test::AttentionFactory<K> make = [&](backend::inproc::Transport& t) {
+    return std::unique_ptr<runtime::AttentionEngine<K>>(std::make_unique<DistributedAttention<S, K>>(t, shape));
+  };
+  if (sink_kind == 3 && world > 1) {
+    const int odd = pick(rng, world);
+    std::vector<std::string> errors;
+    const std::vector<int> kinds = run_ranks(
+        world,
+        [&](backend::inproc::Transport& t) {
+          DistributedAttention<S, K> attn(t, shape);
+          const std::int64_t n = attn.local_tokens(batch);
+          AttentionTensors<double> l(n, shape);
+          std::vector<double> mine = sinks;
+          if (t.rank() == odd) mine[0] = std::nextafter(mine[0], INFINITY);  // a parameter one update behind
+          attn.forward(batch, mask, l.q.view(), l.k.view(), l.v.view(), l.o.view(), l.lse.view(), mine);
+        },
+        errors);
+    for (int r = 0; r < world; ++r)
+      expect(
+          kinds[static_cast<std::size_t>(r)] == 3 &&
+              errors[static_cast<std::size_t>(r)].find("disagree on the attention sinks' values") != std::string::npos,
+          "sinks out of sync on rank " + std::to_string(odd) + ": rank " + std::to_string(r) + " got " +
+              errors[static_cast<std::size_t>(r)]);
+    ++g_counts.replicated_refused;
+  } else if (S::can_implement({}, batch, shape, Topology{world, world}).ok) {
+    const test::Errors e = test::distributed_check<K>({batch, mask}, shape, world, make, seed, sinks);
+    expect(e.max() < 1e-9, "replicated_case: window " + std::to_string(mask.window) + ", sinks " +
+                               std::to_string(sink_kind) + ", head_dim_v " + std::to_string(shape.v_dim()) +
+                               ": error " + std::to_string(e.max()));
+    ++g_counts.replicated_exact;
+  }
+  // A DPP schedule grouped from a chunk plan of this batch or of another of the same tokens (documents
+  // rotated): run only with its own plan, refused by name with another.
+  std::vector<std::vector<std::int64_t>> seqs;
+  for (int s = 0; s < batch.num_sequences(); ++s) {
+    seqs.emplace_back();
+    for (const Document& d : batch.documents())
+      if (d.sequence == s) seqs.back().push_back(d.tokens.size());
+    if (pick(rng, 2) == 0) std::rotate(seqs.back().begin(), seqs.back().begin() + 1, seqs.back().end());
+  }
+  const DocumentBatch other(seqs);
+  const schedule::DynamicChunk chunker{
+      {.token_capacity = 8 + pick(rng, 16), .time_target = 0, .slices = 0, .cost = {}}};
+  const schedule::PipelineModel model{.stages = 1 + pick(rng, 3),
+                                      .layers_per_stage = 2,
+                                      .static_bytes = 0,
+                                      .memory_cap = 1e12,
+                                      .activation_bytes_per_token = 10,
+                                      .kept_bytes_per_token = 2,
+                                      .seconds_per_cost = 1e-9};
+  const schedule::ChunkPlan plan = chunker.plan(batch), kept = chunker.plan(other);
+  const schedule::PipelineSchedule grouped = schedule::group_pipelines(kept, model);
+  const bool same = kept.fingerprint() == plan.fingerprint();
+  expect(same == (other == batch), "replicated_case: a chunk plan's fingerprint does not follow its batch");
+  try {
+    schedule::validate_schedule(plan, grouped, model.stages, model.layers_per_stage, "fuzz");
+    expect(same, "validate_schedule accepted the schedule of another batch's chunk plan");
+  } catch (const std::invalid_argument& e) {
+    expect(!same && std::string(e.what()).find("fuzz: schedule.plan_fingerprint = ") != std::string::npos,
+           std::string("validate_schedule: ") + e.what());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -797,14 +888,15 @@ int main(int argc, char** argv) {
     milp_case(rng);
 #endif
     train_case(rng);
+    replicated_case(rng);
   });
   if (run.status != 0) return run.status;
   std::printf("fuzz_api: %ld cases (batch, kernel, distributed, planner, chunked, milp, train) in %.0f s (%s)\n",
               run.cases, run.seconds, run.seeds().c_str());
   std::printf(
       "fuzz_api: chunked %ld exact / %ld refused as expected; milp %ld solved / %ld refused; train::shard %ld "
-      "exact / %ld refused\n",
+      "exact / %ld refused; replicated %ld exact / %ld refused\n",
       g_counts.chunked_exact, g_counts.chunked_refused, g_counts.milp_solved, g_counts.milp_refused, g_counts.train_ok,
-      g_counts.train_refused);
+      g_counts.train_refused, g_counts.replicated_exact, g_counts.replicated_refused);
   return 0;
 }

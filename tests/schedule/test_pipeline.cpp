@@ -477,6 +477,41 @@ TEST_SUITE("schedule") {
                            doctest::Contains("must be a permutation"), std::invalid_argument);
     CHECK_THROWS_WITH_AS((void)schedule::group_pipelines(schedule::ChunkPlan{}, m),
                          doctest::Contains("plan.chunks.size() = 0"), std::invalid_argument);
+    // A schedule grouped from the plan of another batch of the same tokens and chunk count (the last
+    // step's, kept by mistake): refused by name, not run with another batch's order and checkpointing.
+    const DocumentBatch reordered({{300, 40, 50, 30}});
+    const auto other_plan =
+        schedule::DynamicChunk{{.token_capacity = 100, .time_target = 0, .slices = 0, .cost = {}}}.plan(reordered);
+    REQUIRE(other_plan.chunks.size() == plan.chunks.size());
+    CHECK(good.plan_fingerprint == plan.fingerprint());
+    CHECK_THROWS_WITH_AS(
+        schedule::validate_schedule(other_plan, good, 2, 2, "test"),
+        doctest::Contains((std::string("test: schedule.plan_fingerprint = ") + std::to_string(plan.fingerprint()) +
+                           ": is not this chunk plan's (" + std::to_string(other_plan.fingerprint()) +
+                           ", of the batch with fingerprint " + std::to_string(reordered.fingerprint()) + ")")
+                              .c_str()),
+        std::invalid_argument);
+    CHECK_NOTHROW(schedule::validate_schedule(other_plan, schedule::group_pipelines(other_plan, m), 2, 2, "test"));
+    // A pipeline that lost a chunk: named as the missing chunk and the pipeline it was lost from, not as a
+    // schedule of another stage count (its checkpointing has one diagonal too many, too).
+    schedule::PipelineSchedule lost = good;
+    std::size_t from = 0;
+    while (from < lost.pipelines.size() && lost.pipelines[from].chunks.size() < 2) ++from;
+    REQUIRE(from < lost.pipelines.size());  // 4 chunks on 2 stages: some pipeline holds two
+    const int missing = lost.pipelines[from].chunks.back();
+    lost.pipelines[from].chunks.pop_back();
+    lost.pipelines[from].backward_order.clear();
+    const std::string held = std::to_string(lost.pipelines[from].chunks.size());
+    CHECK_THROWS_WITH_AS(
+        schedule::validate_schedule(plan, lost, 2, 2, "test"),
+        doctest::Contains(("test: schedule (pipelines of chunk " + std::to_string(missing) + ") = 0: chunk " +
+                           std::to_string(missing) + " of the plan (" +
+                           std::to_string(plan.chunks[static_cast<std::size_t>(missing)].batch.total_tokens()) +
+                           " tokens) runs in no pipeline (schedule.pipelines[" + std::to_string(from) + "] holds " +
+                           held + " chunks but its checkpointing was planned for " +
+                           std::to_string(lost.pipelines[from].chunks.size() + 1) + ": the chunk was lost from it)")
+                              .c_str()),
+        std::invalid_argument);
   }
 
 #if defined(SEQPAR_ENABLE_GLPK)

@@ -59,6 +59,13 @@ template <class T>
   return bytes.empty() ? Footprint{} : Footprint{lo, lo + bytes.size(), 0, 0};
 }
 
+/// Footprint of a span of values (attention sinks and their gradient: one value per query head).
+template <class T>
+[[nodiscard]] Footprint footprint(std::span<T> values) noexcept {
+  const auto lo = reinterpret_cast<std::uintptr_t>(values.data());
+  return values.empty() ? Footprint{} : Footprint{lo, lo + values.size_bytes(), 0, 0};
+}
+
 [[nodiscard]] inline bool overlap(const Footprint& a, const Footprint& b) noexcept {
   if (a.empty() || b.empty() || a.hi <= b.lo || b.hi <= a.lo) return false;
   if (a.period == 0 || a.period != b.period) return true;

@@ -21,8 +21,11 @@ namespace seqpar::runtime {
 /// The one cross-rank agreement of a collective call (DistributedAttention's calls, ChunkedAttention's
 /// begin and per-chunk calls, train::run_pipelined_step): before any data moves, every rank tells every
 /// other, in one all_gather of a fixed-size record, what it is about to run (the batch's and chunk plan's
-/// fingerprints, the mask, the shape, the strategy and its arguments, the call and pass, the replicated
-/// inputs' fingerprints) and whether its own local checks passed. Then, on every rank alike:
+/// fingerprints, the mask, the shape, the element type, the layer (runtime/layer_order.hpp), the strategy
+/// and its arguments, the call and pass, the replicated inputs' fingerprints) and whether its own local
+/// checks passed. A binding whose own checks refuse before the engine's call runs a record of its own with
+/// the refusal (the torch op: python/src/ops.cpp), which the peers' agreement receives as this one's. Then, on every
+/// rank alike:
 ///  1. a rank that refused its arguments rethrows its own exception (std::invalid_argument naming the
 ///     argument), and its peers throw Errc::kPeerFailed with its reason (a refusing rank's words may not
 ///     be comparable: its call never got as far as knowing them);

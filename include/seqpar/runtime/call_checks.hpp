@@ -63,27 +63,44 @@ class CallChecks {
   /// recently run first out: 256 pairs in flight between a forward and its backward, micro-batches x masks).
   static constexpr std::size_t kForwardKeys = 256;
 
-  /// Records that a forward of (batch, mask) ran on this object (any context: nothing is read).
-  void remember_forward_ran(std::uint64_t batch, AttentionMask mask) noexcept {
+  /// Records that a forward of (batch, mask) ran on this object, with attention sinks or without (any
+  /// context: nothing is read).
+  void remember_forward_ran(std::uint64_t batch, AttentionMask mask, bool sinks = false) noexcept {
     ++clock_;
+    const std::uint8_t pass = sinks ? kWithSinks : kWithoutSinks;
     std::size_t oldest = 0;
     for (std::size_t i = 0; i < kForwardKeys; ++i) {
       if (keys_[i].stamp != 0 && keys_[i].batch == batch && keys_[i].window == mask.window) {
         keys_[i].stamp = clock_;
+        keys_[i].passes |= pass;
         return;
       }
       if (keys_[i].stamp < keys_[oldest].stamp) oldest = i;
     }
-    keys_[oldest] = {batch, mask.window, clock_};
+    keys_[oldest] = {batch, mask.window, clock_, pass};
   }
 
   /// Refuses a backward of (batch, mask) when no forward of that batch under that mask ran on this object
   /// (among its last kForwardKeys distinct pairs): its O and LSE, backward's inputs, were then written by
   /// nothing this object computed (zeros, another object's, a buffer never filled) and the gradients
   /// would be silently wrong.
-  void forward_ran(const char* where, std::uint64_t batch, AttentionMask mask) const {
+  ///
+  /// Attention sinks across the two passes: a forward with sinks writes O and LSE with the sinks' term;
+  /// the kernels' backward, handed those, gives the gradients of that function, so a backward without
+  /// sinks after it is meaningful (dQ, dK, dV exact, the sinks held constant: frozen sinks) and is
+  /// accepted. A backward with sinks whose forward ran without them would give dsinks of a softmax that
+  /// never ran (O and LSE lack the sinks' term): refused, naming `sinks`.
+  void forward_ran(const char* where, std::uint64_t batch, AttentionMask mask, bool sinks = false) const {
     for (const Key& k : keys_)
-      if (k.stamp != 0 && k.batch == batch && k.window == mask.window) return;
+      if (k.stamp != 0 && k.batch == batch && k.window == mask.window) {
+        if (sinks && (k.passes & kWithSinks) == 0)
+          seqpar::detail::throw_invalid(
+              where, "sinks", "given",
+              "backward with attention sinks, but every forward of this batch under " + mask.to_string() +
+                  " on this object ran without sinks: its O and LSE lack the sinks' term, so dsinks would be the "
+                  "gradient of a softmax that never ran (pass the same sinks to forward, or none to both)");
+        return;
+      }
     seqpar::detail::throw_invalid(
         where, "batch", "fingerprint " + std::to_string(batch) + " under " + mask.to_string(),
         "backward called before any forward of this batch under this mask on this object (it remembers its last " +
@@ -171,10 +188,12 @@ class CallChecks {
     return out;
   }
 
+  static constexpr std::uint8_t kWithoutSinks = 1, kWithSinks = 2;
   struct Key {
     std::uint64_t batch = 0;
     std::int64_t window = 0;
     std::uint64_t stamp = 0;  // 0: empty slot; else when a forward of (batch, window) last ran
+    std::uint8_t passes = 0;  // kWithoutSinks | kWithSinks: how the forwards of (batch, window) ran
   };
 
   std::array<Record, kForwardRecords> records_{};

@@ -86,7 +86,70 @@ class ChunkedAttention {
   /// Starts a batch under the layer's `mask`. Every rank passes the same chunks and mask (checked), in
   /// the order they will run. Local checks first; a rank that refuses its chunks makes its peers fail
   /// with Errc::kPeerFailed.
-  void begin(std::vector<Chunk> chunks, AttentionMask mask = {}) {
+  void begin(std::vector<Chunk> chunks, AttentionMask mask = {}) { begin_checked(nullptr, std::move(chunks), mask); }
+
+  /// `begin`, and first the check that `chunks` are pieces of `batch` (local, O(documents)): every document
+  /// of a chunk's batch lies, through the chunk's token ranges, inside one document of `batch`, starting
+  /// at its first token or after a prefix that holds the keys before it that `mask` sees and nothing of
+  /// another document. Chunks kept from another batch (of the same token count, too) or prefixes cut for
+  /// another mask (a window's, run under a causal layer) are refused by name (std::invalid_argument naming
+  /// the chunk and its piece; its peers Errc::kPeerFailed), instead of attending another batch's documents.
+  void begin(const DocumentBatch& batch, std::vector<Chunk> chunks, AttentionMask mask = {}) {
+    begin_checked(&batch, std::move(chunks), mask);
+  }
+
+  /// The check of begin(batch, chunks, mask) alone (local). Throws std::invalid_argument naming the chunk.
+  static void check_chunks_of(const char* where, const DocumentBatch& batch, std::span<const Chunk> chunks,
+                              AttentionMask mask) {
+    const std::span<const std::int64_t> cu = batch.cu_seqlens();
+    const auto show = [](const Range& r) { return "[" + std::to_string(r.begin) + ", " + std::to_string(r.end) + ")"; };
+    const auto describe = [&] {
+      return " (the chunks of another batch, of fingerprint other than this batch's " +
+             std::to_string(batch.fingerprint()) + "? or prefixes cut for another mask than this layer's " +
+             mask.to_string() + "?)";
+    };
+    for (std::size_t c = 0; c < chunks.size(); ++c) {
+      const Chunk& ch = chunks[c];
+      const std::string at = "chunks[" + std::to_string(c) + "]";
+      seqpar::detail::require(ch.prefix.size() == ch.tokens.size(), where, at + ".prefix.size()", ch.prefix.size(),
+                              "must equal tokens.size() = " + std::to_string(ch.tokens.size()));
+      const std::span<const std::int64_t> local = ch.batch.cu_seqlens();
+      std::int64_t offset = 0;  // the chunk batch's token where range i starts
+      std::size_t i = 0;
+      for (std::size_t j = 0; j + 1 < local.size(); ++j) {
+        const std::int64_t begin_local = local[j], end_local = local[j + 1];
+        while (i < ch.tokens.size() && begin_local >= offset + ch.tokens[i].size()) offset += ch.tokens[i++].size();
+        if (i == ch.tokens.size() || end_local > offset + ch.tokens[i].size())
+          seqpar::detail::throw_invalid(where, at + ".batch", ch.batch.total_tokens(),
+                                        "a document of the chunk's batch is not inside one of its token ranges");
+        const Range g{ch.tokens[i].begin + (begin_local - offset), ch.tokens[i].begin + (end_local - offset)};
+        const std::ptrdiff_t found = std::upper_bound(cu.begin(), cu.end(), g.begin) - cu.begin() - 1;
+        const auto d = static_cast<std::size_t>(std::max<std::ptrdiff_t>(found, 0));
+        if (found < 0 || d + 1 >= cu.size() || g.end > cu[d + 1])
+          seqpar::detail::throw_invalid(where, at + ".tokens[" + std::to_string(i) + "]", show(ch.tokens[i]),
+                                        "holds tokens " + show(g) +
+                                            " of one document of the chunk, which cross the end of the batch's "
+                                            "document " +
+                                            std::to_string(d) + describe());
+        const Range before{cu[d], g.begin};  // the document's keys before the piece
+        const Range seen = visible_prefix(before, mask.window);
+        const bool first = begin_local == offset;  // the range's own prefix belongs to its first document
+        const Range p = first ? ch.prefix[i] : Range{g.begin, g.begin};
+        const bool holds = seen.empty() ? p.empty() || (p.begin >= before.begin && p.end == g.begin)
+                                        : p.begin <= seen.begin && p.begin >= before.begin && p.end == g.begin;
+        if (!holds)
+          seqpar::detail::throw_invalid(
+              where, first ? at + ".prefix[" + std::to_string(i) + "]" : at + ".tokens[" + std::to_string(i) + "]",
+              first ? show(p) : show(ch.tokens[i]),
+              "a piece at tokens " + show(g) + " of the batch's document " + std::to_string(d) + " " +
+                  show(Range{cu[d], cu[d + 1]}) + " must read the keys " + show(seen) +
+                  " before it that the mask sees, and no token of another document" + describe());
+      }
+    }
+  }
+
+ private:
+  void begin_checked(const DocumentBatch* batch, std::vector<Chunk> chunks, AttentionMask mask) {
     constexpr const char* where = "ChunkedAttention::begin";
     const std::uint64_t fingerprint = chunks_fingerprint(chunks);  // compared on every call
     std::exception_ptr refused;
@@ -97,6 +160,7 @@ class ChunkedAttention {
           seqpar::detail::throw_invalid(where, "chunks[" + std::to_string(c) + "].prefix.size()",
                                         chunks[c].prefix.size(),
                                         "must equal tokens.size() = " + std::to_string(chunks[c].tokens.size()));
+      if (batch != nullptr) check_chunks_of(where, *batch, chunks, mask);
       if (!plan_ || !(mask == mask_) || !same_chunks(chunks, chunks_)) compile(std::move(chunks), mask);
     } catch (const std::exception&) {
       refused = std::current_exception();
@@ -114,6 +178,7 @@ class ChunkedAttention {
     run(-1, "clear", clear_, bind_carry({}));
   }
 
+ public:
   [[nodiscard]] int num_chunks() const noexcept { return static_cast<int>(chunks_.size()); }
   [[nodiscard]] const Chunk& chunk(int c) const { return chunks_.at(static_cast<std::size_t>(c)); }
   /// The mask of the current chunks (the layer's).

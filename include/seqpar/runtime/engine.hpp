@@ -28,6 +28,7 @@
 #include "seqpar/runtime/call_checks.hpp"
 #include "seqpar/runtime/data_ops.hpp"
 #include "seqpar/runtime/executor.hpp"
+#include "seqpar/runtime/layer_order.hpp"
 #include "seqpar/runtime/level_transports.hpp"
 #include "seqpar/runtime/plan_cache.hpp"
 #include "seqpar/runtime/sink_epilogue.hpp"
@@ -146,6 +147,19 @@ class AttentionEngine {
   }
   /// The execution context every call runs on (the kernel's own unless one was given).
   [[nodiscard]] const exec_type& exec() const noexcept { return exec_; }
+  /// Which layer this object's calls are for, compared across ranks in every call's agreement (two
+  /// layers called in different orders on two ranks are Errc::kMismatch naming this word): by default
+  /// the order in which this rank made its attention objects on the transport (runtime/layer_order.hpp),
+  /// which an SPMD program makes alike on every rank. `set_layer` names it explicitly instead (any
+  /// number the ranks agree on: a model's layer index; a binding whose layers hold transports of their
+  /// own). Local.
+  ///
+  /// What it cannot tell: one object serving several layers of a model (one mask, shape and strategy)
+  /// called for them in different orders on two ranks; and a layer's own calls are not counted (a call
+  /// skipped on one rank pairs its peers' next call of the same layer with another, which the batch or
+  /// the pass then tells apart, or waits for the timeout).
+  [[nodiscard]] std::uint64_t layer() const noexcept { return layer_; }
+  void set_layer(std::uint64_t layer) noexcept { layer_ = layer; }
   /// Bytes the transports counted for this rank during the last forward or backward call.
   [[nodiscard]] std::uint64_t last_bytes_sent() const noexcept { return last_bytes_sent_; }
 
@@ -204,6 +218,14 @@ class AttentionEngine {
 
   /// The backward with attention sinks: o and lse as the sinks' forward returned them; `dsinks` (Hq
   /// values in the context's memory) is overwritten with the sinks' gradient summed over every rank.
+  /// dsinks is an output like dq: sharing memory with any input or output is refused, naming both; so is
+  /// sinks inside dq, dk or dv (and, forward, inside o or lse).
+  ///
+  /// Sinks on one pass only: the backward without sinks after a forward with them is meaningful (the
+  /// kernels' backward of the sink-applied O and LSE gives dQ, dK, dV exactly, the sinks held constant:
+  /// frozen sinks) and is accepted; a backward with sinks after a forward of the batch and mask without
+  /// them is refused, naming `sinks` (O and LSE lack the sinks' term: dsinks would be the gradient of a
+  /// softmax that never ran).
   void backward(const DocumentBatch& batch, AttentionMask mask, ThdView<const value_type> q,
                 ThdView<const value_type> k, ThdView<const value_type> v, ThdView<const value_type> o,
                 LseView<const accum_type> lse, ThdView<const value_type> dout, ThdView<value_type> dq,
@@ -252,7 +274,9 @@ class AttentionEngine {
         exec_(kernel_.exec()),
         topology_(topology_of(world_.size(), ranks_per_node)),
         cache_(std::move(compiler), shape_, topology_, world_.rank()),
-        levels_(world_) {
+        levels_(world_),
+        order_(&transport),
+        layer_(order_.index()) {
     static_assert(!StreamOrderedTransport<Tr> || StreamOrderedExec<exec_type>,
                   "DistributedAttention: a stream-ordered transport (NCCL) enqueues its transfers on the kernel's "
                   "streams, so it needs a kernel whose exec_type is a StreamOrderedExec (attention::CudaFlash on "
@@ -298,12 +322,19 @@ class AttentionEngine {
       found = &checked_entry(where, batch, mask);
       require_kernel(where, found->forward_kernel);
       const std::int64_t n = found->plan.local_tokens(rank());
+      check_rows(where, batch, n, q.tokens);
       Checks::forward_views(where, shape_, n, q, k, v, o, lse);
       Checks::not_input(where, "o", o, q, k, v);
       Checks::not_input(where, "lse", lse, q, k, v);
       seqpar::detail::check_disjoint(where, "lse", lse, "o", o);
       Checks::workspace(where, workspace, found->forward.workspace_bytes(), q, k, v, o, lse);
-      if (sinks != nullptr) SinkEpilogue<exec_type>::check(where, sinks->sinks, shape_.heads_q);
+      if (sinks != nullptr) {
+        SinkEpilogue<exec_type>::check(where, sinks->sinks, shape_.heads_q);
+        // The sinks are read after o and lse are written (the epilogue): an input like q, k, v.
+        seqpar::detail::check_disjoint(where, "o", o, "sinks", sinks->sinks);
+        seqpar::detail::check_disjoint(where, "lse", lse, "sinks", sinks->sinks);
+        seqpar::detail::check_disjoint(where, "workspace", workspace, "sinks", sinks->sinks);
+      }
     } catch (const std::exception&) {
       refused = std::current_exception();
     }
@@ -318,7 +349,7 @@ class AttentionEngine {
     run(e, e.forward, b, workspace);
     if (sinks != nullptr) SinkEpilogue<exec_type>::forward(exec_, o, lse, sinks->sinks);
     checks_.remember_forward(batch.fingerprint(), mask, o, lse);  // what backward will be handed
-    if (extension == nullptr) checks_.remember_forward_ran(batch.fingerprint(), mask);
+    if (extension == nullptr) checks_.remember_forward_ran(batch.fingerprint(), mask, sinks != nullptr);
   }
 
   void backward_call(const DocumentBatch& batch, AttentionMask mask, ThdView<const value_type> q,
@@ -334,6 +365,7 @@ class AttentionEngine {
       found = &checked_entry(where, batch, mask);
       require_kernel(where, found->backward_kernel);
       const std::int64_t n = found->plan.local_tokens(rank());
+      check_rows(where, batch, n, q.tokens);
       Checks::forward_views(where, shape_, n, q, k, v, o, lse);
       seqpar::detail::check_view(dout, where, "dout", n, shape_.heads_q, shape_.v_dim());
       seqpar::detail::check_view(dq, where, "dq", n, shape_.heads_q, shape_.qk_dim());
@@ -351,10 +383,21 @@ class AttentionEngine {
         seqpar::detail::check_disjoint(where, outs[i], out_views[i], "lse", lse);
       }
       Checks::workspace(where, workspace, found->backward.workspace_bytes(), q, k, v, o, lse, dout, dq, dk, dv);
-      if (sinks != nullptr) SinkEpilogue<exec_type>::check(where, sinks->sinks, shape_.heads_q, sinks->dsinks, true);
+      if (sinks != nullptr) {
+        SinkEpilogue<exec_type>::check(where, sinks->sinks, shape_.heads_q, sinks->dsinks, true);
+        // dsinks is an output like dq, dk, dv (written after them, while o, lse, dout and sinks are read);
+        // sinks an input they may not overwrite.
+        for (std::size_t i = 0; i < 3; ++i) {
+          seqpar::detail::check_disjoint(where, outs[i], out_views[i], "sinks", sinks->sinks);
+          seqpar::detail::check_disjoint(where, "dsinks", sinks->dsinks, outs[i], out_views[i]);
+        }
+        seqpar::detail::check_disjoint_from(where, "dsinks", sinks->dsinks, "q", q, "k", k, "v", v, "o", o, "lse", lse,
+                                            "dout", dout, "sinks", sinks->sinks, "workspace", workspace);
+        seqpar::detail::check_disjoint(where, "workspace", workspace, "sinks", sinks->sinks);
+      }
       checks_.forward_of(where, batch.fingerprint(), mask, o, lse);
       // A caller above the engine (ChunkedAttention) keeps its own order checks per chunk.
-      if (extension == nullptr) checks_.forward_ran(where, batch.fingerprint(), mask);
+      if (extension == nullptr) checks_.forward_ran(where, batch.fingerprint(), mask, sinks != nullptr);
     } catch (const std::exception&) {
       refused = std::current_exception();
     }
@@ -400,6 +443,10 @@ class AttentionEngine {
       if (extension->refused) refused = extension->refused;  // the caller's own check names its argument
     }
     a.add("the call (0 = forward, 1 = backward)", std::int64_t{pass});
+    a.add("the element type (bytes of the value and accumulation types)",
+          static_cast<std::int64_t>(sizeof(value_type) * 100 + sizeof(accum_type)));
+    a.add("the layer (the order this rank made its attention objects on the transport, or set_layer's)", layer_,
+          Agreement::kHash);
     a.add("whether the call has attention sinks (0 = no, 1 = yes)", std::int64_t{sinks != nullptr ? 1 : 0});
     a.add("the batch's total tokens", batch.total_tokens());
     a.add("the batch's document count", static_cast<std::int64_t>(batch.documents().size()));
@@ -454,6 +501,40 @@ class AttentionEngine {
   // A kernel's refusal, as the bad argument it is (local: before agree, like every check of a call).
   static void require_kernel(const char* where, const Status& kernel) {
     if (!kernel) throw std::invalid_argument(std::string(where) + ": the kernel cannot run it: " + kernel.reason);
+  }
+
+  // q's rows against this rank's share of the batch, refused with the plan the rows were expected from
+  // and, when a batch this object placed before gives this rank that many rows, that batch: rows laid
+  // out for another batch (of the same token count, too) are the usual cause. The rows do not depend on
+  // the call's mask (one placement per batch serves every layer). Builds its message only when it refuses.
+  void check_rows(const char* where, const DocumentBatch& batch, std::int64_t expected, std::int64_t rows) const {
+    if (rows == expected) return;
+    const int me = world_.rank();
+    const auto describe = [](std::uint64_t fingerprint, std::int64_t tokens, std::int64_t documents) {
+      return "fingerprint " + std::to_string(fingerprint) + ": " + std::to_string(tokens) + " tokens in " +
+             std::to_string(documents) + " documents";
+    };
+    std::string why =
+        "expected " + std::to_string(expected) + ", the rows rank " + std::to_string(me) +
+        " holds of this call's batch (" +
+        describe(batch.fingerprint(), batch.total_tokens(), static_cast<std::int64_t>(batch.documents().size())) +
+        ") as this strategy places it on " + std::to_string(world_.size()) + " ranks";
+    std::string other;
+    cache_.for_each_placement([&](const std::vector<std::int64_t>& key, const Placement& p) {
+      if (!other.empty() || p.batch_fingerprint == batch.fingerprint() || p.world_size() <= me ||
+          p.local_tokens(me) != rows)
+        return;
+      // key: the document offsets (documents + 1 words), -1, the sequence offsets, the total tokens.
+      const auto cut = std::find(key.begin(), key.end(), std::int64_t{-1});
+      other = describe(p.batch_fingerprint, key.back(), static_cast<std::int64_t>(cut - key.begin()) - 1);
+    });
+    if (!other.empty())
+      why += "; " + std::to_string(rows) + " is what this rank holds of another batch this object placed (" + other +
+             "): rows laid out for that batch? Pass the batch the rows were taken for (owned_ranges(batch))";
+    else
+      why += "; no batch this object placed gives this rank " + std::to_string(rows) +
+             " rows: rows of another batch, strategy or world size, or not taken with owned_ranges(batch)";
+    seqpar::detail::throw_invalid(where, "q.tokens", rows, why);
   }
 
   static void check_batch(const char* where, const DocumentBatch& batch) {
@@ -527,6 +608,8 @@ class AttentionEngine {
   std::vector<Agreement::Record> agreed_;  // the agreement's gathered records (grown once)
   SinkEpilogue<exec_type> sink_epilogue_;  // its gather buffer, grown on the first call with sinks
   std::atomic<bool> busy_{false};
+  LayerOrder order_;         // this object's place among those made on its transport (runtime/layer_order.hpp)
+  std::uint64_t layer_ = 0;  // the layer word of every agreement: order_.index() unless set_layer named it
 };
 
 }  // namespace seqpar::runtime

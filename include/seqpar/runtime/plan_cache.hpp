@@ -113,6 +113,13 @@ class PlanCache {
     return placements_.front().second;
   }
 
+  /// Calls fn(key, placement) for each cached placement, most recently used first (a refusal's message
+  /// looks for the batch a caller's rows were laid out by). The key: batch_key's words.
+  template <class Fn>
+  void for_each_placement(Fn&& fn) const {
+    for (const auto& [key, placement] : placements_) fn(key, placement);
+  }
+
   /// The entry of (batch, mask), compiled and lowered (`lower(entry)`) on a miss.
   template <class Lower>
   Entry& entry(const DocumentBatch& batch, AttentionMask mask, Lower&& lower) {

@@ -349,6 +349,10 @@ struct Pipeline {
 struct PipelineSchedule {
   std::vector<Pipeline> pipelines;
   double seconds = 0;
+  /// ChunkPlan::fingerprint() of the plan grouped (set by group_pipelines; 0: not known, a hand-made
+  /// schedule, then not checked): validate_schedule refuses a schedule grouped from another plan, such
+  /// as the last batch's plan of the same chunk count.
+  std::uint64_t plan_fingerprint = 0;
 };
 
 /// The units DPP groups: a document with all its chunks (a split document's slices and the hybrid
@@ -425,7 +429,8 @@ struct PipelineSchedule {
 /// Refuses a schedule that does not belong to `plan` on `stages` stages of `layers_per_stage` layers:
 /// no pipeline, or an empty one (nothing would run and the step's loss would be 0); a chunk outside
 /// the plan or not in exactly one pipeline; a backward order that is not a permutation of the
-/// pipeline's positions; checkpointing decisions planned for another stage count (one per diagonal:
+/// pipeline's positions; a schedule grouped from another plan (PipelineSchedule::plan_fingerprint);
+/// checkpointing decisions planned for another stage count (one per diagonal:
 /// chunks + stages - 1; a run on more stages would read past them) or out of [0, layers_per_stage].
 /// Whoever runs or simulates a schedule calls this first. O(chunks + stages x pipelines).
 inline void validate_schedule(const ChunkPlan& plan, const PipelineSchedule& schedule, int stages, int layers_per_stage,
@@ -436,7 +441,14 @@ inline void validate_schedule(const ChunkPlan& plan, const PipelineSchedule& sch
                           "must equal plan.chunks.size() = " + std::to_string(total));
   seqpar::detail::require(!schedule.pipelines.empty(), where, "schedule.pipelines.size()", 0,
                           "must be >= 1 (an empty schedule runs nothing)");
+  if (schedule.plan_fingerprint != 0 && schedule.plan_fingerprint != plan.fingerprint())
+    seqpar::detail::throw_invalid(where, "schedule.plan_fingerprint", schedule.plan_fingerprint,
+                                  "is not this chunk plan's (" + std::to_string(plan.fingerprint()) +
+                                      ", of the batch with fingerprint " + std::to_string(plan.batch_fingerprint) +
+                                      "): a schedule grouped from another plan (the last batch's, of the same chunk "
+                                      "count?); group_pipelines(plan, ...) of this plan");
   std::vector<int> seen(static_cast<std::size_t>(total), 0);
+  std::vector<int> home(static_cast<std::size_t>(total), -1);  // a pipeline a chunk runs in
   for (std::size_t pi = 0; pi < schedule.pipelines.size(); ++pi) {
     const Pipeline& pipe = schedule.pipelines[pi];
     const std::string name = "schedule.pipelines[" + std::to_string(pi) + "]";
@@ -445,7 +457,37 @@ inline void validate_schedule(const ChunkPlan& plan, const PipelineSchedule& sch
       seqpar::detail::require(c >= 0 && c < total, where, name + ".chunks", c,
                               "is not a chunk of the plan (" + std::to_string(total) + " chunks)");
       ++seen[static_cast<std::size_t>(c)];
+      home[static_cast<std::size_t>(c)] = static_cast<int>(pi);
     }
+  }
+  // Chunks first: a pipeline that lost a chunk also has one diagonal too many, which would otherwise be
+  // reported as a schedule of another stage count.
+  for (int c = 0; c < total; ++c) {
+    const int n = seen[static_cast<std::size_t>(c)];
+    if (n == 0) {
+      // The pipeline that lost it: the one whose checkpointing was planned for one chunk more.
+      std::string lost;
+      for (std::size_t pi = 0; pi < schedule.pipelines.size() && lost.empty(); ++pi) {
+        const Pipeline& pipe = schedule.pipelines[pi];
+        if (pipe.checkpointing.diagonals.size() == pipe.chunks.size() + static_cast<std::size_t>(stages))
+          lost = " (schedule.pipelines[" + std::to_string(pi) + "] holds " + std::to_string(pipe.chunks.size()) +
+                 " chunks but its checkpointing was planned for " + std::to_string(pipe.chunks.size() + 1) +
+                 ": the chunk was lost from it)";
+      }
+      seqpar::detail::throw_invalid(where, "schedule (pipelines of chunk " + std::to_string(c) + ")", 0,
+                                    "chunk " + std::to_string(c) + " of the plan (" +
+                                        std::to_string(plan.chunks[static_cast<std::size_t>(c)].batch.total_tokens()) +
+                                        " tokens) runs in no pipeline" + lost +
+                                        ": every chunk must run in exactly one pipeline");
+    }
+    seqpar::detail::require(n == 1, where, "schedule (pipelines of chunk " + std::to_string(c) + ")", n,
+                            "every chunk must run in exactly one pipeline (chunk " + std::to_string(c) +
+                                " runs twice; once in schedule.pipelines[" +
+                                std::to_string(home[static_cast<std::size_t>(c)]) + "])");
+  }
+  for (std::size_t pi = 0; pi < schedule.pipelines.size(); ++pi) {
+    const Pipeline& pipe = schedule.pipelines[pi];
+    const std::string name = "schedule.pipelines[" + std::to_string(pi) + "]";
     const std::size_t diagonals = pipe.chunks.size() + static_cast<std::size_t>(stages) - 1;
     seqpar::detail::require(pipe.checkpointing.diagonals.size() == diagonals, where,
                             name + ".checkpointing.diagonals.size()", pipe.checkpointing.diagonals.size(),
@@ -458,10 +500,6 @@ inline void validate_schedule(const ChunkPlan& plan, const PipelineSchedule& sch
       seqpar::detail::require(c >= 0 && c <= layers_per_stage, where, name + ".checkpointing.diagonals", c,
                               "must be in [0, layers per stage = " + std::to_string(layers_per_stage) + "]");
   }
-  for (int c = 0; c < total; ++c)
-    seqpar::detail::require(seen[static_cast<std::size_t>(c)] == 1, where,
-                            "schedule (pipelines of chunk " + std::to_string(c) + ")",
-                            seen[static_cast<std::size_t>(c)], "every chunk must run in exactly one pipeline");
 }
 
 /// The longest time limit the MILP (checkpoint_milp.hpp) accepts: GLPK takes its limit as an int of
@@ -616,6 +654,7 @@ struct GroupingOptions {
   if (out.pipelines.empty())
     seqpar::detail::throw_invalid(where, "model.memory_cap", model.memory_cap,
                                   "no grouping of the chunks fits, even with full checkpointing");
+  out.plan_fingerprint = plan.fingerprint();
   return out;
 }
 

@@ -93,18 +93,22 @@ TEST_SUITE("attention") {
   // Each instruction set this CPU runs, forced by Arguments::isa: the shared conformance cases (small tiles on two
   // threads: many query tiles and blocks per slice) and the MLA head sizes, for float and bf16 storage. The default
   // (auto) runs the best one in every other test of the suite.
+  // For bf16 also the bf16 dot products (avx512bf16, bf16 storage only), within the same tolerance: they compute S and
+  // dP from the exact bf16 inputs with fp32 accumulation (flash_tiles_avx512bf16.hpp), so they add no rounding.
   TEST_CASE_TEMPLATE("CpuFlash: the kernel conformance cases on every instruction set this CPU has", T, float,
                      attention::bf16) {
+    constexpr bool kBf16 = std::is_same_v<T, attention::bf16>;
     int ran = 0;
-    for (attention::CpuIsa isa : {attention::CpuIsa::kPortable, attention::CpuIsa::kAvx2, attention::CpuIsa::kAvx512}) {
-      if (!attention::cpu_isa_runnable(isa)) continue;
+    for (attention::CpuIsa isa : {attention::CpuIsa::kPortable, attention::CpuIsa::kAvx2, attention::CpuIsa::kAvx512,
+                                  attention::CpuIsa::kAvx512Bf16}) {
+      if (!attention::cpu_isa_runnable(isa) || (isa == attention::CpuIsa::kAvx512Bf16 && !kBf16)) continue;
       CAPTURE(attention::to_string(isa));
       attention::CpuFlash<T> flash({.threads = 2, .q_tile = 12, .backward_q_block = 6, .isa = isa});
       REQUIRE(flash.isa() == isa);
       ++ran;
       // Under a sanitizer (CI time): the default instruction set runs in every other case of the suite, and
       // the portable float path is scalar at -O2 (~30x slower than AVX2): its conformance cases only.
-      if (test::kUnderSanitizer && isa == attention::cpu_features().best()) continue;
+      if (test::kUnderSanitizer && isa == attention::cpu_features().best(kBf16)) continue;
       kc::run_cases<Harness<T>>(flash, kTolerance<T>);
       if (!test::kUnderSanitizer || isa != attention::CpuIsa::kPortable) {
         CHECK(kc::run_head_size_cases<Harness<T>>(flash, kTolerance<T>) == kc::head_size_cases().size());
@@ -120,8 +124,37 @@ TEST_SUITE("attention") {
     const attention::CpuFeatures avx2_only{.avx2_fma = true, .avx512 = false, .avx512_bf16 = false};
     const attention::CpuFeatures none{};
     const attention::CpuFeatures all{.avx2_fma = true, .avx512 = true, .avx512_bf16 = true};
+    const attention::CpuFeatures avx512_only{.avx2_fma = true, .avx512 = true, .avx512_bf16 = false};
     ::unsetenv("SEQPAR_CPU_ISA");
     CHECK(attention::resolve_cpu_isa(attention::CpuIsa::kAuto, "t", all) == attention::CpuIsa::kAvx512);
+    // bf16 storage: the bf16 dot products where the CPU has them, else the fp32 tiles
+    CHECK(attention::resolve_cpu_isa(attention::CpuIsa::kAuto, "t", all, true) == attention::CpuIsa::kAvx512Bf16);
+    CHECK(attention::resolve_cpu_isa(attention::CpuIsa::kAuto, "t", avx512_only, true) == attention::CpuIsa::kAvx512);
+    CHECK(attention::resolve_cpu_isa(attention::CpuIsa::kAuto, "t", avx2_only, true) == attention::CpuIsa::kAvx2);
+    CHECK(attention::CpuFlash<attention::bf16>().isa() == attention::cpu_features().best(true));
+    try {
+      (void)attention::resolve_cpu_isa(attention::CpuIsa::kAvx512Bf16, "CpuFlash", avx512_only, true);
+      FAIL("avx512bf16 accepted on a CPU without it");
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()) ==
+            "CpuFlash: args.isa = avx512bf16: this CPU does not support it (it has: avx2+fma "
+            "avx512(f,bw,dq,vl)); use auto or avx512");
+    }
+    try {  // float storage, whatever the CPU has
+      attention::CpuFlash<float> f({.isa = attention::CpuIsa::kAvx512Bf16});
+      FAIL("CpuFlash<float> accepted avx512bf16");
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()) ==
+            "CpuFlash: args.isa = avx512bf16: the bf16 dot-product tiles are for bf16 storage (CpuFlash<bf16>); "
+            "float storage has fp32 tiles: use auto or avx512");
+    }
+    try {
+      attention::CpuFlash<double> f({.isa = attention::CpuIsa::kAvx512Bf16});
+      FAIL("CpuFlash<double> accepted avx512bf16");
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()) ==
+            "CpuFlash: args.isa = avx512bf16: CpuFlash<double> has the portable kernels only (use auto)");
+    }
     CHECK(attention::resolve_cpu_isa(attention::CpuIsa::kAuto, "t", avx2_only) == attention::CpuIsa::kAvx2);
     CHECK(attention::resolve_cpu_isa(attention::CpuIsa::kAuto, "t", none) == attention::CpuIsa::kPortable);
     CHECK(attention::CpuFlash<float>().isa() == attention::cpu_features().best());
@@ -155,6 +188,19 @@ TEST_SUITE("attention") {
       CHECK(std::string(e.what()) ==
             "CpuFlash: SEQPAR_CPU_ISA = avx512: this CPU does not support it (it has: avx2+fma); use auto or avx2");
     }
+    // The variable is process-wide: avx512bf16 runs the bf16 dot products for bf16 storage, the AVX-512 fp32 tiles
+    // for float storage (refused where the CPU lacks it).
+    ::setenv("SEQPAR_CPU_ISA", "avx512bf16", 1);
+    CHECK(attention::resolve_cpu_isa(attention::CpuIsa::kAuto, "t", all, true) == attention::CpuIsa::kAvx512Bf16);
+    CHECK(attention::resolve_cpu_isa(attention::CpuIsa::kAuto, "t", all, false) == attention::CpuIsa::kAvx512);
+    try {
+      (void)attention::resolve_cpu_isa(attention::CpuIsa::kAuto, "CpuFlash", avx512_only, false);
+      FAIL("SEQPAR_CPU_ISA=avx512bf16 accepted on a CPU without it");
+    } catch (const std::invalid_argument& e) {
+      CHECK(std::string(e.what()) ==
+            "CpuFlash: SEQPAR_CPU_ISA = avx512bf16: this CPU does not support it (it has: "
+            "avx2+fma avx512(f,bw,dq,vl)); use auto or avx512");
+    }
     ::setenv("SEQPAR_CPU_ISA", "sse9", 1);
     try {
       attention::CpuFlash<float> f;
@@ -162,7 +208,7 @@ TEST_SUITE("attention") {
     } catch (const std::invalid_argument& e) {
       CHECK(std::string(e.what()) ==
             "CpuFlash: SEQPAR_CPU_ISA = sse9: is not an instruction set CpuFlash has kernels for (auto, portable, "
-            "avx2, avx512)");
+            "avx2, avx512, avx512bf16)");
     }
     CHECK(attention::CpuFlash<double>().isa() == attention::CpuIsa::kPortable);  // double ignores the variable
     ::setenv("SEQPAR_CPU_ISA", "auto", 1);
@@ -319,4 +365,55 @@ TEST_SUITE("attention") {
       CHECK((wide[u] == float(ref[u]) || std::isnan(wide[u])));
     }
   }
+
+#if SEQPAR_CPU_DISPATCH
+  TEST_CASE("gemm_pairs: bf16 dot products equal the fp64 product of the bf16 values to fp32 rounding") {
+    if (!attention::cpu_features().supports(attention::CpuIsa::kAvx512Bf16)) return;  // not on this CPU
+    using Tiles = attention::detail::avx512bf16::Avx512Bf16Tiles;
+    using attention::bf16;
+    // Shapes past the kernel's blocking: 53 rows (two 48-row groups, a 5-row block), kdim 301 (odd, and past the
+    // 256 values of one chunk of A: the partial sums and the scale alpha cross chunks), 100 of 128 columns stored,
+    // and the second panel's second register block skipped by the column ranges (its C must stay as it was).
+    const int m = 53, n = 100, kdim = 301, kp = 64;
+    const std::int64_t panel = Tiles::kPanel * std::int64_t{(kdim + 1) / 2};
+    std::mt19937_64 rng(13);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::vector<bf16> a(static_cast<std::size_t>(m) * kdim), b(static_cast<std::size_t>(kp) * 2 * kdim);
+    for (bf16& x : a) x = bf16(dist(rng));
+    for (bf16& x : b) x = bf16(dist(rng));
+    std::vector<float> af(a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) af[i] = float(a[i]);
+    // B(k, j) = b[j * kdim + k]: key j's row, packed as a K^T tile is (columns past n zero)
+    std::vector<std::uint32_t> packed(static_cast<std::size_t>(2 * panel));
+    for (int j = 0; j < 2 * kp; ++j)
+      Tiles::pack_key_pairs(j < n ? b.data() + static_cast<std::size_t>(j) * kdim : nullptr, kdim,
+                            packed.data() + (j / kp) * panel + j % kp, kp);
+    const int col_lo[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0}, col_hi[9] = {128, 128, 128, 128, 128, 128, 128, 128, 64};
+    std::vector<float> c(static_cast<std::size_t>(m) * 128, -7.0f);
+    const float alpha = 0.375f;
+    Tiles::gemm_pairs(m, n, kdim, af.data(), kdim, packed.data(), panel, c.data(), 128, alpha,
+                      {col_lo, col_hi, nullptr, nullptr});
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < 128; ++j) {
+        CAPTURE(i);
+        CAPTURE(j);
+        const float got = c[static_cast<std::size_t>(i) * 128 + static_cast<std::size_t>(j)];
+        if (j >= n || (i >= 48 && j >= 64)) {  // not computed: left as it was
+          CHECK(got == -7.0f);
+          continue;
+        }
+        double want = 0, mag = 0;
+        for (int k = 0; k < kdim; ++k) {
+          const double x = double(a[static_cast<std::size_t>(i) * kdim + static_cast<std::size_t>(k)]) *
+                           double(b[static_cast<std::size_t>(j) * kdim + static_cast<std::size_t>(k)]);
+          want += x;
+          mag += std::abs(x);
+        }
+        // fp32 sums of kdim exact products: at most kdim * 2^-24 of the sum of their magnitudes (a bound, not the
+        // typical error), then one rounding of the scaled result
+        CHECK(std::abs(double(got) - alpha * want) <=
+              alpha * (kdim * 0x1p-24 * mag) + 0x1p-24 * std::abs(alpha * want));
+      }
+  }
+#endif
 }

@@ -124,7 +124,7 @@ class CpuFlash {
                               to_string(args.isa), "CpuFlash<double> has the portable kernels only (use auto)");
       isa_ = CpuIsa::kPortable;
     } else {
-      isa_ = resolve_cpu_isa(args.isa, where);
+      isa_ = resolve_cpu_isa(args.isa, where, cpu_features(), std::is_same_v<T, bf16>);
     }
     exec_ = HostExec(args.threads);
   }
@@ -173,7 +173,7 @@ class CpuFlash {
     constexpr const char* where = "CpuFlash::forward";
     check(exec, shape, q, k, v, slices, workspace, where);
     detail::check_forward_outputs(where, shape, q, k, v, o, lse, workspace);
-    detail::with_tile_policy<A>(
+    detail::with_tile_policy<A, T>(
         isa_, [&]<class Tiles>() { forward_with<Tiles>(exec, shape, q, k, v, slices, o, lse, workspace); });
   }
 
@@ -192,7 +192,7 @@ class CpuFlash {
     constexpr const char* where = "CpuFlash::backward";
     check(exec, shape, q, k, v, slices, workspace, where);
     detail::check_backward_views(where, shape, q, k, v, o, lse, dout, dq, dk, dv, workspace);
-    detail::with_tile_policy<A>(isa_, [&]<class Tiles>() {
+    detail::with_tile_policy<A, T>(isa_, [&]<class Tiles>() {
       backward_with<Tiles>(exec, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace);
     });
   }
@@ -289,8 +289,11 @@ class CpuFlash {
     }
     const int group = shape.group_size();
     const A sc = A(shape.scale());
-    const A dk_scale = A(1) / kLog2e;  // dK = scale dS^T Q = dS^T (c Q) / log2(e)
     const A c = sc * kLog2e;
+    // The packed Q is c Q (dK = scale dS^T Q = dS^T (c Q) / log2(e)), or Q itself for the bf16 score products, whose
+    // A operand is rounded to bf16 (Q exactly so; c Q would not be): S then gets its factor c in the product.
+    const A q_scale = detail::kBf16Scores<Tiles> ? A(1) : c;
+    const A dk_scale = detail::kBf16Scores<Tiles> ? sc : A(1) / kLog2e;
     for (int h = 0; h < shape.heads_q; ++h) {
       const int hk = h / group, hh = h % group;
       // The head's c Q and dO rows, packed once (every key tile reads them; packing per tile re-read the
@@ -305,7 +308,7 @@ class CpuFlash {
             const std::int64_t nr = std::min(kChunk, q.tokens - r0);
             A* qr = w.qp + r0 * d;
             A* orow = w.op + r0 * d_v;
-            pack_rows<Tiles>(q, r0, nr, h, d, c, qr);
+            pack_rows<Tiles>(q, r0, nr, h, d, q_scale, qr);
             pack_rows<Tiles>(dout, r0, nr, h, d_v, A(1), orow);
             rows_to_panels<Tiles>(qr, nr, d, w.qpp + r0 * kP, q.tokens * kP);
             rows_to_panels<Tiles>(orow, nr, d_v, w.opp + r0 * kP, q.tokens * kP);
@@ -315,7 +318,7 @@ class CpuFlash {
         };
         exec.parallel(body);
       }
-      const Packed packed{w.qp, w.op, w.qpp, w.opp, q.tokens * kP, q_finite.load(), o_finite.load()};
+      const Packed packed{w.qp, w.op, w.qpp, w.opp, q.tokens * kP, c, q_finite.load(), o_finite.load()};
       {
         std::atomic<int> next{0};
         auto body = [&](int thread) {
@@ -617,13 +620,33 @@ class CpuFlash {
   /// Distance between two panels of a natural-layout tile (kKT rows of P).
   template <int P>
   static constexpr std::int64_t kRowPanel = std::int64_t{kKT} * P;
+  /// Distance (in 32-bit words) between two key panels of a bf16-pair K^T of head dim d (pack_keys): it fits in the
+  /// tile_elems floats of the fp32 layout, so the workspace does not depend on the instruction set.
+  template <int P>
+  static constexpr std::int64_t pair_panel(int d) noexcept {
+    return (std::int64_t{d} + 1) / 2 * P;
+  }
+  /// A packed K^T (or V^T) tile's memory as the bf16 pairs of the bf16 score products.
+  static std::uint32_t* key_pairs(A* p) noexcept { return reinterpret_cast<std::uint32_t*>(p); }
+  static const std::uint32_t* key_pairs(const A* p) noexcept { return reinterpret_cast<const std::uint32_t*>(p); }
 
   /// K^T of keys [j0, j0 + nk) of KV head hk into kt as key panels (column c of K^T, i.e. key c, at
   /// kt[(c / kP) * d * kP + x * kP + c % kP]; keys past nk are zero), optionally also the natural rows into
   /// nat as head-dim panels (pack_panels).
+  /// With bf16 score products (detail::kBf16Scores) K^T is packed as bf16 pairs instead: word (x / 2, c) holding
+  /// K[c][x], K[c][x + 1] at key_pairs(kt)[(c / kP) * pair_panel(d) + (x / 2) * kP + c % kP].
   template <class Tiles>
   static void pack_keys(ThdView<const T> src, std::int64_t j0, int nk, int hk, int d, A* kt, A* nat) noexcept {
     constexpr int kP = Tiles::kPanel;
+    if constexpr (detail::kBf16Scores<Tiles>) {
+      static_assert(std::is_same_v<T, bf16>, "the bf16 score products read bf16 storage");
+      std::uint32_t* words = key_pairs(kt);
+      for (int c = 0; c < kKT; ++c)
+        Tiles::pack_key_pairs(c < nk ? src.row(j0 + c, hk) : nullptr, d, words + (c / kP) * pair_panel<kP>(d) + c % kP,
+                              kP);
+      if (nat != nullptr) pack_panels<Tiles>(src, j0, nk, hk, d, nat);
+      return;
+    }
     const std::int64_t kt_panel = std::int64_t{d} * kP;
     int c = 0;
     for (; c + 8 <= nk; c += 8) {  // eight keys at a time (8 x 8 block transposes where vectorised)
@@ -742,7 +765,8 @@ class CpuFlash {
     A* m = s + round16(kSB * kKT);
     A* l = m + round16(br);
     const std::int64_t i0 = sl.q_range.begin + tile.row0;
-    pack_rows<Tiles>(q, i0, n, h, d, A(shape.scale()) * kLog2e, qs);
+    const A c = A(shape.scale()) * kLog2e;                                        // log2-domain scores: S = c Q K^T
+    pack_rows<Tiles>(q, i0, n, h, d, detail::kBf16Scores<Tiles> ? A(1) : c, qs);  // c in the product (backward_with)
     std::fill_n(acc, static_cast<std::size_t>(n) * static_cast<std::size_t>(dv), A(0));
     std::fill_n(m, n, -std::numeric_limits<A>::infinity());
     std::fill_n(l, n, A(0));
@@ -775,8 +799,12 @@ class CpuFlash {
           col_lo[rb] = k_lo[rb] / kP * kP;
           col_hi[rb] = std::min(kKT, (k_hi[rb] + kP - 1) / kP * kP);
         }
-        Tiles::gemm(nr, kKT, d, qs + (g0 + ra) * d, d, 1, kt, kP, std::int64_t{d} * kP, s + ra * kKT, kKT, false,
-                    {col_lo, col_hi, nullptr, nullptr});
+        if constexpr (detail::kBf16Scores<Tiles>)
+          Tiles::gemm_pairs(nr, kKT, d, qs + (g0 + ra) * d, d, key_pairs(kt), pair_panel<kP>(d), s + ra * kKT, kKT, c,
+                            {col_lo, col_hi, nullptr, nullptr});
+        else
+          Tiles::gemm(nr, kKT, d, qs + (g0 + ra) * d, d, 1, kt, kP, std::int64_t{d} * kP, s + ra * kKT, kKT, false,
+                      {col_lo, col_hi, nullptr, nullptr});
         for (int r = ra; r < rows; ++r) {
           A* sr = s + r * kKT;
           if (lo[r] >= hi[r]) {
@@ -827,6 +855,7 @@ class CpuFlash {
     const A* qp;         // c Q as head-dim panels (the B operand of dK += dS^T (c Q))
     const A* op;         // dO as head-dim panels (the B operand of dV += P^T dO)
     std::int64_t panel;  // distance between the panels of qp / op
+    A s_scale;           // S = s_scale * (q K^T): c where q holds Q (bf16 score products), else unused
     bool q_finite, o_finite;
   };
 
@@ -903,8 +932,15 @@ class CpuFlash {
             continue;
           }
           const detail::BlockRanges cols{col_lo, col_hi, nullptr, nullptr};
-          Tiles::gemm(rows, kKT, d, qb + g0 * d, d, 1, kt, kP, std::int64_t{d} * kP, p, kKT, false, cols);
-          Tiles::gemm(rows, kKT, d_v, ob + g0 * d_v, d_v, 1, vt, kP, std::int64_t{d_v} * kP, ds, kKT, false, cols);
+          if constexpr (detail::kBf16Scores<Tiles>) {
+            Tiles::gemm_pairs(rows, kKT, d, qb + g0 * d, d, key_pairs(kt), pair_panel<kP>(d), p, kKT, packed.s_scale,
+                              cols);
+            Tiles::gemm_pairs(rows, kKT, d_v, ob + g0 * d_v, d_v, key_pairs(vt), pair_panel<kP>(d_v), ds, kKT, A(1),
+                              cols);
+          } else {
+            Tiles::gemm(rows, kKT, d, qb + g0 * d, d, 1, kt, kP, std::int64_t{d} * kP, p, kKT, false, cols);
+            Tiles::gemm(rows, kKT, d_v, ob + g0 * d_v, d_v, 1, vt, kP, std::int64_t{d_v} * kP, ds, kKT, false, cols);
+          }
           for (int r = 0; r < rows; ++r) {
             const std::int64_t i = i0 + g0 + r;
             if (lo[r] >= hi[r]) {

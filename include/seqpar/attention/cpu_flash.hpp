@@ -230,6 +230,8 @@ class CpuFlash {
             pack_keys<Tiles>(k, t * kKT, nk, hk, shape.qk_dim(), kt, nullptr);
             pack_panels<Tiles>(v, t * kKT, nk, hk, shape.v_dim(), vp);
             w.v_finite[t] = panels_finite<Tiles>(vp, 0, nk, shape.v_dim()) ? 1 : 0;
+            // bf16 products: V as pairs of key rows instead (P V by gemm_pairs)
+            if constexpr (detail::kBf16Scores<Tiles>) pack_row_pairs<Tiles>(v, t * kKT, nk, hk, shape.v_dim(), vp);
           }
         };
         exec.parallel(body);
@@ -684,6 +686,18 @@ class CpuFlash {
     }
   }
 
+  /// Rows [j0, j0 + nk) of head hk as pairs of rows in head-dim panels (bf16 products): word (c / 2, x) holding
+  /// rows c, c + 1 (even c) at key_pairs(dst)[(x / kP) * kRowPanel<kP> / 2 + (c / 2) * kP + x % kP], zero past nk up to
+  /// the tile's kKT rows and past d up to whole panels. Fits in the fp32 layout's half.
+  template <class Tiles>
+  static void pack_row_pairs(ThdView<const T> src, std::int64_t j0, int nk, int hk, int d, A* dst) noexcept {
+    constexpr int kP = Tiles::kPanel;
+    std::uint32_t* words = key_pairs(dst);
+    for (int c = 0; c < kKT; c += 2)
+      Tiles::pack_row_pairs(c < nk ? src.row(j0 + c, hk) : nullptr, c + 1 < nk ? src.row(j0 + c + 1, hk) : nullptr, d,
+                            words + (c / 2) * kP, kRowPanel<kP> / 2);
+  }
+
   /// Whether rows [c0, c1) of a head-dim-panel tile are all finite (the zero padding is).
   template <class Tiles>
   static bool panels_finite(const A* p, int c0, int c1, int d) noexcept {
@@ -800,8 +814,8 @@ class CpuFlash {
           col_hi[rb] = std::min(kKT, (k_hi[rb] + kP - 1) / kP * kP);
         }
         if constexpr (detail::kBf16Scores<Tiles>)
-          Tiles::gemm_pairs(nr, kKT, d, qs + (g0 + ra) * d, d, key_pairs(kt), pair_panel<kP>(d), s + ra * kKT, kKT, c,
-                            {col_lo, col_hi, nullptr, nullptr});
+          Tiles::gemm_pairs(nr, kKT, d, qs + (g0 + ra) * d, d, key_pairs(kt), pair_panel<kP>(d), s + ra * kKT, kKT,
+                            false, c, {col_lo, col_hi, nullptr, nullptr});
         else
           Tiles::gemm(nr, kKT, d, qs + (g0 + ra) * d, d, 1, kt, kP, std::int64_t{d} * kP, s + ra * kKT, kKT, false,
                       {col_lo, col_hi, nullptr, nullptr});
@@ -815,13 +829,24 @@ class CpuFlash {
           if (alpha != A(1)) Tiles::scale_row(acc + (g0 + r) * dv, dv, alpha);
         }
         if (v_finite) {
-          Tiles::gemm(nr, dv, kKT, s + ra * kKT, kKT, 1, vp, kP, kRowPanel<kP>, acc + (g0 + ra) * dv, dv, true,
-                      {nullptr, nullptr, k_lo, k_hi});
+          // bf16 products: P rounded to bf16 (flash_tiles_avx512bf16.hpp); a block's key range widened to whole pairs
+          // meets P = 0 (selected) and finite V, or the pack's zero rows past the tile's end
+          if constexpr (detail::kBf16Scores<Tiles>)
+            Tiles::gemm_pairs(nr, dv, kKT, s + ra * kKT, kKT, key_pairs(vp), kRowPanel<kP> / 2, acc + (g0 + ra) * dv,
+                              dv, true, A(1), {nullptr, nullptr, k_lo, k_hi});
+          else
+            Tiles::gemm(nr, dv, kKT, s + ra * kKT, kKT, 1, vp, kP, kRowPanel<kP>, acc + (g0 + ra) * dv, dv, true,
+                        {nullptr, nullptr, k_lo, k_hi});
         } else {  // exact per-row key ranges: a masked P is 0, but 0 * (NaN or inf in V) is not
-          for (int r = ra; r < rows; ++r)
-            if (lo[r] < hi[r])
+          for (int r = ra; r < rows; ++r) {
+            if (lo[r] >= hi[r]) continue;
+            if constexpr (detail::kBf16Scores<Tiles>)  // the same sums as the block form's, bit for bit
+              Tiles::gemm_pairs(1, dv, kKT, s + r * kKT, kKT, key_pairs(vp), kRowPanel<kP> / 2, acc + (g0 + r) * dv, dv,
+                                true, A(1), {nullptr, nullptr, &lo[r], &hi[r]}, true);
+            else
               Tiles::gemm(1, dv, hi[r] - lo[r], s + r * kKT + lo[r], kKT, 1, vp + lo[r] * kP, kP, kRowPanel<kP>,
                           acc + (g0 + r) * dv, dv, true);
+          }
         }
       }
     }
@@ -933,10 +958,10 @@ class CpuFlash {
           }
           const detail::BlockRanges cols{col_lo, col_hi, nullptr, nullptr};
           if constexpr (detail::kBf16Scores<Tiles>) {
-            Tiles::gemm_pairs(rows, kKT, d, qb + g0 * d, d, key_pairs(kt), pair_panel<kP>(d), p, kKT, packed.s_scale,
-                              cols);
-            Tiles::gemm_pairs(rows, kKT, d_v, ob + g0 * d_v, d_v, key_pairs(vt), pair_panel<kP>(d_v), ds, kKT, A(1),
-                              cols);
+            Tiles::gemm_pairs(rows, kKT, d, qb + g0 * d, d, key_pairs(kt), pair_panel<kP>(d), p, kKT, false,
+                              packed.s_scale, cols);
+            Tiles::gemm_pairs(rows, kKT, d_v, ob + g0 * d_v, d_v, key_pairs(vt), pair_panel<kP>(d_v), ds, kKT, false,
+                              A(1), cols);
           } else {
             Tiles::gemm(rows, kKT, d, qb + g0 * d, d, 1, kt, kP, std::int64_t{d} * kP, p, kKT, false, cols);
             Tiles::gemm(rows, kKT, d_v, ob + g0 * d_v, d_v, 1, vt, kP, std::int64_t{d_v} * kP, ds, kKT, false, cols);

@@ -11,9 +11,10 @@
 // so a product of bf16 inputs is as accurate as the fp32 tiles' (sums in another order).
 //
 // Used for the score products S = Q K^T and dP = dO V^T, whose inputs are the caller's bf16 values (Q and dO unscaled:
-// converted back to bf16 they are exact; the softmax scale is applied to the fp32 result, `alpha`). P V and the three
-// gradient products stay fp32 (Avx512Tiles): their A operands P and dS are computed in fp32 and would have to be
-// rounded to bf16 first, as FlashAttention does on GPUs; this path does not round them.
+// converted back to bf16 they are exact; the softmax scale is applied to the fp32 result, `alpha`), and for the
+// forward's O += P V, with P (fp32, in [0, 2^8] under the lazy rescale) rounded to bf16 as FlashAttention does on GPUs:
+// a relative error of at most 2^-9 per weight, while the row sum l is taken over the unrounded P (as FlashAttention
+// does too). The three gradient products stay fp32 (Avx512Tiles): dS is not rounded.
 #pragma once
 
 #include <cstdint>
@@ -71,11 +72,33 @@ SEQPAR_ALWAYS_INLINE void row_to_pairs(const float* x, int n, std::uint32_t* out
   }
 }
 
-/// C block of R rows x 64 columns (w of them stored) = alpha * (C if accumulate, else 0) + A B over kp pairs: A's word
-/// (i, k) at a[i * lda + k], B's pair row k at b[k * kPanel, + 64).
+/// acc[i] += the products of pair k of A's rows (a[i * lda + k]) with B's pair row bk (kMask: its bits ANDed with
+/// keep).
+template <int R, bool kMask>
+SEQPAR_ALWAYS_INLINE void pair_step(__m512 (&acc)[R][kPanel / 16], const std::uint32_t* a, int lda, int k,
+                                    const std::uint32_t* bk, __m512i keep) noexcept {
+  constexpr int kNV = kPanel / 16;
+  __m512i bv[kNV];
+  SEQPAR_UNROLL
+  for (int v = 0; v < kNV; ++v) {
+    bv[v] = _mm512_loadu_si512(bk + 16 * v);  // panels are 64 wide (zero padded)
+    if constexpr (kMask) bv[v] = _mm512_and_si512(bv[v], keep);
+  }
+  SEQPAR_UNROLL
+  for (int i = 0; i < R; ++i) {
+    const __m512i x = _mm512_set1_epi32(static_cast<int>(a[i * lda + k]));
+    SEQPAR_UNROLL
+    for (int v = 0; v < kNV; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], as_pairs(x), as_pairs(bv[v]));
+  }
+}
+
+/// C block of R rows x 64 columns (w of them stored) = (C if accumulate, else 0) + alpha * A B over kp pairs: A's word
+/// (i, k) at a[i * lda + k], B's pair row k at b[k * kPanel, + 64). B's first and last pair rows are ANDed with
+/// keep_first / keep_last (~0u: all of them), which drop the value beside an exact range's odd end.
 template <int R>
 SEQPAR_ALWAYS_INLINE void pair_block(int kp, const std::uint32_t* a, int lda, const std::uint32_t* b, float* c,
-                                     std::int64_t ldc, int w, bool accumulate, float alpha) noexcept {
+                                     std::int64_t ldc, int w, bool accumulate, float alpha, std::uint32_t keep_first,
+                                     std::uint32_t keep_last) noexcept {
   constexpr int kNV = kPanel / 16;
   __mmask16 lanes[kNV];
   SEQPAR_UNROLL
@@ -84,44 +107,46 @@ SEQPAR_ALWAYS_INLINE void pair_block(int kp, const std::uint32_t* a, int lda, co
   SEQPAR_UNROLL
   for (int i = 0; i < R; ++i) {
     SEQPAR_UNROLL
-    for (int v = 0; v < kNV; ++v)
-      acc[i][v] = accumulate ? _mm512_maskz_loadu_ps(lanes[v], c + i * ldc + 16 * v) : _mm512_setzero_ps();
+    for (int v = 0; v < kNV; ++v) acc[i][v] = _mm512_setzero_ps();
   }
-  for (int k = 0; k < kp; ++k) {
-    const std::uint32_t* bk = b + k * kPanel;
-    __m512i bv[kNV];
-    SEQPAR_UNROLL
-    for (int v = 0; v < kNV; ++v) bv[v] = _mm512_loadu_si512(bk + 16 * v);  // panels are 64 wide (zero padded)
-    SEQPAR_UNROLL
-    for (int i = 0; i < R; ++i) {
-      const __m512i x = _mm512_set1_epi32(static_cast<int>(a[i * lda + k]));
-      SEQPAR_UNROLL
-      for (int v = 0; v < kNV; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], as_pairs(x), as_pairs(bv[v]));
-    }
-  }
+  int k = 0, k_end = kp;
+  if (keep_first != ~0u && kp > 0)
+    pair_step<R, true>(acc, a, lda, k++, b, _mm512_set1_epi32(static_cast<int>(keep_first)));
+  const bool peel_last = keep_last != ~0u && k_end > k;
+  if (peel_last) --k_end;
+  for (; k < k_end; ++k) pair_step<R, false>(acc, a, lda, k, b + k * kPanel, _mm512_setzero_si512());
+  if (peel_last)
+    pair_step<R, true>(acc, a, lda, k_end, b + k_end * kPanel, _mm512_set1_epi32(static_cast<int>(keep_last)));
   const __m512 scale = _mm512_set1_ps(alpha);
   SEQPAR_UNROLL
   for (int i = 0; i < R; ++i) {
     SEQPAR_UNROLL
-    for (int v = 0; v < kNV; ++v)
-      _mm512_mask_storeu_ps(c + i * ldc + 16 * v, lanes[v], _mm512_mul_ps(acc[i][v], scale));
+    for (int v = 0; v < kNV; ++v) {
+      float* cv = c + i * ldc + 16 * v;
+      const __m512 r = accumulate ? _mm512_fmadd_ps(acc[i][v], scale, _mm512_maskz_loadu_ps(lanes[v], cv))
+                                  : _mm512_mul_ps(acc[i][v], scale);
+      _mm512_mask_storeu_ps(cv, lanes[v], r);
+    }
   }
 }
 
-/// C[i][j] = alpha * sum_k A(i, k) B(k, j) for i < m, j < n, k < kdim (C is overwritten), with A(i, k) = a[i * lda + k]
-/// (fp32 rows holding bf16 values; other values are rounded to bf16) and B packed by pack_key_pairs: pair row k / 2 of
-/// column panel j / 64 at b[(j / 64) * panel + (k / 2) * 64, + 64), every panel 64 columns wide. BlockRanges: the
-/// col_lo / col_hi of the fp32 gemm (columns a register block computes; multiples of 64); no k ranges.
+/// C[i][j] (+)= alpha * sum_k A(i, k) B(k, j) for i < m, j < n, k < kdim, with A(i, k) = a[i * lda + k] (fp32 rows,
+/// rounded to bf16: exact for values that came from bf16) and B as bf16 pairs: pair row k / 2 of column panel j / 64 at
+/// b[(j / 64) * panel + (k / 2) * 64, + 64) (pack_key_pairs, pack_row_pairs), every panel 64 columns wide and
+/// ceil(kdim / 2) pair rows deep. BlockRanges as the fp32 gemm's: col_lo / col_hi (multiples of 64), and k_lo / k_hi,
+/// which are widened to whole pairs: A must be 0 and B finite at a widened end (a masked weight beside a visible one;
+/// a pack's zero padding), unless `exact_ends`: then the value of B beside an odd end is dropped (B may hold a NaN
+/// there), and the sums are bit for bit those of the widened range over a finite B.
 inline void gemm_pairs(int m, int n, int kdim, const float* a, std::int64_t lda, const std::uint32_t* b,
-                       std::int64_t panel, float* c, std::int64_t ldc, float alpha,
-                       const BlockRanges& rg = {}) noexcept {
+                       std::int64_t panel, float* c, std::int64_t ldc, bool accumulate, float alpha,
+                       const BlockRanges& rg = {}, bool exact_ends = false) noexcept {
   alignas(64) std::uint32_t ap[kGroupRows * kChunkPairs];
   const int kp_all = (kdim + 1) / 2;
   for (int g0 = 0; g0 < m; g0 += kGroupRows) {
     const int gm = std::min(kGroupRows, m - g0);
     for (int p0 = 0; p0 < kp_all; p0 += kChunkPairs) {
       const int kp = std::min(kChunkPairs, kp_all - p0);
-      const bool first = p0 == 0, last = p0 + kp == kp_all;
+      const bool first = p0 == 0;
       for (int i = 0; i < gm; ++i)
         row_to_pairs(a + (g0 + i) * lda + 2 * p0, std::min(kdim - 2 * p0, 2 * kChunkPairs), ap + i * kChunkPairs);
       for (int j0 = 0; j0 < n; j0 += kPanel) {
@@ -130,28 +155,39 @@ inline void gemm_pairs(int m, int n, int kdim, const float* a, std::int64_t lda,
         for (int i0 = 0; i0 < gm; i0 += kRowBlock) {
           const int rb = (g0 + i0) / kRowBlock;
           if (rg.col_lo != nullptr && (j0 < rg.col_lo[rb] || j0 >= rg.col_hi[rb])) continue;
-          const std::uint32_t* ab = ap + i0 * kChunkPairs;
+          // this block's pairs of the chunk (relative to p0)
+          int pl = 0, ph = kp;
+          std::uint32_t keep_first = ~0u, keep_last = ~0u;
+          if (rg.k_lo != nullptr) {
+            const int lo = rg.k_lo[rb], hi = rg.k_hi[rb];
+            pl = std::clamp(lo / 2 - p0, 0, kp);
+            ph = std::clamp((hi + 1) / 2 - p0, pl, kp);
+            // an odd lo: keep the high (odd) value of its pair; an odd hi: the low value of the last pair
+            if (exact_ends && lo % 2 != 0 && lo / 2 - p0 == pl && pl < ph) keep_first = 0xFFFF0000u;
+            if (exact_ends && hi % 2 != 0 && (hi + 1) / 2 - p0 == ph && pl < ph) keep_last = 0x0000FFFFu;
+          }
+          const std::uint32_t* ab = ap + i0 * kChunkPairs + pl;
+          const std::uint32_t* bb = bj + pl * kPanel;
           float* cb = c + (g0 + i0) * ldc + j0;
-          // A chunk's partial sums are stored unscaled and scaled once, by the last chunk.
-          const float s = last ? alpha : 1.0f;
+          const bool add = accumulate || !first;  // a later chunk adds to the earlier chunks' sums
           switch (std::min(kRowBlock, gm - i0)) {
             case 1:
-              pair_block<1>(kp, ab, kChunkPairs, bj, cb, ldc, w, !first, s);
+              pair_block<1>(ph - pl, ab, kChunkPairs, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
               break;
             case 2:
-              pair_block<2>(kp, ab, kChunkPairs, bj, cb, ldc, w, !first, s);
+              pair_block<2>(ph - pl, ab, kChunkPairs, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
               break;
             case 3:
-              pair_block<3>(kp, ab, kChunkPairs, bj, cb, ldc, w, !first, s);
+              pair_block<3>(ph - pl, ab, kChunkPairs, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
               break;
             case 4:
-              pair_block<4>(kp, ab, kChunkPairs, bj, cb, ldc, w, !first, s);
+              pair_block<4>(ph - pl, ab, kChunkPairs, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
               break;
             case 5:
-              pair_block<5>(kp, ab, kChunkPairs, bj, cb, ldc, w, !first, s);
+              pair_block<5>(ph - pl, ab, kChunkPairs, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
               break;
             default:
-              pair_block<6>(kp, ab, kChunkPairs, bj, cb, ldc, w, !first, s);
+              pair_block<6>(ph - pl, ab, kChunkPairs, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
               break;
           }
         }
@@ -173,16 +209,29 @@ inline void pack_key_pairs(const bf16* row, int d, std::uint32_t* col, std::int6
   if (d % 2 != 0) col[(d / 2) * ld] = row[d - 1].bits;
 }
 
+/// Two rows of d bf16 values (nullptr: zeros, past the tile's end) as one pair row of head-dim panels: word
+/// (values r0[x], r1[x]) at dst[(x / 64) * panel + x % 64], zero for x in [d, whole panels).
+inline void pack_row_pairs(const bf16* r0, const bf16* r1, int d, std::uint32_t* dst, std::int64_t panel) noexcept {
+  const int width = (d + kPanel - 1) / kPanel * kPanel;
+  for (int x = 0; x < width; ++x) {
+    const std::uint32_t lo = x < d && r0 != nullptr ? r0[x].bits : 0u, hi = x < d && r1 != nullptr ? r1[x].bits : 0u;
+    dst[(x / kPanel) * panel + x % kPanel] = lo | (hi << 16);
+  }
+}
+
 /// The tile primitives CpuFlash<bf16>'s loops call: Avx512Tiles (see PortableTiles in flash_tiles.hpp for the
-/// contract), plus the bf16 score products. kBf16Scores tells CpuFlash to pack K^T and V^T by pack_key_pairs, to keep
-/// Q unscaled and to compute S and dP by gemm_pairs.
+/// contract), plus the bf16 products. kBf16Scores tells CpuFlash to pack K^T and V^T by pack_key_pairs, to keep Q
+/// unscaled and to compute S and dP by gemm_pairs, and the forward's V by pack_row_pairs for P V.
 struct Avx512Bf16Tiles : avx512::Avx512Tiles {
   static constexpr CpuIsa kIsa = CpuIsa::kAvx512Bf16;
   static constexpr bool kBf16Scores = true;
   static void gemm_pairs(int m, int n, int kdim, const float* a, std::int64_t lda, const std::uint32_t* b,
-                         std::int64_t panel, float* c, std::int64_t ldc, float alpha,
-                         const BlockRanges& rg = {}) noexcept {
-    avx512bf16::gemm_pairs(m, n, kdim, a, lda, b, panel, c, ldc, alpha, rg);
+                         std::int64_t panel, float* c, std::int64_t ldc, bool accumulate, float alpha,
+                         const BlockRanges& rg = {}, bool exact_ends = false) noexcept {
+    avx512bf16::gemm_pairs(m, n, kdim, a, lda, b, panel, c, ldc, accumulate, alpha, rg, exact_ends);
+  }
+  static void pack_row_pairs(const bf16* r0, const bf16* r1, int d, std::uint32_t* dst, std::int64_t panel) noexcept {
+    avx512bf16::pack_row_pairs(r0, r1, d, dst, panel);
   }
   static void pack_key_pairs(const bf16* row, int d, std::uint32_t* col, std::int64_t ld) noexcept {
     avx512bf16::pack_key_pairs(row, d, col, ld);

@@ -231,7 +231,8 @@ class CpuFlash {
             pack_panels<Tiles>(v, t * kKT, nk, hk, shape.v_dim(), vp);
             w.v_finite[t] = panels_finite<Tiles>(vp, 0, nk, shape.v_dim()) ? 1 : 0;
             // bf16 products: V as pairs of key rows instead (P V by gemm_pairs)
-            if constexpr (detail::kBf16Scores<Tiles>) pack_row_pairs<Tiles>(v, t * kKT, nk, hk, shape.v_dim(), vp);
+            if constexpr (detail::kBf16Scores<Tiles>)
+              pack_row_pairs<Tiles>(v, t * kKT, nk, hk, shape.v_dim(), key_pairs(vp));
           }
         };
         exec.parallel(body);
@@ -687,12 +688,12 @@ class CpuFlash {
   }
 
   /// Rows [j0, j0 + nk) of head hk as pairs of rows in head-dim panels (bf16 products): word (c / 2, x) holding
-  /// rows c, c + 1 (even c) at key_pairs(dst)[(x / kP) * kRowPanel<kP> / 2 + (c / 2) * kP + x % kP], zero past nk up to
+  /// rows c, c + 1 (even c) at words[(x / kP) * kRowPanel<kP> / 2 + (c / 2) * kP + x % kP], zero past nk up to
   /// the tile's kKT rows and past d up to whole panels. Fits in the fp32 layout's half.
   template <class Tiles>
-  static void pack_row_pairs(ThdView<const T> src, std::int64_t j0, int nk, int hk, int d, A* dst) noexcept {
+  static void pack_row_pairs(ThdView<const T> src, std::int64_t j0, int nk, int hk, int d,
+                             std::uint32_t* words) noexcept {
     constexpr int kP = Tiles::kPanel;
-    std::uint32_t* words = key_pairs(dst);
     for (int c = 0; c < kKT; c += 2)
       Tiles::pack_row_pairs(c < nk ? src.row(j0 + c, hk) : nullptr, c + 1 < nk ? src.row(j0 + c + 1, hk) : nullptr, d,
                             words + (c / 2) * kP, kRowPanel<kP> / 2);
@@ -909,6 +910,11 @@ class CpuFlash {
     A* dka = dk_acc + tile.row0 * d;
     A* dva = dv_acc + tile.row0 * d_v;
     pack_keys<Tiles>(k, tile.row0, nk, hk, d, kt, kn);
+    // bf16 products: K's rows also as pairs (the B operand of dQ += dS K), after the pair K^T in kt's memory (both
+    // fit: tile_elems(d) >= kKT ceil(d / 2) + (kKT / 2) ceil(d / kP) kP); kn keeps the fp32 rows for the finiteness
+    // test
+    std::uint32_t* k_pairs = key_pairs(kt) + std::int64_t{kKT} * ((d + 1) / 2);
+    if constexpr (detail::kBf16Scores<Tiles>) pack_row_pairs<Tiles>(k, tile.row0, nk, hk, d, k_pairs);
     pack_keys<Tiles>(v, tile.row0, nk, hk, d_v, vt, nullptr);
     if (first) {
       std::fill_n(dka, static_cast<std::size_t>(nk) * static_cast<std::size_t>(d), A(0));
@@ -926,6 +932,8 @@ class CpuFlash {
       // Only this slice's keys of the tile [c0, c1): the other documents' keys must not meet its rows.
       const int c0 = static_cast<int>(kr.begin - tile.row0), c1 = static_cast<int>(kr.end - tile.row0);
       const bool k_finite = panels_finite<Tiles>(kn, c0, c1, d);
+      // dQ's key ranges count from c0, or from tile column 0 for the bf16 pairs (whose pairs start at even columns)
+      const int dq_base = detail::kBf16Scores<Tiles> ? 0 : c0;
       for (std::int64_t b0 = rows_all.begin; b0 < rows_all.end; b0 += rq) {
         const int nb = static_cast<int>(std::min<std::int64_t>(rq, rows_all.end - b0));
         const std::int64_t i0 = sl.q_range.begin + b0;
@@ -948,8 +956,8 @@ class CpuFlash {
             if (!any || kl >= kh) kl = kh = c0;
             col_lo[rb] = kl / kP * kP;
             col_hi[rb] = kl == kh ? col_lo[rb] : std::min(kKT, (kh + kP - 1) / kP * kP);
-            dq_lo[g0 / kRB + rb] = kl - c0;
-            dq_hi[g0 / kRB + rb] = kh - c0;
+            dq_lo[g0 / kRB + rb] = kl - dq_base;
+            dq_hi[g0 / kRB + rb] = kh - dq_base;
           }
           if (!any) {
             std::fill_n(p, rows * kKT, A(0));
@@ -995,16 +1003,28 @@ class CpuFlash {
         else
           exact_key_update<Tiles>(sl, koff, b0, nb, c0, c1, sb, qb, d, dka);
         if (k_finite) {  // dQ += dS K
-          Tiles::gemm(nb, d, c1 - c0, sb + c0, kKT, 1, kn + c0 * kP, kP, kRowPanel<kP>, dq_lane + i0 * d, d, true,
-                      {nullptr, nullptr, dq_lo, dq_hi});
+          // bf16 products: dS rounded to bf16 (flash_tiles_avx512bf16.hpp); exact ends, since the key beside a block's
+          // odd end may be another document's, not checked finite
+          if constexpr (detail::kBf16Scores<Tiles>)
+            Tiles::gemm_pairs(nb, d, kKT, sb, kKT, k_pairs, kRowPanel<kP> / 2, dq_lane + i0 * d, d, true, A(1),
+                              {nullptr, nullptr, dq_lo, dq_hi}, true);
+          else
+            Tiles::gemm(nb, d, c1 - c0, sb + c0, kKT, 1, kn + c0 * kP, kP, kRowPanel<kP>, dq_lane + i0 * d, d, true,
+                        {nullptr, nullptr, dq_lo, dq_hi});
         } else {  // exact per-row key ranges: a masked dS is 0, but 0 * (NaN or inf in K) is not
           const std::int64_t klen = sl.k_range.size();
           for (int r = 0; r < nb; ++r) {
             const Range vis = intersect(sl.mask.visible_keys(b0 + r, klen), {koff + c0, koff + c1});
             if (vis.empty()) continue;
             const int j0 = static_cast<int>(vis.begin - koff);
-            Tiles::gemm(1, d, static_cast<int>(vis.size()), sb + r * kKT + j0, kKT, 1, kn + j0 * kP, kP, kRowPanel<kP>,
-                        dq_lane + (i0 + r) * d, d, true);
+            if constexpr (detail::kBf16Scores<Tiles>) {  // the same sums as the block form's, bit for bit
+              const int j1 = j0 + static_cast<int>(vis.size());
+              Tiles::gemm_pairs(1, d, kKT, sb + r * kKT, kKT, k_pairs, kRowPanel<kP> / 2, dq_lane + (i0 + r) * d, d,
+                                true, A(1), {nullptr, nullptr, &j0, &j1}, true);
+            } else {
+              Tiles::gemm(1, d, static_cast<int>(vis.size()), sb + r * kKT + j0, kKT, 1, kn + j0 * kP, kP,
+                          kRowPanel<kP>, dq_lane + (i0 + r) * d, d, true);
+            }
           }
         }
       }

@@ -14,7 +14,8 @@
 // converted back to bf16 they are exact; the softmax scale is applied to the fp32 result, `alpha`), and for the
 // forward's O += P V, with P (fp32, in [0, 2^8] under the lazy rescale) rounded to bf16 as FlashAttention does on GPUs:
 // a relative error of at most 2^-9 per weight, while the row sum l is taken over the unrounded P (as FlashAttention
-// does too). The three gradient products stay fp32 (Avx512Tiles): dS is not rounded.
+// does too); and for the backward's dQ += dS K, with dS rounded to bf16 likewise (FlashAttention-2's backward rounds
+// dS to the input type before its dQ and dK products). dV += P^T dO and dK += dS^T Q stay fp32 (Avx512Tiles).
 #pragma once
 
 #include <cstdint>
@@ -221,7 +222,8 @@ inline void pack_row_pairs(const bf16* r0, const bf16* r1, int d, std::uint32_t*
 
 /// The tile primitives CpuFlash<bf16>'s loops call: Avx512Tiles (see PortableTiles in flash_tiles.hpp for the
 /// contract), plus the bf16 products. kBf16Scores tells CpuFlash to pack K^T and V^T by pack_key_pairs, to keep Q
-/// unscaled and to compute S and dP by gemm_pairs, and the forward's V by pack_row_pairs for P V.
+/// unscaled and to compute S and dP by gemm_pairs, and the forward's V and the backward's K rows by pack_row_pairs for
+/// P V and dQ.
 struct Avx512Bf16Tiles : avx512::Avx512Tiles {
   static constexpr CpuIsa kIsa = CpuIsa::kAvx512Bf16;
   static constexpr bool kBf16Scores = true;

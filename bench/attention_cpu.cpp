@@ -227,7 +227,7 @@ KernelRow time_gemm_pairs(const char* what, int m, int n, int k, double budget_s
   const double t = best_time(
       [&] {
         for (int r = 0; r < inner; ++r)
-          Tiles::gemm_pairs(m, n, k, a.data(), k, b.data(), panel, c.data(), n, false, 1.0f);
+          Tiles::gemm_pairs(m, n, k, a.data(), k, 1, b.data(), panel, c.data(), n, false, 1.0f);
       },
       budget_s, 20);
   return {Tiles::kIsa, what, m, n, k, 2.0 * m * n * k * inner / t * 1e-9};

@@ -392,7 +392,7 @@ TEST_SUITE("attention") {
     const int col_lo[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0}, col_hi[9] = {128, 128, 128, 128, 128, 128, 128, 128, 64};
     std::vector<float> c(static_cast<std::size_t>(m) * 128, -7.0f);
     const float alpha = 0.375f;
-    Tiles::gemm_pairs(m, n, kdim, af.data(), kdim, packed.data(), panel, c.data(), 128, false, alpha,
+    Tiles::gemm_pairs(m, n, kdim, af.data(), kdim, 1, packed.data(), panel, c.data(), 128, false, alpha,
                       {col_lo, col_hi, nullptr, nullptr});
     for (int i = 0; i < m; ++i)
       for (int j = 0; j < 128; ++j) {

@@ -313,8 +313,20 @@ class CpuFlash {
             A* orow = w.op + r0 * d_v;
             pack_rows<Tiles>(q, r0, nr, h, d, q_scale, qr);
             pack_rows<Tiles>(dout, r0, nr, h, d_v, A(1), orow);
-            rows_to_panels<Tiles>(qr, nr, d, w.qpp + r0 * kP, q.tokens * kP);
-            rows_to_panels<Tiles>(orow, nr, d_v, w.opp + r0 * kP, q.tokens * kP);
+            if constexpr (detail::kBf16Scores<Tiles>) {
+              // bf16 products: Q and dO as pairs of rows (row pairs 2j, 2j + 1 of the buffer; chunks start even), the
+              // B operands of dK += dS^T Q and dV += P^T dO; they fill half of each panel
+              for (std::int64_t r = r0; r < r0 + nr; r += 2) {
+                const bool two = r + 1 < r0 + nr;
+                Tiles::pack_row_pairs(q.row(r, h), two ? q.row(r + 1, h) : nullptr, d, key_pairs(w.qpp) + (r / 2) * kP,
+                                      q.tokens * kP);
+                Tiles::pack_row_pairs(dout.row(r, h), two ? dout.row(r + 1, h) : nullptr, d_v,
+                                      key_pairs(w.opp) + (r / 2) * kP, q.tokens * kP);
+              }
+            } else {
+              rows_to_panels<Tiles>(qr, nr, d, w.qpp + r0 * kP, q.tokens * kP);
+              rows_to_panels<Tiles>(orow, nr, d_v, w.opp + r0 * kP, q.tokens * kP);
+            }
             if (!Tiles::all_finite(qr, nr * d)) q_finite.store(false, std::memory_order_relaxed);
             if (!Tiles::all_finite(orow, nr * d_v)) o_finite.store(false, std::memory_order_relaxed);
           }
@@ -815,7 +827,7 @@ class CpuFlash {
           col_hi[rb] = std::min(kKT, (k_hi[rb] + kP - 1) / kP * kP);
         }
         if constexpr (detail::kBf16Scores<Tiles>)
-          Tiles::gemm_pairs(nr, kKT, d, qs + (g0 + ra) * d, d, key_pairs(kt), pair_panel<kP>(d), s + ra * kKT, kKT,
+          Tiles::gemm_pairs(nr, kKT, d, qs + (g0 + ra) * d, d, 1, key_pairs(kt), pair_panel<kP>(d), s + ra * kKT, kKT,
                             false, c, {col_lo, col_hi, nullptr, nullptr});
         else
           Tiles::gemm(nr, kKT, d, qs + (g0 + ra) * d, d, 1, kt, kP, std::int64_t{d} * kP, s + ra * kKT, kKT, false,
@@ -833,7 +845,7 @@ class CpuFlash {
           // bf16 products: P rounded to bf16 (flash_tiles_avx512bf16.hpp); a block's key range widened to whole pairs
           // meets P = 0 (selected) and finite V, or the pack's zero rows past the tile's end
           if constexpr (detail::kBf16Scores<Tiles>)
-            Tiles::gemm_pairs(nr, dv, kKT, s + ra * kKT, kKT, key_pairs(vp), kRowPanel<kP> / 2, acc + (g0 + ra) * dv,
+            Tiles::gemm_pairs(nr, dv, kKT, s + ra * kKT, kKT, 1, key_pairs(vp), kRowPanel<kP> / 2, acc + (g0 + ra) * dv,
                               dv, true, A(1), {nullptr, nullptr, k_lo, k_hi});
           else
             Tiles::gemm(nr, dv, kKT, s + ra * kKT, kKT, 1, vp, kP, kRowPanel<kP>, acc + (g0 + ra) * dv, dv, true,
@@ -842,8 +854,8 @@ class CpuFlash {
           for (int r = ra; r < rows; ++r) {
             if (lo[r] >= hi[r]) continue;
             if constexpr (detail::kBf16Scores<Tiles>)  // the same sums as the block form's, bit for bit
-              Tiles::gemm_pairs(1, dv, kKT, s + r * kKT, kKT, key_pairs(vp), kRowPanel<kP> / 2, acc + (g0 + r) * dv, dv,
-                                true, A(1), {nullptr, nullptr, &lo[r], &hi[r]}, true);
+              Tiles::gemm_pairs(1, dv, kKT, s + r * kKT, kKT, 1, key_pairs(vp), kRowPanel<kP> / 2, acc + (g0 + r) * dv,
+                                dv, true, A(1), {nullptr, nullptr, &lo[r], &hi[r]}, true);
             else
               Tiles::gemm(1, dv, hi[r] - lo[r], s + r * kKT + lo[r], kKT, 1, vp + lo[r] * kP, kP, kRowPanel<kP>,
                           acc + (g0 + r) * dv, dv, true);
@@ -874,12 +886,27 @@ class CpuFlash {
     }
   }
 
+  ///   /// exact_key_update for the bf16 products: x is the block's rows as pairs (gemm_pairs' B, its first pair row
+  ///   holding
+  /// the block's row -sh), the sums per key bit for bit those of the block form.
+  template <class Tiles>
+  static void exact_key_pairs(const AttnSlice& sl, std::int64_t koff, std::int64_t b0, int nb, int c0, int c1,
+                              const A* w, const std::uint32_t* x, std::int64_t panel, int sh, int d, A* acc) noexcept {
+    for (int c = c0; c < c1; ++c) {
+      const Range rows = intersect(rows_seeing(sl, koff + c, koff + c + 1), {b0, b0 + nb});
+      if (rows.empty()) continue;
+      const int r0 = static_cast<int>(rows.begin - b0) + sh, r1 = static_cast<int>(rows.end - b0) + sh;
+      Tiles::gemm_pairs(1, d, nb + sh, w + c, 1, kKT, x, panel, acc + c * d, d, true, A(1),
+                        {nullptr, nullptr, &r0, &r1}, true, sh);
+    }
+  }
+
   /// The current head's packed query-side rows (all q rows, indexed by buffer row) and their finiteness.
   struct Packed {
     const A* q;          // c Q
     const A* o;          // dO
-    const A* qp;         // c Q as head-dim panels (the B operand of dK += dS^T (c Q))
-    const A* op;         // dO as head-dim panels (the B operand of dV += P^T dO)
+    const A* qp;         // c Q as head-dim panels (the B operand of dK += dS^T (c Q)); Q as row pairs (bf16 products)
+    const A* op;         // dO as head-dim panels (the B operand of dV += P^T dO); as row pairs (bf16 products)
     std::int64_t panel;  // distance between the panels of qp / op
     A s_scale;           // S = s_scale * (q K^T): c where q holds Q (bf16 score products), else unused
     bool q_finite, o_finite;
@@ -966,9 +993,9 @@ class CpuFlash {
           }
           const detail::BlockRanges cols{col_lo, col_hi, nullptr, nullptr};
           if constexpr (detail::kBf16Scores<Tiles>) {
-            Tiles::gemm_pairs(rows, kKT, d, qb + g0 * d, d, key_pairs(kt), pair_panel<kP>(d), p, kKT, false,
+            Tiles::gemm_pairs(rows, kKT, d, qb + g0 * d, d, 1, key_pairs(kt), pair_panel<kP>(d), p, kKT, false,
                               packed.s_scale, cols);
-            Tiles::gemm_pairs(rows, kKT, d_v, ob + g0 * d_v, d_v, key_pairs(vt), pair_panel<kP>(d_v), ds, kKT, false,
+            Tiles::gemm_pairs(rows, kKT, d_v, ob + g0 * d_v, d_v, 1, key_pairs(vt), pair_panel<kP>(d_v), ds, kKT, false,
                               A(1), cols);
           } else {
             Tiles::gemm(rows, kKT, d, qb + g0 * d, d, 1, kt, kP, std::int64_t{d} * kP, p, kKT, false, cols);
@@ -992,21 +1019,46 @@ class CpuFlash {
           kv_hi[kb] = seen.empty() ? 0 : static_cast<int>(seen.end - b0);
         }
         const detail::BlockRanges key_rows{nullptr, nullptr, kv_lo, kv_hi};
-        if (packed.o_finite || Tiles::all_finite(ob, std::int64_t{nb} * d_v))  // dV += P^T dO
-          Tiles::gemm(c1 - c0, d_v, nb, pb + c0, 1, kKT, packed.op + i0 * kP, kP, packed.panel, dva + c0 * d_v, d_v,
-                      true, key_rows);
-        else
-          exact_key_update<Tiles>(sl, koff, b0, nb, c0, c1, pb, ob, d_v, dva);
-        if (packed.q_finite || Tiles::all_finite(qb, std::int64_t{nb} * d))  // dK += dS^T (c Q)
-          Tiles::gemm(c1 - c0, d, nb, sb + c0, 1, kKT, packed.qp + i0 * kP, kP, packed.panel, dka + c0 * d, d, true,
-                      key_rows);
-        else
-          exact_key_update<Tiles>(sl, koff, b0, nb, c0, c1, sb, qb, d, dka);
+        if constexpr (detail::kBf16Scores<Tiles>) {
+          // bf16 products, P and dS rounded to bf16: the pairs are the buffer's row pairs, so an odd first row i0 is
+          // the second of its pair (a_shift 1: A's row before it reads as 0) and the ranges move by one; exact ends,
+          // since the row beside an odd end belongs to another block, not checked finite
+          const int sh = static_cast<int>(i0 % 2);
+          int kv_lo_s[kKT / kRB + 1], kv_hi_s[kKT / kRB + 1];
+          for (int j = c0, kb = 0; j < c1; j += kRB, ++kb) {
+            kv_lo_s[kb] = kv_lo[kb] + sh;
+            kv_hi_s[kb] = kv_hi[kb] + sh;
+          }
+          const detail::BlockRanges pair_rows{nullptr, nullptr, kv_lo_s, kv_hi_s};
+          const std::uint32_t* op = key_pairs(packed.op) + (i0 - sh) / 2 * kP;
+          const std::uint32_t* qp = key_pairs(packed.qp) + (i0 - sh) / 2 * kP;
+          if (packed.o_finite || Tiles::all_finite(ob, std::int64_t{nb} * d_v))  // dV += P^T dO
+            Tiles::gemm_pairs(c1 - c0, d_v, nb + sh, pb + c0, 1, kKT, op, packed.panel, dva + c0 * d_v, d_v, true, A(1),
+                              pair_rows, true, sh);
+          else
+            exact_key_pairs<Tiles>(sl, koff, b0, nb, c0, c1, pb, op, packed.panel, sh, d_v, dva);
+          if (packed.q_finite || Tiles::all_finite(qb, std::int64_t{nb} * d))  // dK += dS^T Q
+            Tiles::gemm_pairs(c1 - c0, d, nb + sh, sb + c0, 1, kKT, qp, packed.panel, dka + c0 * d, d, true, A(1),
+                              pair_rows, true, sh);
+          else
+            exact_key_pairs<Tiles>(sl, koff, b0, nb, c0, c1, sb, qp, packed.panel, sh, d, dka);
+        } else {
+          if (packed.o_finite || Tiles::all_finite(ob, std::int64_t{nb} * d_v))  // dV += P^T dO
+            Tiles::gemm(c1 - c0, d_v, nb, pb + c0, 1, kKT, packed.op + i0 * kP, kP, packed.panel, dva + c0 * d_v, d_v,
+                        true, key_rows);
+          else
+            exact_key_update<Tiles>(sl, koff, b0, nb, c0, c1, pb, ob, d_v, dva);
+          if (packed.q_finite || Tiles::all_finite(qb, std::int64_t{nb} * d))  // dK += dS^T (c Q)
+            Tiles::gemm(c1 - c0, d, nb, sb + c0, 1, kKT, packed.qp + i0 * kP, kP, packed.panel, dka + c0 * d, d, true,
+                        key_rows);
+          else
+            exact_key_update<Tiles>(sl, koff, b0, nb, c0, c1, sb, qb, d, dka);
+        }
         if (k_finite) {  // dQ += dS K
           // bf16 products: dS rounded to bf16 (flash_tiles_avx512bf16.hpp); exact ends, since the key beside a block's
           // odd end may be another document's, not checked finite
           if constexpr (detail::kBf16Scores<Tiles>)
-            Tiles::gemm_pairs(nb, d, kKT, sb, kKT, k_pairs, kRowPanel<kP> / 2, dq_lane + i0 * d, d, true, A(1),
+            Tiles::gemm_pairs(nb, d, kKT, sb, kKT, 1, k_pairs, kRowPanel<kP> / 2, dq_lane + i0 * d, d, true, A(1),
                               {nullptr, nullptr, dq_lo, dq_hi}, true);
           else
             Tiles::gemm(nb, d, c1 - c0, sb + c0, kKT, 1, kn + c0 * kP, kP, kRowPanel<kP>, dq_lane + i0 * d, d, true,
@@ -1019,7 +1071,7 @@ class CpuFlash {
             const int j0 = static_cast<int>(vis.begin - koff);
             if constexpr (detail::kBf16Scores<Tiles>) {  // the same sums as the block form's, bit for bit
               const int j1 = j0 + static_cast<int>(vis.size());
-              Tiles::gemm_pairs(1, d, kKT, sb + r * kKT, kKT, k_pairs, kRowPanel<kP> / 2, dq_lane + (i0 + r) * d, d,
+              Tiles::gemm_pairs(1, d, kKT, sb + r * kKT, kKT, 1, k_pairs, kRowPanel<kP> / 2, dq_lane + (i0 + r) * d, d,
                                 true, A(1), {nullptr, nullptr, &j0, &j1}, true);
             } else {
               Tiles::gemm(1, d, static_cast<int>(vis.size()), sb + r * kKT + j0, kKT, 1, kn + j0 * kP, kP,

@@ -14,8 +14,9 @@
 // converted back to bf16 they are exact; the softmax scale is applied to the fp32 result, `alpha`), and for the
 // forward's O += P V, with P (fp32, in [0, 2^8] under the lazy rescale) rounded to bf16 as FlashAttention does on GPUs:
 // a relative error of at most 2^-9 per weight, while the row sum l is taken over the unrounded P (as FlashAttention
-// does too); and for the backward's dQ += dS K, with dS rounded to bf16 likewise (FlashAttention-2's backward rounds
-// dS to the input type before its dQ and dK products). dV += P^T dO and dK += dS^T Q stay fp32 (Avx512Tiles).
+// // does too); and for the backward's dV += P^T dO, dK += dS^T Q and dQ += dS K, with P and dS rounded to bf16
+// likewise (FlashAttention-2's backward rounds P and dS to the input type before these products). Accumulation stays
+// fp32.
 #pragma once
 
 #include <cstdint>
@@ -73,10 +74,10 @@ SEQPAR_ALWAYS_INLINE void row_to_pairs(const float* x, int n, std::uint32_t* out
   }
 }
 
-/// acc[i] += the products of pair k of A's rows (a[i * lda + k]) with B's pair row bk (kMask: its bits ANDed with
+/// /// acc[i] += the products of A's pair (i, k) (a[i * ai + k * ak]) with B's pair row bk (kMask: its bits ANDed with
 /// keep).
 template <int R, bool kMask>
-SEQPAR_ALWAYS_INLINE void pair_step(__m512 (&acc)[R][kPanel / 16], const std::uint32_t* a, int lda, int k,
+SEQPAR_ALWAYS_INLINE void pair_step(__m512 (&acc)[R][kPanel / 16], const std::uint32_t* a, int ai, int ak, int k,
                                     const std::uint32_t* bk, __m512i keep) noexcept {
   constexpr int kNV = kPanel / 16;
   __m512i bv[kNV];
@@ -87,17 +88,17 @@ SEQPAR_ALWAYS_INLINE void pair_step(__m512 (&acc)[R][kPanel / 16], const std::ui
   }
   SEQPAR_UNROLL
   for (int i = 0; i < R; ++i) {
-    const __m512i x = _mm512_set1_epi32(static_cast<int>(a[i * lda + k]));
+    const __m512i x = _mm512_set1_epi32(static_cast<int>(a[i * ai + k * ak]));
     SEQPAR_UNROLL
     for (int v = 0; v < kNV; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], as_pairs(x), as_pairs(bv[v]));
   }
 }
 
-/// C block of R rows x 64 columns (w of them stored) = (C if accumulate, else 0) + alpha * A B over kp pairs: A's word
-/// (i, k) at a[i * lda + k], B's pair row k at b[k * kPanel, + 64). B's first and last pair rows are ANDed with
-/// keep_first / keep_last (~0u: all of them), which drop the value beside an exact range's odd end.
+/// /// C block of R rows x 64 columns (w of them stored) = (C if accumulate, else 0) + alpha * A B over kp pairs: A's
+/// word (i, k) at a[i * ai + k * ak], B's pair row k at b[k * kPanel, + 64). B's first and last pair rows are ANDed
+/// with keep_first / keep_last (~0u: all of them), which drop the value beside an exact range's odd end.
 template <int R>
-SEQPAR_ALWAYS_INLINE void pair_block(int kp, const std::uint32_t* a, int lda, const std::uint32_t* b, float* c,
+SEQPAR_ALWAYS_INLINE void pair_block(int kp, const std::uint32_t* a, int ai, int ak, const std::uint32_t* b, float* c,
                                      std::int64_t ldc, int w, bool accumulate, float alpha, std::uint32_t keep_first,
                                      std::uint32_t keep_last) noexcept {
   constexpr int kNV = kPanel / 16;
@@ -112,12 +113,12 @@ SEQPAR_ALWAYS_INLINE void pair_block(int kp, const std::uint32_t* a, int lda, co
   }
   int k = 0, k_end = kp;
   if (keep_first != ~0u && kp > 0)
-    pair_step<R, true>(acc, a, lda, k++, b, _mm512_set1_epi32(static_cast<int>(keep_first)));
+    pair_step<R, true>(acc, a, ai, ak, k++, b, _mm512_set1_epi32(static_cast<int>(keep_first)));
   const bool peel_last = keep_last != ~0u && k_end > k;
   if (peel_last) --k_end;
-  for (; k < k_end; ++k) pair_step<R, false>(acc, a, lda, k, b + k * kPanel, _mm512_setzero_si512());
+  for (; k < k_end; ++k) pair_step<R, false>(acc, a, ai, ak, k, b + k * kPanel, _mm512_setzero_si512());
   if (peel_last)
-    pair_step<R, true>(acc, a, lda, k_end, b + k_end * kPanel, _mm512_set1_epi32(static_cast<int>(keep_last)));
+    pair_step<R, true>(acc, a, ai, ak, k_end, b + k_end * kPanel, _mm512_set1_epi32(static_cast<int>(keep_last)));
   const __m512 scale = _mm512_set1_ps(alpha);
   SEQPAR_UNROLL
   for (int i = 0; i < R; ++i) {
@@ -131,16 +132,17 @@ SEQPAR_ALWAYS_INLINE void pair_block(int kp, const std::uint32_t* a, int lda, co
   }
 }
 
-/// C[i][j] (+)= alpha * sum_k A(i, k) B(k, j) for i < m, j < n, k < kdim, with A(i, k) = a[i * lda + k] (fp32 rows,
-/// rounded to bf16: exact for values that came from bf16) and B as bf16 pairs: pair row k / 2 of column panel j / 64 at
-/// b[(j / 64) * panel + (k / 2) * 64, + 64) (pack_key_pairs, pack_row_pairs), every panel 64 columns wide and
-/// ceil(kdim / 2) pair rows deep. BlockRanges as the fp32 gemm's: col_lo / col_hi (multiples of 64), and k_lo / k_hi,
-/// which are widened to whole pairs: A must be 0 and B finite at a widened end (a masked weight beside a visible one;
-/// a pack's zero padding), unless `exact_ends`: then the value of B beside an odd end is dropped (B may hold a NaN
-/// there), and the sums are bit for bit those of the widened range over a finite B.
-inline void gemm_pairs(int m, int n, int kdim, const float* a, std::int64_t lda, const std::uint32_t* b,
+/// /// C[i][j] (+)= alpha * sum_k A(i, k) B(k, j) for i < m, j < n, k < kdim, with A(i, k) = a[i * ai + (k - a_shift) *
+/// ak] (ak == 1: rows, a_shift 0; or ai == 1: columns, e.g. P^T; A(i, k) = 0 for k < a_shift; fp32 values rounded to
+/// bf16: exact for values that came from bf16) and B as bf16 pairs: pair row k / 2 of column panel j / 64 at b[(j / 64)
+/// * panel + (k / 2) * 64, + 64) (pack_key_pairs, pack_row_pairs), every panel 64 columns wide and ceil(kdim / 2) pair
+/// rows deep. BlockRanges as the fp32 gemm's: col_lo / col_hi (multiples of 64), and k_lo / k_hi, which are widened to
+/// whole pairs: A must be 0 and B finite at a widened end (a masked weight beside a visible one; a pack's zero
+/// padding), unless `exact_ends`: then the value of B beside an odd end is dropped (B may hold a NaN there), and the
+/// sums are bit for bit those of the widened range over a finite B.
+inline void gemm_pairs(int m, int n, int kdim, const float* a, std::int64_t ai, std::int64_t ak, const std::uint32_t* b,
                        std::int64_t panel, float* c, std::int64_t ldc, bool accumulate, float alpha,
-                       const BlockRanges& rg = {}, bool exact_ends = false) noexcept {
+                       const BlockRanges& rg = {}, bool exact_ends = false, int a_shift = 0) noexcept {
   alignas(64) std::uint32_t ap[kGroupRows * kChunkPairs];
   const int kp_all = (kdim + 1) / 2;
   for (int g0 = 0; g0 < m; g0 += kGroupRows) {
@@ -148,8 +150,29 @@ inline void gemm_pairs(int m, int n, int kdim, const float* a, std::int64_t lda,
     for (int p0 = 0; p0 < kp_all; p0 += kChunkPairs) {
       const int kp = std::min(kChunkPairs, kp_all - p0);
       const bool first = p0 == 0;
-      for (int i = 0; i < gm; ++i)
-        row_to_pairs(a + (g0 + i) * lda + 2 * p0, std::min(kdim - 2 * p0, 2 * kChunkPairs), ap + i * kChunkPairs);
+      // the chunk of A as pairs: ap[i * pai + j * pak] holds A(g0 + i, 2 (p0 + j)) and A(g0 + i, 2 (p0 + j) + 1)
+      int pai = kChunkPairs, pak = 1;
+      if (ak == 1) {
+        for (int i = 0; i < gm; ++i)
+          row_to_pairs(a + (g0 + i) * ai + 2 * p0, std::min(kdim - 2 * p0, 2 * kChunkPairs), ap + i * kChunkPairs);
+      } else {  // columns: two rows of A^T, 16 rows of A at a time, interleaved into pairs
+        pai = 1;
+        pak = kGroupRows;
+        for (int j = 0; j < kp; ++j) {
+          const int k0 = 2 * (p0 + j) - a_shift;  // A's k of the pair's first value
+          for (int v = 0; v < kGroupRows / 16; ++v) {
+            const __mmask16 rows = first_lanes(gm - 16 * v);
+            const float* col = a + g0 + 16 * v;
+            const __m512 x0 =
+                k0 >= 0 && k0 < kdim - a_shift ? _mm512_maskz_loadu_ps(rows, col + k0 * ak) : _mm512_setzero_ps();
+            const __m512 x1 =
+                k0 + 1 < kdim - a_shift ? _mm512_maskz_loadu_ps(rows, col + (k0 + 1) * ak) : _mm512_setzero_ps();
+            const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x0));
+            const __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x1));
+            _mm512_storeu_si512(ap + j * kGroupRows + 16 * v, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+          }
+        }
+      }
       for (int j0 = 0; j0 < n; j0 += kPanel) {
         const int w = std::min(kPanel, n - j0);
         const std::uint32_t* bj = b + (j0 / kPanel) * panel + p0 * kPanel;
@@ -167,28 +190,28 @@ inline void gemm_pairs(int m, int n, int kdim, const float* a, std::int64_t lda,
             if (exact_ends && lo % 2 != 0 && lo / 2 - p0 == pl && pl < ph) keep_first = 0xFFFF0000u;
             if (exact_ends && hi % 2 != 0 && (hi + 1) / 2 - p0 == ph && pl < ph) keep_last = 0x0000FFFFu;
           }
-          const std::uint32_t* ab = ap + i0 * kChunkPairs + pl;
+          const std::uint32_t* ab = ap + i0 * pai + pl * pak;
           const std::uint32_t* bb = bj + pl * kPanel;
           float* cb = c + (g0 + i0) * ldc + j0;
           const bool add = accumulate || !first;  // a later chunk adds to the earlier chunks' sums
           switch (std::min(kRowBlock, gm - i0)) {
             case 1:
-              pair_block<1>(ph - pl, ab, kChunkPairs, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
+              pair_block<1>(ph - pl, ab, pai, pak, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
               break;
             case 2:
-              pair_block<2>(ph - pl, ab, kChunkPairs, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
+              pair_block<2>(ph - pl, ab, pai, pak, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
               break;
             case 3:
-              pair_block<3>(ph - pl, ab, kChunkPairs, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
+              pair_block<3>(ph - pl, ab, pai, pak, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
               break;
             case 4:
-              pair_block<4>(ph - pl, ab, kChunkPairs, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
+              pair_block<4>(ph - pl, ab, pai, pak, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
               break;
             case 5:
-              pair_block<5>(ph - pl, ab, kChunkPairs, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
+              pair_block<5>(ph - pl, ab, pai, pak, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
               break;
             default:
-              pair_block<6>(ph - pl, ab, kChunkPairs, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
+              pair_block<6>(ph - pl, ab, pai, pak, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
               break;
           }
         }
@@ -222,15 +245,15 @@ inline void pack_row_pairs(const bf16* r0, const bf16* r1, int d, std::uint32_t*
 
 /// The tile primitives CpuFlash<bf16>'s loops call: Avx512Tiles (see PortableTiles in flash_tiles.hpp for the
 /// contract), plus the bf16 products. kBf16Scores tells CpuFlash to pack K^T and V^T by pack_key_pairs, to keep Q
-/// unscaled and to compute S and dP by gemm_pairs, and the forward's V and the backward's K rows by pack_row_pairs for
-/// P V and dQ.
+/// /// unscaled and to compute S and dP by gemm_pairs, and the forward's V and the backward's K, Q and dO rows by
+/// pack_row_pairs for P V, dQ, dK and dV.
 struct Avx512Bf16Tiles : avx512::Avx512Tiles {
   static constexpr CpuIsa kIsa = CpuIsa::kAvx512Bf16;
   static constexpr bool kBf16Scores = true;
-  static void gemm_pairs(int m, int n, int kdim, const float* a, std::int64_t lda, const std::uint32_t* b,
-                         std::int64_t panel, float* c, std::int64_t ldc, bool accumulate, float alpha,
-                         const BlockRanges& rg = {}, bool exact_ends = false) noexcept {
-    avx512bf16::gemm_pairs(m, n, kdim, a, lda, b, panel, c, ldc, accumulate, alpha, rg, exact_ends);
+  static void gemm_pairs(int m, int n, int kdim, const float* a, std::int64_t ai, std::int64_t ak,
+                         const std::uint32_t* b, std::int64_t panel, float* c, std::int64_t ldc, bool accumulate,
+                         float alpha, const BlockRanges& rg = {}, bool exact_ends = false, int a_shift = 0) noexcept {
+    avx512bf16::gemm_pairs(m, n, kdim, a, ai, ak, b, panel, c, ldc, accumulate, alpha, rg, exact_ends, a_shift);
   }
   static void pack_row_pairs(const bf16* r0, const bf16* r1, int d, std::uint32_t* dst, std::int64_t panel) noexcept {
     avx512bf16::pack_row_pairs(r0, r1, d, dst, panel);

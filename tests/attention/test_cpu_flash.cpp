@@ -416,5 +416,52 @@ TEST_SUITE("attention") {
               alpha * (kdim * 0x1p-24 * mag) + 0x1p-24 * std::abs(alpha * want));
       }
   }
+  TEST_CASE("gemm_pairs: A read as columns with a one-row shift, exact ends drop the value beside an odd end") {
+    if (!attention::cpu_features().supports(attention::CpuIsa::kAvx512Bf16)) return;  // not on this CPU
+    using Tiles = attention::detail::avx512bf16::Avx512Bf16Tiles;
+    using attention::bf16;
+    // dV += P^T dO's form: A(i, k) = at[(k - 1) * ld + i] (7 columns, 28 rows: k = 1..28, k = 0 reads as 0), B's rows
+    // 0..29 as pairs, rows 0 and 29 NaN (the rows beside the block) and row 2 and 17 NaN too: block 0 sums k in
+    // [1, 29), block 1 (row 6) k in [3, 17); every range end is odd, so each NaN shares a pair with a summed value.
+    const int m = 7, n = 40, kdim = 29, ld = 9;
+    const std::int64_t panel = 64 * 15;
+    std::mt19937_64 rng(17);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::vector<float> at(static_cast<std::size_t>(28) * ld);
+    for (float& x : at) x = float(bf16(dist(rng)));
+    std::vector<std::vector<bf16>> rows(30, std::vector<bf16>(n));
+    for (auto& r : rows)
+      for (bf16& x : r) x = bf16(dist(rng));
+    for (int nan_row : {0, 2, 17, 29}) rows[static_cast<std::size_t>(nan_row)][5] = bf16(std::nanf(""));
+    std::vector<std::uint32_t> b(static_cast<std::size_t>(panel));
+    for (int j = 0; j < 15; ++j)
+      Tiles::pack_row_pairs(rows[static_cast<std::size_t>(2 * j)].data(),
+                            rows[static_cast<std::size_t>(2 * j + 1)].data(), n, b.data() + j * 64, panel);
+    const int k_lo[2] = {1, 3}, k_hi[2] = {29, 17};
+    std::vector<float> c(static_cast<std::size_t>(m) * n, 0.5f);
+    Tiles::gemm_pairs(m, n, kdim, at.data(), 1, ld, b.data(), panel, c.data(), n, true, 1.0f,
+                      {nullptr, nullptr, k_lo, k_hi}, true, 1);
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) {
+        CAPTURE(i);
+        CAPTURE(j);
+        double want = 0.5, mag = 0.5;
+        for (int k = k_lo[i / 6]; k < k_hi[i / 6]; ++k) {
+          const double x = double(at[static_cast<std::size_t>(k - 1) * ld + static_cast<std::size_t>(i)]) *
+                           double(rows[static_cast<std::size_t>(k)][static_cast<std::size_t>(j)]);
+          want += x;
+          mag += std::abs(x);
+        }
+        const float got = c[static_cast<std::size_t>(i) * n + static_cast<std::size_t>(j)];
+        if (j == 5 && i == 6) {  // block 1 sums row 2 .. 16: no NaN row inside [3, 17)
+          CHECK(std::isfinite(got));
+        }
+        if (std::isnan(want)) {
+          CHECK(std::isnan(got));  // a NaN inside the range stays
+          continue;
+        }
+        CHECK(std::abs(double(got) - want) <= kdim * 0x1p-24 * mag + 0x1p-24 * std::abs(want));
+      }
+  }
 #endif
 }

@@ -36,8 +36,13 @@
 /// build's -march (cpu_isa.hpp): AVX-512 (6 x 64 blocks in 24 zmm) where the CPU and OS support it, else AVX2 +
 /// FMA (6 x 16 in 12 ymm), else a portable path with the same blocking (also double's path; plain C++, which
 /// GCC 12 leaves scalar at -O2 for float: ~30x slower than AVX2, bench/attention_cpu --isa portable).
-/// `Arguments::isa` or the environment variable SEQPAR_CPU_ISA forces one; `isa()` says which runs. The paths
-/// differ in the order of fp32 sums only (the exp2 polynomial is shared), not in what they compute.
+/// /// `Arguments::isa` or the environment variable SEQPAR_CPU_ISA forces one; `isa()` says which runs. The paths
+/// differ in the order of fp32 sums only (the exp2 polynomial is shared), not in what they compute, except
+/// avx512bf16 (bf16 storage on CPUs with AVX512-BF16, its default there): all seven tile products by bf16 dot
+/// products (vdpbf16ps) with fp32 accumulation; S = Q K^T and dP = dO V^T from the exact bf16 inputs, while P (in
+/// O += P V, dV += P^T dO) and dS (in dK, dQ) are rounded to bf16 first, as FlashAttention does on GPUs: a relative
+/// error of at most 2^-9 per weight, on the order of the bf16 rounding of the outputs themselves
+/// (flash_tiles_avx512bf16.hpp).
 ///
 /// **Memory.** No allocation in forward/backward: the caller passes `workspace_bytes(shape, q_rows,
 /// k_rows)` bytes (per thread: two q_tile x head_dim fp32 tiles, ~0.6 MB at q_tile 576, d 128; plus

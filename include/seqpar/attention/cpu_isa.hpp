@@ -45,8 +45,8 @@ enum class CpuIsa {
   kPortable,  ///< plain C++, auto-vectorised for the build's -march; any CPU, and double
   kAvx2,      ///< AVX2 + FMA: 8-lane fp32 tiles (6 x 16 register blocks)
   kAvx512,    ///< AVX-512 F/BW/DQ/VL: 16-lane fp32 tiles (6 x 64 register blocks)
-  /// AVX-512 plus AVX512-BF16 (bf16 storage only): S = Q K^T and dP = dO V^T by bf16 dot products (vdpbf16ps,
-  /// two products per fp32 lane), the other products and the row steps as kAvx512
+  ///   /// AVX-512 plus AVX512-BF16 (bf16 storage only): every tile product by bf16 dot products (vdpbf16ps, two
+  /// products per fp32 lane; P and dS rounded to bf16 first, as FlashAttention does), the row steps as kAvx512
   kAvx512Bf16,
 };
 

@@ -3,12 +3,14 @@
 // unfused baseline (OpenBLAS sgemm for Q K^T and P V plus a softmax pass) when OpenBLAS is available.
 // FLOPs = 4 * d * Hq * (visible pairs) forward, 2.5x that backward. Best-of-N timing.
 //   attention_cpu [--smoke] [--quick] [--threads N,..] [--seq N,..] [--d N,..] [--mask causal|doc,..]
-//                 [--heads HQ:HKV,..] [--dtype fp32|both] [--no-blas] [--peer torch] [--python PATH] [--rounds N]
-//                 [--isa auto|portable|avx2|avx512|all,..] [--json FILE]
+//                 [--heads HQ:HKV,..] [--dtype fp32|bf16|both] [--no-blas] [--peer torch] [--python PATH]
+//                 [--rounds N] [--isa auto|portable|avx2|avx512|avx512bf16|all,..] [--json FILE]
 // Each list option selects a subset of the default table (threads 1,2 x seq 4096,16384 x d 128,64 x heads
 // 8:8,32:8 x mask causal,doc: all of it takes well over 10 minutes on 2 cores); the rows are the product of the
 // lists. --no-blas skips the unfused OpenBLAS baseline (slow at 16K: tens of seconds per run).
-// --dtype both (the default) adds CpuFlash<bf16> rows (bf16 storage, fp32 accumulation) after each fp32 row.
+// --dtype both (the default) adds CpuFlash<bf16> rows (bf16 storage, fp32 accumulation) after each fp32 row; bf16
+// gives those rows only. avx512bf16 (the bf16 dot products, bf16 storage only) has bf16 rows only; its peak is the
+// vdpbf16ps loop's (2 multiply-adds per fp32 lane), so its rows' fractions are of a peak twice the fp32 one.
 // --peer torch runs bench/torch_peer/sdpa.py (PyTorch's scaled_dot_product_attention, same shapes, same run)
 // with the venv made by bench/torch_peer/install.sh and prints our GFLOP/s over torch's.
 // --isa picks the micro-kernels' instruction set (default auto: what CpuFlash picks on this CPU; "all": every one
@@ -68,6 +70,20 @@ __attribute__((target("avx512f"))) float fma_loop_avx512(std::int64_t iters, flo
   _Pragma("GCC unroll 16") for (int i = 1; i < kAcc; ++i) s = _mm512_add_ps(s, acc[i]);
   return _mm512_reduce_add_ps(s);
 }
+// The bf16 dot-product peak: vdpbf16ps, two bf16 multiply-adds per fp32 lane, as the avx512bf16 tiles' S and dP.
+__attribute__((target("avx512f,avx512bf16"))) float dpbf16_loop_avx512(std::int64_t iters, float seed) {
+  constexpr int kAcc = 16;
+  __m512 acc[kAcc];
+  _Pragma("GCC unroll 16") for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_set1_ps(seed + float(i) * 1e-3f);
+  const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.5f), _mm512_set1_ps(0.5f));
+  const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-7f), _mm512_set1_ps(1e-7f));
+  for (std::int64_t it = 0; it < iters; ++it) {
+    _Pragma("GCC unroll 16") for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  }
+  __m512 s = acc[0];
+  _Pragma("GCC unroll 16") for (int i = 1; i < kAcc; ++i) s = _mm512_add_ps(s, acc[i]);
+  return _mm512_reduce_add_ps(s);
+}
 __attribute__((target("avx2,fma"))) float fma_loop_avx2(std::int64_t iters, float seed) {
   constexpr int kAcc = 12;
   __m256 acc[kAcc];
@@ -94,9 +110,11 @@ float fma_loop_portable(std::int64_t iters, float seed) {
   return s;
 }
 
-/// fp32 FMAs per iteration of the isa's loop (accumulators x lanes).
+/// Multiply-adds per iteration of the isa's loop (accumulators x lanes, x 2 for the bf16 pairs).
 int fmas_per_iteration(attention::CpuIsa isa) {
   switch (isa) {
+    case attention::CpuIsa::kAvx512Bf16:
+      return 16 * 16 * 2;
     case attention::CpuIsa::kAvx512:
       return 16 * 16;
     case attention::CpuIsa::kAvx2:
@@ -108,6 +126,7 @@ int fmas_per_iteration(attention::CpuIsa isa) {
 
 float fma_loop(attention::CpuIsa isa, std::int64_t iters, float seed) {
 #if SEQPAR_CPU_DISPATCH
+  if (isa == attention::CpuIsa::kAvx512Bf16) return dpbf16_loop_avx512(iters, seed);
   if (isa == attention::CpuIsa::kAvx512) return fma_loop_avx512(iters, seed);
   if (isa == attention::CpuIsa::kAvx2) return fma_loop_avx2(iters, seed);
 #endif
@@ -189,15 +208,44 @@ KernelRow time_gemm(const char* what, int m, int n, int k, bool packed, double b
   return {Tiles::kIsa, what, m, n, k, 2.0 * m * n * k * inner / t * 1e-9};
 }
 
-/// The tile products of `isa`'s policy at head dim d.
+/// The bf16 score product S = Q K^T (m x n x k) of a policy with bf16 dot products, B packed as CpuFlash packs K^T.
+template <class Tiles>
+KernelRow time_gemm_pairs(const char* what, int m, int n, int k, double budget_s) {
+  constexpr int kP = Tiles::kPanel;
+  const int n_pad = (n + kP - 1) / kP * kP;
+  const std::int64_t panel = std::int64_t{(k + 1) / 2} * kP;
+  std::vector<float> a(static_cast<std::size_t>(m) * k), c(static_cast<std::size_t>(m) * n);
+  std::vector<attention::bf16> keys(static_cast<std::size_t>(n_pad) * k);
+  std::vector<std::uint32_t> b(static_cast<std::size_t>(n_pad / kP * panel));
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (float& x : a) x = float(attention::bf16(u(rng)));
+  for (attention::bf16& x : keys) x = attention::bf16(u(rng));
+  for (int j = 0; j < n_pad; ++j)
+    Tiles::pack_key_pairs(keys.data() + static_cast<std::size_t>(j) * k, k, b.data() + (j / kP) * panel + j % kP, kP);
+  const int inner = std::max(1, int(2e8 / (2.0 * m * n * k)));
+  const double t = best_time(
+      [&] {
+        for (int r = 0; r < inner; ++r)
+          Tiles::gemm_pairs(m, n, k, a.data(), k, 1, b.data(), panel, c.data(), n, false, 1.0f);
+      },
+      budget_s, 20);
+  return {Tiles::kIsa, what, m, n, k, 2.0 * m * n * k * inner / t * 1e-9};
+}
+
+/// The tile products of `isa`'s policy at head dim d (bf16 storage's policy: also the bf16 score product).
 std::vector<KernelRow> time_tile_gemms(attention::CpuIsa isa, int d, double budget_s) {
   const auto rows = [&]<class Tiles>() {
     constexpr int kKT = attention::detail::kKeyTile;
-    return std::vector<KernelRow>{time_gemm<Tiles>("S = Q K^T", 96, kKT, d, true, budget_s),
-                                  time_gemm<Tiles>("O += P V", 96, d, kKT, true, budget_s),
-                                  time_gemm<Tiles>("O += P V, row-major V", 96, d, kKT, false, budget_s)};
+    std::vector<KernelRow> r;
+    if constexpr (attention::detail::kBf16Scores<Tiles>)
+      r.push_back(time_gemm_pairs<Tiles>("S = Q K^T, bf16 pairs", 96, kKT, d, budget_s));
+    r.push_back(time_gemm<Tiles>("S = Q K^T", 96, kKT, d, true, budget_s));
+    r.push_back(time_gemm<Tiles>("O += P V", 96, d, kKT, true, budget_s));
+    r.push_back(time_gemm<Tiles>("O += P V, row-major V", 96, d, kKT, false, budget_s));
+    return r;
   };
-  return attention::detail::with_tile_policy<float>(isa, rows);
+  return attention::detail::with_tile_policy<float, attention::bf16>(isa, rows);
 }
 
 // ---- problem setup ----
@@ -317,7 +365,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> masks{"causal", "doc"};
   std::vector<std::pair<int, int>> heads{{8, 8}, {32, 8}};
   std::string json, peer;
-  bool bf16_rows = true, use_blas = true;
+  bool bf16_rows = true, fp32_rows = true, use_blas = true;
   int rounds = 1;
   std::vector<attention::CpuIsa> isas{attention::CpuIsa::kAuto};
 #if defined(SEQPAR_TORCH_PEER_SCRIPT)
@@ -327,8 +375,8 @@ int main(int argc, char** argv) {
 #endif
   const char* usage =
       "usage: %s [--smoke] [--quick] [--threads N,..] [--seq N,..] [--d N,..] [--mask causal|doc,..]\n"
-      "          [--heads HQ:HKV,..] [--dtype fp32|both] [--no-blas] [--peer torch] [--python PATH] [--rounds N]\n"
-      "          [--isa auto|portable|avx2|avx512|all,..] [--json FILE]\n";
+      "          [--heads HQ:HKV,..] [--dtype fp32|bf16|both] [--no-blas] [--peer torch] [--python PATH]\n"
+      "          [--rounds N] [--isa auto|portable|avx2|avx512|avx512bf16|all,..] [--json FILE]\n";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has = i + 1 < argc;
@@ -378,14 +426,14 @@ int main(int argc, char** argv) {
       isas.clear();
       for (const std::string& x : split_list(argv[++i])) {
         if (x == "all") {  // every instruction set this CPU runs, narrowest first
-          for (attention::CpuIsa isa :
-               {attention::CpuIsa::kPortable, attention::CpuIsa::kAvx2, attention::CpuIsa::kAvx512})
+          for (attention::CpuIsa isa : {attention::CpuIsa::kPortable, attention::CpuIsa::kAvx2,
+                                        attention::CpuIsa::kAvx512, attention::CpuIsa::kAvx512Bf16})
             if (attention::cpu_isa_runnable(isa)) isas.push_back(isa);
           continue;
         }
         const auto isa = attention::parse_cpu_isa(x);
         if (!isa) {
-          std::fprintf(stderr, "--isa wants auto, portable, avx2, avx512 or all, got %s\n", x.c_str());
+          std::fprintf(stderr, "--isa wants auto, portable, avx2, avx512, avx512bf16 or all, got %s\n", x.c_str());
           return 2;
         }
         isas.push_back(*isa);
@@ -394,11 +442,12 @@ int main(int argc, char** argv) {
       use_blas = false;
     else if (a == "--dtype" && has) {
       const std::string d = argv[++i];
-      if (d != "fp32" && d != "both") {
-        std::fprintf(stderr, "--dtype wants fp32 or both (fp32 and bf16), got %s\n", d.c_str());
+      if (d != "fp32" && d != "bf16" && d != "both") {
+        std::fprintf(stderr, "--dtype wants fp32, bf16 or both (fp32 and bf16), got %s\n", d.c_str());
         return 2;
       }
-      bf16_rows = d == "both";
+      bf16_rows = d != "fp32";
+      fp32_rows = d != "bf16";
     } else if (a == "--peer" && has)
       peer = argv[++i];
     else if (a == "--python" && has)
@@ -422,7 +471,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   try {  // kAuto becomes what CpuFlash picks here (SEQPAR_CPU_ISA included); one this CPU lacks is refused
-    for (attention::CpuIsa& isa : isas) isa = attention::resolve_cpu_isa(isa, "attention_cpu --isa");
+    for (attention::CpuIsa& isa : isas)
+      isa = attention::resolve_cpu_isa(isa, "attention_cpu --isa", attention::cpu_features(),
+                                       isa == attention::CpuIsa::kAvx512Bf16);
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;
@@ -458,7 +509,7 @@ int main(int argc, char** argv) {
           }
   }
 
-  Peaks peak(4, std::vector<double>(257, 0.0));
+  Peaks peak(5, std::vector<double>(257, 0.0));
   // 1 thread always: the micro-kernel rows are single-threaded
   std::vector<int> peak_threads = thread_list;
   if (std::find(peak_threads.begin(), peak_threads.end(), 1) == peak_threads.end())
@@ -512,33 +563,37 @@ int main(int argc, char** argv) {
       const double fwd_flops = 4.0 * c.d * c.hq * double(p.area);
       for (attention::CpuIsa isa : isas)
         for (int threads : thread_list) {
-          const attention::CpuFlash<float> flash({.threads = threads, .isa = isa});
-          std::vector<std::byte> ws(flash.workspace_bytes(shape, c.seq, c.seq));
-          const double tf =
-              best_time([&] { flash.forward(shape, q.view(), k.view(), v.view(), p.slices, o.view(), lse.view(), ws); },
-                        budget, 5);
-          const double tb = best_time(
-              [&] {
-                flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), p.slices,
-                               dq.view(), dk.view(), dv.view(), ws);
-              },
-              budget, 3);
-          double base = 0;
+          // avx512bf16 is for bf16 storage: CpuFlash<float> refuses it
+          if (fp32_rows && isa != attention::CpuIsa::kAvx512Bf16) {
+            const attention::CpuFlash<float> flash({.threads = threads, .isa = isa});
+            std::vector<std::byte> ws(flash.workspace_bytes(shape, c.seq, c.seq));
+            const double tf = best_time(
+                [&] { flash.forward(shape, q.view(), k.view(), v.view(), p.slices, o.view(), lse.view(), ws); }, budget,
+                5);
+            const double tb = best_time(
+                [&] {
+                  flash.backward(shape, q.view(), k.view(), v.view(), o.view(), lse.view(), dout.view(), p.slices,
+                                 dq.view(), dk.view(), dv.view(), ws);
+                },
+                budget, 3);
+            double base = 0;
 #if defined(SEQPAR_BENCH_OPENBLAS)
-          if (have_blas) {
-            openblas_set_num_threads(threads);
-            ThdTensor<float> ob(c.seq, c.hq, c.d);
-            std::vector<float> s;
-            const double tu = best_time([&] { unfused_forward(p, shape, q.view(), k.view(), v.view(), ob.view(), s); },
-                                        budget, c.seq > 8192 ? 1 : 2);
-            base = fwd_flops / tu * 1e-9;
-          }
+            if (have_blas) {
+              openblas_set_num_threads(threads);
+              ThdTensor<float> ob(c.seq, c.hq, c.d);
+              std::vector<float> s;
+              const double tu =
+                  best_time([&] { unfused_forward(p, shape, q.view(), k.view(), v.view(), ob.view(), s); }, budget,
+                            c.seq > 8192 ? 1 : 2);
+              base = fwd_flops / tu * 1e-9;
+            }
 #endif
-          std::pair<double, double> tp{0, 0};
-          if (!peer.empty()) tp = run_torch_peer(python, script, p, threads, "float32", budget);
-          keep({isa, "fwd", "fp32", p, threads, fwd_flops / tf * 1e-9, base, tp.first});
-          keep({isa, "bwd", "fp32", p, threads, 2.5 * fwd_flops / tb * 1e-9, 0.0, tp.second});
-          std::fprintf(stderr, ".");
+            std::pair<double, double> tp{0, 0};
+            if (!peer.empty()) tp = run_torch_peer(python, script, p, threads, "float32", budget);
+            keep({isa, "fwd", "fp32", p, threads, fwd_flops / tf * 1e-9, base, tp.first});
+            keep({isa, "bwd", "fp32", p, threads, 2.5 * fwd_flops / tb * 1e-9, 0.0, tp.second});
+            std::fprintf(stderr, ".");
+          }
           if (bf16_rows) {  // the same values rounded to bf16; fp32 accumulation and LSE
             using attention::bf16;
             const auto narrow = [](const ThdTensor<float>& t) {
@@ -570,20 +625,21 @@ int main(int argc, char** argv) {
     }
   std::fprintf(stderr, "\n");
 
-  std::printf("CPU features: %s; CpuFlash's choice here: %s\n", attention::cpu_features().to_string().c_str(),
-              attention::to_string(attention::CpuFlash<float>().isa()));
-  std::printf("measured fp32 FMA peak per instruction set (best of %d interleaved runs):\n",
+  std::printf("CPU features: %s; CpuFlash's choice here: %s (float), %s (bf16)\n",
+              attention::cpu_features().to_string().c_str(), attention::to_string(attention::CpuFlash<float>().isa()),
+              attention::to_string(attention::CpuFlash<attention::bf16>().isa()));
+  std::printf("measured peak per instruction set (fp32 FMA; avx512bf16: vdpbf16ps; best of %d interleaved runs):\n",
               smoke ? 1 : 25 + 3 * rounds * int(configs.size()));
   for (attention::CpuIsa isa : isas) {
-    std::printf("  %-8s", attention::to_string(isa));
+    std::printf("  %-10s", attention::to_string(isa));
     for (int t : peak_threads) std::printf("  %dT %.0f GFLOP/s", t, peak_of(isa, t));
     std::printf("\n");
   }
   std::printf("\nmicro-kernel (1 thread, L1-resident packed tiles):\n");
   for (const KernelRow& r : kernel_rows)
-    std::printf("  %-8s %-22s %3d x %3d x %3d  %7.1f GFLOP/s  %5.1f%% of 1T peak\n", attention::to_string(r.isa),
+    std::printf("  %-10s %-22s %3d x %3d x %3d  %7.1f GFLOP/s  %5.1f%% of 1T peak\n", attention::to_string(r.isa),
                 r.what.c_str(), r.m, r.n, r.k, r.gflops, 100.0 * r.gflops / peak_of(r.isa, 1));
-  std::printf("\n%-8s %-5s %-5s %-6s %6s %4s %7s %3s %9s %6s %9s %7s %9s %7s\n", "isa", "pass", "dtype", "mask", "seq",
+  std::printf("\n%-10s %-5s %-5s %-6s %6s %4s %7s %3s %9s %6s %9s %7s %9s %7s\n", "isa", "pass", "dtype", "mask", "seq",
               "d", "Hq:Hkv", "thr", "GFLOP/s", "frac", "baseline", "ratio", "torch", "ratio");
   for (const Record& x : records) {
     const double pk = peak_of(x.isa, x.threads);
@@ -600,7 +656,7 @@ int main(int argc, char** argv) {
     } else if (!peer.empty()) {
       std::snprintf(peer_s, sizeof peer_s, "n/a");
     }
-    std::printf("%-8s %-5s %-5s %-6s %6lld %4d %4d:%-2d %3d %9.1f %5.1f%% %9s %7s %9s %7s\n",
+    std::printf("%-10s %-5s %-5s %-6s %6lld %4d %4d:%-2d %3d %9.1f %5.1f%% %9s %7s %9s %7s\n",
                 attention::to_string(x.isa), x.pass.c_str(), x.dtype.c_str(), x.p.mask.c_str(),
                 static_cast<long long>(x.p.seq), x.p.d, x.p.hq, x.p.hkv, x.threads, x.gflops, 100.0 * x.gflops / pk,
                 base_s, ratio_s, peer_s, pratio_s);

@@ -36,8 +36,13 @@
 /// build's -march (cpu_isa.hpp): AVX-512 (6 x 64 blocks in 24 zmm) where the CPU and OS support it, else AVX2 +
 /// FMA (6 x 16 in 12 ymm), else a portable path with the same blocking (also double's path; plain C++, which
 /// GCC 12 leaves scalar at -O2 for float: ~30x slower than AVX2, bench/attention_cpu --isa portable).
-/// `Arguments::isa` or the environment variable SEQPAR_CPU_ISA forces one; `isa()` says which runs. The paths
-/// differ in the order of fp32 sums only (the exp2 polynomial is shared), not in what they compute.
+/// /// `Arguments::isa` or the environment variable SEQPAR_CPU_ISA forces one; `isa()` says which runs. The paths
+/// differ in the order of fp32 sums only (the exp2 polynomial is shared), not in what they compute, except
+/// avx512bf16 (bf16 storage on CPUs with AVX512-BF16, its default there): all seven tile products by bf16 dot
+/// products (vdpbf16ps) with fp32 accumulation; S = Q K^T and dP = dO V^T from the exact bf16 inputs, while P (in
+/// O += P V, dV += P^T dO) and dS (in dK, dQ) are rounded to bf16 first, as FlashAttention does on GPUs: a relative
+/// error of at most 2^-9 per weight, on the order of the bf16 rounding of the outputs themselves
+/// (flash_tiles_avx512bf16.hpp).
 ///
 /// **Memory.** No allocation in forward/backward: the caller passes `workspace_bytes(shape, q_rows,
 /// k_rows)` bytes (per thread: two q_tile x head_dim fp32 tiles, ~0.6 MB at q_tile 576, d 128; plus
@@ -124,7 +129,7 @@ class CpuFlash {
                               to_string(args.isa), "CpuFlash<double> has the portable kernels only (use auto)");
       isa_ = CpuIsa::kPortable;
     } else {
-      isa_ = resolve_cpu_isa(args.isa, where);
+      isa_ = resolve_cpu_isa(args.isa, where, cpu_features(), std::is_same_v<T, bf16>);
     }
     exec_ = HostExec(args.threads);
   }
@@ -173,7 +178,7 @@ class CpuFlash {
     constexpr const char* where = "CpuFlash::forward";
     check(exec, shape, q, k, v, slices, workspace, where);
     detail::check_forward_outputs(where, shape, q, k, v, o, lse, workspace);
-    detail::with_tile_policy<A>(
+    detail::with_tile_policy<A, T>(
         isa_, [&]<class Tiles>() { forward_with<Tiles>(exec, shape, q, k, v, slices, o, lse, workspace); });
   }
 
@@ -192,7 +197,7 @@ class CpuFlash {
     constexpr const char* where = "CpuFlash::backward";
     check(exec, shape, q, k, v, slices, workspace, where);
     detail::check_backward_views(where, shape, q, k, v, o, lse, dout, dq, dk, dv, workspace);
-    detail::with_tile_policy<A>(isa_, [&]<class Tiles>() {
+    detail::with_tile_policy<A, T>(isa_, [&]<class Tiles>() {
       backward_with<Tiles>(exec, shape, q, k, v, o, lse, dout, slices, dq, dk, dv, workspace);
     });
   }
@@ -230,6 +235,9 @@ class CpuFlash {
             pack_keys<Tiles>(k, t * kKT, nk, hk, shape.qk_dim(), kt, nullptr);
             pack_panels<Tiles>(v, t * kKT, nk, hk, shape.v_dim(), vp);
             w.v_finite[t] = panels_finite<Tiles>(vp, 0, nk, shape.v_dim()) ? 1 : 0;
+            // bf16 products: V as pairs of key rows instead (P V by gemm_pairs)
+            if constexpr (detail::kBf16Scores<Tiles>)
+              pack_row_pairs<Tiles>(v, t * kKT, nk, hk, shape.v_dim(), key_pairs(vp));
           }
         };
         exec.parallel(body);
@@ -289,8 +297,11 @@ class CpuFlash {
     }
     const int group = shape.group_size();
     const A sc = A(shape.scale());
-    const A dk_scale = A(1) / kLog2e;  // dK = scale dS^T Q = dS^T (c Q) / log2(e)
     const A c = sc * kLog2e;
+    // The packed Q is c Q (dK = scale dS^T Q = dS^T (c Q) / log2(e)), or Q itself for the bf16 score products, whose
+    // A operand is rounded to bf16 (Q exactly so; c Q would not be): S then gets its factor c in the product.
+    const A q_scale = detail::kBf16Scores<Tiles> ? A(1) : c;
+    const A dk_scale = detail::kBf16Scores<Tiles> ? sc : A(1) / kLog2e;
     for (int h = 0; h < shape.heads_q; ++h) {
       const int hk = h / group, hh = h % group;
       // The head's c Q and dO rows, packed once (every key tile reads them; packing per tile re-read the
@@ -305,17 +316,29 @@ class CpuFlash {
             const std::int64_t nr = std::min(kChunk, q.tokens - r0);
             A* qr = w.qp + r0 * d;
             A* orow = w.op + r0 * d_v;
-            pack_rows<Tiles>(q, r0, nr, h, d, c, qr);
+            pack_rows<Tiles>(q, r0, nr, h, d, q_scale, qr);
             pack_rows<Tiles>(dout, r0, nr, h, d_v, A(1), orow);
-            rows_to_panels<Tiles>(qr, nr, d, w.qpp + r0 * kP, q.tokens * kP);
-            rows_to_panels<Tiles>(orow, nr, d_v, w.opp + r0 * kP, q.tokens * kP);
+            if constexpr (detail::kBf16Scores<Tiles>) {
+              // bf16 products: Q and dO as pairs of rows (row pairs 2j, 2j + 1 of the buffer; chunks start even), the
+              // B operands of dK += dS^T Q and dV += P^T dO; they fill half of each panel
+              for (std::int64_t r = r0; r < r0 + nr; r += 2) {
+                const bool two = r + 1 < r0 + nr;
+                Tiles::pack_row_pairs(q.row(r, h), two ? q.row(r + 1, h) : nullptr, d, key_pairs(w.qpp) + (r / 2) * kP,
+                                      q.tokens * kP);
+                Tiles::pack_row_pairs(dout.row(r, h), two ? dout.row(r + 1, h) : nullptr, d_v,
+                                      key_pairs(w.opp) + (r / 2) * kP, q.tokens * kP);
+              }
+            } else {
+              rows_to_panels<Tiles>(qr, nr, d, w.qpp + r0 * kP, q.tokens * kP);
+              rows_to_panels<Tiles>(orow, nr, d_v, w.opp + r0 * kP, q.tokens * kP);
+            }
             if (!Tiles::all_finite(qr, nr * d)) q_finite.store(false, std::memory_order_relaxed);
             if (!Tiles::all_finite(orow, nr * d_v)) o_finite.store(false, std::memory_order_relaxed);
           }
         };
         exec.parallel(body);
       }
-      const Packed packed{w.qp, w.op, w.qpp, w.opp, q.tokens * kP, q_finite.load(), o_finite.load()};
+      const Packed packed{w.qp, w.op, w.qpp, w.opp, q.tokens * kP, c, q_finite.load(), o_finite.load()};
       {
         std::atomic<int> next{0};
         auto body = [&](int thread) {
@@ -617,13 +640,33 @@ class CpuFlash {
   /// Distance between two panels of a natural-layout tile (kKT rows of P).
   template <int P>
   static constexpr std::int64_t kRowPanel = std::int64_t{kKT} * P;
+  /// Distance (in 32-bit words) between two key panels of a bf16-pair K^T of head dim d (pack_keys): it fits in the
+  /// tile_elems floats of the fp32 layout, so the workspace does not depend on the instruction set.
+  template <int P>
+  static constexpr std::int64_t pair_panel(int d) noexcept {
+    return (std::int64_t{d} + 1) / 2 * P;
+  }
+  /// A packed K^T (or V^T) tile's memory as the bf16 pairs of the bf16 score products.
+  static std::uint32_t* key_pairs(A* p) noexcept { return reinterpret_cast<std::uint32_t*>(p); }
+  static const std::uint32_t* key_pairs(const A* p) noexcept { return reinterpret_cast<const std::uint32_t*>(p); }
 
   /// K^T of keys [j0, j0 + nk) of KV head hk into kt as key panels (column c of K^T, i.e. key c, at
   /// kt[(c / kP) * d * kP + x * kP + c % kP]; keys past nk are zero), optionally also the natural rows into
   /// nat as head-dim panels (pack_panels).
+  /// With bf16 score products (detail::kBf16Scores) K^T is packed as bf16 pairs instead: word (x / 2, c) holding
+  /// K[c][x], K[c][x + 1] at key_pairs(kt)[(c / kP) * pair_panel(d) + (x / 2) * kP + c % kP].
   template <class Tiles>
   static void pack_keys(ThdView<const T> src, std::int64_t j0, int nk, int hk, int d, A* kt, A* nat) noexcept {
     constexpr int kP = Tiles::kPanel;
+    if constexpr (detail::kBf16Scores<Tiles>) {
+      static_assert(std::is_same_v<T, bf16>, "the bf16 score products read bf16 storage");
+      std::uint32_t* words = key_pairs(kt);
+      for (int c = 0; c < kKT; ++c)
+        Tiles::pack_key_pairs(c < nk ? src.row(j0 + c, hk) : nullptr, d, words + (c / kP) * pair_panel<kP>(d) + c % kP,
+                              kP);
+      if (nat != nullptr) pack_panels<Tiles>(src, j0, nk, hk, d, nat);
+      return;
+    }
     const std::int64_t kt_panel = std::int64_t{d} * kP;
     int c = 0;
     for (; c + 8 <= nk; c += 8) {  // eight keys at a time (8 x 8 block transposes where vectorised)
@@ -659,6 +702,18 @@ class CpuFlash {
         std::fill(tail + (d - full), tail + kP, A(0));
       }
     }
+  }
+
+  /// Rows [j0, j0 + nk) of head hk as pairs of rows in head-dim panels (bf16 products): word (c / 2, x) holding
+  /// rows c, c + 1 (even c) at words[(x / kP) * kRowPanel<kP> / 2 + (c / 2) * kP + x % kP], zero past nk up to
+  /// the tile's kKT rows and past d up to whole panels. Fits in the fp32 layout's half.
+  template <class Tiles>
+  static void pack_row_pairs(ThdView<const T> src, std::int64_t j0, int nk, int hk, int d,
+                             std::uint32_t* words) noexcept {
+    constexpr int kP = Tiles::kPanel;
+    for (int c = 0; c < kKT; c += 2)
+      Tiles::pack_row_pairs(c < nk ? src.row(j0 + c, hk) : nullptr, c + 1 < nk ? src.row(j0 + c + 1, hk) : nullptr, d,
+                            words + (c / 2) * kP, kRowPanel<kP> / 2);
   }
 
   /// Whether rows [c0, c1) of a head-dim-panel tile are all finite (the zero padding is).
@@ -742,7 +797,8 @@ class CpuFlash {
     A* m = s + round16(kSB * kKT);
     A* l = m + round16(br);
     const std::int64_t i0 = sl.q_range.begin + tile.row0;
-    pack_rows<Tiles>(q, i0, n, h, d, A(shape.scale()) * kLog2e, qs);
+    const A c = A(shape.scale()) * kLog2e;                                        // log2-domain scores: S = c Q K^T
+    pack_rows<Tiles>(q, i0, n, h, d, detail::kBf16Scores<Tiles> ? A(1) : c, qs);  // c in the product (backward_with)
     std::fill_n(acc, static_cast<std::size_t>(n) * static_cast<std::size_t>(dv), A(0));
     std::fill_n(m, n, -std::numeric_limits<A>::infinity());
     std::fill_n(l, n, A(0));
@@ -775,8 +831,12 @@ class CpuFlash {
           col_lo[rb] = k_lo[rb] / kP * kP;
           col_hi[rb] = std::min(kKT, (k_hi[rb] + kP - 1) / kP * kP);
         }
-        Tiles::gemm(nr, kKT, d, qs + (g0 + ra) * d, d, 1, kt, kP, std::int64_t{d} * kP, s + ra * kKT, kKT, false,
-                    {col_lo, col_hi, nullptr, nullptr});
+        if constexpr (detail::kBf16Scores<Tiles>)
+          Tiles::gemm_pairs(nr, kKT, d, qs + (g0 + ra) * d, d, 1, key_pairs(kt), pair_panel<kP>(d), s + ra * kKT, kKT,
+                            false, c, {col_lo, col_hi, nullptr, nullptr});
+        else
+          Tiles::gemm(nr, kKT, d, qs + (g0 + ra) * d, d, 1, kt, kP, std::int64_t{d} * kP, s + ra * kKT, kKT, false,
+                      {col_lo, col_hi, nullptr, nullptr});
         for (int r = ra; r < rows; ++r) {
           A* sr = s + r * kKT;
           if (lo[r] >= hi[r]) {
@@ -787,13 +847,24 @@ class CpuFlash {
           if (alpha != A(1)) Tiles::scale_row(acc + (g0 + r) * dv, dv, alpha);
         }
         if (v_finite) {
-          Tiles::gemm(nr, dv, kKT, s + ra * kKT, kKT, 1, vp, kP, kRowPanel<kP>, acc + (g0 + ra) * dv, dv, true,
-                      {nullptr, nullptr, k_lo, k_hi});
+          // bf16 products: P rounded to bf16 (flash_tiles_avx512bf16.hpp); a block's key range widened to whole pairs
+          // meets P = 0 (selected) and finite V, or the pack's zero rows past the tile's end
+          if constexpr (detail::kBf16Scores<Tiles>)
+            Tiles::gemm_pairs(nr, dv, kKT, s + ra * kKT, kKT, 1, key_pairs(vp), kRowPanel<kP> / 2, acc + (g0 + ra) * dv,
+                              dv, true, A(1), {nullptr, nullptr, k_lo, k_hi});
+          else
+            Tiles::gemm(nr, dv, kKT, s + ra * kKT, kKT, 1, vp, kP, kRowPanel<kP>, acc + (g0 + ra) * dv, dv, true,
+                        {nullptr, nullptr, k_lo, k_hi});
         } else {  // exact per-row key ranges: a masked P is 0, but 0 * (NaN or inf in V) is not
-          for (int r = ra; r < rows; ++r)
-            if (lo[r] < hi[r])
+          for (int r = ra; r < rows; ++r) {
+            if (lo[r] >= hi[r]) continue;
+            if constexpr (detail::kBf16Scores<Tiles>)  // the same sums as the block form's, bit for bit
+              Tiles::gemm_pairs(1, dv, kKT, s + r * kKT, kKT, 1, key_pairs(vp), kRowPanel<kP> / 2, acc + (g0 + r) * dv,
+                                dv, true, A(1), {nullptr, nullptr, &lo[r], &hi[r]}, true);
+            else
               Tiles::gemm(1, dv, hi[r] - lo[r], s + r * kKT + lo[r], kKT, 1, vp + lo[r] * kP, kP, kRowPanel<kP>,
                           acc + (g0 + r) * dv, dv, true);
+          }
         }
       }
     }
@@ -820,13 +891,29 @@ class CpuFlash {
     }
   }
 
+  ///   /// exact_key_update for the bf16 products: x is the block's rows as pairs (gemm_pairs' B, its first pair row
+  ///   holding
+  /// the block's row -sh), the sums per key bit for bit those of the block form.
+  template <class Tiles>
+  static void exact_key_pairs(const AttnSlice& sl, std::int64_t koff, std::int64_t b0, int nb, int c0, int c1,
+                              const A* w, const std::uint32_t* x, std::int64_t panel, int sh, int d, A* acc) noexcept {
+    for (int c = c0; c < c1; ++c) {
+      const Range rows = intersect(rows_seeing(sl, koff + c, koff + c + 1), {b0, b0 + nb});
+      if (rows.empty()) continue;
+      const int r0 = static_cast<int>(rows.begin - b0) + sh, r1 = static_cast<int>(rows.end - b0) + sh;
+      Tiles::gemm_pairs(1, d, nb + sh, w + c, 1, kKT, x, panel, acc + c * d, d, true, A(1),
+                        {nullptr, nullptr, &r0, &r1}, true, sh);
+    }
+  }
+
   /// The current head's packed query-side rows (all q rows, indexed by buffer row) and their finiteness.
   struct Packed {
     const A* q;          // c Q
     const A* o;          // dO
-    const A* qp;         // c Q as head-dim panels (the B operand of dK += dS^T (c Q))
-    const A* op;         // dO as head-dim panels (the B operand of dV += P^T dO)
+    const A* qp;         // c Q as head-dim panels (the B operand of dK += dS^T (c Q)); Q as row pairs (bf16 products)
+    const A* op;         // dO as head-dim panels (the B operand of dV += P^T dO); as row pairs (bf16 products)
     std::int64_t panel;  // distance between the panels of qp / op
+    A s_scale;           // S = s_scale * (q K^T): c where q holds Q (bf16 score products), else unused
     bool q_finite, o_finite;
   };
 
@@ -855,6 +942,11 @@ class CpuFlash {
     A* dka = dk_acc + tile.row0 * d;
     A* dva = dv_acc + tile.row0 * d_v;
     pack_keys<Tiles>(k, tile.row0, nk, hk, d, kt, kn);
+    // bf16 products: K's rows also as pairs (the B operand of dQ += dS K), after the pair K^T in kt's memory (both
+    // fit: tile_elems(d) >= kKT ceil(d / 2) + (kKT / 2) ceil(d / kP) kP); kn keeps the fp32 rows for the finiteness
+    // test
+    std::uint32_t* k_pairs = key_pairs(kt) + std::int64_t{kKT} * ((d + 1) / 2);
+    if constexpr (detail::kBf16Scores<Tiles>) pack_row_pairs<Tiles>(k, tile.row0, nk, hk, d, k_pairs);
     pack_keys<Tiles>(v, tile.row0, nk, hk, d_v, vt, nullptr);
     if (first) {
       std::fill_n(dka, static_cast<std::size_t>(nk) * static_cast<std::size_t>(d), A(0));
@@ -872,6 +964,8 @@ class CpuFlash {
       // Only this slice's keys of the tile [c0, c1): the other documents' keys must not meet its rows.
       const int c0 = static_cast<int>(kr.begin - tile.row0), c1 = static_cast<int>(kr.end - tile.row0);
       const bool k_finite = panels_finite<Tiles>(kn, c0, c1, d);
+      // dQ's key ranges count from c0, or from tile column 0 for the bf16 pairs (whose pairs start at even columns)
+      const int dq_base = detail::kBf16Scores<Tiles> ? 0 : c0;
       for (std::int64_t b0 = rows_all.begin; b0 < rows_all.end; b0 += rq) {
         const int nb = static_cast<int>(std::min<std::int64_t>(rq, rows_all.end - b0));
         const std::int64_t i0 = sl.q_range.begin + b0;
@@ -894,8 +988,8 @@ class CpuFlash {
             if (!any || kl >= kh) kl = kh = c0;
             col_lo[rb] = kl / kP * kP;
             col_hi[rb] = kl == kh ? col_lo[rb] : std::min(kKT, (kh + kP - 1) / kP * kP);
-            dq_lo[g0 / kRB + rb] = kl - c0;
-            dq_hi[g0 / kRB + rb] = kh - c0;
+            dq_lo[g0 / kRB + rb] = kl - dq_base;
+            dq_hi[g0 / kRB + rb] = kh - dq_base;
           }
           if (!any) {
             std::fill_n(p, rows * kKT, A(0));
@@ -903,8 +997,15 @@ class CpuFlash {
             continue;
           }
           const detail::BlockRanges cols{col_lo, col_hi, nullptr, nullptr};
-          Tiles::gemm(rows, kKT, d, qb + g0 * d, d, 1, kt, kP, std::int64_t{d} * kP, p, kKT, false, cols);
-          Tiles::gemm(rows, kKT, d_v, ob + g0 * d_v, d_v, 1, vt, kP, std::int64_t{d_v} * kP, ds, kKT, false, cols);
+          if constexpr (detail::kBf16Scores<Tiles>) {
+            Tiles::gemm_pairs(rows, kKT, d, qb + g0 * d, d, 1, key_pairs(kt), pair_panel<kP>(d), p, kKT, false,
+                              packed.s_scale, cols);
+            Tiles::gemm_pairs(rows, kKT, d_v, ob + g0 * d_v, d_v, 1, key_pairs(vt), pair_panel<kP>(d_v), ds, kKT, false,
+                              A(1), cols);
+          } else {
+            Tiles::gemm(rows, kKT, d, qb + g0 * d, d, 1, kt, kP, std::int64_t{d} * kP, p, kKT, false, cols);
+            Tiles::gemm(rows, kKT, d_v, ob + g0 * d_v, d_v, 1, vt, kP, std::int64_t{d_v} * kP, ds, kKT, false, cols);
+          }
           for (int r = 0; r < rows; ++r) {
             const std::int64_t i = i0 + g0 + r;
             if (lo[r] >= hi[r]) {
@@ -923,27 +1024,64 @@ class CpuFlash {
           kv_hi[kb] = seen.empty() ? 0 : static_cast<int>(seen.end - b0);
         }
         const detail::BlockRanges key_rows{nullptr, nullptr, kv_lo, kv_hi};
-        if (packed.o_finite || Tiles::all_finite(ob, std::int64_t{nb} * d_v))  // dV += P^T dO
-          Tiles::gemm(c1 - c0, d_v, nb, pb + c0, 1, kKT, packed.op + i0 * kP, kP, packed.panel, dva + c0 * d_v, d_v,
-                      true, key_rows);
-        else
-          exact_key_update<Tiles>(sl, koff, b0, nb, c0, c1, pb, ob, d_v, dva);
-        if (packed.q_finite || Tiles::all_finite(qb, std::int64_t{nb} * d))  // dK += dS^T (c Q)
-          Tiles::gemm(c1 - c0, d, nb, sb + c0, 1, kKT, packed.qp + i0 * kP, kP, packed.panel, dka + c0 * d, d, true,
-                      key_rows);
-        else
-          exact_key_update<Tiles>(sl, koff, b0, nb, c0, c1, sb, qb, d, dka);
+        if constexpr (detail::kBf16Scores<Tiles>) {
+          // bf16 products, P and dS rounded to bf16: the pairs are the buffer's row pairs, so an odd first row i0 is
+          // the second of its pair (a_shift 1: A's row before it reads as 0) and the ranges move by one; exact ends,
+          // since the row beside an odd end belongs to another block, not checked finite
+          const int sh = static_cast<int>(i0 % 2);
+          int kv_lo_s[kKT / kRB + 1], kv_hi_s[kKT / kRB + 1];
+          for (int j = c0, kb = 0; j < c1; j += kRB, ++kb) {
+            kv_lo_s[kb] = kv_lo[kb] + sh;
+            kv_hi_s[kb] = kv_hi[kb] + sh;
+          }
+          const detail::BlockRanges pair_rows{nullptr, nullptr, kv_lo_s, kv_hi_s};
+          const std::uint32_t* op = key_pairs(packed.op) + (i0 - sh) / 2 * kP;
+          const std::uint32_t* qp = key_pairs(packed.qp) + (i0 - sh) / 2 * kP;
+          if (packed.o_finite || Tiles::all_finite(ob, std::int64_t{nb} * d_v))  // dV += P^T dO
+            Tiles::gemm_pairs(c1 - c0, d_v, nb + sh, pb + c0, 1, kKT, op, packed.panel, dva + c0 * d_v, d_v, true, A(1),
+                              pair_rows, true, sh);
+          else
+            exact_key_pairs<Tiles>(sl, koff, b0, nb, c0, c1, pb, op, packed.panel, sh, d_v, dva);
+          if (packed.q_finite || Tiles::all_finite(qb, std::int64_t{nb} * d))  // dK += dS^T Q
+            Tiles::gemm_pairs(c1 - c0, d, nb + sh, sb + c0, 1, kKT, qp, packed.panel, dka + c0 * d, d, true, A(1),
+                              pair_rows, true, sh);
+          else
+            exact_key_pairs<Tiles>(sl, koff, b0, nb, c0, c1, sb, qp, packed.panel, sh, d, dka);
+        } else {
+          if (packed.o_finite || Tiles::all_finite(ob, std::int64_t{nb} * d_v))  // dV += P^T dO
+            Tiles::gemm(c1 - c0, d_v, nb, pb + c0, 1, kKT, packed.op + i0 * kP, kP, packed.panel, dva + c0 * d_v, d_v,
+                        true, key_rows);
+          else
+            exact_key_update<Tiles>(sl, koff, b0, nb, c0, c1, pb, ob, d_v, dva);
+          if (packed.q_finite || Tiles::all_finite(qb, std::int64_t{nb} * d))  // dK += dS^T (c Q)
+            Tiles::gemm(c1 - c0, d, nb, sb + c0, 1, kKT, packed.qp + i0 * kP, kP, packed.panel, dka + c0 * d, d, true,
+                        key_rows);
+          else
+            exact_key_update<Tiles>(sl, koff, b0, nb, c0, c1, sb, qb, d, dka);
+        }
         if (k_finite) {  // dQ += dS K
-          Tiles::gemm(nb, d, c1 - c0, sb + c0, kKT, 1, kn + c0 * kP, kP, kRowPanel<kP>, dq_lane + i0 * d, d, true,
-                      {nullptr, nullptr, dq_lo, dq_hi});
+          // bf16 products: dS rounded to bf16 (flash_tiles_avx512bf16.hpp); exact ends, since the key beside a block's
+          // odd end may be another document's, not checked finite
+          if constexpr (detail::kBf16Scores<Tiles>)
+            Tiles::gemm_pairs(nb, d, kKT, sb, kKT, 1, k_pairs, kRowPanel<kP> / 2, dq_lane + i0 * d, d, true, A(1),
+                              {nullptr, nullptr, dq_lo, dq_hi}, true);
+          else
+            Tiles::gemm(nb, d, c1 - c0, sb + c0, kKT, 1, kn + c0 * kP, kP, kRowPanel<kP>, dq_lane + i0 * d, d, true,
+                        {nullptr, nullptr, dq_lo, dq_hi});
         } else {  // exact per-row key ranges: a masked dS is 0, but 0 * (NaN or inf in K) is not
           const std::int64_t klen = sl.k_range.size();
           for (int r = 0; r < nb; ++r) {
             const Range vis = intersect(sl.mask.visible_keys(b0 + r, klen), {koff + c0, koff + c1});
             if (vis.empty()) continue;
             const int j0 = static_cast<int>(vis.begin - koff);
-            Tiles::gemm(1, d, static_cast<int>(vis.size()), sb + r * kKT + j0, kKT, 1, kn + j0 * kP, kP, kRowPanel<kP>,
-                        dq_lane + (i0 + r) * d, d, true);
+            if constexpr (detail::kBf16Scores<Tiles>) {  // the same sums as the block form's, bit for bit
+              const int j1 = j0 + static_cast<int>(vis.size());
+              Tiles::gemm_pairs(1, d, kKT, sb + r * kKT, kKT, 1, k_pairs, kRowPanel<kP> / 2, dq_lane + (i0 + r) * d, d,
+                                true, A(1), {nullptr, nullptr, &j0, &j1}, true);
+            } else {
+              Tiles::gemm(1, d, static_cast<int>(vis.size()), sb + r * kKT + j0, kKT, 1, kn + j0 * kP, kP,
+                          kRowPanel<kP>, dq_lane + (i0 + r) * d, d, true);
+            }
           }
         }
       }

@@ -10,7 +10,10 @@
 /// with per-function target attributes whatever the build's flags, and CpuFlash picks the best one the CPU
 /// (and its OS, for the AVX-512 register state) supports when it is constructed. An explicit choice comes
 /// from `CpuFlashArguments::isa`, else from the environment variable `SEQPAR_CPU_ISA` (auto, portable, avx2,
-/// avx512); one the CPU cannot run is refused by name.
+/// avx512, avx512bf16); one the CPU cannot run is refused by name. avx512bf16 (bf16 dot products, `vdpbf16ps`)
+/// is for bf16 storage: auto picks it for CpuFlash<bf16> on CPUs with AVX512-BF16; `args.isa` names it for
+/// bf16 storage only (float storage is refused: its tiles are fp32), and the process-wide environment variable
+/// means the AVX-512 fp32 tiles for float storage.
 ///
 /// @code
 /// attention::CpuFlash<float> flash({.threads = 2});             // AVX-512 on an AVX-512 machine, else AVX2 ...
@@ -42,6 +45,9 @@ enum class CpuIsa {
   kPortable,  ///< plain C++, auto-vectorised for the build's -march; any CPU, and double
   kAvx2,      ///< AVX2 + FMA: 8-lane fp32 tiles (6 x 16 register blocks)
   kAvx512,    ///< AVX-512 F/BW/DQ/VL: 16-lane fp32 tiles (6 x 64 register blocks)
+  ///   /// AVX-512 plus AVX512-BF16 (bf16 storage only): every tile product by bf16 dot products (vdpbf16ps, two
+  /// products per fp32 lane; P and dS rounded to bf16 first, as FlashAttention does), the row steps as kAvx512
+  kAvx512Bf16,
 };
 
 [[nodiscard]] constexpr const char* to_string(CpuIsa isa) noexcept {
@@ -54,13 +60,15 @@ enum class CpuIsa {
       return "avx2";
     case CpuIsa::kAvx512:
       return "avx512";
+    case CpuIsa::kAvx512Bf16:
+      return "avx512bf16";
   }
   return "?";
 }
 
 /// The name `to_string` gives, or nullopt.
 [[nodiscard]] inline std::optional<CpuIsa> parse_cpu_isa(std::string_view name) noexcept {
-  for (CpuIsa isa : {CpuIsa::kAuto, CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512})
+  for (CpuIsa isa : {CpuIsa::kAuto, CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16})
     if (name == to_string(isa)) return isa;
   return std::nullopt;
 }
@@ -70,10 +78,12 @@ enum class CpuIsa {
 struct CpuFeatures {
   bool avx2_fma = false;
   bool avx512 = false;       ///< F, BW, DQ and VL: what the AVX-512 tiles use
-  bool avx512_bf16 = false;  ///< vdpbf16ps (reported; the tiles convert bf16 to fp32 and do not use it yet)
+  bool avx512_bf16 = false;  ///< vdpbf16ps and vcvtne2ps2bf16 (with `avx512`): the kAvx512Bf16 tiles
 
   [[nodiscard]] bool supports(CpuIsa isa) const noexcept {
     switch (isa) {
+      case CpuIsa::kAvx512Bf16:
+        return avx512 && avx512_bf16;
       case CpuIsa::kAvx512:
         return avx512;
       case CpuIsa::kAvx2:
@@ -82,8 +92,10 @@ struct CpuFeatures {
         return true;
     }
   }
-  /// The best micro-kernels this CPU runs.
-  [[nodiscard]] CpuIsa best() const noexcept {
+  /// The best micro-kernels this CPU runs for float storage, or for bf16 storage (`bf16_storage`: the bf16 dot
+  /// products where the CPU has them).
+  [[nodiscard]] CpuIsa best(bool bf16_storage = false) const noexcept {
+    if (bf16_storage && supports(CpuIsa::kAvx512Bf16)) return CpuIsa::kAvx512Bf16;
     return avx512 ? CpuIsa::kAvx512 : avx2_fma ? CpuIsa::kAvx2 : CpuIsa::kPortable;
   }
   /// e.g. "avx2+fma avx512(f,bw,dq,vl) avx512_bf16", or "none" for a CPU with neither.
@@ -119,27 +131,35 @@ struct CpuFeatures {
 
 /// The micro-kernels a float or bf16 CpuFlash runs for `requested`: itself when this CPU supports it, the
 /// best supported one for kAuto (or what `SEQPAR_CPU_ISA` names, when set); anything else is refused,
-/// naming the argument, its value and what the CPU has. `features` is the CPU's (a parameter for tests).
+/// naming the argument, its value and what the CPU has. `features` is the CPU's (a parameter for tests);
+/// `bf16_storage`: the kernel stores bf16 (kAvx512Bf16 is for it only).
 [[nodiscard]] inline CpuIsa resolve_cpu_isa(CpuIsa requested, std::string_view where,
-                                            const CpuFeatures& features = cpu_features()) {
+                                            const CpuFeatures& features = cpu_features(), bool bf16_storage = false) {
   std::string_view argument = "args.isa";
   if (requested == CpuIsa::kAuto) {
     const char* env = std::getenv("SEQPAR_CPU_ISA");
-    if (env == nullptr || *env == '\0') return features.best();
+    if (env == nullptr || *env == '\0') return features.best(bf16_storage);
     const std::optional<CpuIsa> named = parse_cpu_isa(env);
     seqpar::detail::require(named.has_value(), where, "SEQPAR_CPU_ISA", env,
-                            "is not an instruction set CpuFlash has kernels for (auto, portable, avx2, avx512)");
-    if (*named == CpuIsa::kAuto) return features.best();
+                            "is not an instruction set CpuFlash has kernels for (auto, portable, avx2, avx512, "
+                            "avx512bf16)");
+    if (*named == CpuIsa::kAuto) return features.best(bf16_storage);
     requested = *named;
     argument = "SEQPAR_CPU_ISA";
+  } else if (requested == CpuIsa::kAvx512Bf16 && !bf16_storage) {
+    seqpar::detail::throw_invalid(where, argument, to_string(requested),
+                                  "the bf16 dot-product tiles are for bf16 storage (CpuFlash<bf16>); float storage "
+                                  "has fp32 tiles: use auto or avx512");
   }
   if (!SEQPAR_CPU_DISPATCH && requested != CpuIsa::kPortable)
     seqpar::detail::throw_invalid(where, argument, to_string(requested),
                                   "this build has the portable kernels only (not x86-64 with GCC or Clang, "
                                   "or SEQPAR_NO_CPU_DISPATCH is defined)");
-  seqpar::detail::require(
-      features.supports(requested), where, argument, to_string(requested),
-      "this CPU does not support it (it has: " + features.to_string() + "); use auto or " + to_string(features.best()));
+  seqpar::detail::require(features.supports(requested), where, argument, to_string(requested),
+                          "this CPU does not support it (it has: " + features.to_string() + "); use auto or " +
+                              to_string(features.best(bf16_storage)));
+  // The environment variable is process-wide: for float storage avx512bf16 names this CPU's AVX-512 fp32 tiles.
+  if (requested == CpuIsa::kAvx512Bf16 && !bf16_storage) return CpuIsa::kAvx512;
   return requested;
 }
 

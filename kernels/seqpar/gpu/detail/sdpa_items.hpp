@@ -10,7 +10,8 @@
 /// bottom-right corner (row i sees key j <= i + s_kv - s_q), or that band with a left bound w (sliding
 /// window: j > i + s_kv - s_q - w). Bottom-right alignment makes the diagonal offset a per-item
 /// quantity, so any slice whose diagonal is `causal_offset` maps exactly once its rows and keys are
-/// trimmed so that s_kv - s_q equals the offset:
+/// trimmed so that s_kv - s_q equals the offset. The trimming is FlashAttention's varlen mapping
+/// (attention::detail::varlen_items: one lowering for both); sdpa_items names its masks as cuDNN's:
 ///  - rows before the first visible key (offset < 0) see nothing: they stay empty (O = 0, LSE = -inf);
 ///  - causal: rows whose diagonal stays inside the keys form a causal item with s_kv = s_q + offset;
 ///    the rows after them see every key and form a full (unmasked) item;
@@ -32,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "seqpar/attention/detail/varlen_calls.hpp"
 #include "seqpar/core/attn_slice.hpp"
 
 namespace seqpar::gpu::detail {
@@ -59,48 +61,47 @@ struct SdpaRun {
 /// The items of `slices`, every visible (query, key) pair in exactly one item and no other pair; the
 /// rows of no item are empty. Throws std::invalid_argument (naming the slice) for a sliding window
 /// whose rows reach past the slice's last key.
+///
+/// Which rows and keys each item covers, and its diagonal, are decided in one place: the varlen mapping
+/// (attention::detail::varlen_items, include/seqpar/attention/detail/varlen_calls.hpp) whose items are
+/// bottom-right aligned as cuDNN's. This only says each of its masks as cuDNN's one-mask-per-graph:
+///  - no bound: kFull; causal with no left bound: kCausal;
+///  - causal with left bound L: the window L + 1 (FA's L counts the keys before the diagonal), which cuts
+///    some row only when L + 1 < s_kv (issue 38, B4: the last row sees keys from s_kv - 1 - L); one that
+///    cuts nothing is kCausal. It merges such items into the causal runs and keeps windows of 2^31 and
+///    more (a "no window" sentinel) out of cuDNN's int band bound: a window left in an item is below its
+///    s_kv, which fits in int32 (the calls check their buffers);
+///  - a left bound with no right bound: the rows of a window slice past the last key's diagonal, whose
+///    bands the slice's end cuts on the right. cuDNN cannot say that: refused by name, unless the item
+///    is the whole rest of the slice from its first key on and its bound cuts nothing (every row past
+///    the diagonal sees every key, window >= rows + offset): then it is kFull.
 [[nodiscard]] inline std::vector<SdpaItem> sdpa_items(std::span<const AttnSlice> slices, const char* where) {
+  const std::vector<attention::detail::VarlenItem> varlen = attention::detail::varlen_items(slices);
   std::vector<SdpaItem> items;
-  items.reserve(slices.size() + slices.size() / 2);
-  for (std::size_t i = 0; i < slices.size(); ++i) {
-    const AttnSlice& s = slices[i];
-    const std::int64_t q = s.q_range.size(), k = s.k_range.size();
-    if (q <= 0 || k <= 0) continue;
-    if (s.mask.kind == MaskKind::kFull) {
-      items.push_back({s.q_range.begin, q, s.k_range.begin, k, SdpaMask::kFull, 0, i});
-      continue;
+  items.reserve(varlen.size());
+  for (const attention::detail::VarlenItem& v : varlen) {
+    SdpaItem it{v.q_begin, v.q_len, v.k_begin, v.k_len, SdpaMask::kFull, 0, v.slice};
+    if (v.mask.right == 0) {
+      const bool cuts = v.mask.left >= 0 && v.mask.left + 1 < v.k_len;
+      it.mask = cuts ? SdpaMask::kWindow : SdpaMask::kCausal;
+      it.window = cuts ? v.mask.left + 1 : 0;
+    } else if (v.mask.left >= 0) {
+      const AttnSlice& s = slices[v.slice];
+      // In slice terms: refused exactly when the slice's last row does not see its first key (window <
+      // rows + offset), as before this mapping was shared. That also refuses the two remainders whose
+      // bound cuts nothing but whose rows are not all of the slice's rest from key 0 (one row, or one key
+      // with rows after it that see none): exact as kFull items, left refused to keep the contract.
+      const bool whole_rest = v.k_begin == s.k_range.begin && v.q_begin + v.q_len == s.q_range.end;
+      if (!whole_rest || v.mask.left + 1 < v.k_len)
+        throw std::invalid_argument(
+            std::string(where) + ": slices[" + std::to_string(v.slice) + "] (q " + std::to_string(s.q_range.begin) +
+            ".." + std::to_string(s.q_range.end) + ", k " + std::to_string(s.k_range.begin) + ".." +
+            std::to_string(s.k_range.end) + ", sliding window " + std::to_string(s.mask.window) + ", offset " +
+            std::to_string(s.mask.causal_offset) +
+            "): rows whose window reaches past the slice's last key need a band cut on the right, which cuDNN's "
+            "SDPA cannot express; pass keys up to the last row's diagonal, or use CudaFlash");
     }
-    // Rows before the first that sees key 0 stay empty; from row r0 on, the diagonal offset is o >= 0.
-    const std::int64_t r0 = std::max<std::int64_t>(0, -s.mask.causal_offset);
-    if (r0 >= q) continue;
-    const std::int64_t o = s.mask.causal_offset + r0, rows = q - r0;
-    // Rows whose diagonal stays inside the keys (row i sees keys <= i + o < k): a bottom-right item of
-    // s_kv = s_q + o. The rows after them see every key.
-    const std::int64_t inside = std::clamp<std::int64_t>(k - o, 0, rows);
-    // A window that cuts no row on the left is the causal mask (issue 38, B4): row i' sees keys from
-    // i' + o + 1 - window, cut nowhere in the bottom-right item when window >= inside + o (its s_kv), and
-    // nowhere in the rows after it when window >= rows + o. Exact; it merges such items into the causal
-    // runs and keeps windows of 2^31 and more (a "no window" sentinel) out of cuDNN's int band bound: a
-    // window left in an item is below its s_kv, which fits in int32 (the calls check their buffers).
-    const bool windowed = s.mask.kind == MaskKind::kSlidingWindow;
-    const bool item_window = windowed && s.mask.window < inside + o;
-    if (inside > 0)
-      items.push_back({s.q_range.begin + r0, inside, s.k_range.begin, inside + o,
-                       item_window ? SdpaMask::kWindow : SdpaMask::kCausal, item_window ? s.mask.window : 0, i});
-    if (inside == rows) continue;
-    if (!windowed || s.mask.window >= rows + o) {
-      items.push_back({s.q_range.begin + r0 + inside, rows - inside, s.k_range.begin, k, SdpaMask::kFull, 0, i});
-      continue;
-    }
-    // Row i' >= inside sees [i' + o + 1 - window, k): visible keys remain while i' + o + 1 - window < k.
-    if (seqpar::detail::sub_sat(inside + o + 1, s.mask.window) < k)
-      throw std::invalid_argument(
-          std::string(where) + ": slices[" + std::to_string(i) + "] (q " + std::to_string(s.q_range.begin) + ".." +
-          std::to_string(s.q_range.end) + ", k " + std::to_string(s.k_range.begin) + ".." +
-          std::to_string(s.k_range.end) + ", sliding window " + std::to_string(s.mask.window) + ", offset " +
-          std::to_string(s.mask.causal_offset) +
-          "): rows whose window reaches past the slice's last key need a band cut on the right, which cuDNN's "
-          "SDPA cannot express; pass keys up to the last row's diagonal, or use CudaFlash");
+    items.push_back(it);
   }
   return items;
 }

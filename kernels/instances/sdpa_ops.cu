@@ -5,8 +5,6 @@
 #include "seqpar/gpu/detail/sdpa_ops.cuh"
 
 namespace ops = seqpar::gpu::detail::sdpa_ops;
-template void ops::accumulate<__half>(cudaStream_t, seqpar::ThdView<__half>, const __half*);
-template void ops::accumulate<__nv_bfloat16>(cudaStream_t, seqpar::ThdView<__nv_bfloat16>, const __nv_bfloat16*);
 template void ops::zero_rows<__half>(cudaStream_t, seqpar::ThdView<__half>, ops::RowRanges);
 template void ops::zero_rows<__nv_bfloat16>(cudaStream_t, seqpar::ThdView<__nv_bfloat16>, ops::RowRanges);
 template void ops::accumulate_rows<__half>(cudaStream_t, seqpar::ThdView<__half>, const __half*, ops::RowRanges);

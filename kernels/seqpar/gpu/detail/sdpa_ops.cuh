@@ -52,21 +52,6 @@ __global__ void gather_stats(const float* lse, std::int64_t lse_head_stride, con
   }
 }
 
-template <class T>
-__global__ void accumulate(T* dst, std::int64_t token_stride, std::int64_t head_stride, std::int64_t tokens, int heads,
-                           int head_dim, const T* src) {
-  const std::int64_t n = tokens * heads * head_dim;
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    const int d = static_cast<int>(i % head_dim);
-    const std::int64_t th = i / head_dim;
-    const int h = static_cast<int>(th % heads);
-    const std::int64_t t = th / heads;
-    T& out = dst[t * token_stride + h * head_stride + d];
-    out = from_float<T>(to_float(out) + to_float(src[i]));
-  }
-}
-
 // The buffer row of a run's r-th row (r < ranges.rows): the item b with prefix[b] <= r < prefix[b + 1]
 // (binary search; zero-length items share their prefix with the next and are skipped by it).
 __device__ inline std::int64_t row_of(RowRanges ranges, std::int64_t r) {
@@ -136,15 +121,6 @@ void gather_stats(cudaStream_t stream, LseView<const float> lse, const std::int6
   kernels::gather_stats<<<kernels::blocks_for(std::int64_t{items} * heads * max_q), 256, 0, stream>>>(
       lse.data, lse.head_stride, q_tokens, q_lens, items, heads, max_q, stats);
   SEQPAR_CUDA_CHECK(cudaGetLastError(), "CudnnSdpa: LSE to statistics");
-}
-
-template <class T>
-void accumulate(cudaStream_t stream, ThdView<T> dst, const T* src) {
-  const std::int64_t n = dst.tokens * dst.heads * dst.head_dim;
-  if (n == 0) return;
-  kernels::accumulate<T><<<kernels::blocks_for(n), 256, 0, stream>>>(dst.data, dst.token_stride, dst.head_stride,
-                                                                     dst.tokens, dst.heads, dst.head_dim, src);
-  SEQPAR_CUDA_CHECK(cudaGetLastError(), "CudnnSdpa: adding a gradient");
 }
 
 template <class T>

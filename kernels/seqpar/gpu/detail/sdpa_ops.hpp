@@ -55,11 +55,6 @@ struct RowRanges {
 template <class T>
 void zero_rows(cudaStream_t stream, ThdView<T> scratch, RowRanges ranges);
 
-/// dst(t, h, :) += src[(t * heads + h) * head_dim + :] for every token and head of dst (in float, rounded
-/// once): the whole-buffer form (CudnnSdpa itself adds only its runs' rows, accumulate_rows).
-template <class T>
-void accumulate(cudaStream_t stream, ThdView<T> dst, const T* src);
-
 /// dst(t, h, :) += src[(t * heads + h) * head_dim + :] for the rows t of `ranges` and every head of dst (in
 /// float, rounded once); src is the dense (tokens, heads, head_dim) scratch cuDNN wrote.
 template <class T>

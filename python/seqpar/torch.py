@@ -509,8 +509,8 @@ class DistributedAttention(torch.nn.Module):
         except (TypeError, ValueError) as e:
             # This rank's outcome of the call's agreement: its peers, already in theirs, raise at once
             # (RuntimeError naming this rank and why) instead of waiting for it until the timeout.
-            if not any(isinstance(t, torch.Tensor) and t.is_cuda for t in (q, k, v)):  # CUDA: its own transport
-                self._layer.refuse(str(e))
+            # CUDA tensors: over the CUDA path's own transport, where the peers' engines agree.
+            self._layer.refuse(str(e), cuda=CUDA and isinstance(q, torch.Tensor) and q.is_cuda)
             raise
         o, lse = _attention(q, k, v, cu, counts, sinks, self._handle, window, scale)
         return (o, lse) if return_lse else o

@@ -132,9 +132,9 @@ struct CudaAttention::State {
   Vendors<__half> vendor_halves;
   Vendors<__nv_bfloat16> vendor_bf16s;
   std::string ran;                     // the kernel of the last call: "cudnn", "flash" or "seqpar"
+  std::set<std::string> warned;        // fallbacks already said (one log line each)
   bool in_engine = false;              // the last call reached its engine (whose agreement reports its refusals)
   std::optional<std::uint64_t> layer;  // set_layer's, given to every engine (else each its order on the transport)
-  std::set<std::string> warned;        // fallbacks already said (one log line each)
 
   // The transport on q's device, made at the first call: the group must have an NCCL backend for CUDA.
   sp::backend::c10d::DeviceTransport& transport_on(const at::Tensor& q) {
@@ -375,7 +375,9 @@ CudaAttention::CudaAttention(std::string strategy, const sp::AttentionShape& sha
                                        {},
                                        {},
                                        {},
-                                       {}})) {}
+                                       {},
+                                       false,
+                                       std::nullopt})) {}
 
 void CudaAttention::set_layer(std::uint64_t layer) noexcept {
   s_->layer = layer;

@@ -198,6 +198,11 @@ class Attention {
   [[nodiscard]] std::string cpu_isa() const {
     return sp::attention::to_string(sp::attention::resolve_cpu_isa(sp::attention::CpuIsa::kAuto, "seqpar.torch"));
   }
+  // The same for bfloat16 tensors, whose kernels take AVX512-BF16's bf16 dot products where the CPU has them.
+  [[nodiscard]] std::string cpu_isa_bf16() const {
+    return sp::attention::to_string(sp::attention::resolve_cpu_isa(sp::attention::CpuIsa::kAuto, "seqpar.torch",
+                                                                   sp::attention::cpu_features(), true));
+  }
 
  private:
   // The kernel names the layer takes: "cudnn" where the extension was built with cuDNN (SEQPAR_TORCH_CUDNN),
@@ -494,6 +499,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("strategy", &Attention::strategy)
       .def_property_readonly("threads", &Attention::threads)
       .def_property_readonly("cpu_isa", &Attention::cpu_isa)
+      .def_property_readonly("cpu_isa_bf16", &Attention::cpu_isa_bf16)
       .def_property_readonly("kernel", &Attention::kernel)
       .def_property_readonly("kernel_ran", &Attention::kernel_ran);
   std::vector<std::string> names(std::begin(kStrategies), std::end(kStrategies));

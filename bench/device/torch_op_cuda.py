@@ -10,6 +10,9 @@ reference computed here (per document: softmax(q k^T * scale) v, causal within t
 natural-log LSE of the scaled scores). A choice the layer refuses (a kernel this build or this GPU does
 not have, or a layer without the `kernel` argument) is printed with its message and skipped, not failed.
 
+Then the op's refusals on CUDA tensors (issue 40): a bad dtype and a bad window raise ValueError by name on
+the layer's NCCL transport, and the layer's next good call runs.
+
 Tolerances (max |error| / max(1, max |reference|)): forward 1e-2, backward 2e-2, those of
 python/tests/test_cuda.py for 16-bit types.
 
@@ -105,6 +108,39 @@ def run_choice(torch, spt, kernel, dtype, window, records):
     return ok
 
 
+def run_refusals(torch, spt, records):
+    """Issue 40, item 4 on the CUDA path (one rank: no peer to strand, but the refusal's agreement runs on the
+    layer's own NCCL transport, made by the refused first call): the op's own checks (q.dtype in C++, the
+    window in Python) raise ValueError naming the argument, and the layer's next good call still runs and
+    agrees (a refusal that left the transport out of step would hang or fail it)."""
+    attn = spt.DistributedAttention("zigzag-ring", HEADS_Q, HEADS_KV, HEAD_DIM, timeout_s=60)
+    n = len(attn.token_indices(LENGTHS))
+    q, k, v = (torch.randn(n, h, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for h in (HEADS_Q, HEADS_KV, HEADS_KV))
+    cases = [("q.dtype", dict(q=q.int()), "q.dtype"), ("window", dict(window_size=(3, 1)), "window_size")]
+    ok = True
+    for name, bad, word in cases:
+        args = dict(dict(q=q, k=k, v=v), **{key: val for key, val in bad.items() if key in ("q", "k", "v")})
+        try:
+            attn(args["q"], args["k"], args["v"], LENGTHS, window_size=bad.get("window_size", (-1, 0)))
+            what = "no error"
+        except (TypeError, ValueError, RuntimeError) as e:
+            what = "%s: %s" % (type(e).__name__, e)
+        good = what.startswith("ValueError") and word in what
+        print("%-34s %s" % ("refusal " + name, ("refused by name" if good else "WRONG: " + what[:200])))
+        records.append({"refusal": name, "message": what, "ok": good})
+        ok = ok and good
+    try:
+        o = attn(q, k, v, LENGTHS)
+        torch.cuda.synchronize()
+        good = bool(torch.isfinite(o.float()).all())
+        what = "ran" if good else "non-finite output"
+    except Exception as e:  # noqa: BLE001
+        good, what = False, "%s: %s" % (type(e).__name__, e)
+    print("%-34s %s" % ("refusal then a good call", what[:200]))
+    records.append({"refusal": "then a good call", "message": what, "ok": good})
+    return ok and good
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the records here")
@@ -141,6 +177,7 @@ def main():
             for dtype in (torch.bfloat16, torch.float16):
                 for window in (0, 64):
                     ok = run_choice(torch, spt, kernel, dtype, window, records) and ok
+        ok = run_refusals(torch, spt, records) and ok
     finally:
         dist.destroy_process_group()
     if args.json:

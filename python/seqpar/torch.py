@@ -288,7 +288,7 @@ class DistributedAttention(torch.nn.Module):
     made, as torch's own CPU ops use; torchrun sets it to 1 per process when several share a host). A
     warning says when the ranks on this host (LOCAL_WORLD_SIZE, else ranks_per_node) times threads
     exceed its cores. The kernels' instruction set is chosen at run time for this CPU (`cpu_isa`:
-    avx512, avx2 or portable; SEQPAR_CPU_ISA forces one).
+    avx512, avx2 or portable; bfloat16 avx512bf16 where the CPU has it, `cpu_isas`; SEQPAR_CPU_ISA forces one).
 
     kernel: the attention kernel of float16 / bfloat16 CUDA calls. "auto" (default): cuDNN's fused attention
     (attention::CudnnSdpa, where this build has it: CUDNN) for calls it takes (not sliding-window calls: cuDNN's
@@ -438,8 +438,15 @@ class DistributedAttention(torch.nn.Module):
 
     @property
     def cpu_isa(self) -> str:
-        """The instruction set the CPU kernels run (float32 and bfloat16; float64 runs the portable path)."""
+        """The instruction set the CPU kernels run on float32 tensors (avx512, avx2 or portable; float64 runs
+        the portable path; bfloat16: cpu_isas)."""
         return self._layer.cpu_isa
+
+    @property
+    def cpu_isas(self) -> dict:
+        """The instruction set of the CPU kernels per dtype: bfloat16 runs AVX512-BF16's bf16 dot products
+        (avx512bf16) where the CPU has them, float32 the fp32 tiles, float64 the portable path."""
+        return {torch.float64: "portable", torch.float32: self._layer.cpu_isa, torch.bfloat16: self._layer.cpu_isa_bf16}
 
     @staticmethod
     def _batch(lengths, cu_seqlens, doc_counts):
@@ -509,8 +516,8 @@ class DistributedAttention(torch.nn.Module):
         except (TypeError, ValueError) as e:
             # This rank's outcome of the call's agreement: its peers, already in theirs, raise at once
             # (RuntimeError naming this rank and why) instead of waiting for it until the timeout.
-            if not any(isinstance(t, torch.Tensor) and t.is_cuda for t in (q, k, v)):  # CUDA: its own transport
-                self._layer.refuse(str(e))
+            # CUDA tensors: over the CUDA path's own transport, where the peers' engines agree.
+            self._layer.refuse(str(e), cuda=CUDA and isinstance(q, torch.Tensor) and q.is_cuda)
             raise
         o, lse = _attention(q, k, v, cu, counts, sinks, self._handle, window, scale)
         return (o, lse) if return_lse else o

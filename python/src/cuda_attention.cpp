@@ -131,16 +131,21 @@ struct CudaAttention::State {
   Vendors<float> vendor_floats;  // none: CudaFlash is the fp32 kernel
   Vendors<__half> vendor_halves;
   Vendors<__nv_bfloat16> vendor_bf16s;
-  std::string ran;               // the kernel of the last call: "cudnn", "flash" or "seqpar"
-  std::set<std::string> warned;  // fallbacks already said (one log line each)
+  std::string ran;                     // the kernel of the last call: "cudnn", "flash" or "seqpar"
+  std::set<std::string> warned;        // fallbacks already said (one log line each)
+  bool in_engine = false;              // the last call reached its engine (whose agreement reports its refusals)
+  std::optional<std::uint64_t> layer;  // set_layer's, given to every engine (else each its order on the transport)
 
   // The transport on q's device, made at the first call: the group must have an NCCL backend for CUDA.
   sp::backend::c10d::DeviceTransport& transport_on(const at::Tensor& q) {
-    if (device) {
+    if (device)
       sp::detail::require(q.device() == *device, kWhere, "q.device", q.device().str(),
                           "must be " + device->str() + " (this layer's first CUDA call ran there)");
-      return *transport;
-    }
+    return transport_at(q.device());
+  }
+  // The layer's transport, made on `dev` unless an earlier call made it (on its device).
+  sp::backend::c10d::DeviceTransport& transport_at(c10::Device dev) {
+    if (device) return *transport;
     std::string backend = "none";
     try {
       backend = group->getBackend(c10::DeviceType::CUDA)->getBackendName();
@@ -150,9 +155,9 @@ struct CudaAttention::State {
                         "must be nccl for CUDA tensors (init_process_group(\"nccl\") or \"cpu:gloo,cuda:nccl\")");
     sp::backend::c10d::DeviceTransport::Options options;
     options.timeout = timeout;
-    options.device = q.device().index();
+    options.device = dev.index();
     transport = std::make_unique<sp::backend::c10d::DeviceTransport>(group, options);
-    device = q.device();
+    device = dev;
     return *transport;
   }
 
@@ -165,6 +170,7 @@ struct CudaAttention::State {
       sp::AttentionShape scaled = shape;
       scaled.softmax_scale = scale;
       slot = make_engine<K>(strategy, t, scaled, ranks_per_node, masks, K(), capacity_factor);
+      if (layer) slot->set_layer(*layer);
     }
     return *slot;
   }
@@ -247,6 +253,7 @@ struct CudaAttention::State {
     at::Tensor o = at::empty({q.size(0), q.size(1), shape.v_dim()}, q.options());
     at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
     auto& e = engine_for<K>(engines, scale, t);
+    in_engine = true;  // from here the engine's agreement reports this rank's refusals
     run(e, [&] {
       if (s.defined())
         e.forward(batch, mask, qv, kv, vv, thd<T>(o, "o", dtype, q.device()), lse_view<float>(lse),
@@ -282,6 +289,7 @@ struct CudaAttention::State {
                dv = at::empty_like(v, at::MemoryFormat::Contiguous);
     at::Tensor dsinks = at::empty({s.defined() ? shape.heads_q : 0}, lse.options());
     auto& e = engine_for<K>(engines, scale, t);
+    in_engine = true;  // from here the engine's agreement reports this rank's refusals
     run(e, [&] {
       if (s.defined())
         e.backward(batch, mask, qv, kv, vv, ov, lse_view<const float>(lse), dov, thd<T>(dq, "dq", dtype, dev),
@@ -367,7 +375,38 @@ CudaAttention::CudaAttention(std::string strategy, const sp::AttentionShape& sha
                                        {},
                                        {},
                                        {},
-                                       {}})) {}
+                                       {},
+                                       false,
+                                       std::nullopt})) {}
+
+void CudaAttention::set_layer(std::uint64_t layer) noexcept {
+  s_->layer = layer;
+  const auto name = [&](auto& engines) {
+    for (auto& [scale, e] : engines) e->set_layer(layer);
+  };
+  name(s_->floats), name(s_->halves), name(s_->bf16s);
+  name(s_->vendor_halves.flash), name(s_->vendor_bf16s.flash);
+#if SEQPAR_TORCH_CUDNN
+  name(s_->vendor_halves.cudnn), name(s_->vendor_bf16s.cudnn);
+#endif
+}
+
+bool CudaAttention::in_engine() const noexcept {
+  return s_->in_engine;
+}
+
+void CudaAttention::refuse(const std::string& why) noexcept {
+  try {
+    const c10::Device dev = s_->device ? *s_->device : c10::Device(c10::DeviceType::CUDA, c10::cuda::current_device());
+    const c10::cuda::CUDAGuard guard(dev);
+    auto& t = s_->transport_at(dev);
+    sp::runtime::Agreement agreement(kWhere);
+    std::vector<sp::runtime::Agreement::Record> records;
+    pybind11::gil_scoped_release release;  // as the engine's calls (run): peers may be threads of this process
+    agreement.run(t, std::make_exception_ptr(std::invalid_argument(why)), records);
+  } catch (...) {  // the agreement rethrows `why` itself (or a transport error): the caller raises `why`
+  }
+}
 
 const std::string& CudaAttention::kernel_ran() const noexcept {
   return s_->ran;
@@ -378,6 +417,7 @@ CudaAttention::~CudaAttention() = default;
 std::vector<at::Tensor> CudaAttention::forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                const Lengths& lengths, const std::optional<at::Tensor>& sinks,
                                                sp::AttentionMask mask, double scale) {
+  s_->in_engine = false;
   switch (q.scalar_type()) {
     case at::kFloat:
       return s_->forward_typed<float>(s_->floats, s_->vendor_floats, q, k, v, lengths, sinks, mask, scale);
@@ -396,6 +436,7 @@ std::vector<at::Tensor> CudaAttention::backward(const at::Tensor& q, const at::T
                                                 const at::Tensor& o, const at::Tensor& lse, const at::Tensor& dout,
                                                 const Lengths& lengths, const std::optional<at::Tensor>& sinks,
                                                 sp::AttentionMask mask, double scale) {
+  s_->in_engine = false;
   switch (q.scalar_type()) {
     case at::kFloat:
       return s_->backward_typed<float>(s_->floats, s_->vendor_floats, q, k, v, o, lse, dout, lengths, sinks, mask,

@@ -44,6 +44,20 @@ class CudaAttention {
   /// q's device (the engine's sink epilogue; their values are checked on a host copy).
   std::vector<at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Lengths& lengths,
                                   const std::optional<at::Tensor>& sinks, seqpar::AttentionMask mask, double scale);
+  /// The layer every engine of this object (one per dtype, kernel and scale) names in its calls' agreement
+  /// (runtime/layer_order.hpp): ops.cpp's set_layer, so two layers called in different orders on two ranks
+  /// are refused on CUDA tensors too.
+  void set_layer(std::uint64_t layer) noexcept;
+  /// Whether the last forward or backward reached its engine's call: from there the engine's agreement
+  /// reports this rank's refusals to its peers; a refusal before it (dtype, strides, head sizes, sinks, the
+  /// device, the group's backend) is for refuse().
+  [[nodiscard]] bool in_engine() const noexcept;
+  /// This rank refuses the CUDA call its peers are making (`why`: the exception it raises), as its outcome of
+  /// the call's agreement over the layer's NCCL transport (made here, on the current CUDA device, if the
+  /// refused call is the layer's first): the peers' engines raise seqpar::Error (kPeerFailed) naming this
+  /// rank and `why` at once instead of waiting for it until the timeout. Never throws: a transport that
+  /// cannot be made or reached leaves the peers to their timeout, and `why` is what this rank raises.
+  void refuse(const std::string& why) noexcept;
   /// The kernel of the last call: "cudnn" (CudnnSdpa), "flash" (TorchFlash) or "seqpar" (CudaFlash); "" before
   /// the first.
   [[nodiscard]] const std::string& kernel_ran() const noexcept;

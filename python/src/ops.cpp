@@ -91,8 +91,7 @@ class Attention {
       check_scale(scale);
       if (strategy_ == "auto") last_lengths_ = lengths;  // what repr's "chose" reports (no copy otherwise)
 #if SEQPAR_TORCH_CUDA
-      in_engine_ = q.is_cuda();  // the CUDA path reports to its own transport (python/src/cuda_attention.cpp)
-      if (q.is_cuda()) {
+      if (q.is_cuda()) {  // its refusals go to its own transport (refuse_peers, cuda_attention.cpp)
         last_cuda_ = true;
         return cuda_->forward(q, k, v, lengths, sinks, mask, scale);
       }
@@ -123,8 +122,7 @@ class Attention {
       const sp::AttentionMask mask = mask_of(window);
       check_scale(scale);
 #if SEQPAR_TORCH_CUDA
-      in_engine_ = q.is_cuda();
-      if (q.is_cuda()) {
+      if (q.is_cuda()) {  // its refusals go to its own transport (refuse_peers, cuda_attention.cpp)
         last_cuda_ = true;
         return cuda_->backward(q, k, v, o, lse, dout, lengths, sinks, mask, scale);
       }
@@ -200,6 +198,11 @@ class Attention {
   [[nodiscard]] std::string cpu_isa() const {
     return sp::attention::to_string(sp::attention::resolve_cpu_isa(sp::attention::CpuIsa::kAuto, "seqpar.torch"));
   }
+  // The same for bfloat16 tensors, whose kernels take AVX512-BF16's bf16 dot products where the CPU has them.
+  [[nodiscard]] std::string cpu_isa_bf16() const {
+    return sp::attention::to_string(sp::attention::resolve_cpu_isa(sp::attention::CpuIsa::kAuto, "seqpar.torch",
+                                                                   sp::attention::cpu_features(), true));
+  }
 
  private:
   // The kernel names the layer takes: "cudnn" where the extension was built with cuDNN (SEQPAR_TORCH_CUDNN),
@@ -258,8 +261,13 @@ class Attention {
   std::vector<at::Tensor> in_torch_terms(const at::Tensor& q, const at::Tensor& cu_seqlens,
                                          const std::optional<at::Tensor>& doc_counts, F&& call) {
     in_engine_ = false;
+    cuda_call_ = q.is_cuda();
     try {
       return call();
+    } catch (const sp::Error& e) {
+      // A peer's refusal relayed by the agreement (or a transport failure): the peer's message names the
+      // C++ views' fields when its engine refused; in the op's terms here too.
+      throw sp::Error(e.code(), torch_terms(e.detail()));
     } catch (const std::invalid_argument& e) {
       std::string what = torch_terms(e.what());
       if (what.find("q.shape[0] = ") != std::string::npos) {
@@ -278,12 +286,31 @@ class Attention {
                   std::to_string(q.size(0)) +
                   " suggests rows of another batch, or lengths that do not describe these rows)";
       }
-      if (!in_engine_) refuse(what);
+      if (!reached_engine()) refuse_peers(what);
       throw std::invalid_argument(what);
     } catch (const std::exception& e) {
-      if (!in_engine_) refuse(e.what());
+      if (!reached_engine()) refuse_peers(e.what());
       throw;
     }
+  }
+
+  // Whether the failed call reached its engine, whose agreement reported this rank's refusal already.
+  [[nodiscard]] bool reached_engine() const {
+#if SEQPAR_TORCH_CUDA
+    if (cuda_call_) return cuda_->in_engine();
+#endif
+    return in_engine_;
+  }
+  // This rank's refusal to its peers, over the transport their engines agree on: the CUDA path's own NCCL
+  // transport for CUDA tensors, the group's host transport for CPU ones.
+  void refuse_peers(const std::string& why) {
+#if SEQPAR_TORCH_CUDA
+    if (cuda_call_) {
+      cuda_->refuse(why);
+      return;
+    }
+#endif
+    refuse(why);
   }
 
  public:
@@ -296,12 +323,23 @@ class Attention {
     for (auto& [scale, e] : doubles_) e->set_layer(layer_);
     for (auto& [scale, e] : floats_) e->set_layer(layer_);
     for (auto& [scale, e] : bf16s_) e->set_layer(layer_);
+#if SEQPAR_TORCH_CUDA
+    cuda_->set_layer(layer_);
+#endif
   }
 
   // This rank refuses the call its peers are making (`why`: the exception it raises), as its outcome of
   // the call's agreement (runtime/agreement.hpp): the peers raise seqpar::Error (kPeerFailed) naming this
   // rank and `why` at once. For the checks seqpar/torch.py makes before the op. Returns once the peers
   // have it (a peer that is gone too: the transport's timeout, whose error is dropped for `why`).
+  //
+  // cuda: the call was on CUDA tensors, whose peers agree over the CUDA path's transport (a build without
+  // that path has none: its peers, refusing CUDA tensors too, agree on the host transport).
+  void refuse_from_python(const std::string& why, bool cuda) {
+    cuda_call_ = cuda;
+    refuse_peers(why);
+  }
+
   void refuse(const std::string& why) {
     sp::runtime::Agreement agreement("seqpar.torch.DistributedAttention");
     std::vector<sp::runtime::Agreement::Record> records;
@@ -418,6 +456,7 @@ class Attention {
   bool ran_cpu_ = false;          // a CPU call ran (kernel_ran)
   Lengths last_lengths_;          // the last forward's batch ("auto" only)
   bool in_engine_ = false;        // the call reached the engine (its agreement reports this rank's refusals)
+  bool cuda_call_ = false;        // the call is on CUDA tensors (its peers agree over the CUDA path's transport)
   static constexpr std::uint64_t kUnnamed = ~std::uint64_t{0};
   std::uint64_t layer_ = kUnnamed;  // set_layer's number (unnamed: each engine's order on the transport)
   std::unique_ptr<sp::backend::c10d::Transport> transport_;  // engines hold a reference: a stable address
@@ -449,7 +488,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("o"), pybind11::arg("lse"), pybind11::arg("dout"), pybind11::arg("cu_seqlens"),
            pybind11::arg("doc_counts") = std::nullopt, pybind11::arg("sinks") = std::nullopt,
            pybind11::arg("window") = 0, pybind11::arg("scale") = 0.0)
-      .def("refuse", &Attention::refuse, pybind11::arg("why"))
+      .def("refuse", &Attention::refuse_from_python, pybind11::arg("why"), pybind11::arg("cuda") = false)
       .def("set_layer", &Attention::set_layer, pybind11::arg("layer"))
       .def("token_meta", &Attention::token_meta, pybind11::arg("cu_seqlens"),
            pybind11::arg("doc_counts") = std::nullopt)
@@ -460,6 +499,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("strategy", &Attention::strategy)
       .def_property_readonly("threads", &Attention::threads)
       .def_property_readonly("cpu_isa", &Attention::cpu_isa)
+      .def_property_readonly("cpu_isa_bf16", &Attention::cpu_isa_bf16)
       .def_property_readonly("kernel", &Attention::kernel)
       .def_property_readonly("kernel_ran", &Attention::kernel_ran);
   std::vector<std::string> names(std::begin(kStrategies), std::end(kStrategies));

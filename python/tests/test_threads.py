@@ -3,6 +3,8 @@
 explicit threads=), give the same bits on 1 and 2 threads, are refused by name when out of range, and a
 host whose ranks x threads exceed its cores gets a warning; the layer says which instruction set its
 kernels run."""
+import os
+
 from dist_util import run
 
 
@@ -22,6 +24,10 @@ def _threads(rank, world):
     one = spt.DistributedAttention("zigzag-ring", hq, hkv, d, timeout_s=60, threads=1)
     out["explicit"] = one.threads
     out["isa"] = one.cpu_isa
+    out["isas"] = {str(k): v for k, v in one.cpu_isas.items()}
+    with open("/proc/cpuinfo") as f:
+        flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    out["bf16_cpu"] = all(f in flags for f in ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16"))
     try:
         spt.DistributedAttention("zigzag-ring", hq, hkv, d, timeout_s=60, threads=0)
         out["zero"] = "accepted"
@@ -57,6 +63,10 @@ def test_threads_follow_torch_and_oversubscription_is_said():
     assert out["default"] == 2  # torch.get_num_threads() when the layer was made
     assert out["explicit"] == 1
     assert out["isa"] in ("avx512", "avx2", "portable")
+    assert out["isas"]["torch.float32"] == out["isa"] and out["isas"]["torch.float64"] == "portable"
+    # bfloat16 runs the bf16 dot products where the CPU has them (unless SEQPAR_CPU_ISA forces a path).
+    if "SEQPAR_CPU_ISA" not in os.environ:
+        assert out["isas"]["torch.bfloat16"] == ("avx512bf16" if out["bf16_cpu"] else out["isa"]), out
     assert "threads = 0" in out["zero"] and "must be in [1, 1024]" in out["zero"], out["zero"]
     assert out["same_bits"]
     assert len(out["warning"]) == 1 and "64 ranks on this host" in out["warning"][0], out["warning"]

@@ -112,6 +112,43 @@ TEST_SUITE("adversarial") {
     }
   }
 
+  TEST_CASE("replicated: ranks running float and bfloat16 storage are kMismatch naming the element type") {
+    // The element word holds the significand bits too (core/element_code.hpp): sizes alone would not tell
+    // float16 from bfloat16, which CUDA ranks can run side by side (tests/cuda/test_element_code_host.cpp).
+    const AttentionShape shape{2, 1, 8};
+    const DocumentBatch batch({{10, 6}});
+    const auto layer = [&]<class T>(auto& t, T) {
+      DistributedAttention<S, attention::CpuFlash<T>> attn(t, shape);
+      const std::int64_t n = attn.local_tokens(batch);
+      ThdTensor<T> q(n, shape.heads_q, shape.head_dim), k(n, shape.heads_kv, shape.head_dim),
+          v(n, shape.heads_kv, shape.head_dim), o(n, shape.heads_q, shape.head_dim);
+      LseTensor<float> lse(shape.heads_q, n);
+      attn.forward(batch, q.view(), k.view(), v.view(), o.view(), lse.view());
+    };
+    const test::WorldOutcome w = test::run_world(
+        2,
+        [&](int rank, auto& t) {
+          if (rank == 0)
+            layer(t, float{});
+          else
+            layer(t, attention::bf16{});
+        },
+        kTimeout);
+    for (std::size_t r = 0; r < 2; ++r) {
+      CAPTURE(w.errors[r]);
+      CHECK(w.codes[r] == static_cast<int>(Errc::kMismatch));
+      CHECK(contains(w.errors[r],
+                     " disagree on the element type (value bytes, value significand bits, "
+                     "accumulation bytes: BBSSAA): "));
+    }
+    CHECK(contains(w.errors[0], "rank 1 and rank 0 disagree on the element type"));
+    CHECK(contains(w.errors[0], "): 20804 vs 42404"));  // rank 1's bf16/float word, then rank 0's float/float
+    CHECK(contains(w.errors[1], "): 42404 vs 20804"));
+    CHECK(w.took < kPrompt);
+    static_assert(element_code<double, double>() == 85308 && element_code<float, float>() == 42404 &&
+                  element_code<attention::bf16, float>() == 20804);
+  }
+
   TEST_CASE("replicated: set_layer names the layer when the ranks made their objects in different orders") {
     const AttentionShape shape{2, 1, 4};
     const DocumentBatch batch({{10, 6}});

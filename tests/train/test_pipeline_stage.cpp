@@ -478,15 +478,24 @@ std::size_t check_stage(const std::string& name, Case cs, typename S::Arguments 
 }
 
 // Runs `Stage` (bad on stage `bad`) on 2 stages x 2 ranks; returns what each rank threw.
+// foreign_plan: the chunk plan is another batch's of the same token count (each sequence's documents in
+// reverse order), without the fingerprint that names its batch (a plan made by hand or by an older version).
 template <class Stage>
-std::vector<std::string> refusals(int bad, std::vector<int>& forwards) {
+std::vector<std::string> refusals(int bad, std::vector<int>& forwards, bool foreign_plan = false) {
   std::mt19937_64 rng(5);
   Mixer model;
   model.init(5);
   const train::TokenBatch batch = make_batch(rng, model.vocab, 60);
   schedule::DynamicChunk chunker;
   chunker.args.token_capacity = 32;
-  const schedule::ChunkPlan plan = chunker.plan(batch.documents);
+  std::vector<std::vector<std::int64_t>> reversed(static_cast<std::size_t>(batch.documents.num_sequences()));
+  for (int b = 0; b < batch.documents.num_sequences(); ++b)
+    for (const Document& d : batch.documents.documents_of(b))
+      reversed[static_cast<std::size_t>(b)].insert(reversed[static_cast<std::size_t>(b)].begin(), d.tokens.size());
+  const DocumentBatch other(reversed);
+  REQUIRE(other.total_tokens() == batch.documents.total_tokens());
+  schedule::ChunkPlan plan = chunker.plan(foreign_plan ? other : batch.documents);
+  if (foreign_plan) plan.batch_fingerprint = 0;
   const schedule::PipelineModel pm{.stages = 2,
                                    .layers_per_stage = 2,
                                    .static_bytes = 0,
@@ -646,6 +655,18 @@ TEST_SUITE("train") {
             r / 2 == 0 ? "invalid_argument: train::run_pipelined_step: stage.layers() = 3: must be "
                          "memory_model.layers_per_stage = 2"
                        : "peer failed: train::run_pipelined_step: rank 0 refused its stage"));
+      }
+    }
+    {  // another batch's chunks (same token count, no fingerprint on the plan): ChunkedAttention::begin(batch,
+       // ...) finds a chunk's piece crossing this batch's documents, on every rank, before any stage method
+      const auto what = refusals<ExtraRowStage>(-1, forwards, true);
+      for (int r = 0; r < 4; ++r) {
+        CAPTURE(r);
+        CAPTURE(what[static_cast<std::size_t>(r)]);
+        CHECK(forwards[static_cast<std::size_t>(r)] == 0);
+        CHECK(what[static_cast<std::size_t>(r)].starts_with("invalid_argument: ChunkedAttention::begin: chunks["));
+        CHECK(what[static_cast<std::size_t>(r)].find("(the chunks of another batch, of fingerprint other than this "
+                                                     "batch's ") != std::string::npos);
       }
     }
     {  // the well-formed stage runs (the harness itself is not what refuses)

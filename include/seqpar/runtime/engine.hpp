@@ -18,6 +18,7 @@
 #include "seqpar/comm/program.hpp"
 #include "seqpar/core/attention_mask.hpp"
 #include "seqpar/core/document_batch.hpp"
+#include "seqpar/core/element_code.hpp"
 #include "seqpar/core/error.hpp"
 #include "seqpar/core/hash.hpp"
 #include "seqpar/core/shard_plan.hpp"
@@ -443,8 +444,8 @@ class AttentionEngine {
       if (extension->refused) refused = extension->refused;  // the caller's own check names its argument
     }
     a.add("the call (0 = forward, 1 = backward)", std::int64_t{pass});
-    a.add("the element type (bytes of the value and accumulation types)",
-          static_cast<std::int64_t>(sizeof(value_type) * 100 + sizeof(accum_type)));
+    a.add("the element type (value bytes, value significand bits, accumulation bytes: BBSSAA)",
+          element_code<value_type, accum_type>());
     a.add("the layer (the order this rank made its attention objects on the transport, or set_layer's)", layer_,
           Agreement::kHash);
     a.add("whether the call has attention sinks (0 = no, 1 = yes)", std::int64_t{sinks != nullptr ? 1 : 0});

@@ -406,7 +406,7 @@ PipelinedStepResult<typename Stage::value_type> run_pipelined_step(Tr& world, St
   std::vector<std::unique_ptr<runtime::ChunkedAttention<Kernel>>> chunked;
   for (int l = 0; l < per_stage; ++l) {
     chunked.push_back(std::make_unique<runtime::ChunkedAttention<Kernel>>(attention));
-    chunked.back()->begin(plan.chunks, detail_stage::mask_of_layer(stage, l));
+    chunked.back()->begin(batch.documents, plan.chunks, detail_stage::mask_of_layer(stage, l));
   }
   // K and dK rows are qk_dim() wide, V and dV rows v_dim() (MLA: 192 and 128).
   for (const auto& ca : chunked)

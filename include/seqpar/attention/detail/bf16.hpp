@@ -8,6 +8,8 @@
 #include <bit>
 #include <cstdint>
 
+#include "seqpar/core/element_code.hpp"
+
 namespace seqpar::attention {
 
 struct bf16 {
@@ -35,3 +37,9 @@ struct bf16 {
 };
 
 }  // namespace seqpar::attention
+
+/// bfloat16's 8 significand bits (the implicit one included), as numeric_limits would say.
+template <>
+struct seqpar::element_significand_bits<seqpar::attention::bf16> {
+  static constexpr int value = 8;
+};

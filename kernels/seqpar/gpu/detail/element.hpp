@@ -13,6 +13,8 @@
 
 #include <type_traits>
 
+#include "seqpar/core/element_code.hpp"
+
 namespace seqpar::gpu::detail {
 
 template <class T>
@@ -44,3 +46,14 @@ __host__ __device__ __forceinline__ T from_float(float x) {
 }
 
 }  // namespace seqpar::gpu::detail
+
+/// The CUDA storage types' significand bits (no numeric_limits specialization in std): what tells a
+/// float16 call from a bfloat16 one in the agreement (core/element_code.hpp).
+template <>
+struct seqpar::element_significand_bits<__half> {
+  static constexpr int value = 11;
+};
+template <>
+struct seqpar::element_significand_bits<__nv_bfloat16> {
+  static constexpr int value = 8;
+};

@@ -470,10 +470,36 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "--threads must be in [1, 256], got %d\n", t);
       return 2;
     }
-  try {  // kAuto becomes what CpuFlash picks here (SEQPAR_CPU_ISA included); one this CPU lacks is refused
-    for (attention::CpuIsa& isa : isas)
-      isa = attention::resolve_cpu_isa(isa, "attention_cpu --isa", attention::cpu_features(),
-                                       isa == attention::CpuIsa::kAvx512Bf16);
+  // kAuto becomes what CpuFlash picks here for each storage type (SEQPAR_CPU_ISA included): float's choice,
+  // and bf16's where it differs (avx512bf16 on CPUs with AVX512-BF16), whose bf16 rows then run there and not
+  // on float's choice. One this CPU lacks is refused.
+  std::vector<attention::CpuIsa> bf16_skips;  // auto's float choice where bf16's differs: no bf16 rows on it
+  try {
+    std::vector<attention::CpuIsa> resolved, named;
+    const auto add = [&](attention::CpuIsa isa) {
+      if (std::find(resolved.begin(), resolved.end(), isa) == resolved.end()) resolved.push_back(isa);
+    };
+    for (attention::CpuIsa isa : isas) {
+      if (isa != attention::CpuIsa::kAuto) {
+        add(attention::resolve_cpu_isa(isa, "attention_cpu --isa", attention::cpu_features(),
+                                       isa == attention::CpuIsa::kAvx512Bf16));
+        named.push_back(isa);
+        continue;
+      }
+      const attention::CpuIsa for_float =
+          attention::resolve_cpu_isa(isa, "attention_cpu --isa", attention::cpu_features(), false);
+      const attention::CpuIsa for_bf16 =
+          attention::resolve_cpu_isa(isa, "attention_cpu --isa", attention::cpu_features(), true);
+      add(for_float);
+      if (for_bf16 != for_float && bf16_rows) {
+        add(for_bf16);
+        bf16_skips.push_back(for_float);
+      }
+    }
+    isas = resolved;
+    // An ISA named explicitly runs bf16 rows even where auto would not choose it for bf16.
+    std::erase_if(bf16_skips,
+                  [&](attention::CpuIsa isa) { return std::find(named.begin(), named.end(), isa) != named.end(); });
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;
@@ -594,7 +620,8 @@ int main(int argc, char** argv) {
             keep({isa, "bwd", "fp32", p, threads, 2.5 * fwd_flops / tb * 1e-9, 0.0, tp.second});
             std::fprintf(stderr, ".");
           }
-          if (bf16_rows) {  // the same values rounded to bf16; fp32 accumulation and LSE
+          if (bf16_rows && std::find(bf16_skips.begin(), bf16_skips.end(), isa) == bf16_skips.end()) {
+            // the same values rounded to bf16; fp32 accumulation and LSE
             using attention::bf16;
             const auto narrow = [](const ThdTensor<float>& t) {
               ThdTensor<bf16> r(t.tokens, t.heads, t.head_dim);

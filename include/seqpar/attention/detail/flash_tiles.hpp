@@ -58,9 +58,10 @@ inline constexpr int kMaxPanel = 64;
 /// Work that differs per register block of kRowBlock rows (block rb holds rows [kRowBlock * rb, ...)): along a
 /// mask edge each block computes only what its own rows see, at 6-row x 16-key granularity instead of a whole
 /// score block's (a 48 x 128 block on a causal diagonal is mostly hidden; short documents are mostly edge). Block rb
-/// computes only columns [col_lo[rb], col_hi[rb]) (multiples of the policy's panel, or n; its other columns of C are
-/// left as they were) and sums only over k in [k_lo[rb], k_hi[rb]) (A is zero elsewhere). Null: all columns / all k.
-/// Panels stay the outer loop, so each B panel is still read from L1 by all row blocks.
+/// computes at least columns [col_lo[rb], col_hi[rb]) (multiples of 16, or n), at the policy's granularity: whole
+/// 16-column vectors (AVX-512's 64-column panels are entered at the vector that holds col_lo); its other columns of C
+/// may be left as they were and sums only over k in [k_lo[rb], k_hi[rb]) (A is zero elsewhere). Null: all columns / all
+/// k. Panels stay the outer loop, so each B panel is still read from L1 by all row blocks.
 struct BlockRanges {
   const int* col_lo = nullptr;
   const int* col_hi = nullptr;

@@ -76,10 +76,9 @@ SEQPAR_ALWAYS_INLINE void row_to_pairs(const float* x, int n, std::uint32_t* out
 
 /// /// acc[i] += the products of A's pair (i, k) (a[i * ai + k * ak]) with B's pair row bk (kMask: its bits ANDed with
 /// keep).
-template <int R, bool kMask>
-SEQPAR_ALWAYS_INLINE void pair_step(__m512 (&acc)[R][kPanel / 16], const std::uint32_t* a, int ai, int ak, int k,
+template <int R, int kNV, bool kMask>
+SEQPAR_ALWAYS_INLINE void pair_step(__m512 (&acc)[R][kNV], const std::uint32_t* a, int ai, int ak, int k,
                                     const std::uint32_t* bk, __m512i keep) noexcept {
-  constexpr int kNV = kPanel / 16;
   __m512i bv[kNV];
   SEQPAR_UNROLL
   for (int v = 0; v < kNV; ++v) {
@@ -94,14 +93,14 @@ SEQPAR_ALWAYS_INLINE void pair_step(__m512 (&acc)[R][kPanel / 16], const std::ui
   }
 }
 
-/// /// C block of R rows x 64 columns (w of them stored) = (C if accumulate, else 0) + alpha * A B over kp pairs: A's
-/// word (i, k) at a[i * ai + k * ak], B's pair row k at b[k * kPanel, + 64). B's first and last pair rows are ANDed
-/// with keep_first / keep_last (~0u: all of them), which drop the value beside an exact range's odd end.
-template <int R>
+/// C block of R rows x 16 kNV columns (the first w of them stored) = (C if accumulate, else 0) + alpha * A B over kp
+/// pairs: A's word (i, k) at a[i * ai + k * ak], B's pair row k at b[k * kPanel, + 16 kNV) (a panel's columns from
+/// b on). B's first and last pair rows are ANDed with keep_first / keep_last (~0u: all of them), which drop the value
+/// beside an exact range's odd end.
+template <int R, int kNV>
 SEQPAR_ALWAYS_INLINE void pair_block(int kp, const std::uint32_t* a, int ai, int ak, const std::uint32_t* b, float* c,
                                      std::int64_t ldc, int w, bool accumulate, float alpha, std::uint32_t keep_first,
                                      std::uint32_t keep_last) noexcept {
-  constexpr int kNV = kPanel / 16;
   __mmask16 lanes[kNV];
   SEQPAR_UNROLL
   for (int v = 0; v < kNV; ++v) lanes[v] = first_lanes(w - 16 * v);
@@ -113,12 +112,12 @@ SEQPAR_ALWAYS_INLINE void pair_block(int kp, const std::uint32_t* a, int ai, int
   }
   int k = 0, k_end = kp;
   if (keep_first != ~0u && kp > 0)
-    pair_step<R, true>(acc, a, ai, ak, k++, b, _mm512_set1_epi32(static_cast<int>(keep_first)));
+    pair_step<R, kNV, true>(acc, a, ai, ak, k++, b, _mm512_set1_epi32(static_cast<int>(keep_first)));
   const bool peel_last = keep_last != ~0u && k_end > k;
   if (peel_last) --k_end;
-  for (; k < k_end; ++k) pair_step<R, false>(acc, a, ai, ak, k, b + k * kPanel, _mm512_setzero_si512());
+  for (; k < k_end; ++k) pair_step<R, kNV, false>(acc, a, ai, ak, k, b + k * kPanel, _mm512_setzero_si512());
   if (peel_last)
-    pair_step<R, true>(acc, a, ai, ak, k_end, b + k_end * kPanel, _mm512_set1_epi32(static_cast<int>(keep_last)));
+    pair_step<R, kNV, true>(acc, a, ai, ak, k_end, b + k_end * kPanel, _mm512_set1_epi32(static_cast<int>(keep_last)));
   const __m512 scale = _mm512_set1_ps(alpha);
   SEQPAR_UNROLL
   for (int i = 0; i < R; ++i) {
@@ -136,7 +135,7 @@ SEQPAR_ALWAYS_INLINE void pair_block(int kp, const std::uint32_t* a, int ai, int
 /// ak] (ak == 1: rows, a_shift 0; or ai == 1: columns, e.g. P^T; A(i, k) = 0 for k < a_shift; fp32 values rounded to
 /// bf16: exact for values that came from bf16) and B as bf16 pairs: pair row k / 2 of column panel j / 64 at b[(j / 64)
 /// * panel + (k / 2) * 64, + 64) (pack_key_pairs, pack_row_pairs), every panel 64 columns wide and ceil(kdim / 2) pair
-/// rows deep. BlockRanges as the fp32 gemm's: col_lo / col_hi (multiples of 64), and k_lo / k_hi, which are widened to
+/// rows deep. BlockRanges as the fp32 gemm's: col_lo / col_hi (multiples of 16), and k_lo / k_hi, which are widened to
 /// whole pairs: A must be 0 and B finite at a widened end (a masked weight beside a visible one; a pack's zero
 /// padding), unless `exact_ends`: then the value of B beside an odd end is dropped (B may hold a NaN there), and the
 /// sums are bit for bit those of the widened range over a finite B.
@@ -178,7 +177,15 @@ inline void gemm_pairs(int m, int n, int kdim, const float* a, std::int64_t ai, 
         const std::uint32_t* bj = b + (j0 / kPanel) * panel + p0 * kPanel;
         for (int i0 = 0; i0 < gm; i0 += kRowBlock) {
           const int rb = (g0 + i0) / kRowBlock;
-          if (rg.col_lo != nullptr && (j0 < rg.col_lo[rb] || j0 >= rg.col_hi[rb])) continue;
+          // the block's columns of the panel, at 16-column granularity (as the fp32 gemm: a row block along a mask
+          // edge sees a few vectors of the panel)
+          int c_lo = 0, c_hi = w;
+          if (rg.col_lo != nullptr) {
+            c_lo = std::max(rg.col_lo[rb] - j0, 0) / 16 * 16;
+            c_hi = std::min((rg.col_hi[rb] - j0 + 15) / 16 * 16, w);
+            if (c_lo >= c_hi) continue;
+          }
+          const int wb = c_hi - c_lo;  // stored columns from c_lo (vectors ceil(wb / 16))
           // this block's pairs of the chunk (relative to p0)
           int pl = 0, ph = kp;
           std::uint32_t keep_first = ~0u, keep_last = ~0u;
@@ -191,27 +198,44 @@ inline void gemm_pairs(int m, int n, int kdim, const float* a, std::int64_t ai, 
             if (exact_ends && hi % 2 != 0 && (hi + 1) / 2 - p0 == ph && pl < ph) keep_last = 0x0000FFFFu;
           }
           const std::uint32_t* ab = ap + i0 * pai + pl * pak;
-          const std::uint32_t* bb = bj + pl * kPanel;
-          float* cb = c + (g0 + i0) * ldc + j0;
+          const std::uint32_t* bb = bj + pl * kPanel + c_lo;
+          float* cb = c + (g0 + i0) * ldc + j0 + c_lo;
           const bool add = accumulate || !first;  // a later chunk adds to the earlier chunks' sums
+          const int nv = (wb + 15) / 16;
+          const auto run = [&]<int R>() {
+            switch (nv) {
+              case 1:
+                pair_block<R, 1>(ph - pl, ab, pai, pak, bb, cb, ldc, wb, add, alpha, keep_first, keep_last);
+                break;
+              case 2:
+                pair_block<R, 2>(ph - pl, ab, pai, pak, bb, cb, ldc, wb, add, alpha, keep_first, keep_last);
+                break;
+              case 3:
+                pair_block<R, 3>(ph - pl, ab, pai, pak, bb, cb, ldc, wb, add, alpha, keep_first, keep_last);
+                break;
+              default:
+                pair_block<R, 4>(ph - pl, ab, pai, pak, bb, cb, ldc, wb, add, alpha, keep_first, keep_last);
+                break;
+            }
+          };
           switch (std::min(kRowBlock, gm - i0)) {
             case 1:
-              pair_block<1>(ph - pl, ab, pai, pak, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
+              run.template operator()<1>();
               break;
             case 2:
-              pair_block<2>(ph - pl, ab, pai, pak, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
+              run.template operator()<2>();
               break;
             case 3:
-              pair_block<3>(ph - pl, ab, pai, pak, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
+              run.template operator()<3>();
               break;
             case 4:
-              pair_block<4>(ph - pl, ab, pai, pak, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
+              run.template operator()<4>();
               break;
             case 5:
-              pair_block<5>(ph - pl, ab, pai, pak, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
+              run.template operator()<5>();
               break;
             default:
-              pair_block<6>(ph - pl, ab, pai, pak, bb, cb, ldc, w, add, alpha, keep_first, keep_last);
+              run.template operator()<6>();
               break;
           }
         }

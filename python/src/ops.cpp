@@ -266,8 +266,11 @@ class Attention {
       return call();
     } catch (const sp::Error& e) {
       // A peer's refusal relayed by the agreement (or a transport failure): the peer's message names the
-      // C++ views' fields when its engine refused; in the op's terms here too.
-      throw sp::Error(e.code(), torch_terms(e.detail()));
+      // C++ views' fields when its engine refused; in the op's terms here too. One before the engine's call
+      // (making the CUDA path's transport) is this rank's refusal, sent to its peers as the others are.
+      const std::string what = torch_terms(e.detail());
+      if (!reached_engine()) refuse_peers(what);
+      throw sp::Error(e.code(), what);
     } catch (const std::invalid_argument& e) {
       std::string what = torch_terms(e.what());
       if (what.find("q.shape[0] = ") != std::string::npos) {

@@ -269,7 +269,7 @@ class Attention {
       // C++ views' fields when its engine refused; in the op's terms here too. One before the engine's call
       // (making the CUDA path's transport) is this rank's refusal, sent to its peers as the others are.
       const std::string what = torch_terms(e.detail());
-      if (!reached_engine()) refuse_peers(what);
+      if (!reached_engine()) refuse_peers(what, cuda_call_);
       throw sp::Error(e.code(), what);
     } catch (const std::invalid_argument& e) {
       std::string what = torch_terms(e.what());
@@ -289,10 +289,10 @@ class Attention {
                   std::to_string(q.size(0)) +
                   " suggests rows of another batch, or lengths that do not describe these rows)";
       }
-      if (!reached_engine()) refuse_peers(what);
+      if (!reached_engine()) refuse_peers(what, cuda_call_);
       throw std::invalid_argument(what);
     } catch (const std::exception& e) {
-      if (!reached_engine()) refuse_peers(e.what());
+      if (!reached_engine()) refuse_peers(e.what(), cuda_call_);
       throw;
     }
   }
@@ -306,12 +306,14 @@ class Attention {
   }
   // This rank's refusal to its peers, over the transport their engines agree on: the CUDA path's own NCCL
   // transport for CUDA tensors, the group's host transport for CPU ones.
-  void refuse_peers(const std::string& why) {
+  void refuse_peers(const std::string& why, bool cuda) {
 #if SEQPAR_TORCH_CUDA
-    if (cuda_call_) {
+    if (cuda) {
       cuda_->refuse(why);
       return;
     }
+#else
+    (void)cuda;
 #endif
     refuse(why);
   }
@@ -339,8 +341,7 @@ class Attention {
   // cuda: the call was on CUDA tensors, whose peers agree over the CUDA path's transport (a build without
   // that path has none: its peers, refusing CUDA tensors too, agree on the host transport).
   void refuse_from_python(const std::string& why, bool cuda) {
-    cuda_call_ = cuda;
-    refuse_peers(why);
+    refuse_peers(why, cuda);
   }
 
   void refuse(const std::string& why) {

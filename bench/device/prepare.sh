@@ -70,12 +70,32 @@ else
 fi
 
 # Dry run of the device run's pieces here, where there is no GPU: the scripts parse, and every program the
-# run calls refuses cleanly (exit 77, "no CUDA device") rather than failing. Built programs are tried where
-# a build folder has them (SEQPAR_DRY_BUILD, default build/release); the Python ones with SEQPAR_PYTHON
-# (default python3; a torch without a GPU, or no torch, both skip).
-python=${SEQPAR_PYTHON:-python3}
+# run calls refuses cleanly (exit 77, "no CUDA device") rather than failing. The programs come from a build
+# folder (SEQPAR_DRY_BUILD, default build/release), brought up to date first with the device run's own target
+# list (run.sh's build stage): a program built from an older tree would dry-run old code (a stale
+# attention_cuda once failed here on --compare, which the tree had). SEQPAR_DRY_NO_BUILD=1 skips the build
+# and tries what is there. The Python pieces run with SEQPAR_PYTHON (default: the project's venv, which
+# make test installs, else python3; a torch without a GPU, or no torch, both skip).
+python=${SEQPAR_PYTHON:-}
+if [[ -z $python ]]; then
+  python=python3
+  [[ -x $root/build/venv/bin/python ]] && python=$root/build/venv/bin/python
+fi
 dry_build=${SEQPAR_DRY_BUILD:-$root/build/release}
 dry_fail=0
+device_targets='^(seqpar_test_[A-Za-z0-9_]+|seqpar_tests_cuda_host|seqpar_tests_nccl|seqpar_tests_nccl_host|attention_cuda|runtime_cuda|transport_nccl|07_nccl_ring)$'
+if [[ -f $dry_build/build.ninja && ${SEQPAR_DRY_NO_BUILD:-0} != 1 ]]; then
+  mapfile -t dry_targets < <(ninja -C "$dry_build" -t targets all 2>/dev/null |
+    sed -n 's/^\([A-Za-z0-9_]*\): .*/\1/p' | grep -E "$device_targets" | sort -u)
+  if ((${#dry_targets[@]} > 0)); then
+    echo "prepare.sh: dry run: building ${#dry_targets[@]} device targets in $dry_build (ninja; up to date is quick)"
+    nice -n 10 ninja -C "$dry_build" "${dry_targets[@]}" >"$check/dry_build.log" 2>&1 || {
+      echo "prepare.sh: dry run: the device targets do not build here:" >&2
+      tail -n 30 "$check/dry_build.log" >&2
+      exit 1
+    }
+  fi
+fi
 expect_skip() {  # expect_skip NAME CMD...: exit 0 or 77 is clean, anything else is not
   local rc=0
   "${@:2}" >"$check/$1.log" 2>&1 || rc=$?
@@ -92,11 +112,18 @@ bash -n "$root/bench/device/run.sh" || dry_fail=1
 expect_skip torch_peers_dry "$python" "$root/bench/device/torch_peers.py" --dry-run --smoke
 expect_skip torch_peers_mla_dry "$python" "$root/bench/device/torch_peers.py" --dry-run --smoke --mla
 expect_skip torch_op_cuda env PYTHONPATH="$root/python" "$python" "$root/bench/device/torch_op_cuda.py"
-for exe in tests/seqpar_test_cudnn_sdpa tests/seqpar_test_cudnn_strategies bench/attention_cuda; do
+# Every GPU program the run calls: the CUDA/NCCL test executables (ctest -L 'cuda|nccl' and the sanitizer
+# passes run them), then the benchmarks with the run's arguments.
+for exe in "$dry_build"/tests/seqpar_test_* "$dry_build"/tests/seqpar_tests_nccl; do
+  [[ -x $exe ]] || continue
+  expect_skip "$(basename "$exe")" "$exe"
+done
+for exe in bench/attention_cuda bench/runtime_cuda bench/transport_nccl; do
   [[ -x $dry_build/$exe ]] || continue
-  expect_skip "$(basename "$exe")" "$dry_build/$exe"
+  expect_skip "$(basename "$exe")" "$dry_build/$exe" --json "$check/$(basename "$exe").json"
 done
 [[ -x $dry_build/bench/attention_cuda ]] && expect_skip attention_compare "$dry_build/bench/attention_cuda" --smoke --compare
+[[ -x $dry_build/bench/attention_cuda ]] && expect_skip attention_cuda_smoke "$dry_build/bench/attention_cuda" --smoke
 if ((dry_fail)); then
   echo "prepare.sh: the dry run found a script or program that does not refuse cleanly without a GPU" >&2
   exit 1

@@ -134,7 +134,11 @@ int main(int argc, char** argv) {
   const auto run_strategy = [&]<class S>(const char* name, const char* what, typename S::Arguments args) {
     Tensors<float> io(n, shape);
     io.copy_inputs(inputs);
-    const auto stats = run<S>(batch, shape, args, io, opt.threads, kRanks, kRanksPerNode);
+    args.ranks_per_node = kRanksPerNode;
+    const auto stats = run_engine(batch, shape, io, kRanks, kRanksPerNode, [&](auto& transport) {
+      return std::make_unique<DistributedAttention<S, Kernel>>(transport, shape, args,
+                                                               Kernel({.threads = opt.threads}));
+    });
     rows.push_back(summarize(name, what, stats, predicted.template operator()<S>(args), ref, io, every_row));
   };
   run_strategy.operator()<ZigzagRing>("zigzag-ring", "Megatron/TE context parallel (baseline)", {});

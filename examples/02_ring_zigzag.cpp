@@ -43,11 +43,19 @@ int main(int argc, char** argv) {
       "heads %d:%d, d %d\n",
       kRanks, static_cast<long long>(n), batch.documents().size(), shape.heads_q, shape.heads_kv, shape.head_dim);
 
+  // What every rank runs (run_engine makes it on the rank's transport): the strategy's DistributedAttention,
+  // with CpuFlash as the kernel.
+  const auto zigzag_ring = [&](ZigzagRing::Arguments args) {
+    return [&, args](auto& transport) {
+      return std::make_unique<DistributedAttention<ZigzagRing, attention::CpuFlash<float>>>(
+          transport, shape, args, attention::CpuFlash<float>({.threads = opt.threads}));
+    };
+  };
   const auto t0 = std::chrono::steady_clock::now();
-  const auto by_plain = run<ZigzagRing>(batch, shape, {}, plain, opt.threads, kRanks);
+  const auto by_plain = run_engine(batch, shape, plain, kRanks, 0, zigzag_ring({}));
   ZigzagRing::Arguments args;
   args.comm.sharding_aware = true;  // send each peer only the KV rows its slices read
-  const auto by_aware = run<ZigzagRing>(batch, shape, args, aware, opt.threads, kRanks);
+  const auto by_aware = run_engine(batch, shape, aware, kRanks, 0, zigzag_ring(args));
   const double wall_ms = ms_since(t0);
 
   std::printf("%4s %7s %14s %14s %14s %14s\n", "rank", "tokens", "fwd B plain", "fwd B aware", "bwd B plain",

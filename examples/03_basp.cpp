@@ -50,11 +50,21 @@ int main(int argc, char** argv) {
     std::printf("group %zu: ranks %d..%d (node %d), sequence %d\n", g, plan.groups[g].front(), plan.groups[g].back(),
                 topology.node_of(plan.groups[g].front()), layout[g].sequences.front());
 
+  // What every rank runs (run_engine makes it on the rank's transport): strategy S's DistributedAttention,
+  // told how many ranks share a node, with CpuFlash as the kernel.
+  const auto engine_of = [&]<class S>(S) {
+    return [&](auto& transport) {
+      typename S::Arguments args;
+      args.ranks_per_node = kRanksPerNode;
+      return std::make_unique<DistributedAttention<S, attention::CpuFlash<float>>>(
+          transport, shape, args, attention::CpuFlash<float>({.threads = opt.threads}));
+    };
+  };
   auto t0 = std::chrono::steady_clock::now();
-  const auto by_basp = run<Basp>(batch, shape, {}, basp, opt.threads, kRanks, kRanksPerNode);
+  const auto by_basp = run_engine(batch, shape, basp, kRanks, kRanksPerNode, engine_of(Basp{}));
   const double basp_ms = ms_since(t0);
   t0 = std::chrono::steady_clock::now();
-  const auto by_ulysses = run<Ulysses>(batch, shape, {}, ulysses, opt.threads, kRanks, kRanksPerNode);
+  const auto by_ulysses = run_engine(batch, shape, ulysses, kRanks, kRanksPerNode, engine_of(Ulysses{}));
   const double ulysses_ms = ms_since(t0);
 
   std::printf("%4s %7s | %-32s | %s\n", "", "", "BASP (2 groups of 4)", "Ulysses (8 ranks)");

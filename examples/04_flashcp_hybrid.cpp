@@ -66,11 +66,19 @@ int main(int argc, char** argv) {
   hargs.comm.sharding_aware = true;
   ZigzagRing::Arguments zargs;
   zargs.comm.sharding_aware = true;
+  // What every rank runs (run_engine makes it on the rank's transport): the strategy's DistributedAttention
+  // with its arguments, CpuFlash as the kernel.
+  const auto engine_of = [&]<class S>(S, typename S::Arguments args) {
+    return [&, args](auto& transport) {
+      return std::make_unique<DistributedAttention<S, attention::CpuFlash<float>>>(
+          transport, shape, args, attention::CpuFlash<float>({.threads = opt.threads}));
+    };
+  };
   auto t0 = std::chrono::steady_clock::now();
-  const auto by_hybrid = run<HybridRing>(batch, shape, hargs, hybrid, opt.threads, kRanks);
+  const auto by_hybrid = run_engine(batch, shape, hybrid, kRanks, 0, engine_of(HybridRing{}, hargs));
   const double hybrid_ms = ms_since(t0);
   t0 = std::chrono::steady_clock::now();
-  const auto by_zigzag = run<ZigzagRing>(batch, shape, zargs, zigzag, opt.threads, kRanks);
+  const auto by_zigzag = run_engine(batch, shape, zigzag, kRanks, 0, engine_of(ZigzagRing{}, zargs));
   const double zigzag_ms = ms_since(t0);
 
   std::printf("%4s | %-40s | %s\n", "", "hybrid, sharding-aware ring", "zigzag, sharding-aware ring");

@@ -56,8 +56,14 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  // What every rank runs (run_engine makes it on the rank's transport): the hierarchical strategy's
+  // DistributedAttention, told how many ranks share a node, with CpuFlash as the kernel.
+  args.ranks_per_node = kRanksPerNode;
   const auto t0 = std::chrono::steady_clock::now();
-  const auto stats = run<Usp>(batch, shape, args, io, opt.threads, kRanks, kRanksPerNode);
+  const auto stats = run_engine(batch, shape, io, kRanks, kRanksPerNode, [&](auto& transport) {
+    return std::make_unique<DistributedAttention<Usp, attention::CpuFlash<float>>>(
+        transport, shape, args, attention::CpuFlash<float>({.threads = opt.threads}));
+  });
   const double wall_ms = ms_since(t0);
   std::printf("%4s %4s %7s %11s %11s %11s\n", "rank", "node", "tokens", "fwd B", "bwd B", "inter-node");
   double total[3] = {};

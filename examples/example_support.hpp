@@ -152,17 +152,6 @@ std::vector<RankStats> run_engine(const DocumentBatch& batch, const AttentionSha
   return stats;
 }
 
-// Runs strategy S (DistributedAttention<S, CpuFlash<float>> with `args`) as run_engine does.
-template <class S>
-std::vector<RankStats> run(const DocumentBatch& batch, const AttentionShape& shape, typename S::Arguments args,
-                           Tensors<float>& io, int threads, int ranks, int ranks_per_node = 0) {
-  args.ranks_per_node = ranks_per_node;
-  return run_engine(batch, shape, io, ranks, ranks_per_node, [&](auto& transport) {
-    return std::make_unique<DistributedAttention<S, attention::CpuFlash<float>>>(
-        transport, shape, args, attention::CpuFlash<float>({.threads = threads}));
-  });
-}
-
 // The query rows to check: every row under --smoke, else 256 sampled ones (drawn from `rng`).
 inline std::vector<bool> checked_rows(std::int64_t n, bool smoke, std::mt19937& rng) {
   std::vector<bool> checked(static_cast<std::size_t>(n), smoke);

@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "engines.hpp"
+#include "op_call.hpp"
 #include "seqpar/gpu/check.hpp"
 #include "seqpar/gpu/data_ops.hpp"
 #include "seqpar/gpu/exec.hpp"
@@ -236,6 +237,8 @@ struct CudaAttention::State {
     return s;
   }
 
+  // The call's checks and views (op_call.hpp, shared with the CPU path) on q's device, then the engine's call
+  // ordered after and before torch's stream (run).
   template <class K>
   std::vector<at::Tensor> forward_as(EnginesOf<K>& engines, const at::Tensor& q, const at::Tensor& k,
                                      const at::Tensor& v, const Lengths& lengths,
@@ -244,24 +247,11 @@ struct CudaAttention::State {
     const c10::cuda::CUDAGuard guard(q.device());
     if constexpr (std::is_same_v<K, sp::attention::CudaFlash<T>>) require_cuda_head_sizes();
     auto& t = transport_on(q);
-    const at::ScalarType dtype = q.scalar_type();
-    const sp::DocumentBatch batch = make_batch(lengths);
-    const auto qv = thd<const T>(q, "q", dtype, q.device()), kv = thd<const T>(k, "k", dtype, q.device()),
-               vv = thd<const T>(v, "v", dtype, q.device());
-    check_head_sizes(shape, q, k, v);
-    const at::Tensor s = checked_sinks(sinks, q);
-    at::Tensor o = at::empty({q.size(0), q.size(1), shape.v_dim()}, q.options());
-    at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
+    const ForwardCall<T, float> call(shape, q, k, v, lengths, q.device(), [&] { return checked_sinks(sinks, q); });
     auto& e = engine_for<K>(engines, scale, t);
     in_engine = true;  // from here the engine's agreement reports this rank's refusals
-    run(e, [&] {
-      if (s.defined())
-        e.forward(batch, mask, qv, kv, vv, thd<T>(o, "o", dtype, q.device()), lse_view<float>(lse),
-                  span_of<const float>(s));
-      else
-        e.forward(batch, mask, qv, kv, vv, thd<T>(o, "o", dtype, q.device()), lse_view<float>(lse));
-    });
-    return {o, lse};
+    run(e, [&] { call.run(e, mask); });
+    return call.outputs();
   }
 
   template <class K>
@@ -273,33 +263,12 @@ struct CudaAttention::State {
     const c10::cuda::CUDAGuard guard(q.device());
     if constexpr (std::is_same_v<K, sp::attention::CudaFlash<T>>) require_cuda_head_sizes();
     auto& t = transport_on(q);
-    const at::ScalarType dtype = q.scalar_type();
-    const c10::Device dev = q.device();
-    const sp::DocumentBatch batch = make_batch(lengths);
-    const auto qv = thd<const T>(q, "q", dtype, dev), kv = thd<const T>(k, "k", dtype, dev),
-               vv = thd<const T>(v, "v", dtype, dev), ov = thd<const T>(o, "o", dtype, dev),
-               dov = thd<const T>(dout, "dout", dtype, dev);
-    check_head_sizes(shape, q, k, v);
-    const at::Tensor s = checked_sinks(sinks, q);
-    sp::detail::require(lse.scalar_type() == at::kFloat && lse.device() == dev && lse.dim() == 2 &&
-                            lse.is_contiguous() && lse.size(0) == q.size(1) && lse.size(1) == q.size(0),
-                        kWhere, "lse", lse.sizes(), "must be the forward's lse: contiguous (heads_q, local tokens)");
-    at::Tensor dq = at::empty_like(q, at::MemoryFormat::Contiguous),
-               dk = at::empty_like(k, at::MemoryFormat::Contiguous),
-               dv = at::empty_like(v, at::MemoryFormat::Contiguous);
-    at::Tensor dsinks = at::empty({s.defined() ? shape.heads_q : 0}, lse.options());
+    const BackwardCall<T, float> call(shape, q, k, v, o, lse, dout, lengths, q.device(),
+                                      [&] { return checked_sinks(sinks, q); });
     auto& e = engine_for<K>(engines, scale, t);
     in_engine = true;  // from here the engine's agreement reports this rank's refusals
-    run(e, [&] {
-      if (s.defined())
-        e.backward(batch, mask, qv, kv, vv, ov, lse_view<const float>(lse), dov, thd<T>(dq, "dq", dtype, dev),
-                   thd<T>(dk, "dk", dtype, dev), thd<T>(dv, "dv", dtype, dev), span_of<const float>(s),
-                   span_of<float>(dsinks));
-      else
-        e.backward(batch, mask, qv, kv, vv, ov, lse_view<const float>(lse), dov, thd<T>(dq, "dq", dtype, dev),
-                   thd<T>(dk, "dk", dtype, dev), thd<T>(dv, "dv", dtype, dev));
-    });
-    return {dq, dk, dv, dsinks};
+    run(e, [&] { call.run(e, mask); });
+    return call.outputs();
   }
 
   // The engine's work after what torch's current stream has issued (the inputs' producers), and torch's
@@ -399,12 +368,8 @@ void CudaAttention::refuse(const std::string& why) noexcept {
   try {
     const c10::Device dev = s_->device ? *s_->device : c10::Device(c10::DeviceType::CUDA, c10::cuda::current_device());
     const c10::cuda::CUDAGuard guard(dev);
-    auto& t = s_->transport_at(dev);
-    sp::runtime::Agreement agreement(kWhere);
-    std::vector<sp::runtime::Agreement::Record> records;
-    pybind11::gil_scoped_release release;  // as the engine's calls (run): peers may be threads of this process
-    agreement.run(t, std::make_exception_ptr(std::invalid_argument(why)), records);
-  } catch (...) {  // the agreement rethrows `why` itself (or a transport error): the caller raises `why`
+    refuse_over(s_->transport_at(dev), why);
+  } catch (...) {  // no transport could be made (no NCCL backend, no device): the peers have their timeout
   }
 }
 

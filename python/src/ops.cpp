@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "engines.hpp"
+#include "op_call.hpp"
 #ifndef SEQPAR_TORCH_CUDA
 #define SEQPAR_TORCH_CUDA 0  // python/setup.py defines it 1 when built with CUDA (SEQPAR_TORCH_CUDA=1)
 #endif
@@ -345,13 +346,7 @@ class Attention {
   }
 
   void refuse(const std::string& why) {
-    sp::runtime::Agreement agreement("seqpar.torch.DistributedAttention");
-    std::vector<sp::runtime::Agreement::Record> records;
-    try {
-      pybind11::gil_scoped_release release;  // peers may be other threads of this process (tests)
-      agreement.run(*transport_, std::make_exception_ptr(std::invalid_argument(why)), records);
-    } catch (const std::exception&) {  // the agreement rethrows `why` itself (or a transport error)
-    }
+    refuse_over(*transport_, why);
   }
 
  private:
@@ -392,28 +387,23 @@ class Attention {
     return *slot;
   }
 
+  // The call's checks and views (op_call.hpp, shared with the CUDA path), then the engine's call with the GIL
+  // released: peers may be other threads of this process (tests).
   template <class T>
   std::vector<at::Tensor> forward_as(Engines<T>& engines, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const Lengths& lengths, const std::optional<at::Tensor>& sinks,
                                      sp::AttentionMask mask, double scale) {
     using Accum = typename sp::attention::CpuFlash<T>::accum_type;
-    const at::ScalarType dtype = q.scalar_type();
-    const sp::DocumentBatch batch = make_batch(lengths);
-    const auto qv = thd<const T>(q, "q", dtype), kv = thd<const T>(k, "k", dtype), vv = thd<const T>(v, "v", dtype);
-    check_head_sizes(shape_, q, k, v);
-    const at::Tensor s = sinks_tensor(sinks, shape_, c10::CppTypeToScalarType<Accum>::value, q);
-    at::Tensor o = at::empty({q.size(0), q.size(1), shape_.v_dim()}, q.options());
-    at::Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(c10::CppTypeToScalarType<Accum>::value));
+    const ForwardCall<T, Accum> call(shape_, q, k, v, lengths, at::kCPU, [&] {
+      return sinks_tensor(sinks, shape_, c10::CppTypeToScalarType<Accum>::value, q);
+    });
     auto& e = engine_for<T>(engines, scale);
     in_engine_ = true;  // from here the engine's agreement reports this rank's refusals
     {
-      pybind11::gil_scoped_release release;  // peers may be other threads of this process (tests)
-      if (s.defined())
-        e.forward(batch, mask, qv, kv, vv, thd<T>(o, "o", dtype), lse_view<Accum>(lse), span_of<const Accum>(s));
-      else
-        e.forward(batch, mask, qv, kv, vv, thd<T>(o, "o", dtype), lse_view<Accum>(lse));
+      pybind11::gil_scoped_release release;
+      call.run(e, mask);
     }
-    return {o, lse};
+    return call.outputs();
   }
 
   template <class T>
@@ -422,32 +412,16 @@ class Attention {
                                       const at::Tensor& dout, const Lengths& lengths,
                                       const std::optional<at::Tensor>& sinks, sp::AttentionMask mask, double scale) {
     using Accum = typename sp::attention::CpuFlash<T>::accum_type;
-    const at::ScalarType dtype = q.scalar_type();
-    const sp::DocumentBatch batch = make_batch(lengths);
-    const auto qv = thd<const T>(q, "q", dtype), kv = thd<const T>(k, "k", dtype), vv = thd<const T>(v, "v", dtype),
-               ov = thd<const T>(o, "o", dtype), dov = thd<const T>(dout, "dout", dtype);
-    check_head_sizes(shape_, q, k, v);
-    const at::Tensor s = sinks_tensor(sinks, shape_, c10::CppTypeToScalarType<Accum>::value, q);
-    constexpr std::string_view where = "seqpar.torch.DistributedAttention";
-    sp::detail::require(lse.scalar_type() == c10::CppTypeToScalarType<Accum>::value && lse.dim() == 2 &&
-                            lse.is_contiguous() && lse.size(0) == q.size(1) && lse.size(1) == q.size(0),
-                        where, "lse", lse.sizes(), "must be the forward's lse: contiguous (heads_q, local tokens)");
-    at::Tensor dq = at::empty_like(q, at::MemoryFormat::Contiguous),
-               dk = at::empty_like(k, at::MemoryFormat::Contiguous),
-               dv = at::empty_like(v, at::MemoryFormat::Contiguous);
-    at::Tensor dsinks = at::empty({s.defined() ? shape_.heads_q : 0}, lse.options());
+    const BackwardCall<T, Accum> call(shape_, q, k, v, o, lse, dout, lengths, at::kCPU, [&] {
+      return sinks_tensor(sinks, shape_, c10::CppTypeToScalarType<Accum>::value, q);
+    });
     auto& e = engine_for<T>(engines, scale);
     in_engine_ = true;
     {
       pybind11::gil_scoped_release release;
-      if (s.defined())
-        e.backward(batch, mask, qv, kv, vv, ov, lse_view<const Accum>(lse), dov, thd<T>(dq, "dq", dtype),
-                   thd<T>(dk, "dk", dtype), thd<T>(dv, "dv", dtype), span_of<const Accum>(s), span_of<Accum>(dsinks));
-      else
-        e.backward(batch, mask, qv, kv, vv, ov, lse_view<const Accum>(lse), dov, thd<T>(dq, "dq", dtype),
-                   thd<T>(dk, "dk", dtype), thd<T>(dv, "dv", dtype));
+      call.run(e, mask);
     }
-    return {dq, dk, dv, dsinks};
+    return call.outputs();
   }
 
   std::string strategy_;

@@ -41,10 +41,15 @@ def test_sdist_is_self_contained(tmp_path):
     # Every public header, as package data.
     headers = {os.path.join("seqpar", h) for h in repo_files(os.path.join("include", "seqpar"), (".hpp",))}
     assert headers and headers <= names, sorted(headers - names)[:5]
-    for needed in ("pyproject.toml", "setup.py", "seqpar_build.py", "src/ops.cpp", "src/engines.hpp",
-                   "src/cuda_attention.cpp", "from_repo/cmake/build_flags.json",
+    for needed in ("pyproject.toml", "setup.py", "seqpar_build.py", "from_repo/cmake/build_flags.json",
                    "from_repo/kernels/instances/flash_fp32.cu", "from_repo/kernels/seqpar/gpu/flash.cuh"):
         assert needed in names, needed
+    # Every source of the extension, the CUDA path's headers included (only a CUDA build of the sdist reads
+    # them, so no CPU build would notice one missing); the test module's source is not shipped.
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    sources = {"src/" + f for f in os.listdir(src) if f.endswith((".cpp", ".hpp")) and "transport_cases" not in f}
+    assert {"src/ops.cpp", "src/cuda_attention.cpp", "src/torch_flash.hpp"} <= sources
+    assert sources <= names, sorted(sources - names)
     bad = sorted(n for n in names if "transport_cases" in n or n.startswith(("tests/", "build/")) or "/tests/" in n
                  or n.endswith((".so", ".o", "_build_info.py")))
     assert not bad, bad

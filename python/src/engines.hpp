@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -37,18 +38,20 @@ constexpr auto kStrategies = [] {
   return names;
 }();
 
-/// What "auto" runs: plan::SelectedAttention over one strategy of each family seqpar-plan compares (the
-/// layer asks it which one a batch got).
+// The entries "auto" selects among: one strategy of each family seqpar-plan compares.
 namespace auto_named {
 namespace named = sp::plan::named;
 using Candidates =
     std::tuple<named::Ulysses, named::ZigzagRingAware, named::HybridAware, named::Hierarchical, named::Basp>;
 // SelectedAttention over the entries' strategy types (declared only: its type is all that is used).
 template <class Kernel, class... E>
-sp::plan::SelectedAttention<Kernel, typename E::strategy...> selected(std::tuple<E...>*);
+sp::plan::SelectedAttention<Kernel, typename E::strategy...>* selected(std::tuple<E...>*);
 }  // namespace auto_named
+/// What "auto" runs: plan::SelectedAttention over auto_named::Candidates' strategies (the layer asks it
+/// which one a batch got).
 template <class Kernel>
-using AutoSelected = decltype(auto_named::selected<Kernel>(static_cast<auto_named::Candidates*>(nullptr)));
+using AutoSelected =
+    std::remove_pointer_t<decltype(auto_named::selected<Kernel>(static_cast<auto_named::Candidates*>(nullptr)))>;
 
 /// The named strategy's engine running `kernel`; `masks`: the model's mask mix (the placement serves every
 /// layer's mask); `capacity_factor` (0: the partitioner's default, 1.25) for the strategies with a token

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // seqpar: exact distributed attention over packed long-context batches.
 // The named strategies: the one table of the compositions users pick by name ("ulysses", "hybrid-aware",
-// ...), read by the planner's candidates (plan/candidates.hpp: seqpar-plan, the replays) and by the torch
+// ...), read by the planner's candidates (plan/candidates.hpp: seqpar-plan, bench/plan_scale) and by the torch
 // op (python/src/engines.hpp).
 #pragma once
 
@@ -201,7 +201,17 @@ struct BaspHybridHierarchical : Entry<Strategy<partition::BatchAware<partition::
 
 }  // namespace named
 
-/// Every named strategy, in the order seqpar-plan lists them.
+/// Every named strategy, in the order seqpar-plan lists them. Adding a name: its entry above and its
+/// place here; plan::standard_candidates (seqpar-plan, bench/plan_scale) and the torch op then know it, and
+/// tests/plan/test_named_strategies.cpp checks it against its description and its partitioner.
+///
+/// @code
+/// plan::NamedStrategyOptions options{.ranks_per_node = 8, .masks = mix};
+/// plan::visit_named_strategy(name, [&]<class E>() {  // the static type of a run-time name
+///   DistributedAttention<typename E::strategy, Kernel> attn(transport, shape,
+///                                                           plan::named_arguments<E>(options, shape));
+/// });
+/// @endcode
 using NamedStrategies =
     std::tuple<named::Ulysses, named::Ring, named::ZigzagRing, named::ZigzagRingAware, named::PerDocAware,
                named::AllGather, named::WholeDoc, named::HybridAware, named::HybridAllGatherAware, named::Hierarchical,

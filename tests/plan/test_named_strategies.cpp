@@ -159,6 +159,25 @@ TEST_SUITE("plan") {
     });
   }
 
+  TEST_CASE("named strategies: the planning budgets are where the planner had them") {
+    // 20 sequences of 100 documents of 512 tokens over 256 ranks: Per-Doc would plan ~5e8 slices, a plain
+    // AllGather ~1e7 pieces, both above kMaxPlannedSlices. Only the budgets run (no programs compiled).
+    const DocumentBatch batch(std::vector<std::vector<std::int64_t>>(20, std::vector<std::int64_t>(100, 512)));
+    const Topology topo{256, 8};
+    using Uniform = Strategy<partition::Uniform, comm::Ring>;
+    const Uniform::Placed placed = Uniform::place({}, batch, topo);
+    REQUIRE(placed.status);
+    const std::set<std::string_view> budgeted = {"per-doc-aware", "allgather", "hybrid-aware",
+                                                 "hybrid-allgather-aware"};
+    plan::for_each_named_strategy([&]<class E>() {
+      CAPTURE(E::name);
+      const Status s = E::budget(batch, placed.placement);
+      CAPTURE(s.reason);
+      CHECK(!s == budgeted.contains(E::name));
+      if (!s) CHECK(s.reason.find("(budget 10 M)") != std::string::npos);
+    });
+  }
+
   TEST_CASE("named strategies: every name's candidate places and compiles a packed batch on every rank") {
     const DocumentBatch batch({{300, 50, 100, 62}, {256, 200, 56}});
     const AttentionShape shape{4, 4, 16};

@@ -5,10 +5,13 @@
 
 #include <torch/extension.h>
 
+#include <seqpar/plan/named_strategies.hpp>
 #include <seqpar/plan/selected_attention.hpp>
 #include <seqpar/replay/hardware.hpp>
 #include <seqpar/seqpar.hpp>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -16,6 +19,8 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -24,136 +29,79 @@ namespace seqpar_torch {
 namespace sp = seqpar;
 using Lengths = std::vector<std::vector<std::int64_t>>;
 
-// The strategies by the names `seqpar-plan` prints (plan/candidates.hpp), with the arguments its
-// candidates start from, and "auto": the planner's choice per batch.
-constexpr const char* kStrategies[] = {"ulysses",
-                                       "ring",
-                                       "zigzag-ring",
-                                       "zigzag-ring-aware",
-                                       "per-doc-aware",
-                                       "allgather",
-                                       "whole-doc",
-                                       "hybrid-aware",
-                                       "hybrid-allgather-aware",
-                                       "hierarchical",
-                                       "basp",
-                                       "basp-hybrid-hierarchical",
-                                       "auto"};
+// The strategies by name: plan::NamedStrategies (plan/named_strategies.hpp), the table seqpar-plan's
+// candidates are made from too, and "auto": the planner's choice per batch (the op's own entry).
+constexpr auto kStrategies = [] {
+  std::array<std::string_view, sp::plan::kNamedStrategyCount + 1> names{};
+  std::copy(sp::plan::kNamedStrategyNames.begin(), sp::plan::kNamedStrategyNames.end(), names.begin());
+  names.back() = "auto";
+  return names;
+}();
 
-/// What "auto" runs: plan::SelectedAttention over one strategy of each family seqpar-plan compares (the
-/// layer asks it which one a batch got).
+// The entries "auto" selects among: one strategy of each family seqpar-plan compares.
+namespace auto_named {
+namespace named = sp::plan::named;
+using Candidates =
+    std::tuple<named::Ulysses, named::ZigzagRingAware, named::HybridAware, named::Hierarchical, named::Basp>;
+// SelectedAttention over the entries' strategy types (declared only: its type is all that is used).
+template <class Kernel, class... E>
+sp::plan::SelectedAttention<Kernel, typename E::strategy...>* selected(std::tuple<E...>*);
+}  // namespace auto_named
+/// What "auto" runs: plan::SelectedAttention over auto_named::Candidates' strategies (the layer asks it
+/// which one a batch got).
 template <class Kernel>
-using AutoSelected = sp::plan::SelectedAttention<
-    Kernel, sp::Strategy<sp::partition::Uniform, sp::comm::AllToAll>,
-    sp::Strategy<sp::partition::Zigzag, sp::comm::Ring>, sp::Strategy<sp::partition::Hybrid, sp::comm::Ring>,
-    sp::Strategy<sp::partition::Zigzag, sp::comm::Hierarchical<sp::comm::AllToAll, sp::comm::Ring>>,
-    sp::Strategy<sp::partition::BatchAware<sp::partition::Uniform>, sp::comm::AllToAll>>;
-
-template <class S, class Kernel, class Tr>
-std::unique_ptr<sp::runtime::AttentionEngine<Kernel>> engine(Tr& t, const sp::AttentionShape& shape,
-                                                             typename S::Arguments args, int ranks_per_node,
-                                                             const sp::MaskMix& masks, Kernel kernel) {
-  args.ranks_per_node = ranks_per_node;
-  args.masks = masks;  // the model's mask mix: what the one placement of each batch is balanced for
-  return std::make_unique<sp::DistributedAttention<S, Kernel>>(t, shape, args, std::move(kernel));
-}
-
-/// The strategies whose placement keeps documents whole within a per-rank token capacity
-/// (capacity_factor x tokens / ranks): WholeDoc and Hybrid.
-inline bool has_capacity(const std::string& name) {
-  return name == "whole-doc" || name == "hybrid-aware" || name == "hybrid-allgather-aware" ||
-         name == "basp-hybrid-hierarchical";
-}
+using AutoSelected =
+    std::remove_pointer_t<decltype(auto_named::selected<Kernel>(static_cast<auto_named::Candidates*>(nullptr)))>;
 
 /// The named strategy's engine running `kernel`; `masks`: the model's mask mix (the placement serves every
 /// layer's mask); `capacity_factor` (0: the partitioner's default, 1.25) for the strategies with a token
-/// capacity. Only the named branch runs, so each one may take the kernel.
+/// capacity (the table refuses it for the others). Only the named entry runs, so it may take the kernel.
+///
+/// Hybrid placements: the op is given no hardware profile (its ranks are this host's CPUs or whatever GPU
+/// it runs on), so the table's rule for options without one applies: partition::Hybrid's proxy cost, as
+/// the op placed them before the table. seqpar-plan passes its profile (plan::standard_candidates), so its
+/// "hybrid-aware" may choose another threshold than the op's for the same batch.
 template <class Kernel, class Tr>
 std::unique_ptr<sp::runtime::AttentionEngine<Kernel>> make_engine(const std::string& name, Tr& t,
                                                                   const sp::AttentionShape& shape, int rpn,
                                                                   const sp::MaskMix& masks, Kernel kernel = Kernel(),
                                                                   double capacity_factor = 0.0) {
-  using namespace sp::partition;
-  using sp::Strategy, sp::comm::AllGather, sp::comm::AllToAll, sp::comm::Ring;
-  using Hier = sp::comm::Hierarchical<AllToAll, Ring>;
   constexpr std::string_view where = "seqpar.torch.DistributedAttention";
-  if (capacity_factor != 0.0 && !has_capacity(name))
-    sp::detail::throw_invalid(where, "capacity_factor", capacity_factor,
-                              "applies to whole-doc and the hybrid strategies (their per-rank token capacity), not "
-                              "strategy '" +
-                                  name + "'");
-  if (capacity_factor != 0.0 && !(std::isfinite(capacity_factor) && capacity_factor >= 1.0))
-    sp::detail::throw_invalid(where, "capacity_factor", capacity_factor,
-                              "must be finite and >= 1 (a rank holds up to capacity_factor x tokens / ranks)");
-  const auto capacity = [&](double& field) {
-    if (capacity_factor != 0.0) field = capacity_factor;
-  };
-  if (name == "ulysses")
-    return engine<Strategy<Uniform, AllToAll>, Kernel>(t, shape, {}, rpn, masks, std::move(kernel));
-  if (name == "ring") return engine<Strategy<Uniform, Ring>, Kernel>(t, shape, {}, rpn, masks, std::move(kernel));
-  if (name == "zigzag-ring") return engine<Strategy<Zigzag, Ring>, Kernel>(t, shape, {}, rpn, masks, std::move(kernel));
-  if (name == "zigzag-ring-aware") {
-    Strategy<Zigzag, Ring>::Arguments a;
-    a.comm.sharding_aware = true;
-    return engine<Strategy<Zigzag, Ring>, Kernel>(t, shape, a, rpn, masks, std::move(kernel));
-  }
-  if (name == "per-doc-aware") {
-    Strategy<PerDoc, Ring>::Arguments a;
-    a.comm.sharding_aware = true;
-    return engine<Strategy<PerDoc, Ring>, Kernel>(t, shape, a, rpn, masks, std::move(kernel));
-  }
-  if (name == "allgather")
-    return engine<Strategy<Zigzag, AllGather>, Kernel>(t, shape, {}, rpn, masks, std::move(kernel));
-  if (name == "whole-doc") {
-    Strategy<WholeDoc, Ring>::Arguments a;
-    a.comm.sharding_aware = true;
-    capacity(a.partition.capacity_factor);
-    return engine<Strategy<WholeDoc, Ring>, Kernel>(t, shape, a, rpn, masks, std::move(kernel));
-  }
-  if (name == "hybrid-aware") {
-    Strategy<Hybrid, Ring>::Arguments a;
-    a.comm.sharding_aware = true;
-    capacity(a.partition.capacity_factor);
-    return engine<Strategy<Hybrid, Ring>, Kernel>(t, shape, a, rpn, masks, std::move(kernel));
-  }
-  if (name == "hybrid-allgather-aware") {
-    Strategy<Hybrid, AllGather>::Arguments a;
-    a.comm.sharding_aware = true;
-    capacity(a.partition.capacity_factor);
-    return engine<Strategy<Hybrid, AllGather>, Kernel>(t, shape, a, rpn, masks, std::move(kernel));
-  }
-  if (name == "hierarchical") {
-    Strategy<Zigzag, Hier>::Arguments a;
-    a.comm.outer.sharding_aware = true;
-    return engine<Strategy<Zigzag, Hier>, Kernel>(t, shape, a, rpn, masks, std::move(kernel));
-  }
-  if (name == "basp")
-    return engine<Strategy<BatchAware<Uniform>, AllToAll>, Kernel>(t, shape, {}, rpn, masks, std::move(kernel));
-  if (name == "basp-hybrid-hierarchical") {
-    Strategy<BatchAware<Hybrid>, Hier>::Arguments a;
-    a.comm.outer.sharding_aware = true;
-    capacity(a.partition.inner.capacity_factor);
-    return engine<Strategy<BatchAware<Hybrid>, Hier>, Kernel>(t, shape, a, rpn, masks, std::move(kernel));
-  }
+  sp::plan::NamedStrategyOptions options;
+  options.ranks_per_node = rpn;
+  options.masks = masks;  // the model's mask mix: what the one placement of each batch is balanced for
+  options.capacity_factor = capacity_factor;
+  options.caller = where;
+  std::unique_ptr<sp::runtime::AttentionEngine<Kernel>> made;
+  const bool found = sp::plan::visit_named_strategy(name, [&]<class E>() {
+    made = std::make_unique<sp::DistributedAttention<typename E::strategy, Kernel>>(
+        t, shape, sp::plan::named_arguments<E>(options, shape), std::move(kernel));
+  });
+  if (found) return made;
   if (name == "auto") {
+    sp::plan::check_capacity_factor(name, false, capacity_factor, where);
     // plan::SelectedAttention: every batch shape simulated on each candidate (an H100 SXM profile:
     // the choice is the GPU's, whatever runs here) and the fastest run; every rank chooses the same
-    // without talking. The candidates: one of each family seqpar-plan compares.
+    // without talking. The candidates: one of each family seqpar-plan compares, with the table's
+    // arguments (Hybrid on the proxy: the profile here picks the strategy, not Hybrid's threshold).
     using Selected = AutoSelected<Kernel>;
     typename Selected::Arguments a;
-    a.names = {"ulysses", "zigzag-ring-aware", "hybrid-aware", "hierarchical", "basp"};
-    std::get<1>(a.strategies).comm.sharding_aware = true;
-    std::get<2>(a.strategies).comm.sharding_aware = true;
-    std::get<3>(a.strategies).comm.outer.sharding_aware = true;
+    // The candidates' own ranks_per_node and masks are SelectedAttention's (`a` below) when it compiles.
+    sp::plan::NamedStrategyOptions plain;
+    plain.caller = where;
+    [&]<class... E>(std::tuple<E...>*) {
+      std::size_t i = 0;
+      ((a.names[i++] = std::string(E::name)), ...);
+      a.strategies = std::make_tuple(sp::plan::named_arguments<E>(plain, shape)...);
+    }(static_cast<auto_named::Candidates*>(nullptr));
     a.simulation.hardware = sp::replay::profiles::h100_sxm();
     a.ranks_per_node = rpn;
     a.masks = masks;
     return std::make_unique<Selected>(t, shape, a, std::move(kernel));
   }
   std::string known;
-  for (const char* s : kStrategies) known += std::string(known.empty() ? "" : ", ") + s;
-  sp::detail::throw_invalid("seqpar.torch.DistributedAttention", "strategy", "'" + name + "'",
-                            "is not a strategy (one of: " + known + ")");
+  for (std::string_view s : kStrategies) known += (known.empty() ? "" : ", ") + std::string(s);
+  sp::detail::throw_invalid(where, "strategy", "'" + name + "'", "is not a strategy (one of: " + known + ")");
 }
 
 // A (tokens, heads, head_dim) view of `t`, which must be a tensor of `dtype` on `device` whose head_dim

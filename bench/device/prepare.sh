@@ -83,10 +83,10 @@ if [[ -z $python ]]; then
 fi
 dry_build=${SEQPAR_DRY_BUILD:-$root/build/release}
 dry_fail=0
-device_targets='^(seqpar_test_[A-Za-z0-9_]+|seqpar_tests_cuda_host|seqpar_tests_nccl|seqpar_tests_nccl_host|attention_cuda|runtime_cuda|transport_nccl|07_nccl_ring)$'
+# shellcheck source=bench/device/targets.sh
+source "$root/bench/device/targets.sh"  # device_targets: run.sh's build stage's list
 if [[ -f $dry_build/build.ninja && ${SEQPAR_DRY_NO_BUILD:-0} != 1 ]]; then
-  mapfile -t dry_targets < <(ninja -C "$dry_build" -t targets all 2>/dev/null |
-    sed -n 's/^\([A-Za-z0-9_]*\): .*/\1/p' | grep -E "$device_targets" | sort -u)
+  mapfile -t dry_targets < <(device_targets "$dry_build")
   if ((${#dry_targets[@]} > 0)); then
     echo "prepare.sh: dry run: building ${#dry_targets[@]} device targets in $dry_build (ninja; up to date is quick)"
     nice -n 10 ninja -C "$dry_build" "${dry_targets[@]}" >"$check/dry_build.log" 2>&1 || {

@@ -34,6 +34,8 @@ if [[ $# -ne 1 ]]; then
   exit 64
 fi
 root=$(cd "$(dirname "$0")/../.." && pwd)
+# shellcheck source=bench/device/targets.sh
+source "$root/bench/device/targets.sh"  # device_targets: what the build stage builds
 mkdir -p "$1" && out=$(cd "$1" && pwd) || exit 64
 build=${SEQPAR_DEVICE_BUILD:-$root/build/device}
 carry=${SEQPAR_DEVICE_CARRY:-$root/build/device_carry}
@@ -178,8 +180,7 @@ if [[ $configured -eq 0 ]]; then
   if [[ -n ${SEQPAR_DEVICE_TARGETS:-} ]]; then
     read -r -a targets <<<"$SEQPAR_DEVICE_TARGETS"
   else
-    mapfile -t targets < <(ninja -C "$build" -t targets all 2>/dev/null | sed -n 's/^\([A-Za-z0-9_]*\): .*/\1/p' |
-      grep -E '^(seqpar_test_[A-Za-z0-9_]+|seqpar_tests_cuda_host|seqpar_tests_nccl|seqpar_tests_nccl_host|attention_cuda|runtime_cuda|transport_nccl|07_nccl_ring)$' | sort -u)
+    mapfile -t targets < <(device_targets "$build")
   fi
   echo "targets: ${targets[*]:-none}"
   if ((${#targets[@]} > 0)); then
